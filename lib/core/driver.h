@@ -1,0 +1,144 @@
+/* The driver boundary: the one table of CUDA driver entry points weft calls.
+ *
+ * Like mimalloc's prim.h, this is the only way any weft file reaches the driver; nothing else
+ * calls a cu* function. The table is filled once per process by weft__driver_get() from the
+ * library WEFT_DRIVER names (the real libcuda.so.1, the simulator, or a path). Entry points come
+ * from cuGetProcAddress at the CUDA version of the headers we compiled against (so each pointer
+ * has exactly the signature cuda.h declares), or from dlsym of the versioned symbol
+ * ("cuMemAlloc_v2") when the library has no cuGetProcAddress, as the simulator does not.
+ *
+ * Optional entry points may be NULL; the features that need them return WEFT_ERR_NOT_SUPPORTED.
+ */
+#ifndef WEFT_CORE_DRIVER_H
+#define WEFT_CORE_DRIVER_H
+
+#include "weft/weft.h"
+
+/* X(name, required). `name` is the cuda.h name; the struct member and the pointer type follow
+ * cuda.h's versioning macros (cuMemAlloc is cuMemAlloc_v2), so calls read like plain driver
+ * calls: weft__drv->cuMemAlloc(&p, n). Required entry points exist in every driver >= 12.0. */
+#define WEFT_DRIVER_FUNCS(X)                \
+  X(cuInit, 1)                              \
+  X(cuDriverGetVersion, 1)                  \
+  X(cuGetErrorName, 1)                      \
+  X(cuGetErrorString, 1)                    \
+  X(cuDeviceGet, 1)                         \
+  X(cuDeviceGetCount, 1)                    \
+  X(cuDeviceGetName, 1)                     \
+  X(cuDeviceGetAttribute, 1)                \
+  X(cuDeviceTotalMem, 1)                    \
+  X(cuDevicePrimaryCtxRetain, 1)            \
+  X(cuDevicePrimaryCtxRelease, 1)           \
+  X(cuCtxSetCurrent, 1)                     \
+  X(cuCtxGetCurrent, 1)                     \
+  X(cuCtxSynchronize, 1)                    \
+  X(cuCtxGetStreamPriorityRange, 1)         \
+  X(cuStreamCreateWithPriority, 1)          \
+  X(cuStreamDestroy, 1)                     \
+  X(cuStreamQuery, 1)                       \
+  X(cuStreamSynchronize, 1)                 \
+  X(cuStreamWaitEvent, 1)                   \
+  X(cuStreamGetPriority, 1)                 \
+  X(cuStreamGetFlags, 1)                    \
+  X(cuStreamGetId, 0)                       \
+  X(cuStreamBeginCapture, 1)                \
+  X(cuStreamEndCapture, 1)                  \
+  X(cuStreamIsCapturing, 1)                 \
+  X(cuStreamGetCaptureInfo, 0)              \
+  X(cuStreamUpdateCaptureDependencies, 0)   \
+  X(cuThreadExchangeStreamCaptureMode, 1)   \
+  X(cuStreamSetAttribute, 0)                \
+  X(cuLaunchHostFunc, 1)                    \
+  X(cuStreamWriteValue32, 0)                \
+  X(cuStreamWriteValue64, 0)                \
+  X(cuStreamWaitValue32, 0)                 \
+  X(cuStreamWaitValue64, 0)                 \
+  X(cuEventCreate, 1)                       \
+  X(cuEventRecord, 1)                       \
+  X(cuEventRecordWithFlags, 1)              \
+  X(cuEventQuery, 1)                        \
+  X(cuEventSynchronize, 1)                  \
+  X(cuEventDestroy, 1)                      \
+  X(cuEventElapsedTime, 0)                  \
+  X(cuMemAlloc, 1)                          \
+  X(cuMemFree, 1)                           \
+  X(cuMemGetInfo, 1)                        \
+  X(cuMemcpyHtoD, 1)                        \
+  X(cuMemcpyDtoH, 1)                        \
+  X(cuMemcpyHtoDAsync, 1)                   \
+  X(cuMemcpyDtoHAsync, 1)                   \
+  X(cuMemcpyDtoDAsync, 1)                   \
+  X(cuMemsetD8Async, 1)                     \
+  X(cuMemsetD32Async, 1)                    \
+  X(cuMemPoolCreate, 0)                     \
+  X(cuMemPoolDestroy, 0)                    \
+  X(cuMemPoolSetAttribute, 0)               \
+  X(cuMemPoolGetAttribute, 0)               \
+  X(cuMemPoolTrimTo, 0)                     \
+  X(cuMemPoolExportToShareableHandle, 0)    \
+  X(cuMemAllocFromPoolAsync, 0)             \
+  X(cuMemAllocAsync, 0)                     \
+  X(cuMemFreeAsync, 0)                      \
+  X(cuModuleLoadData, 1)                    \
+  X(cuModuleUnload, 1)                      \
+  X(cuModuleGetFunction, 1)                 \
+  X(cuLaunchKernel, 1)                      \
+  X(cuGraphCreate, 1)                       \
+  X(cuGraphDestroy, 1)                      \
+  X(cuGraphAddKernelNode, 1)                \
+  X(cuGraphAddMemcpyNode, 1)                \
+  X(cuGraphAddMemsetNode, 1)                \
+  X(cuGraphAddHostNode, 1)                  \
+  X(cuGraphAddEmptyNode, 1)                 \
+  X(cuGraphAddEventRecordNode, 1)           \
+  X(cuGraphAddEventWaitNode, 1)             \
+  X(cuGraphAddMemAllocNode, 0)              \
+  X(cuGraphAddMemFreeNode, 0)               \
+  X(cuGraphMemAllocNodeGetParams, 0)        \
+  X(cuGraphAddDependencies, 1)              \
+  X(cuGraphGetNodes, 1)                     \
+  X(cuGraphGetEdges, 1)                     \
+  X(cuGraphNodeGetType, 1)                  \
+  X(cuGraphInstantiateWithFlags, 1)         \
+  X(cuGraphUpload, 1)                       \
+  X(cuGraphLaunch, 1)                       \
+  X(cuGraphExecDestroy, 1)                  \
+  X(cuDeviceGetGraphMemAttribute, 0)        \
+  X(cuDeviceSetGraphMemAttribute, 0)        \
+  X(cuDeviceGraphMemTrim, 0)
+
+/** The loaded driver. Immutable after weft__driver_get() returned it. */
+typedef struct weft__driver {
+#define WEFT__DRIVER_MEMBER(name, required) __typeof__(name) *name;
+  WEFT_DRIVER_FUNCS(WEFT__DRIVER_MEMBER)
+#undef WEFT__DRIVER_MEMBER
+  void *handle;           /* dlopen handle */
+  weft_driver_info_t info;
+  char path[256];         /* backing store of info.path */
+} weft__driver_t;
+
+/** The process's driver, loading it on first use (thread-safe, once).
+ * Errors: WEFT_ERR_NO_DRIVER with the reason in weft_last_error(); repeated on every call. */
+weft_status_t weft__driver_get(const weft__driver_t **out);
+
+/** Loads a driver from `spec` ("", "sim" or a path) into *drv without touching the process's
+ * table: what weft__driver_get() uses, and what tests call to try several libraries in one
+ * process. On failure *drv holds nothing to release. */
+weft_status_t weft__driver_load(const char *spec, weft__driver_t *drv);
+/** Closes a driver loaded by weft__driver_load(). */
+void weft__driver_unload(weft__driver_t *drv);
+
+/** Turns a failed CUresult into a weft status and records it for weft_last_driver_error():
+ * OUT_OF_MEMORY → WEFT_ERR_OUT_OF_MEMORY, capture errors → WEFT_ERR_CAPTURE, NOT_SUPPORTED →
+ * WEFT_ERR_NOT_SUPPORTED, NOT_READY → WEFT_ERR_NOT_READY, anything else → WEFT_ERR_DRIVER.
+ * `what` names the call for weft_last_error(). */
+weft_status_t weft__driver_fail(CUresult r, const char *what);
+
+/** Shorthand for the common pattern: on failure of the driver call `expr`, return its status. */
+#define WEFT__CU_TRY(expr)                                          \
+  do {                                                              \
+    CUresult weft__r_ = (expr);                                     \
+    if (weft__r_ != CUDA_SUCCESS) return weft__driver_fail(weft__r_, #expr); \
+  } while (0)
+
+#endif /* WEFT_CORE_DRIVER_H */
