@@ -166,6 +166,357 @@ typedef struct weft_driver_info {
  * the same answer is returned on every later call. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_driver_info(weft_driver_info_t *info);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Runtime                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/** One per CUDA device ordinal and process: owns the stream pool, the tracker, the memory
+ * resources and the counters. Reference counted; every function on it is thread-safe. */
+typedef struct weft_runtime weft_runtime_t;
+/** A pooled CU_STREAM_NON_BLOCKING stream of a runtime (never the legacy NULL stream). Stream
+ * handles stay valid as long as their runtime. */
+typedef struct weft_stream weft_stream_t;
+
+/** Gets the runtime of device `device`, creating it on first use with `opts` (NULL: defaults
+ * plus WEFT_* environment overrides) and retaining it: every successful get needs one
+ * weft_runtime_release(). Later gets return the same runtime and ignore `opts`.
+ * Errors: INVALID_ARGUMENT (bad options, out is NULL), NO_DRIVER, WRONG_DEVICE (no such
+ * ordinal), DRIVER / OUT_OF_MEMORY (creating streams or events failed; nothing is left behind). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_get(int device, const weft_options_t *opts, weft_runtime_t **out);
+/** Adds a reference. Errors: STALE_HANDLE if the runtime was already released to zero. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_retain(weft_runtime_t *rt);
+/** Drops a reference; the last one synchronises the runtime's streams, frees every live block,
+ * destroys streams, events and resources. A later weft_runtime_get() creates it anew; a call on a
+ * handle of the released runtime (or any of its streams and blocks) returns STALE_HANDLE.
+ * Errors: STALE_HANDLE (already released), BUSY (a capture on one of its streams is active). */
+WEFT_API weft_status_t weft_runtime_release(weft_runtime_t *rt);
+/** The device ordinal, or -1 for a released runtime. */
+WEFT_API int weft_runtime_device(const weft_runtime_t *rt);
+/** The options the runtime was created with. Errors: STALE_HANDLE. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_options(const weft_runtime_t *rt, weft_options_t *out);
+/** Blocks until all work on all of the runtime's streams is complete; afterwards no stream waits
+ * for any of that work again. Errors: STALE_HANDLE, CAPTURE (a stream is capturing), DRIVER. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_synchronize(weft_runtime_t *rt);
+
+/** Per-runtime counters (monotonic since creation). */
+typedef struct weft_counters {
+  uint64_t uses;             /**< weft_use_end calls (tracked pieces of work) */
+  uint64_t accesses;         /**< block accesses declared by those uses */
+  uint64_t waits_issued;     /**< cuStreamWaitEvent calls weft made */
+  uint64_t waits_skipped;    /**< conflicts that needed no wait: already implied by stream order,
+                                  earlier waits (transitively) or host knowledge */
+  uint64_t waits_host_known; /**< of waits_skipped, those skipped because the host saw the work
+                                  complete */
+  uint64_t events_recorded;  /**< cuEventRecord calls */
+  uint64_t ring_evictions;   /**< waits on an evicted tick served by a newer event */
+  uint64_t allocs, frees;    /**< weft_alloc / weft_free successes */
+} weft_counters_t;
+/** Reads the counters. Errors: STALE_HANDLE, INVALID_ARGUMENT. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_counters(const weft_runtime_t *rt, weft_counters_t *out);
+/** Prints the counters, the stream pool and memory statistics to `out`. */
+WEFT_API void weft_runtime_print(const weft_runtime_t *rt, FILE *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Streams                                                                                     */
+/* ------------------------------------------------------------------------------------------ */
+
+typedef enum weft_priority {
+  WEFT_PRIORITY_NORMAL = 0, /**< the device's least priority */
+  WEFT_PRIORITY_HIGH = 1,   /**< the device's greatest priority */
+} weft_priority_t;
+
+/** Pool stream `index` (0 .. stream_count-1; the last high_priority_streams are high priority).
+ * Errors: STALE_HANDLE, INVALID_ARGUMENT (index out of range). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_stream_get(weft_runtime_t *rt, unsigned index, weft_stream_t **out);
+/** The next stream of the given priority, round-robin. Errors: STALE_HANDLE, NOT_SUPPORTED (no
+ * stream of that priority in the pool), INVALID_ARGUMENT. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_stream_next(weft_runtime_t *rt, weft_priority_t prio, weft_stream_t **out);
+/* weft_stream_auto() is declared after weft_access_t below. */
+/** The driver stream, for the program's own launches inside a use (see weft_use_begin). */
+WEFT_API CUstream weft_stream_raw(const weft_stream_t *s);
+/** The stream's index in its pool, or -1 for an invalid handle. */
+WEFT_API int weft_stream_index(const weft_stream_t *s);
+/** The runtime the stream belongs to. */
+WEFT_API weft_runtime_t *weft_stream_runtime(const weft_stream_t *s);
+/** The driver's priority value (cuStreamGetPriority) and the stream's unique id (cuStreamGetId;
+ * NOT_SUPPORTED on drivers without it). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_stream_priority(const weft_stream_t *s, int *out);
+WEFT_API WEFT_NODISCARD weft_status_t weft_stream_id(const weft_stream_t *s, unsigned long long *out);
+/** Blocks until the stream's work is complete; the host then knows it, and no stream waits for
+ * it again. Errors: STALE_HANDLE, CAPTURE (the stream is capturing), DRIVER. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_stream_synchronize(weft_stream_t *s);
+/** Non-blocking: WEFT_OK if all work is complete (the host then knows it), NOT_READY if not. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_stream_query(weft_stream_t *s);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Blocks and uses                                                                             */
+/* ------------------------------------------------------------------------------------------ */
+
+/** A handle to one device allocation: a record pointer and the generation it was issued for.
+ * Plain data: copy it freely. A handle whose block was freed (or whose record now holds another
+ * allocation) is stale: every call with it returns STALE_HANDLE (or DOUBLE_FREE for weft_free). */
+typedef struct weft_block {
+  struct weft__block *rec; /**< private record; NULL means "no block" */
+  uint64_t gen;            /**< generation of the record when the handle was issued */
+} weft_block_t;
+
+typedef enum weft_access_kind {
+  WEFT_READ = 1,
+  WEFT_WRITE = 2,
+  WEFT_READ_WRITE = 3,
+} weft_access_kind_t;
+
+/** One block touched by a piece of work, and how. */
+typedef struct weft_access {
+  weft_block_t block;
+  weft_access_kind_t kind;
+} weft_access_t;
+
+/** The stream of `prio` that needs the fewest waits for `accesses` (e.g. the last writer's),
+ * ties going to the least recently used. n may be 0 (then: least recently used). Errors:
+ * STALE_HANDLE (a block or the runtime), WRONG_DEVICE, NOT_SUPPORTED, INVALID_ARGUMENT. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_stream_auto(weft_runtime_t *rt, weft_priority_t prio, const weft_access_t *accesses, size_t n, weft_stream_t **out);
+
+/** Device address of a block. Errors: STALE_HANDLE, INVALID_ARGUMENT. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_block_ptr(weft_block_t b, CUdeviceptr *out);
+/** Size in bytes as requested. Errors: STALE_HANDLE, INVALID_ARGUMENT. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_block_size(weft_block_t b, size_t *out);
+/** The interned tag given at allocation ("" if none); valid for the process's life. */
+WEFT_API const char *weft_block_tag(weft_block_t b);
+
+/** Makes stream `s` wait for exactly the earlier work that conflicts with `accesses`
+ * (read-after-write, write-after-read, write-after-write) and is not already ordered before it
+ * (by stream order, earlier waits, or the host having seen it complete). Then enqueue the work on
+ * weft_stream_raw(s) and call weft_use_end() with the same accesses. A use takes effect at
+ * weft_use_end: host threads that use one block concurrently must order those uses themselves.
+ * The same block may appear more than once (the strongest kind counts).
+ * Errors: STALE_HANDLE (a block or the runtime), WRONG_DEVICE (a block of another runtime),
+ * INVALID_ARGUMENT (bad kind, NULL with n > 0), DRIVER (a wait failed; nothing recorded). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_use_begin(weft_stream_t *s, const weft_access_t *accesses, size_t n);
+/** Records the work enqueued since weft_use_begin as the newest use of every block in `accesses`.
+ * Errors: as weft_use_begin. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_use_end(weft_stream_t *s, const weft_access_t *accesses, size_t n);
+
+/** A kernel launch as the driver takes it. */
+typedef struct weft_launch {
+  CUfunction func;
+  unsigned grid[3];      /**< grid dimensions; 0 is read as 1 */
+  unsigned block[3];     /**< block dimensions; 0 is read as 1 */
+  unsigned shared_bytes; /**< dynamic shared memory */
+  void **params;         /**< kernelParams for cuLaunchKernel */
+} weft_launch_t;
+
+/** weft_use_begin + cuLaunchKernel on s + weft_use_end, atomically with respect to other
+ * threads' uses. Errors: as weft_use_begin; DRIVER if the launch fails (the use is not
+ * recorded then, though waits already issued stay). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_launch(weft_stream_t *s, const weft_launch_t *launch, const weft_access_t *accesses, size_t n);
+
+/** Blocks the host until all recorded work touching the block is complete (the host then knows
+ * it). Errors: STALE_HANDLE, CAPTURE, DRIVER. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_block_synchronize(weft_block_t b);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Work weft does not see                                                                      */
+/* ------------------------------------------------------------------------------------------ */
+
+/** Makes s wait for `event` (recorded by code outside weft); later uses on s are ordered after it.
+ * Errors: STALE_HANDLE, INVALID_ARGUMENT, DRIVER. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_stream_import_event(weft_stream_t *s, CUevent event);
+/** Makes s wait for all work enqueued so far on `other` (a stream outside weft).
+ * Errors: STALE_HANDLE, INVALID_ARGUMENT, DRIVER. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_stream_import_stream(weft_stream_t *s, CUstream other);
+/** Gives an event (owned by the caller: cuEventDestroy it) that completes when every recorded use
+ * of the block that a new access of `kind` would have to wait for is complete: for WEFT_READ the
+ * last write, for WEFT_WRITE also the reads since. Code outside weft waits on it before touching
+ * the block. Errors: STALE_HANDLE, INVALID_ARGUMENT, DRIVER. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_block_export_event(weft_block_t b, weft_access_kind_t kind, CUevent *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Tracked stream operations: each is one use with the accesses it implies                     */
+/* ------------------------------------------------------------------------------------------ */
+
+/** cuMemcpyHtoDAsync into block `dst` at byte `offset` (a WRITE of dst). `src` must stay valid
+ * until the copy completes (pinned memory for real asynchrony). Errors: as weft_use_begin;
+ * INVALID_ARGUMENT (range outside the block). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_copy_to_block(weft_stream_t *s, weft_block_t dst, size_t offset, const void *src, size_t bytes);
+/** cuMemcpyDtoHAsync from block `src` (a READ). The data is in `dst` once the stream reaches it
+ * (weft_stream_synchronize or weft_block_synchronize). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_copy_from_block(weft_stream_t *s, void *dst, weft_block_t src, size_t offset, size_t bytes);
+/** cuMemcpyDtoDAsync (READ src, WRITE dst). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_offset, weft_block_t src, size_t src_offset, size_t bytes);
+/** cuMemsetD8Async / cuMemsetD32Async over a range of the block (a WRITE). For D32, offset and
+ * bytes must be multiples of 4. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_memset8(weft_stream_t *s, weft_block_t dst, size_t offset, unsigned char value, size_t bytes);
+WEFT_API WEFT_NODISCARD weft_status_t weft_memset32(weft_stream_t *s, weft_block_t dst, size_t offset, unsigned value, size_t bytes);
+/** cuLaunchHostFunc with the given accesses (the function touches those blocks' memory from the
+ * host: only meaningful for host-visible memory, or as an ordering point). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_host_func(weft_stream_t *s, CUhostFn fn, void *user, const weft_access_t *accesses, size_t n);
+/** cuStreamWriteValue32/64 of `value` at byte `offset` of the block (a WRITE). NOT_SUPPORTED
+ * where the driver lacks stream memory operations. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_write_value32(weft_stream_t *s, weft_block_t dst, size_t offset, uint32_t value);
+WEFT_API WEFT_NODISCARD weft_status_t weft_write_value64(weft_stream_t *s, weft_block_t dst, size_t offset, uint64_t value);
+/** cuStreamWaitValue32/64: the stream waits until the word at `offset` satisfies `flags`
+ * (CU_STREAM_WAIT_VALUE_GEQ/EQ/AND/NOR) against `value` (a READ). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_wait_value32(weft_stream_t *s, weft_block_t src, size_t offset, uint32_t value, unsigned flags);
+WEFT_API WEFT_NODISCARD weft_status_t weft_wait_value64(weft_stream_t *s, weft_block_t src, size_t offset, uint64_t value, unsigned flags);
+/** Sets the stream's L2 access-policy window to the block (hit_ratio in [0,1], persisting hits,
+ * streaming misses); pass a null block ({0}) to clear it. NOT_SUPPORTED where unavailable. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_stream_set_hot_block(weft_stream_t *s, weft_block_t b, float hit_ratio);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Memory: blocks                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+/** Allocates `bytes` (> 0) of device memory, usable by work on `s` enqueued after this call and
+ * by work on any other stream through the tracker (the first use there waits as needed). `tag`
+ * (may be NULL) is interned and shows in logs and statistics. Inside a capture on s the
+ * allocation becomes a graph memory-allocation node (see Graphs).
+ * Errors: INVALID_ARGUMENT (bytes 0 or too large, NULL out), STALE_HANDLE, OVER_BUDGET,
+ * OUT_OF_MEMORY (the driver refused), HOST_OUT_OF_MEMORY, DRIVER. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, const char *tag, weft_block_t *out);
+/** Frees the block on stream s: s first waits for every outstanding use of the block on every
+ * stream, and the memory is handed out again only once that free is ordered before the new
+ * user (no record_stream needed). The handle and all its copies become stale.
+ * Errors: DOUBLE_FREE (already freed), STALE_HANDLE (the record now holds another block),
+ * WRONG_DEVICE (s belongs to another runtime), CAPTURE (the block was allocated outside the
+ * capture now active on s), DRIVER. On error the block is still live. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_free(weft_block_t b, weft_stream_t *s);
+/** Wraps memory weft did not allocate as a tracked block (never freed by weft; weft_free only
+ * forgets it, after ordering as usual). Errors: INVALID_ARGUMENT, STALE_HANDLE. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_block_wrap(weft_runtime_t *rt, CUdeviceptr ptr, size_t bytes, const char *tag, weft_block_t *out);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Memory: resources                                                                           */
+/* ------------------------------------------------------------------------------------------ */
+
+/** Statistics every resource keeps. Bytes are as requested by callers (live) or as obtained
+ * from the level below (reserved). */
+typedef struct weft_resource_stats {
+  uint64_t live_bytes, live_peak;         /**< handed out and not yet given back */
+  uint64_t reserved_bytes, reserved_peak; /**< held from upstream or the driver */
+  uint64_t allocs, frees, failures;       /**< counts of successful calls and of failures */
+} weft_resource_stats_t;
+
+typedef struct weft_resource weft_resource_t;
+
+/** The interface every resource and adaptor implements, shaped like RMM's
+ * device_memory_resource. Write your own by embedding weft_resource_t as the first member of
+ * your struct and filling an ops table. Calls may come from many threads at once.
+ *   allocate:   memory for `bytes` usable by work on `s` enqueued after the call.
+ *   deallocate: `p` (from allocate with the same bytes) may be reused once the work on `s`
+ *               enqueued before the call is complete; the caller has already made s wait for
+ *               every use of p.
+ *   stats:      fill *out (required).
+ *   trim:       give cached memory back to the upstream/driver, keeping at least `keep` bytes
+ *               (may be NULL: nothing to trim).
+ *   destroy:    release everything the resource holds (its own memory only, never upstream).
+ * `tag` is the block's interned tag (never NULL; "" if none). */
+typedef struct weft_resource_ops {
+  const char *name;
+  weft_status_t (*allocate)(weft_resource_t *self, size_t bytes, weft_stream_t *s, const char *tag, CUdeviceptr *out);
+  weft_status_t (*deallocate)(weft_resource_t *self, CUdeviceptr p, size_t bytes, weft_stream_t *s, const char *tag);
+  void (*stats)(const weft_resource_t *self, weft_resource_stats_t *out);
+  weft_status_t (*trim)(weft_resource_t *self, size_t keep);
+  void (*destroy)(weft_resource_t *self);
+} weft_resource_ops_t;
+
+struct weft_resource {
+  const weft_resource_ops_t *ops;
+  weft_resource_t *upstream;  /**< the resource this one draws from, or NULL at the bottom */
+  weft_runtime_t *rt;         /**< the runtime whose device and streams it serves */
+};
+
+/** Calls through the interface, with argument checks. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_resource_allocate(weft_resource_t *r, size_t bytes, weft_stream_t *s, const char *tag, CUdeviceptr *out);
+WEFT_API WEFT_NODISCARD weft_status_t weft_resource_deallocate(weft_resource_t *r, CUdeviceptr p, size_t bytes, weft_stream_t *s, const char *tag);
+WEFT_API void weft_resource_stats(const weft_resource_t *r, weft_resource_stats_t *out);
+WEFT_API WEFT_NODISCARD weft_status_t weft_resource_trim(weft_resource_t *r, size_t keep);
+/** Destroys a resource the caller created (not one the runtime owns). */
+WEFT_API void weft_resource_destroy(weft_resource_t *r);
+/** The runtime's current top resource (what weft_alloc uses). */
+WEFT_API weft_resource_t *weft_runtime_resource(weft_runtime_t *rt);
+/** Makes `r` the runtime's top resource (weft_alloc draws from it). The caller keeps ownership
+ * and must not destroy it while the runtime uses it. Errors: BUSY (blocks are live),
+ * STALE_HANDLE, INVALID_ARGUMENT. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_set_resource(weft_runtime_t *rt, weft_resource_t *r);
+
+/** cuMemAlloc / cuMemFree. Frees synchronise the freeing stream first. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_direct_create(weft_runtime_t *rt, weft_resource_t **out);
+
+/** Options of the driver's stream-ordered pool resource. */
+typedef struct weft_async_options {
+  uint64_t initial_reserve;   /**< bytes allocated and freed at creation to warm the pool; default 0 */
+  uint64_t max_size;          /**< pool size limit (CUmemPoolProps.maxSize); 0 = no limit */
+  uint64_t release_threshold; /**< bytes kept cached at synchronisation; default UINT64_MAX */
+  int reuse_follow_event_dependencies; /**< CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, default 1 */
+  int reuse_allow_opportunistic;       /**< CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, default 1 */
+  int reuse_allow_internal_dependencies; /**< CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, default 1 */
+  CUmemAllocationHandleType handle_type; /**< shareable handle type for IPC; default CU_MEM_HANDLE_TYPE_NONE */
+} weft_async_options_t;
+WEFT_API weft_async_options_t weft_async_options_default(void);
+/** A resource over a new cuMemPool of the runtime's device. Errors: NOT_SUPPORTED (driver
+ * without pools), INVALID_ARGUMENT, DRIVER, OUT_OF_MEMORY (initial reserve). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_async_create(weft_runtime_t *rt, const weft_async_options_t *opts, weft_resource_t **out);
+/** The underlying pool, for attributes weft does not wrap. */
+WEFT_API CUmemoryPool weft_async_pool(const weft_resource_t *async);
+/** cuMemPoolGetAttribute / SetAttribute (setting a *_HIGH counter to 0 resets it).
+ * Errors: CAPTURE (a capture that could see it is active), INVALID_ARGUMENT (not an async
+ * resource), DRIVER. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_async_get_attribute(weft_resource_t *async, CUmemPool_attribute attr, uint64_t *value);
+WEFT_API WEFT_NODISCARD weft_status_t weft_async_set_attribute(weft_resource_t *async, CUmemPool_attribute attr, uint64_t value);
+/** Exports the pool's shareable handle (IPC) into *handle (an int file descriptor for
+ * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR). Errors: NOT_SUPPORTED (no handle type configured). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_async_export(weft_resource_t *async, void *handle);
+
+/** Options of weft's own pool. */
+typedef struct weft_pool_options {
+  uint64_t chunk_bytes;    /**< bytes requested from upstream at a time; default options.pool_chunk_bytes */
+  uint64_t max_bytes;      /**< most bytes held from upstream; 0 = no limit */
+  int release_empty_chunks; /**< give a chunk back to upstream when it becomes wholly free at trim; default 1 */
+} weft_pool_options_t;
+WEFT_API weft_pool_options_t weft_pool_options_default(void);
+/** weft's sub-allocator over chunks from `upstream`: O(1) fit with splitting and coalescing,
+ * size classes for small blocks and TLSF for large, stream-ordered reuse (same stream at once;
+ * another stream only once the free is known complete or after one wait). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_pool_create(weft_runtime_t *rt, weft_resource_t *upstream, const weft_pool_options_t *opts, weft_resource_t **out);
+
+/** A hard limit: an allocation that would take the live bytes over `limit` fails with
+ * OVER_BUDGET (never reaching upstream). With a `shared_key`, every process naming the same key
+ * on the same device shares one limit (POSIX shared memory), and the share of a process that died
+ * is reclaimed. Errors: INVALID_ARGUMENT, DRIVER (shared memory could not be set up). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_budget_create(weft_runtime_t *rt, weft_resource_t *upstream, uint64_t limit, const char *shared_key, weft_resource_t **out);
+/** Bytes charged to the budget now, by all processes sharing it. */
+WEFT_API uint64_t weft_budget_used(const weft_resource_t *budget);
+
+/** A sink for log lines (one CSV line, no newline); `user` is passed back. */
+typedef void (*weft_log_sink_fn)(void *user, const char *line);
+/** Logs every allocate and deallocate as CSV: thread,time_ns,action,ptr,bytes,stream,device,tag
+ * (a header line first) to `path` (if not NULL) or to `sink`. Errors: INVALID_ARGUMENT (neither
+ * or both given), DRIVER (file cannot be opened; the message says why). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_logging_create(weft_runtime_t *rt, weft_resource_t *upstream, const char *path, weft_log_sink_fn sink, void *user, weft_resource_t **out);
+
+/** Per-tag statistics kept by the stats adaptor. */
+typedef struct weft_tag_stats {
+  const char *tag;
+  uint64_t live_bytes, live_peak, allocs, frees;
+} weft_tag_stats_t;
+/** Counts current, peak and totals, overall and by tag. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_stats_create(weft_runtime_t *rt, weft_resource_t *upstream, weft_resource_t **out);
+/** Copies up to `max` tags' statistics; returns how many tags there are. */
+WEFT_API size_t weft_stats_by_tag(const weft_resource_t *stats, weft_tag_stats_t *out, size_t max);
+
+/** Guard options. */
+typedef struct weft_guard_options {
+  size_t canary_bytes;     /**< bytes of canary before and after each block; default 256 */
+  int poison_on_free;      /**< fill freed blocks with 0xDB; default 1 */
+  size_t quarantine_count; /**< freed blocks held back from reuse; default 64 */
+  uint64_t quarantine_bytes; /**< most bytes held in quarantine; default 256 MiB */
+} weft_guard_options_t;
+WEFT_API weft_guard_options_t weft_guard_options_default(void);
+/** Canaries around each block, checked when it is freed (CORRUPTED names the block and the first
+ * bad byte; the block is then freed anyway), poison on free, quarantine. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_guard_create(weft_runtime_t *rt, weft_resource_t *upstream, const weft_guard_options_t *opts, weft_resource_t **out);
+
 /** Looks up `name` in the loaded driver library (for example the simulator's weft_sim_get_api,
  * see sim/weft_sim.h); NULL if absent or if no driver loads. */
 WEFT_API void *weft_driver_symbol(const char *name);

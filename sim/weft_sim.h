@@ -31,7 +31,8 @@
 extern "C" {
 #endif
 
-#define WEFT_SIM_API_VERSION 1
+/* 2 added register_kernel_params (appended; version-1 users are unaffected). */
+#define WEFT_SIM_API_VERSION 2
 
 /** How a kernel touches a byte range. */
 typedef enum weft_sim_access { WEFT_SIM_READ = 1, WEFT_SIM_WRITE = 2, WEFT_SIM_READ_WRITE = 3 } weft_sim_access_t;
@@ -97,14 +98,23 @@ typedef struct weft_sim_api {
   /** Fault injection. spec is a ';'-separated list of "NAME:N:CODE" (the Nth call of driver
    * function NAME, counting from 1 after this call, fails with CUresult CODE) or "NAME:N+:CODE"
    * (the Nth call and every later one fail). NAME is cuda.h's name (cuMemAlloc, not
-   * cuMemAlloc_v2). NULL or "" clears all faults. Returns 0, or -1 on a malformed spec (and then
-   * changes nothing). */
+   * cuMemAlloc_v2); CODE is a number or a CUresult name (CUDA_ERROR_OUT_OF_MEMORY). NULL or ""
+   * clears all faults. Returns 0, or -1 on a malformed spec (and then changes nothing).
+   * (cmocka defines a macro fail(): call it as (api->fail)(spec) there.) */
   int (*fail)(const char *spec);
   /** Reseeds the scheduler. */
   void (*seed)(uint64_t seed);
   void (*stats)(weft_sim_stats_t *out);
   /** Turns the oracle on or off; returns the previous setting. */
   int (*set_oracle)(int on);
+  /** (version >= 2) Like register_kernel, and also gives the size in bytes of each of the
+   * kernel's `nparams` arguments, so that cuLaunchKernel and kernel nodes copy the argument
+   * values when they are issued, as the real driver does. Kernels registered with
+   * register_kernel get the caller's kernelParams pointers at execution time instead: their
+   * arguments must then stay valid until the launch has run (a synchronisation). Returns 0, or
+   * -1 if name or fn is NULL, or param_bytes is NULL while nparams > 0. Thread-safe. */
+  int (*register_kernel_params)(const char *name, weft_sim_kernel_fn fn, weft_sim_ranges_fn ranges,
+                                unsigned nparams, const size_t *param_bytes);
 } weft_sim_api_t;
 
 /** Exported by the simulator. */

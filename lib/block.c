@@ -1,0 +1,265 @@
+/* Blocks: records with generations, weft_alloc / weft_free through the runtime's resource, and
+ * host-side queries of a block's outstanding work. */
+#include <string.h>
+
+#include "lib/core/debug.h"
+#include "lib/core/error.h"
+#include "lib/core/intern.h"
+#include "lib/core/meta.h"
+#include "lib/runtime.h"
+
+weft__graph_alloc_hook_fn weft__graph_alloc_hook;
+weft__graph_free_hook_fn weft__graph_free_hook;
+
+weft_status_t weft__block_check(weft_block_t b, const char *fn, struct weft__block **out) {
+  struct weft__block *rec = b.rec;
+  if (rec == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: the block handle is null", fn);
+  uint64_t gen = atomic_load_explicit(&rec->gen, memory_order_acquire);
+  int state = atomic_load_explicit(&rec->state, memory_order_acquire);
+  if (gen != b.gen)
+    return weft__error(WEFT_ERR_STALE_HANDLE, "%s: stale block handle (generation %llu, the record is now at %llu)",
+                       fn, (unsigned long long)b.gen, (unsigned long long)gen);
+  if (state != WEFT__BLOCK_LIVE)
+    return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the block (tag '%s', %zu bytes) was freed", fn,
+                       rec->tag ? rec->tag : "", rec->bytes);
+  if (!atomic_load_explicit(&rec->rt->alive, memory_order_acquire))
+    return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the block's runtime was released", fn);
+  *out = rec;
+  return WEFT_OK;
+}
+
+/* Makes sure the record's read array fits the runtime's stream count. */
+static bool size_reads(weft_runtime_t *rt, struct weft__block *rec) {
+  if (rec->reads_cap >= rt->tracker.n) return true;
+  uint64_t *r = weft__meta_realloc(rec->acc.reads, rt->tracker.n * sizeof *r);
+  if (r == NULL) return false;
+  rec->acc.reads = r;
+  rec->reads_cap = rt->tracker.n;
+  return true;
+}
+
+struct weft__block *weft__block_take(weft_runtime_t *rt) {
+  pthread_mutex_lock(&rt->blocks_lock);
+  struct weft__block *rec = rt->free_head;
+  /* Keep the most recently freed records back so that a double free soon after a free is
+   * reported as such rather than as a stale handle: reuse only when the FIFO is long enough. */
+  if (rec != NULL && rt->free_count <= WEFT__FREED_KEPT && atomic_load(&rec->state) == WEFT__BLOCK_FREED) rec = NULL;
+  if (rec != NULL) {
+    rt->free_head = rec->next;
+    if (rt->free_head == NULL) rt->free_tail = NULL;
+    rt->free_count--;
+  }
+  pthread_mutex_unlock(&rt->blocks_lock);
+  if (rec == NULL) {
+    rec = weft__meta_calloc(1, sizeof *rec);
+    if (rec == NULL) return NULL;
+    atomic_init(&rec->gen, 0);
+    atomic_init(&rec->state, WEFT__BLOCK_UNUSED);
+  }
+  if (!size_reads(rt, rec)) {
+    weft__block_retire(rt, rec);
+    return NULL;
+  }
+  rec->rt = rt;
+  rec->next = rec->prev = NULL;
+  rec->owner = NULL;
+  rec->resource = NULL;
+  return rec;
+}
+
+weft_block_t weft__block_publish(weft_runtime_t *rt, struct weft__block *rec) {
+  uint64_t gen = atomic_load(&rec->gen) + 1;
+  atomic_store_explicit(&rec->gen, gen, memory_order_relaxed);
+  pthread_mutex_lock(&rt->blocks_lock);
+  rec->prev = NULL;
+  rec->next = rt->live;
+  if (rt->live != NULL) rt->live->prev = rec;
+  rt->live = rec;
+  rt->live_count++;
+  pthread_mutex_unlock(&rt->blocks_lock);
+  atomic_store_explicit(&rec->state, WEFT__BLOCK_LIVE, memory_order_release);
+  return (weft_block_t){rec, gen};
+}
+
+/* Unlinks a LIVE/FREEING record from the live list (blocks_lock held). */
+static void unlink_live(weft_runtime_t *rt, struct weft__block *rec) {
+  if (rec->prev != NULL) rec->prev->next = rec->next;
+  else rt->live = rec->next;
+  if (rec->next != NULL) rec->next->prev = rec->prev;
+  rec->next = rec->prev = NULL;
+  rt->live_count--;
+}
+
+void weft__block_retire(weft_runtime_t *rt, struct weft__block *rec) {
+  pthread_mutex_lock(&rt->blocks_lock);
+  rec->next = NULL;
+  if (rt->free_tail != NULL) rt->free_tail->next = rec;
+  else rt->free_head = rec;
+  rt->free_tail = rec;
+  rt->free_count++;
+  pthread_mutex_unlock(&rt->blocks_lock);
+}
+
+weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, const char *tag, weft_block_t *out) {
+  if (weft__runtime_check(rt, "weft_alloc") == NULL) return rt == NULL ? WEFT_ERR_INVALID_ARGUMENT : WEFT_ERR_STALE_HANDLE;
+  weft_status_t st = weft__stream_check(s, "weft_alloc");
+  if (st != WEFT_OK) return st;
+  if (s->runtime != rt) return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_alloc: the stream belongs to another runtime");
+  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_alloc: out is NULL");
+  if (bytes == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_alloc: bytes is 0");
+  if (bytes > ((size_t)1 << 48))
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_alloc: %zu bytes is larger than any device", bytes);
+  const char *itag = weft__intern(tag);
+  if (itag == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_alloc: no host memory for the tag");
+  if (weft__graph_alloc_hook != NULL) {
+    bool handled = false;
+    st = weft__graph_alloc_hook(s, bytes, itag, out, &handled);
+    if (handled) return st;
+  }
+  if ((st = weft__tracker_bind(&rt->tracker)) != WEFT_OK) return st;
+  struct weft__block *rec = weft__block_take(rt);
+  if (rec == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_alloc: no host memory for a block record");
+  weft_resource_t *r = rt->top;
+  CUdeviceptr p = 0;
+  st = r->ops->allocate(r, bytes, s, itag, &p);
+  if (st != WEFT_OK) {
+    weft__block_retire(rt, rec);
+    return st;
+  }
+  rec->kind = WEFT__BLOCK_OWNED;
+  rec->resource = r;
+  rec->ptr = p;
+  rec->bytes = bytes;
+  rec->tag = itag;
+  /* Other streams' first use waits for everything s did before handing the memory out. */
+  weft__access_init(&rec->acc, rec->acc.reads, weft__tracker_point(s));
+  *out = weft__block_publish(rt, rec);
+  atomic_fetch_add_explicit(&rt->allocs, 1, memory_order_relaxed);
+  return WEFT_OK;
+}
+
+weft_status_t weft_block_wrap(weft_runtime_t *rt, CUdeviceptr ptr, size_t bytes, const char *tag, weft_block_t *out) {
+  if (weft__runtime_check(rt, "weft_block_wrap") == NULL) return rt == NULL ? WEFT_ERR_INVALID_ARGUMENT : WEFT_ERR_STALE_HANDLE;
+  if (out == NULL || ptr == 0 || bytes == 0)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_block_wrap: null pointer, zero size or NULL out");
+  const char *itag = weft__intern(tag);
+  struct weft__block *rec = itag ? weft__block_take(rt) : NULL;
+  if (rec == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_block_wrap: no host memory");
+  rec->kind = WEFT__BLOCK_WRAPPED;
+  rec->ptr = ptr;
+  rec->bytes = bytes;
+  rec->tag = itag;
+  weft__access_init(&rec->acc, rec->acc.reads, (weft__point_t){0, 0});
+  *out = weft__block_publish(rt, rec);
+  return WEFT_OK;
+}
+
+weft_status_t weft_free(weft_block_t b, weft_stream_t *s) {
+  struct weft__block *rec = b.rec;
+  if (rec == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_free: the block handle is null");
+  weft_status_t st = weft__stream_check(s, "weft_free");
+  if (st != WEFT_OK) return st;
+  if (atomic_load(&rec->gen) != b.gen)
+    return weft__error(WEFT_ERR_STALE_HANDLE, "weft_free: stale block handle (the record holds a newer block)");
+  if (rec->rt != s->runtime)
+    return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_free: the block belongs to another runtime than the stream");
+  int expected = WEFT__BLOCK_LIVE;
+  if (!atomic_compare_exchange_strong(&rec->state, &expected, WEFT__BLOCK_FREEING))
+    return weft__error(WEFT_ERR_DOUBLE_FREE, "weft_free: the block (tag '%s', %zu bytes) was already freed",
+                       rec->tag, rec->bytes);
+  weft_runtime_t *rt = rec->rt;
+  if (weft__graph_free_hook != NULL) {
+    bool handled = false;
+    st = weft__graph_free_hook(rec, s, &handled);
+    if (handled) {
+      if (st != WEFT_OK) atomic_store(&rec->state, WEFT__BLOCK_LIVE);
+      return st;
+    }
+  }
+  /* The free is a write: s waits for every outstanding use. */
+  weft__use_t use = {&rec->acc, WEFT_WRITE};
+  if ((st = weft__tracker_bind(&rt->tracker)) == WEFT_OK) st = weft__tracker_begin(s, &use, 1);
+  if (st == WEFT_OK && rec->kind == WEFT__BLOCK_OWNED)
+    st = rec->resource->ops->deallocate(rec->resource, rec->ptr, rec->bytes, s, rec->tag);
+  if (st != WEFT_OK) {
+    atomic_store(&rec->state, WEFT__BLOCK_LIVE);
+    return st;
+  }
+  pthread_mutex_lock(&rt->blocks_lock);
+  unlink_live(rt, rec);
+  pthread_mutex_unlock(&rt->blocks_lock);
+  atomic_store_explicit(&rec->state, WEFT__BLOCK_FREED, memory_order_release);
+  weft__block_retire(rt, rec);
+  atomic_fetch_add_explicit(&rt->frees, 1, memory_order_relaxed);
+  return WEFT_OK;
+}
+
+/* Used by graph/ to drop a block it owns without a resource call. */
+void weft__block_forget(struct weft__block *rec) {
+  weft_runtime_t *rt = rec->rt;
+  pthread_mutex_lock(&rt->blocks_lock);
+  unlink_live(rt, rec);
+  pthread_mutex_unlock(&rt->blocks_lock);
+  atomic_store_explicit(&rec->state, WEFT__BLOCK_FREED, memory_order_release);
+  weft__block_retire(rt, rec);
+}
+
+weft_status_t weft_block_ptr(weft_block_t b, CUdeviceptr *out) {
+  struct weft__block *rec;
+  weft_status_t st = weft__block_check(b, "weft_block_ptr", &rec);
+  if (st != WEFT_OK) return st;
+  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_block_ptr: out is NULL");
+  *out = rec->ptr;
+  return WEFT_OK;
+}
+
+weft_status_t weft_block_size(weft_block_t b, size_t *out) {
+  struct weft__block *rec;
+  weft_status_t st = weft__block_check(b, "weft_block_size", &rec);
+  if (st != WEFT_OK) return st;
+  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_block_size: out is NULL");
+  *out = rec->bytes;
+  return WEFT_OK;
+}
+
+const char *weft_block_tag(weft_block_t b) {
+  struct weft__block *rec;
+  return weft__block_check(b, "weft_block_tag", &rec) == WEFT_OK ? rec->tag : "";
+}
+
+weft_status_t weft_block_synchronize(weft_block_t b) {
+  struct weft__block *rec;
+  weft_status_t st = weft__block_check(b, "weft_block_synchronize", &rec);
+  if (st != WEFT_OK) return st;
+  weft__tracker_t *tr = &rec->rt->tracker;
+  weft__point_t pts[WEFT__MAX_STREAMS + 1];
+  size_t n = weft__tracker_conflicts(tr, &rec->acc, WEFT_WRITE, pts);
+  if ((st = weft__tracker_bind(tr)) != WEFT_OK) return st;
+  return weft__tracker_sync_points(tr, pts, n);
+}
+
+weft_status_t weft_block_export_event(weft_block_t b, weft_access_kind_t kind, CUevent *out) {
+  struct weft__block *rec;
+  weft_status_t st = weft__block_check(b, "weft_block_export_event", &rec);
+  if (st != WEFT_OK) return st;
+  if (out == NULL || (kind != WEFT_READ && kind != WEFT_WRITE && kind != WEFT_READ_WRITE))
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_block_export_event: bad kind or NULL out");
+  weft__tracker_t *tr = &rec->rt->tracker;
+  if ((st = weft__tracker_bind(tr)) != WEFT_OK) return st;
+  weft__point_t pts[WEFT__MAX_STREAMS + 1];
+  size_t n = weft__tracker_conflicts(tr, &rec->acc, (unsigned)kind, pts);
+  /* Gather every conflicting point on one stream (the first point's, or stream 0), then record
+   * the caller's event there: later than needed at worst, never earlier. */
+  weft_stream_t *on = &tr->streams[n > 0 ? pts[0].stream : 0];
+  for (size_t i = 0; i < n; i++)
+    if ((st = weft__tracker_order(on, pts[i])) != WEFT_OK) return st;
+  CUevent ev;
+  WEFT__CU_TRY(tr->drv->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+  CUresult r = tr->drv->cuEventRecord(ev, on->raw);
+  if (r != CUDA_SUCCESS) {
+    tr->drv->cuEventDestroy(ev);
+    return weft__driver_fail(r, "cuEventRecord");
+  }
+  *out = ev;
+  return WEFT_OK;
+}

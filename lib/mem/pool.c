@@ -1,0 +1,399 @@
+/* weft's pool: a TLSF sub-allocator (tlsf.h) over chunks from an upstream resource, with
+ * stream-ordered reuse.
+ *
+ * Every free range remembers where it was freed: lane t (the pool stream index) and stamp k (the
+ * tick of weft__tracker_point(s) at the free), meaning "reusable by work ordered after tick k of
+ * stream t". Lane `idle` (= stream count) holds ranges whose free is known complete (stamp 0):
+ * usable by anyone at once. An allocation of n bytes on stream s takes, in order:
+ *   1. a fit in lane s: stream order alone makes it safe (same-stream reuse at once);
+ *   2. a fit in the idle lane;
+ *   3. a fit in another lane t whose free point s is already ordered after (tracker knowledge:
+ *      earlier waits, transitively) or that the host finds complete (an event query); a complete
+ *      point retires every range of lane t up to it to the idle lane, where they merge;
+ *   4. after retiring every lane as far as the host sees completion (one event query per lane;
+ *      pieces freed on different streams then merge in the idle lane) a fit in the idle lane,
+ *      else a new chunk from upstream, while under max_bytes (if upstream refuses, wholly idle chunks
+ *      go back first and growth is tried once more);
+ *   5. a fit in another lane t, after making s wait for that one free point (one
+ *      cuStreamWaitEvent on the event of the freeing tick — never a wait for all of t);
+ *   6. when the free bytes suffice but no single range does: s waits for the newest point of
+ *      each lane holding free ranges, and those ranges are relabelled to lane s, where they
+ *      merge; then a fit in lane s. Only when this fails too: OUT_OF_MEMORY.
+ *
+ * Merging across lanes: two free neighbours merge only when they are in the same lane, keeping
+ * the newer stamp (within one stream a later point covers an earlier one). We do not merge ranges
+ * of different streams, because the merged range would need a set of points (every user would
+ * wait for all of them, serialising streams that never shared data). Ranges meet again once their
+ * frees are known complete: retiring moves them to the idle lane, where all neighbours merge.
+ *
+ * Chunks are added to lane s with the point of s just after the upstream allocation (upstream
+ * memory is usable by work on s after the call; other streams are ordered behind s as for a
+ * free). A trim retires every lane as far as the host sees completion, then gives wholly idle
+ * chunks back to upstream (on stream 0: their work is complete, any stream serves).
+ *
+ * Large blocks (see DEDICATED_*) get a chunk of their own, exactly their size, which goes back to
+ * upstream as soon as they are freed (on the freeing stream: upstream orders its reuse). Mixing
+ * them into shared chunks is what fragments a sub-allocator: a few small live blocks pin a chunk
+ * that a large request cannot use. The driver's pool below reuses their memory.
+ *
+ * Sizes are rounded up to 256 bytes (the alignment); live bytes count what callers asked for.
+ */
+#include <string.h>
+
+#include "lib/mem/mem.h"
+#include "lib/mem/tlsf.h"
+
+#define POOL_ALIGN WEFT__TLSF_GRANULE
+/* Blocks of at least max(chunk_bytes / 16, 2 MiB) get a dedicated chunk. Measured on the random
+ * workload of tests/mem/test_pool_stream_order.c (sizes 256 B .. 64 MiB log-uniform, 64 MiB
+ * chunks): peak reserved / peak live is 2.0 with no dedicated chunks, 1.2 from chunk/4, 1.1 from
+ * chunk/8 and 1.04-1.07 from chunk/16. */
+#define DEDICATED_FRACTION 16
+#define DEDICATED_MIN (2ull << 20)
+static const char chunk_tag[] = "weft.pool.chunk";
+
+typedef struct chunk {
+  CUdeviceptr base;   /* what upstream returned */
+  uint64_t bytes;     /* what we asked upstream for */
+  int dedicated;      /* 1: holds one large block, goes back to upstream when it is freed */
+  struct chunk *prev, *next;
+} chunk_t;
+
+typedef struct pool {
+  weft_resource_t base;       /* first: the resource view */
+  pthread_mutex_t lock;       /* rank 20; guards everything below */
+  weft__tracker_t *tr;
+  weft_pool_options_t opt;
+  unsigned idle;              /* lane of known-complete ranges (= tr->n) */
+  uint64_t dedicated_min;     /* requests of at least this many bytes get a dedicated chunk */
+  weft__tlsf_t tlsf;
+  chunk_t *chunks;            /* every chunk held from upstream */
+  weft_resource_stats_t st;   /* reserved = chunk bytes held */
+} pool_t;
+
+static inline uint64_t round_up(uint64_t x) { return (x + POOL_ALIGN - 1) & ~(uint64_t)(POOL_ALIGN - 1); }
+
+weft_pool_options_t weft_pool_options_default(void) {
+  weft_pool_options_t o;
+  o.chunk_bytes = weft_options_default().pool_chunk_bytes;
+  o.max_bytes = 0;
+  o.release_empty_chunks = 1;
+  return o;
+}
+
+/* Retires lane t's ranges freed at or before tick `upto` to the idle lane (oldest first). */
+static void retire(pool_t *p, unsigned t, uint64_t upto) {
+  weft__tlsf_range_t *r;
+  while ((r = weft__tlsf_oldest(&p->tlsf, t)) != NULL && r->stamp <= upto) weft__tlsf_move(&p->tlsf, r, p->idle, 0);
+}
+
+/* Retires each stream lane as far as the host sees its frees complete (event queries). */
+static void retire_all(pool_t *p) {
+  for (unsigned t = 0; t < p->idle; t++) {
+    weft__tlsf_range_t *newest = weft__tlsf_newest(&p->tlsf, t);
+    if (newest == NULL) continue;
+    weft__point_t pt = {t, newest->stamp};
+    if (weft__tracker_poll(p->tr, pt)) {
+      retire(p, t, newest->stamp);
+      continue;
+    }
+    /* Stamps rise along the age list: stop at the first point not complete. */
+    weft__tlsf_range_t *r;
+    while ((r = weft__tlsf_oldest(&p->tlsf, t)) != NULL) {
+      weft__point_t q = {t, r->stamp};
+      if (!weft__tracker_poll(p->tr, q)) break;
+      retire(p, t, r->stamp);
+    }
+  }
+}
+
+/* Gives every wholly idle chunk back to upstream while more than `keep` bytes stay reserved.
+ * A chunk whose release fails stays in the pool. Returns the first failure (or OK). */
+static weft_status_t release_idle_chunks(pool_t *p, uint64_t keep) {
+  weft_status_t first = WEFT_OK;
+  weft__tlsf_range_t *r = weft__tlsf_oldest(&p->tlsf, p->idle);
+  while (r != NULL) {
+    weft__tlsf_range_t *next = r->next_age;
+    if (weft__tlsf_is_whole_chunk(r)) {
+      chunk_t *c = r->chunk;
+      if (p->st.reserved_bytes - c->bytes < keep) {
+        r = next;
+        continue;
+      }
+      weft_status_t s = p->base.upstream->ops->deallocate(p->base.upstream, c->base, c->bytes, &p->tr->streams[0],
+                                                           chunk_tag);
+      if (s != WEFT_OK) {
+        if (first == WEFT_OK) first = s;
+      } else {
+        weft__tlsf_remove_chunk(&p->tlsf, r);
+        weft__rstats_unreserve(&p->st, c->bytes);
+        if (c->prev) c->prev->next = c->next; else p->chunks = c->next;
+        if (c->next) c->next->prev = c->prev;
+        weft__meta_free(c);
+      }
+    }
+    r = next;
+  }
+  return first;
+}
+
+/* Takes a new chunk able to hold n bytes from upstream into lane s. */
+static weft_status_t grow(pool_t *p, uint64_t n, weft_stream_t *s, bool dedicated, weft__tlsf_range_t **out) {
+  uint64_t bytes = (dedicated || n > p->opt.chunk_bytes) ? n : p->opt.chunk_bytes;
+  if (p->opt.max_bytes != 0 && p->st.reserved_bytes + bytes > p->opt.max_bytes) {
+    bytes = n;
+    if (p->st.reserved_bytes + bytes > p->opt.max_bytes)
+      return weft__error(WEFT_ERR_OUT_OF_MEMORY, "pool: max_bytes %llu reached (%llu reserved, %llu more needed)",
+                         (unsigned long long)p->opt.max_bytes, (unsigned long long)p->st.reserved_bytes,
+                         (unsigned long long)bytes);
+  }
+  chunk_t *c = weft__meta_calloc(1, sizeof *c);
+  if (c == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "pool: no host memory for a chunk record");
+  CUdeviceptr base = 0;
+  weft_status_t st = p->base.upstream->ops->allocate(p->base.upstream, bytes, s, chunk_tag, &base);
+  if (st != WEFT_OK) {
+    weft__meta_free(c);
+    return st;
+  }
+  uint64_t lo = round_up(base), hi = (base + bytes) & ~(uint64_t)(POOL_ALIGN - 1);
+  weft__tlsf_range_t *r = NULL;
+  if (hi > lo && hi - lo >= n) {
+    weft__point_t pt = weft__tracker_point(s);
+    unsigned lane = pt.tick == 0 ? p->idle : s->index;
+    r = weft__tlsf_add_chunk(&p->tlsf, lo, hi - lo, c, lane, pt.tick);
+  }
+  if (r == NULL) {
+    weft_status_t d = p->base.upstream->ops->deallocate(p->base.upstream, base, bytes, s, chunk_tag);
+    weft__meta_free(c);
+    if (hi > lo && hi - lo >= n)
+      return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "pool: no host memory for a chunk's range record%s",
+                         d == WEFT_OK ? "" : " (and giving the chunk back failed)");
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "pool: upstream returned unaligned memory 0x%llx too small to align",
+                       (unsigned long long)base);
+  }
+  c->base = base;
+  c->bytes = bytes;
+  c->dedicated = dedicated && lo == base && hi - lo == n;
+  c->next = p->chunks;
+  if (c->next) c->next->prev = c;
+  p->chunks = c;
+  weft__rstats_reserve(&p->st, bytes);
+  *out = r;
+  return WEFT_OK;
+}
+
+/* Step 6: s waits for the newest free point of every other lane with free ranges; their ranges
+ * (and the idle ones) move to lane s and merge. */
+static weft_status_t gather(pool_t *p, weft_stream_t *s) {
+  unsigned me = s->index;
+  for (unsigned t = 0; t < p->idle; t++) {
+    weft__tlsf_range_t *newest = weft__tlsf_newest(&p->tlsf, t);
+    if (t == me || newest == NULL) continue;
+    weft__point_t pt = {t, newest->stamp};
+    weft_status_t st = weft__tracker_order(s, pt);
+    if (st != WEFT_OK) return st;
+  }
+  uint64_t stamp = weft__tracker_point(s).tick;
+  for (unsigned t = 0; t <= p->idle; t++) {
+    if (t == me) continue;
+    weft__tlsf_range_t *r;
+    while ((r = weft__tlsf_oldest(&p->tlsf, t)) != NULL) weft__tlsf_move(&p->tlsf, r, me, stamp);
+  }
+  return WEFT_OK;
+}
+
+static weft__tlsf_range_t *find_ready(pool_t *p, weft_stream_t *s, uint64_t n) {
+  unsigned me = s->index;
+  weft__tlsf_range_t *r = weft__tlsf_find(&p->tlsf, me, n);
+  if (r != NULL) return r;
+  if ((r = weft__tlsf_find(&p->tlsf, p->idle, n)) != NULL) return r;
+  for (unsigned t = 0; t < p->idle; t++) {
+    if (t == me || (r = weft__tlsf_find(&p->tlsf, t, n)) == NULL) continue;
+    weft__point_t pt = {t, r->stamp};
+    if (weft__tracker_is_ordered(s, pt)) return r;
+    if (weft__tracker_poll(p->tr, pt)) {
+      retire(p, t, r->stamp);
+      return weft__tlsf_find(&p->tlsf, p->idle, n);
+    }
+  }
+  return NULL;
+}
+
+static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_stream_t *s, const char *tag,
+                                   CUdeviceptr *out) {
+  pool_t *p = (pool_t *)self;
+  weft_status_t st = weft__mem_check_stream("pool allocate", p->tr, s);
+  if (st != WEFT_OK) return st;
+  uint64_t n = round_up(bytes);
+  pthread_mutex_lock(&p->lock);
+  weft__tlsf_range_t *r = NULL;
+  /* Large blocks get a chunk of their own, returned to upstream when they are freed: they never
+   * pin a shared chunk, and upstream (the driver's pool) reuses their memory. */
+  if (n >= p->dedicated_min) (void)grow(p, n, s, true, &r);
+  if (r == NULL) r = find_ready(p, s, n);
+  if (r == NULL) {
+    /* Before growing: frees the host can see complete retire to the idle lane, where pieces
+     * freed on different streams merge (one event query per lane with free ranges). */
+    retire_all(p);
+    r = weft__tlsf_find(&p->tlsf, p->idle, n);
+  }
+  if (r == NULL) {
+    st = grow(p, n, s, false, &r);
+    if ((st == WEFT_ERR_OUT_OF_MEMORY || st == WEFT_ERR_OVER_BUDGET) && p->opt.release_empty_chunks) {
+      /* Idle chunks too small for n may be what keeps upstream from giving a bigger one. */
+      retire_all(p);
+      if ((r = weft__tlsf_find(&p->tlsf, p->idle, n)) == NULL && release_idle_chunks(p, 0) == WEFT_OK)
+        st = grow(p, n, s, false, &r);
+    }
+  }
+  if (r == NULL) {
+    /* Growth failed (st says why): a fit freed on another stream, after one wait. */
+    weft_status_t wait_st = WEFT_OK;
+    for (unsigned t = 0; t < p->idle; t++) {
+      weft__tlsf_range_t *c;
+      if (t == s->index || (c = weft__tlsf_find(&p->tlsf, t, n)) == NULL) continue;
+      weft__point_t pt = {t, c->stamp};
+      if ((wait_st = weft__tracker_order(s, pt)) == WEFT_OK) r = c;
+      break;
+    }
+    if (r == NULL && wait_st == WEFT_OK && p->tlsf.free_bytes >= n && (wait_st = gather(p, s)) == WEFT_OK)
+      r = weft__tlsf_find(&p->tlsf, s->index, n);
+    if (wait_st != WEFT_OK) st = wait_st;
+  }
+  weft__tlsf_range_t *a = r ? weft__tlsf_alloc(&p->tlsf, r, n) : NULL;
+  if (r != NULL && a == NULL) st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "pool: no host memory for a range record");
+  if (a == NULL) {
+    p->st.failures++;
+    pthread_mutex_unlock(&p->lock);
+    return st;
+  }
+  weft__rstats_live(&p->st, bytes);
+  WEFT_ASSERT_EXPENSIVE(weft__tlsf_is_valid(&p->tlsf));
+  pthread_mutex_unlock(&p->lock);
+  *out = (CUdeviceptr)a->addr;
+  return WEFT_OK;
+}
+
+static weft_status_t pool_deallocate(weft_resource_t *self, CUdeviceptr ptr, size_t bytes, weft_stream_t *s,
+                                     const char *tag) {
+  pool_t *p = (pool_t *)self;
+  weft_status_t st = weft__mem_check_stream("pool deallocate", p->tr, s);
+  if (st != WEFT_OK) return st;
+  pthread_mutex_lock(&p->lock);
+  weft__tlsf_range_t *r = weft__tlsf_lookup(&p->tlsf, ptr);
+  if (r == NULL || r->size != round_up(bytes)) {
+    p->st.failures++;
+    pthread_mutex_unlock(&p->lock);
+    if (r == NULL)
+      return weft__error(WEFT_ERR_INVALID_ARGUMENT, "pool: 0x%llx was not allocated from this pool (or was freed)",
+                         (unsigned long long)ptr);
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "pool: 0x%llx was allocated with another size than %zu bytes",
+                       (unsigned long long)ptr, bytes);
+  }
+  chunk_t *c = r->chunk;
+  if (c->dedicated) {
+    /* Upstream orders its reuse after the work on s (the caller made s wait for every use). */
+    st = p->base.upstream->ops->deallocate(p->base.upstream, c->base, c->bytes, s, chunk_tag);
+    if (st != WEFT_OK) {
+      p->st.failures++;
+      pthread_mutex_unlock(&p->lock);
+      return st;
+    }
+    weft__tlsf_remove_chunk(&p->tlsf, weft__tlsf_free(&p->tlsf, r, p->idle, 0));
+    weft__rstats_unreserve(&p->st, c->bytes);
+    if (c->prev) c->prev->next = c->next; else p->chunks = c->next;
+    if (c->next) c->next->prev = c->prev;
+    weft__meta_free(c);
+  } else {
+    weft__point_t pt = weft__tracker_point(s);
+    weft__tlsf_free(&p->tlsf, r, pt.tick == 0 ? p->idle : s->index, pt.tick);
+  }
+  weft__rstats_unlive(&p->st, bytes);
+  WEFT_ASSERT_EXPENSIVE(weft__tlsf_is_valid(&p->tlsf));
+  pthread_mutex_unlock(&p->lock);
+  return WEFT_OK;
+}
+
+static void pool_stats(const weft_resource_t *self, weft_resource_stats_t *out) {
+  pool_t *p = (pool_t *)self;
+  pthread_mutex_lock(&p->lock);
+  *out = p->st;
+  pthread_mutex_unlock(&p->lock);
+}
+
+static weft_status_t pool_trim(weft_resource_t *self, size_t keep) {
+  pool_t *p = (pool_t *)self;
+  pthread_mutex_lock(&p->lock);
+  retire_all(p);
+  weft_status_t st = p->opt.release_empty_chunks ? release_idle_chunks(p, keep) : WEFT_OK;
+  pthread_mutex_unlock(&p->lock);
+  return st;
+}
+
+/* Gives every chunk back. Work may still run on ranges freed on any stream (or on blocks the
+ * caller never freed): stream 0 first waits for the newest free point of every lane. */
+static void pool_destroy(weft_resource_t *self) {
+  pool_t *p = (pool_t *)self;
+  weft_stream_t *s0 = &p->tr->streams[0];
+  for (unsigned t = 1; t < p->idle; t++) {
+    weft__tlsf_range_t *newest = weft__tlsf_newest(&p->tlsf, t);
+    if (newest == NULL) continue;
+    weft__point_t pt = {t, newest->stamp};
+    if (weft__tracker_order(s0, pt) != WEFT_OK) (void)weft__tracker_sync_all(p->tr);
+  }
+  for (chunk_t *c = p->chunks, *next; c != NULL; c = next) {
+    next = c->next;
+    (void)p->base.upstream->ops->deallocate(p->base.upstream, c->base, c->bytes, s0, chunk_tag);
+    weft__meta_free(c);
+  }
+  weft__tlsf_destroy(&p->tlsf);
+  pthread_mutex_destroy(&p->lock);
+  weft__meta_free(p);
+}
+
+const weft_resource_ops_t weft__pool_ops = {
+    .name = "pool",
+    .allocate = pool_allocate,
+    .deallocate = pool_deallocate,
+    .stats = pool_stats,
+    .trim = pool_trim,
+    .destroy = pool_destroy,
+};
+
+weft_status_t weft_pool_create(weft_runtime_t *rt, weft_resource_t *upstream, const weft_pool_options_t *opts,
+                               weft_resource_t **out) {
+  static const char who[] = "weft_pool_create";
+  weft_status_t st;
+  weft__tracker_t *tr = weft__mem_tracker(who, rt, &st);
+  if (tr == NULL) return st;
+  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: out is NULL", who);
+  if ((st = weft__mem_check_upstream(who, rt, upstream)) != WEFT_OK) return st;
+  weft_pool_options_t o = opts ? *opts : weft_pool_options_default();
+  if (o.chunk_bytes < POOL_ALIGN || o.chunk_bytes > WEFT__MEM_MAX_BYTES)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: chunk_bytes %llu outside %u..2^48", who,
+                       (unsigned long long)o.chunk_bytes, POOL_ALIGN);
+  if (o.max_bytes != 0 && o.max_bytes < o.chunk_bytes)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: max_bytes %llu is below chunk_bytes %llu", who,
+                       (unsigned long long)o.max_bytes, (unsigned long long)o.chunk_bytes);
+  o.chunk_bytes = round_up(o.chunk_bytes);
+  if (tr->n == 0 || tr->n + 1 > WEFT__TLSF_MAX_LANES)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: %u streams (1..%d)", who, tr->n, WEFT__TLSF_MAX_LANES - 1);
+  pool_t *p = weft__meta_calloc(1, sizeof *p);
+  if (p == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory", who);
+  if ((st = weft__tlsf_init(&p->tlsf, tr->n + 1)) != WEFT_OK) goto fail_tlsf;
+  if ((st = weft__mem_lock_init(&p->lock, who)) != WEFT_OK) goto fail_lock;
+  p->base.ops = &weft__pool_ops;
+  p->base.upstream = upstream;
+  p->base.rt = rt;
+  p->tr = tr;
+  p->opt = o;
+  p->idle = tr->n;
+  p->dedicated_min = o.chunk_bytes / DEDICATED_FRACTION > DEDICATED_MIN ? o.chunk_bytes / DEDICATED_FRACTION : DEDICATED_MIN;
+  *out = &p->base;
+  return WEFT_OK;
+fail_lock:
+  weft__tlsf_destroy(&p->tlsf);
+fail_tlsf:
+  weft__meta_free(p);
+  return st;
+}

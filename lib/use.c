@@ -1,0 +1,263 @@
+/* Uses: the public face of the tracker (weft_use_begin/end, weft_launch), the tracked stream
+ * operations, and imports of work weft does not see. Each operation is one tracker use whose
+ * enqueue step is a small function run between the waits and the record. */
+#include <string.h>
+
+#include "lib/core/error.h"
+#include "lib/core/meta.h"
+#include "lib/runtime.h"
+
+weft_status_t weft__uses_from_accesses(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses,
+                                       const char *fn) {
+  if (n > 0 && acc == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses is NULL with n = %zu", fn, n);
+  for (size_t i = 0; i < n; i++) {
+    if (acc[i].kind != WEFT_READ && acc[i].kind != WEFT_WRITE && acc[i].kind != WEFT_READ_WRITE)
+      return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses[%zu].kind = %d is not a weft_access_kind_t", fn, i,
+                         (int)acc[i].kind);
+    struct weft__block *rec;
+    weft_status_t st = weft__block_check(acc[i].block, fn, &rec);
+    if (st != WEFT_OK) return st;
+    if (rec->rt != s->runtime)
+      return weft__error(WEFT_ERR_WRONG_DEVICE, "%s: accesses[%zu] is a block of another runtime", fn, i);
+    uses[i].state = &rec->acc;
+    uses[i].kind = (unsigned)acc[i].kind;
+  }
+  return WEFT_OK;
+}
+
+/* Checks s and resolves accesses into `small` or a metadata array (*heap, to free). */
+static weft_status_t prepare(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *small, size_t small_n,
+                             weft__use_t **uses, const char *fn) {
+  weft_status_t st = weft__stream_check(s, fn);
+  if (st != WEFT_OK) return st;
+  *uses = n <= small_n ? small : weft__meta_alloc(n * sizeof **uses);
+  if (*uses == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory for %zu accesses", fn, n);
+  st = weft__uses_from_accesses(s, acc, n, *uses, fn);
+  if (st == WEFT_OK) st = weft__tracker_bind(s->tr);
+  if (st != WEFT_OK && *uses != small) weft__meta_free(*uses);
+  return st;
+}
+
+#define SMALL 8
+
+weft_status_t weft_use_begin(weft_stream_t *s, const weft_access_t *accesses, size_t n) {
+  weft__use_t small[SMALL], *uses;
+  weft_status_t st = prepare(s, accesses, n, small, SMALL, &uses, "weft_use_begin");
+  if (st != WEFT_OK) return st;
+  st = weft__tracker_begin(s, uses, n);
+  if (uses != small) weft__meta_free(uses);
+  return st;
+}
+
+weft_status_t weft_use_end(weft_stream_t *s, const weft_access_t *accesses, size_t n) {
+  weft__use_t small[SMALL], *uses;
+  weft_status_t st = prepare(s, accesses, n, small, SMALL, &uses, "weft_use_end");
+  if (st != WEFT_OK) return st;
+  st = weft__tracker_end(s, uses, n);
+  if (uses != small) weft__meta_free(uses);
+  return st;
+}
+
+/* Runs `fn` as one use with the given accesses. */
+static weft_status_t tracked(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name,
+                             weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
+  weft__use_t small[SMALL], *uses;
+  weft_status_t st = prepare(s, acc, n, small, SMALL, &uses, name);
+  if (st != WEFT_OK) return st;
+  st = weft__tracker_use(s, uses, n, fn, arg);
+  if (uses != small) weft__meta_free(uses);
+  return st;
+}
+
+static unsigned dim(unsigned d) { return d == 0 ? 1 : d; }
+
+static weft_status_t do_launch(weft_stream_t *s, void *arg) {
+  const weft_launch_t *l = arg;
+  WEFT__CU_TRY(s->tr->drv->cuLaunchKernel(l->func, dim(l->grid[0]), dim(l->grid[1]), dim(l->grid[2]), dim(l->block[0]),
+                                          dim(l->block[1]), dim(l->block[2]), l->shared_bytes, s->raw, l->params, NULL));
+  return WEFT_OK;
+}
+
+weft_status_t weft_launch(weft_stream_t *s, const weft_launch_t *launch, const weft_access_t *accesses, size_t n) {
+  if (launch == NULL || launch->func == NULL)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_launch: launch or its function is NULL");
+  return tracked(s, accesses, n, "weft_launch", do_launch, (void *)launch);
+}
+
+/* ---- tracked stream operations -------------------------------------------------------------- */
+
+typedef struct op {
+  int what;
+  CUdeviceptr dptr, dptr2;
+  void *host;
+  const void *chost;
+  size_t bytes;
+  uint64_t value;
+  unsigned flags;
+  CUhostFn fn;
+} op_t;
+
+enum { OP_HTOD, OP_DTOH, OP_DTOD, OP_SET8, OP_SET32, OP_HOST, OP_WRITE32, OP_WRITE64, OP_WAIT32, OP_WAIT64 };
+
+static weft_status_t do_op(weft_stream_t *s, void *arg) {
+  const op_t *o = arg;
+  const weft__driver_t *d = s->tr->drv;
+  switch (o->what) {
+    case OP_HTOD: WEFT__CU_TRY(d->cuMemcpyHtoDAsync(o->dptr, o->chost, o->bytes, s->raw)); break;
+    case OP_DTOH: WEFT__CU_TRY(d->cuMemcpyDtoHAsync(o->host, o->dptr, o->bytes, s->raw)); break;
+    case OP_DTOD: WEFT__CU_TRY(d->cuMemcpyDtoDAsync(o->dptr, o->dptr2, o->bytes, s->raw)); break;
+    case OP_SET8: WEFT__CU_TRY(d->cuMemsetD8Async(o->dptr, (unsigned char)o->value, o->bytes, s->raw)); break;
+    case OP_SET32: WEFT__CU_TRY(d->cuMemsetD32Async(o->dptr, (unsigned)o->value, o->bytes / 4, s->raw)); break;
+    case OP_HOST: WEFT__CU_TRY(d->cuLaunchHostFunc(s->raw, o->fn, o->host)); break;
+    case OP_WRITE32: WEFT__CU_TRY(d->cuStreamWriteValue32(s->raw, o->dptr, (cuuint32_t)o->value, 0)); break;
+    case OP_WRITE64: WEFT__CU_TRY(d->cuStreamWriteValue64(s->raw, o->dptr, o->value, 0)); break;
+    case OP_WAIT32: WEFT__CU_TRY(d->cuStreamWaitValue32(s->raw, o->dptr, (cuuint32_t)o->value, o->flags)); break;
+    case OP_WAIT64: WEFT__CU_TRY(d->cuStreamWaitValue64(s->raw, o->dptr, o->value, o->flags)); break;
+  }
+  return WEFT_OK;
+}
+
+/* The device address of [offset, offset+bytes) inside b, checked. */
+static weft_status_t range_of(weft_block_t b, size_t offset, size_t bytes, size_t align, const char *fn, CUdeviceptr *out) {
+  struct weft__block *rec;
+  weft_status_t st = weft__block_check(b, fn, &rec);
+  if (st != WEFT_OK) return st;
+  if (bytes == 0 || offset > rec->bytes || bytes > rec->bytes - offset)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: range [%zu, +%zu) is empty or outside the block of %zu bytes", fn,
+                       offset, bytes, rec->bytes);
+  if (offset % align != 0 || bytes % align != 0 || (rec->ptr + offset) % align != 0)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: offset %zu and size %zu must be multiples of %zu", fn, offset,
+                       bytes, align);
+  *out = rec->ptr + offset;
+  return WEFT_OK;
+}
+
+/* One-block operations: resolve the range, then run the op as a use of that block. */
+static weft_status_t block_op(weft_stream_t *s, weft_block_t b, weft_access_kind_t kind, size_t offset, size_t bytes,
+                              size_t align, op_t *o, const char *fn) {
+  weft_status_t st = range_of(b, offset, bytes, align, fn, &o->dptr);
+  if (st != WEFT_OK) return st;
+  weft_access_t a = {b, kind};
+  return tracked(s, &a, 1, fn, do_op, o);
+}
+
+weft_status_t weft_copy_to_block(weft_stream_t *s, weft_block_t dst, size_t offset, const void *src, size_t bytes) {
+  if (src == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_copy_to_block: src is NULL");
+  op_t o = {.what = OP_HTOD, .chost = src, .bytes = bytes};
+  return block_op(s, dst, WEFT_WRITE, offset, bytes, 1, &o, "weft_copy_to_block");
+}
+
+weft_status_t weft_copy_from_block(weft_stream_t *s, void *dst, weft_block_t src, size_t offset, size_t bytes) {
+  if (dst == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_copy_from_block: dst is NULL");
+  op_t o = {.what = OP_DTOH, .host = dst, .bytes = bytes};
+  return block_op(s, src, WEFT_READ, offset, bytes, 1, &o, "weft_copy_from_block");
+}
+
+weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_offset, weft_block_t src, size_t src_offset,
+                              size_t bytes) {
+  op_t o = {.what = OP_DTOD, .bytes = bytes};
+  weft_status_t st = range_of(dst, dst_offset, bytes, 1, "weft_copy_block", &o.dptr);
+  if (st == WEFT_OK) st = range_of(src, src_offset, bytes, 1, "weft_copy_block", &o.dptr2);
+  if (st != WEFT_OK) return st;
+  weft_access_t a[2] = {{dst, WEFT_WRITE}, {src, WEFT_READ}};
+  /* A copy within one block reads and writes it. */
+  if (dst.rec == src.rec) a[0].kind = WEFT_READ_WRITE;
+  return tracked(s, a, dst.rec == src.rec ? 1 : 2, "weft_copy_block", do_op, &o);
+}
+
+weft_status_t weft_memset8(weft_stream_t *s, weft_block_t dst, size_t offset, unsigned char value, size_t bytes) {
+  op_t o = {.what = OP_SET8, .value = value, .bytes = bytes};
+  return block_op(s, dst, WEFT_WRITE, offset, bytes, 1, &o, "weft_memset8");
+}
+
+weft_status_t weft_memset32(weft_stream_t *s, weft_block_t dst, size_t offset, unsigned value, size_t bytes) {
+  op_t o = {.what = OP_SET32, .value = value, .bytes = bytes};
+  return block_op(s, dst, WEFT_WRITE, offset, bytes, 4, &o, "weft_memset32");
+}
+
+weft_status_t weft_host_func(weft_stream_t *s, CUhostFn fn, void *user, const weft_access_t *accesses, size_t n) {
+  if (fn == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_host_func: fn is NULL");
+  op_t o = {.what = OP_HOST, .fn = fn, .host = user};
+  return tracked(s, accesses, n, "weft_host_func", do_op, &o);
+}
+
+static weft_status_t value_op(weft_stream_t *s, weft_block_t b, size_t offset, uint64_t value, unsigned flags, int what,
+                              const char *fn) {
+  weft_status_t st = weft__stream_check(s, fn);
+  if (st != WEFT_OK) return st;
+  const weft__driver_t *d = s->tr->drv;
+  void *entry = what == OP_WRITE32 ? (void *)d->cuStreamWriteValue32
+                : what == OP_WRITE64 ? (void *)d->cuStreamWriteValue64
+                : what == OP_WAIT32  ? (void *)d->cuStreamWaitValue32
+                                     : (void *)d->cuStreamWaitValue64;
+  if (entry == NULL) return weft__error(WEFT_ERR_NOT_SUPPORTED, "%s: the driver has no stream memory operations", fn);
+  bool wide = what == OP_WRITE64 || what == OP_WAIT64;
+  op_t o = {.what = what, .value = value, .flags = flags};
+  bool writes = what == OP_WRITE32 || what == OP_WRITE64;
+  return block_op(s, b, writes ? WEFT_WRITE : WEFT_READ, offset, wide ? 8 : 4, wide ? 8 : 4, &o, fn);
+}
+
+weft_status_t weft_write_value32(weft_stream_t *s, weft_block_t dst, size_t offset, uint32_t value) {
+  return value_op(s, dst, offset, value, 0, OP_WRITE32, "weft_write_value32");
+}
+weft_status_t weft_write_value64(weft_stream_t *s, weft_block_t dst, size_t offset, uint64_t value) {
+  return value_op(s, dst, offset, value, 0, OP_WRITE64, "weft_write_value64");
+}
+weft_status_t weft_wait_value32(weft_stream_t *s, weft_block_t src, size_t offset, uint32_t value, unsigned flags) {
+  return value_op(s, src, offset, value, flags, OP_WAIT32, "weft_wait_value32");
+}
+weft_status_t weft_wait_value64(weft_stream_t *s, weft_block_t src, size_t offset, uint64_t value, unsigned flags) {
+  return value_op(s, src, offset, value, flags, OP_WAIT64, "weft_wait_value64");
+}
+
+weft_status_t weft_stream_set_hot_block(weft_stream_t *s, weft_block_t b, float hit_ratio) {
+  weft_status_t st = weft__stream_check(s, "weft_stream_set_hot_block");
+  if (st != WEFT_OK) return st;
+  if (s->tr->drv->cuStreamSetAttribute == NULL)
+    return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_stream_set_hot_block: the driver has no cuStreamSetAttribute");
+  if (!(hit_ratio >= 0.0f && hit_ratio <= 1.0f))
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_set_hot_block: hit_ratio %g is outside [0, 1]",
+                       (double)hit_ratio);
+  CUstreamAttrValue v;
+  memset(&v, 0, sizeof v);
+  if (b.rec != NULL) {
+    struct weft__block *rec;
+    if ((st = weft__block_check(b, "weft_stream_set_hot_block", &rec)) != WEFT_OK) return st;
+    v.accessPolicyWindow.base_ptr = (void *)(uintptr_t)rec->ptr;
+    v.accessPolicyWindow.num_bytes = rec->bytes;
+    v.accessPolicyWindow.hitRatio = hit_ratio;
+    v.accessPolicyWindow.hitProp = CU_ACCESS_PROPERTY_PERSISTING;
+    v.accessPolicyWindow.missProp = CU_ACCESS_PROPERTY_STREAMING;
+  } else {
+    v.accessPolicyWindow.hitProp = CU_ACCESS_PROPERTY_NORMAL;
+    v.accessPolicyWindow.missProp = CU_ACCESS_PROPERTY_NORMAL;
+  }
+  WEFT__CU_TRY(s->tr->drv->cuStreamSetAttribute(s->raw, CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW, &v));
+  return WEFT_OK;
+}
+
+/* ---- work weft does not see ------------------------------------------------------------------ */
+
+weft_status_t weft_stream_import_event(weft_stream_t *s, CUevent event) {
+  weft_status_t st = weft__stream_check(s, "weft_stream_import_event");
+  if (st != WEFT_OK) return st;
+  if (event == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_import_event: event is NULL");
+  return weft__tracker_import_event(s, event);
+}
+
+weft_status_t weft_stream_import_stream(weft_stream_t *s, CUstream other) {
+  weft_status_t st = weft__stream_check(s, "weft_stream_import_stream");
+  if (st != WEFT_OK) return st;
+  if (other == NULL)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_import_stream: the legacy NULL stream is not supported");
+  const weft__driver_t *d = s->tr->drv;
+  if ((st = weft__tracker_bind(s->tr)) != WEFT_OK) return st;
+  CUevent ev;
+  WEFT__CU_TRY(d->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+  CUresult r = d->cuEventRecord(ev, other);
+  if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuEventRecord");
+  else st = weft__tracker_import_event(s, ev);
+  /* Destroying a recorded event that a stream waits on is allowed: the wait stays. */
+  d->cuEventDestroy(ev);
+  return st;
+}

@@ -1,0 +1,295 @@
+/* Device memory: mapped regions, the host's address map, cuMemAlloc/cuMemFree, copies and sets.
+ *
+ * Device memory is host memory mapped with MAP_NORESERVE (reserving is cheap; pages are real only
+ * once touched). A *region* is one mapping and carries the oracle's access history; it outlives
+ * an allocation when a pool reuses it. The *address map* holds the allocations API calls may name
+ * now (host view): an allocation leaves it at its free call, even though queued work may still
+ * use it. Every byte reserved counts against WEFT_SIM_MEMORY; over it -> CUDA_ERROR_OUT_OF_MEMORY.
+ *
+ * Allocation and free are accesses: each writes its whole range, so work not ordered before a
+ * free (or after an allocation) is reported as a race.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "sim/internal.h"
+
+#define JUNK_BYTES (1u << 20) /* new memory is filled with 0xcd up to this many bytes */
+
+size_t sim__round(size_t n) { return (n + SIM_ALIGN - 1) & ~(size_t)(SIM_ALIGN - 1); }
+
+int sim__reserve(uint64_t size) {
+  if (size > sim.memory_limit || sim.reserved > sim.memory_limit - size) return -1;
+  sim.reserved += size;
+  return 0;
+}
+
+void sim__unreserve(uint64_t size) { sim.reserved -= size; }
+
+/* ---- regions, sorted by base ---- */
+
+static sim__region_t **g_regions;
+static size_t g_nregions, g_capregions;
+
+static size_t region_lower(uintptr_t p) {
+  size_t a = 0, b = g_nregions;
+  while (a < b) {
+    size_t m = (a + b) / 2;
+    if (g_regions[m]->base < p) a = m + 1;
+    else b = m;
+  }
+  return a;
+}
+
+sim__region_t *sim__region_find(uintptr_t p) {
+  size_t i = region_lower(p + 1);
+  if (i == 0) return NULL;
+  sim__region_t *r = g_regions[i - 1];
+  return p < r->base + r->size ? r : NULL;
+}
+
+sim__region_t *sim__region_new(size_t size) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  size_t mapped = (size + page - 1) & ~(page - 1);
+  void *p = mmap(NULL, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  memset(p, 0xcd, mapped < JUNK_BYTES ? mapped : JUNK_BYTES);
+  sim__region_t *r = sim__xcalloc(1, sizeof *r);
+  r->base = (uintptr_t)p;
+  r->size = mapped;
+  size_t i = region_lower(r->base);
+  sim__grow(&g_regions, &g_capregions, g_nregions + 1, sizeof *g_regions);
+  memmove(g_regions + i + 1, g_regions + i, (g_nregions - i) * sizeof *g_regions);
+  g_regions[i] = r;
+  g_nregions++;
+  return r;
+}
+
+void sim__region_free(sim__region_t *r) {
+  size_t i = region_lower(r->base);
+  memmove(g_regions + i, g_regions + i + 1, (g_nregions - i - 1) * sizeof *g_regions);
+  g_nregions--;
+  munmap((void *)r->base, r->size);
+  sim__hist_free(&r->hist);
+  free(r);
+}
+
+/* ---- the address map (host-valid allocations), sorted by ptr ---- */
+
+static sim__alloc_t **g_addr;
+static size_t g_naddr, g_capaddr;
+
+static size_t addr_lower(CUdeviceptr p) {
+  size_t a = 0, b = g_naddr;
+  while (a < b) {
+    size_t m = (a + b) / 2;
+    if (g_addr[m]->ptr < p) a = m + 1;
+    else b = m;
+  }
+  return a;
+}
+
+void sim__addr_insert(sim__alloc_t *a) {
+  size_t i = addr_lower(a->ptr);
+  sim__grow(&g_addr, &g_capaddr, g_naddr + 1, sizeof *g_addr);
+  memmove(g_addr + i + 1, g_addr + i, (g_naddr - i) * sizeof *g_addr);
+  g_addr[i] = a;
+  g_naddr++;
+  a->host_valid = 1;
+}
+
+void sim__addr_remove(sim__alloc_t *a) {
+  if (!a->host_valid) return;
+  size_t i = addr_lower(a->ptr);
+  while (i < g_naddr && g_addr[i] != a) i++;
+  if (i == g_naddr) return;
+  memmove(g_addr + i, g_addr + i + 1, (g_naddr - i - 1) * sizeof *g_addr);
+  g_naddr--;
+  a->host_valid = 0;
+}
+
+sim__alloc_t *sim__addr_exact(CUdeviceptr p) {
+  size_t i = addr_lower(p);
+  return i < g_naddr && g_addr[i]->ptr == p ? g_addr[i] : NULL;
+}
+
+int sim__addr_contains(CUdeviceptr p, size_t n) {
+  size_t i = addr_lower(p + 1);
+  if (i == 0) return 0;
+  sim__alloc_t *a = g_addr[i - 1];
+  return p >= a->ptr && p + n <= a->ptr + a->size && p + n >= p;
+}
+
+/* ---- cuMemAlloc / cuMemFree ---- */
+
+static CUresult mem_alloc(CUdeviceptr *out, size_t bytes) {
+  if (out == NULL || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = sim__need_ctx();
+  if (r != CUDA_SUCCESS) return r;
+  if ((r = sim__capture_unsafe()) != CUDA_SUCCESS) return r;
+  size_t size = sim__round(bytes);
+  if (sim__reserve(size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  sim__region_t *reg = sim__region_new(size);
+  if (reg == NULL) {
+    sim__unreserve(size);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  sim__alloc_t *a = sim__xcalloc(1, sizeof *a);
+  a->kind = SIM_ALLOC_PLAIN;
+  a->ptr = (CUdeviceptr)reg->base;
+  a->bytes = bytes;
+  a->size = size;
+  a->region = reg;
+  reg->allocated = 1;
+  sim__addr_insert(a);
+  sim.stats.bytes_in_use += size;
+  sim__actx_t ctx;
+  sim__host_access_ctx(&ctx, "cuMemAlloc");
+  sim__oracle_begin();
+  sim__oracle_access(a->ptr, size, 1, &ctx);
+  *out = a->ptr;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) { SIM_CALL(cuMemAlloc, mem_alloc(dptr, bytesize)); }
+
+static int null_stream_done(void *arg) {
+  (void)arg;
+  return sim.null_stream->done >= sim.null_stream->issued;
+}
+
+/* cuMemFree synchronises the device first (as cudaFree does), so queued work that still uses the
+ * block runs before it goes away and is ordered before the free. */
+static CUresult mem_free(CUdeviceptr p) {
+  if (p == 0) return CUDA_SUCCESS; /* as the driver does */
+  sim__alloc_t *a = sim__addr_exact(p);
+  if (a == NULL || a->kind != SIM_ALLOC_PLAIN) return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = sim__capture_unsafe();
+  if (r != CUDA_SUCCESS) return r;
+  if ((r = sim__drain()) != CUDA_SUCCESS) return r;
+  for (size_t i = 0; i < sim.nstreams; i++) sim__host_join(&sim.streams[i]->vc);
+  sim__host_join(&sim.retired_vc);
+  sim__actx_t ctx;
+  sim__host_access_ctx(&ctx, "cuMemFree");
+  sim__oracle_begin();
+  sim__oracle_access(a->ptr, a->size, 1, &ctx);
+  sim__addr_remove(a);
+  sim.stats.bytes_in_use -= a->size;
+  sim__unreserve(a->size);
+  sim__region_free(a->region);
+  free(a);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) { SIM_CALL(cuMemFree, mem_free(dptr)); }
+
+void sim__plain_free_executed(sim__alloc_t *a, const sim__actx_t *ctx) {
+  sim__oracle_access(a->ptr, a->size, 1, ctx);
+  sim__unreserve(a->size);
+  sim__region_free(a->region);
+  free(a);
+}
+
+static CUresult mem_get_info(size_t *free_bytes, size_t *total) {
+  if (free_bytes == NULL || total == NULL) return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = sim__need_ctx();
+  if (r != CUDA_SUCCESS) return r;
+  *total = (size_t)sim.memory_limit;
+  *free_bytes = (size_t)(sim.memory_limit - sim.reserved);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemGetInfo(size_t *free, size_t *total) { SIM_CALL(cuMemGetInfo, mem_get_info(free, total)); }
+
+/* ---- synchronous copies: run on the host's clock after the legacy stream's work ---- */
+
+static CUresult copy_sync(CUdeviceptr dev, void *host_dst, const void *host_src, size_t n) {
+  CUresult r = sim__need_ctx();
+  if (r != CUDA_SUCCESS) return r;
+  if ((host_dst == NULL && host_src == NULL) || (n > 0 && !sim__addr_contains(dev, n))) return CUDA_ERROR_INVALID_VALUE;
+  /* Not an unsafe call: measured on an H200, a synchronous copy under GLOBAL capture succeeds and
+   * leaves the capture valid. */
+  if ((r = sim__run_until(null_stream_done, NULL)) != CUDA_SUCCESS) return r;
+  sim__host_join(&sim.null_stream->vc);
+  if (n == 0) return CUDA_SUCCESS;
+  sim__actx_t ctx;
+  sim__host_access_ctx(&ctx, host_src ? "cuMemcpyHtoD" : "cuMemcpyDtoH");
+  sim__oracle_begin();
+  if (sim__oracle_access(dev, n, host_src != NULL, &ctx) != 0) return CUDA_SUCCESS;
+  if (host_src) memmove((void *)(uintptr_t)dev, host_src, n);
+  else memmove(host_dst, (const void *)(uintptr_t)dev, n);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
+  SIM_CALL(cuMemcpyHtoD, copy_sync(dstDevice, NULL, srcHost, ByteCount));
+}
+
+CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
+  SIM_CALL(cuMemcpyDtoH, copy_sync(srcDevice, dstHost, NULL, ByteCount));
+}
+
+/* ---- stream-ordered copies and sets ---- */
+
+static CUresult copy_async(sim__copy_dir_t dir, CUdeviceptr dst_dev, void *dst_host, CUdeviceptr src_dev,
+                           const void *src_host, size_t n, CUstream hs) {
+  sim__stream_t *s = sim__stream_get(hs);
+  if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult r = sim__need_ctx();
+  if (r != CUDA_SUCCESS) return r;
+  if ((dir == SIM_HTOD && src_host == NULL) || (dir == SIM_DTOH && dst_host == NULL)) return CUDA_ERROR_INVALID_VALUE;
+  if (n > 0 && (dir == SIM_HTOD || dir == SIM_DTOD) && !sim__addr_contains(dst_dev, n)) return CUDA_ERROR_INVALID_VALUE;
+  if (n > 0 && (dir == SIM_DTOH || dir == SIM_DTOD) && !sim__addr_contains(src_dev, n)) return CUDA_ERROR_INVALID_VALUE;
+  sim__action_t act = {.kind = SIM_ACT_MEMCPY};
+  act.u.copy.dir = dir;
+  act.u.copy.dst_dev = dst_dev;
+  act.u.copy.src_dev = src_dev;
+  act.u.copy.dst_host = dst_host;
+  act.u.copy.src_host = src_host;
+  act.u.copy.bytes = n;
+  /* A queued host-to-device copy reads its source now (the driver stages pageable memory); a
+   * captured one reads it at every launch. */
+  if (dir == SIM_HTOD && s->cap == NULL && n > 0) {
+    act.u.copy.staged = sim__xmalloc(n);
+    memcpy(act.u.copy.staged, src_host, n);
+  }
+  return sim__submit(s, &act, CU_GRAPH_NODE_TYPE_MEMCPY);
+}
+
+CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream) {
+  SIM_CALL(cuMemcpyHtoDAsync, copy_async(SIM_HTOD, dstDevice, NULL, 0, srcHost, ByteCount, hStream));
+}
+
+CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream) {
+  SIM_CALL(cuMemcpyDtoHAsync, copy_async(SIM_DTOH, 0, dstHost, srcDevice, NULL, ByteCount, hStream));
+}
+
+CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream) {
+  SIM_CALL(cuMemcpyDtoDAsync, copy_async(SIM_DTOD, dstDevice, NULL, srcDevice, NULL, ByteCount, hStream));
+}
+
+static CUresult set_async(CUdeviceptr dst, unsigned value, unsigned elem, size_t count, CUstream hs) {
+  sim__stream_t *s = sim__stream_get(hs);
+  if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult r = sim__need_ctx();
+  if (r != CUDA_SUCCESS) return r;
+  if ((dst & (elem - 1)) != 0 || (count > 0 && !sim__addr_contains(dst, count * elem))) return CUDA_ERROR_INVALID_VALUE;
+  sim__action_t act = {.kind = SIM_ACT_MEMSET};
+  act.u.set.dst = dst;
+  act.u.set.value = value;
+  act.u.set.elem = elem;
+  act.u.set.width = count;
+  act.u.set.height = 1;
+  act.u.set.pitch = count * elem;
+  return sim__submit(s, &act, CU_GRAPH_NODE_TYPE_MEMSET);
+}
+
+CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream) {
+  SIM_CALL(cuMemsetD8Async, set_async(dstDevice, uc, 1, N, hStream));
+}
+
+CUresult CUDAAPI cuMemsetD32Async(CUdeviceptr dstDevice, unsigned int ui, size_t N, CUstream hStream) {
+  SIM_CALL(cuMemsetD32Async, set_async(dstDevice, ui, 4, N, hStream));
+}

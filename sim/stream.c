@@ -1,0 +1,231 @@
+/* Streams: FIFO queues of ops, their flags, priorities, ids, queries and synchronisation, and the
+ * stream-ordered host function and memory operations (write/wait value).
+ *
+ * The legacy stream (handle 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) is an ordinary queue here:
+ * the simulator does not model its implicit synchronisation with blocking streams. It can never
+ * be captured. A destroyed stream's queued work still runs; the object is freed once idle.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim/internal.h"
+
+sim__stream_t *sim__stream_get(CUstream h) {
+  if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) return sim.null_stream;
+  return sim__handle_get(h, SIM_MAGIC_STREAM);
+}
+
+void sim__stream_maybe_free(sim__stream_t *s) {
+  if (!s->destroyed || s->busy_index >= 0 || s->head != NULL) return;
+  if (sim.oracle) sim__vc_join(&sim.retired_vc, &s->vc);
+  size_t i = s->all_index;
+  sim.streams[i] = sim.streams[--sim.nstreams];
+  sim.streams[i]->all_index = i;
+  sim__vc_free(&s->vc);
+  sim__snap_unref(s->last_snap);
+  free(s->deps);
+  free(s->edge_buf);
+  free(s);
+}
+
+CUresult sim__submit(sim__stream_t *s, sim__action_t *act, CUgraphNodeType type) {
+  if (s->cap != NULL) return sim__capture_add(s, act, type, NULL);
+  sim__enqueue(s, act);
+  return CUDA_SUCCESS;
+}
+
+/* ---- creation and properties ---- */
+
+static CUresult stream_create(CUstream *out, unsigned flags, int priority) {
+  if (out == NULL || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING) != 0) return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = sim__need_ctx();
+  if (r != CUDA_SUCCESS) return r;
+  /* Priorities outside [greatest, least] = [-5, 0] are clamped, as the driver does. */
+  if (priority > 0) priority = 0;
+  if (priority < -5) priority = -5;
+  sim__stream_t *s = sim__xcalloc(1, sizeof *s);
+  s->magic = SIM_MAGIC_STREAM;
+  s->id = sim.next_stream_id++;
+  s->flags = flags;
+  s->priority = priority;
+  s->lane = sim.next_lane++;
+  s->busy_index = -1;
+  sim__grow(&sim.streams, &sim.capstreams, sim.nstreams + 1, sizeof *sim.streams);
+  s->all_index = sim.nstreams;
+  sim.streams[sim.nstreams++] = s;
+  sim__handle_add(s);
+  *out = (CUstream)s;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority) {
+  SIM_CALL(cuStreamCreateWithPriority, stream_create(phStream, flags, priority));
+}
+
+static CUresult stream_destroy(CUstream h) {
+  sim__stream_t *s = h ? sim__handle_get(h, SIM_MAGIC_STREAM) : NULL;
+  if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  if (s->cap != NULL) {
+    sim__capture_invalidate(s->cap);
+    sim__capture_stream_leave(s);
+  }
+  sim__handle_remove(s);
+  s->destroyed = 1;
+  sim__stream_maybe_free(s);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamDestroy(CUstream hStream) { SIM_CALL(cuStreamDestroy, stream_destroy(hStream)); }
+
+static CUresult stream_get_priority(CUstream h, int *out) {
+  sim__stream_t *s = sim__stream_get(h);
+  if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
+  *out = s->priority;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamGetPriority(CUstream hStream, int *priority) {
+  SIM_CALL(cuStreamGetPriority, stream_get_priority(hStream, priority));
+}
+
+static CUresult stream_get_flags(CUstream h, unsigned *out) {
+  sim__stream_t *s = sim__stream_get(h);
+  if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
+  *out = s->flags;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamGetFlags(CUstream hStream, unsigned int *flags) {
+  SIM_CALL(cuStreamGetFlags, stream_get_flags(hStream, flags));
+}
+
+static CUresult stream_get_id(CUstream h, unsigned long long *out) {
+  sim__stream_t *s = sim__stream_get(h);
+  if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
+  *out = (unsigned long long)s->id;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamGetId(CUstream hStream, unsigned long long *streamId) {
+  SIM_CALL(cuStreamGetId, stream_get_id(hStream, streamId));
+}
+
+static CUresult stream_set_attribute(CUstream h, CUstreamAttrID attr, const CUstreamAttrValue *value) {
+  sim__stream_t *s = sim__stream_get(h);
+  if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
+  switch (attr) {
+    case CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW:
+      if (value->accessPolicyWindow.hitRatio < 0.0f || value->accessPolicyWindow.hitRatio > 1.0f)
+        return CUDA_ERROR_INVALID_VALUE;
+      s->apw = value->accessPolicyWindow;
+      s->has_apw = 1;
+      return CUDA_SUCCESS;
+    case CU_LAUNCH_ATTRIBUTE_PRIORITY:
+      s->priority = value->priority > 0 ? 0 : value->priority < -5 ? -5 : value->priority;
+      return CUDA_SUCCESS;
+    case CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY: return CUDA_SUCCESS;
+    default: return sim__unimplemented();
+  }
+}
+
+CUresult CUDAAPI cuStreamSetAttribute(CUstream hStream, CUstreamAttrID attr, const CUstreamAttrValue *value) {
+  SIM_CALL(cuStreamSetAttribute, stream_set_attribute(hStream, attr, value));
+}
+
+/* ---- query and synchronisation ---- */
+
+typedef struct seq_target {
+  sim__stream_t *s;
+  uint64_t seq;
+} seq_target_t;
+
+static int stream_reached(void *arg) {
+  seq_target_t *t = arg;
+  return t->s->done >= t->seq;
+}
+
+static CUresult stream_query(CUstream h) {
+  sim__stream_t *s = sim__stream_get(h);
+  if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  if (s->cap != NULL) {
+    sim__capture_invalidate(s->cap);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  CUresult r = sim__capture_unsafe(); /* any stream, under GLOBAL capture (measured, H200) */
+  if (r != CUDA_SUCCESS) return r;
+  if (s->done < s->issued) return CUDA_ERROR_NOT_READY;
+  sim__host_join(&s->vc); /* the host now knows the stream's work completed */
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamQuery(CUstream hStream) { SIM_CALL(cuStreamQuery, stream_query(hStream)); }
+
+static CUresult stream_sync(CUstream h) {
+  sim__stream_t *s = sim__stream_get(h);
+  if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  if (s->cap != NULL) {
+    sim__capture_invalidate(s->cap);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
+  CUresult r = sim__capture_unsafe(); /* any stream, under GLOBAL capture (measured, H200) */
+  if (r != CUDA_SUCCESS) return r;
+  seq_target_t t = {s, s->issued};
+  r = sim__run_until(stream_reached, &t);
+  if (r != CUDA_SUCCESS) return r;
+  sim__host_join(&s->vc);
+  sim__pools_release();
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) { SIM_CALL(cuStreamSynchronize, stream_sync(hStream)); }
+
+/* ---- host functions and memory operations ---- */
+
+static CUresult launch_host_func(CUstream h, CUhostFn fn, void *data) {
+  sim__stream_t *s = sim__stream_get(h);
+  if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  if (fn == NULL) return CUDA_ERROR_INVALID_VALUE;
+  sim__action_t act = {.kind = SIM_ACT_HOST};
+  act.u.host.fn = fn;
+  act.u.host.data = data;
+  return sim__submit(s, &act, CU_GRAPH_NODE_TYPE_HOST);
+}
+
+CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData) {
+  SIM_CALL(cuLaunchHostFunc, launch_host_func(hStream, fn, userData));
+}
+
+static CUresult mem_op(CUstream h, CUdeviceptr addr, uint64_t value, unsigned flags, int is64, int wait) {
+  sim__stream_t *s = sim__stream_get(h);
+  if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  size_t n = is64 ? 8 : 4;
+  if (addr == 0 || (addr & (n - 1)) != 0 || !sim__addr_contains(addr, n)) return CUDA_ERROR_INVALID_VALUE;
+  if (wait && (flags & ~(unsigned)CU_STREAM_WAIT_VALUE_FLUSH) > CU_STREAM_WAIT_VALUE_NOR) return CUDA_ERROR_INVALID_VALUE;
+  if (!wait && (flags & ~(unsigned)CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER) != 0) return CUDA_ERROR_INVALID_VALUE;
+  /* Captured memory operations would be batch-mem-op nodes, which the simulator does not model. */
+  if (s->cap != NULL) return s->cap->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : sim__unimplemented();
+  sim__action_t act = {.kind = wait ? SIM_ACT_WAIT_VALUE : SIM_ACT_WRITE_VALUE};
+  act.u.value.addr = addr;
+  act.u.value.value = value;
+  act.u.value.flags = flags;
+  act.u.value.is64 = is64;
+  sim__enqueue(s, &act);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamWriteValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
+  SIM_CALL(cuStreamWriteValue32, mem_op(stream, addr, value, flags, 0, 0));
+}
+CUresult CUDAAPI cuStreamWriteValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) {
+  SIM_CALL(cuStreamWriteValue64, mem_op(stream, addr, value, flags, 1, 0));
+}
+CUresult CUDAAPI cuStreamWaitValue32(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags) {
+  SIM_CALL(cuStreamWaitValue32, mem_op(stream, addr, value, flags, 0, 1));
+}
+CUresult CUDAAPI cuStreamWaitValue64(CUstream stream, CUdeviceptr addr, cuuint64_t value, unsigned int flags) {
+  SIM_CALL(cuStreamWaitValue64, mem_op(stream, addr, value, flags, 1, 1));
+}

@@ -1,0 +1,150 @@
+/* streams/: the stream pool, per-stream event rings and the access tracker (vector clocks).
+ *
+ * The model (DESIGN.md, "The tracker"):
+ *   - every pool stream s has a tick counter; tick k names the k-th recorded use on s, and the
+ *     ring event recorded right after that use's work;
+ *   - known[s][t] is the newest tick of stream t that work enqueued on s from now on is ordered
+ *     after (directly or transitively); known[s][s] = tick[s];
+ *   - each ring slot keeps the recording stream's clock (its known[] row) at the time of the
+ *     record, so a wait merges the waited stream's knowledge and never re-issues an implied wait;
+ *   - host_known[t] is the newest tick of t the host has seen complete (sync or query): no
+ *     stream waits for it again;
+ *   - each block's weft__access_state_t keeps its last write point and the newest read tick per
+ *     stream since that write.
+ * A use on s with accesses A waits for the maximal conflicting points not already implied; their
+ * number is the number of cross-stream edges of the transitive reduction of the dependency graph.
+ *
+ * Points: (stream, tick) with tick 0 meaning "nothing". A stream whose known[] row grew by waits
+ * since its last record is "dirty"; weft__tracker_point() then gives it a new tick whose event is
+ * recorded lazily (when first waited on, or before the stream's next use), so that frees and
+ * imports, which wait without doing work, are still captured by a point.
+ *
+ * Locks (ranks; take only in increasing rank): runtime registry (lib/runtime.c) 10 < resource
+ * locks (lib/mem) 20 < tracker lock 30. The tracker never calls out of streams/ while holding its
+ * lock, except to the driver.
+ */
+#ifndef WEFT_STREAMS_TRACKER_H
+#define WEFT_STREAMS_TRACKER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "lib/core/driver.h"
+
+#define WEFT__MAX_STREAMS 64
+
+/** A position in a stream: all work enqueued on `stream` up to tick `tick`. */
+typedef struct weft__point {
+  uint32_t stream; /* pool index */
+  uint64_t tick;   /* 0: no work (always complete) */
+} weft__point_t;
+
+/** Per-block access history; embedded in each block record, zeroed for a new block. */
+typedef struct weft__access_state {
+  weft__point_t write;  /* last write (or the allocation point) */
+  uint64_t reader_mask; /* bit t: stream t read since the write */
+  uint64_t *reads;      /* [stream_count]: newest read tick per stream since the write; owned by
+                           the record, valid where reader_mask has the bit */
+} weft__access_state_t;
+
+/** One access of a use, as the tracker sees it. */
+typedef struct weft__use {
+  weft__access_state_t *state;
+  unsigned kind; /* weft_access_kind_t */
+} weft__use_t;
+
+typedef struct weft__tracker weft__tracker_t;
+
+/** A pool stream. Fields after `raw` are guarded by the tracker lock. */
+struct weft_stream {
+  weft__tracker_t *tr;   /* owner */
+  void *runtime;         /* the weft_runtime_t it belongs to (opaque here) */
+  unsigned index;        /* position in the pool */
+  int priority;          /* driver priority value */
+  bool high;             /* one of the high-priority streams */
+  CUstream raw;          /* CU_STREAM_NON_BLOCKING */
+  uint64_t tick;         /* newest tick handed out on this stream */
+  uint64_t recorded;     /* newest tick whose event is recorded (== tick unless pending) */
+  bool dirty;            /* known row grew by waits since tick */
+  uint64_t last_used;    /* tracker-wide use sequence at the last use here (LRU) */
+  CUevent *ring;         /* [ring_size] events; slot = tick & (ring_size - 1) */
+  uint64_t *ring_tick;   /* [ring_size] tick recorded in each slot (0: empty) */
+  uint64_t *ring_clock;  /* [ring_size * n] clock snapshot per slot */
+};
+
+/** The tracker of one runtime: its device context, stream pool and clocks. */
+struct weft__tracker {
+  pthread_mutex_t lock;   /* rank 30 */
+  const weft__driver_t *drv;
+  CUdevice device;
+  CUcontext ctx;          /* the device's primary context, retained */
+  int ordinal;
+  unsigned n;             /* streams */
+  unsigned n_high;        /* the last n_high streams are high priority */
+  unsigned ring_size;     /* power of two */
+  weft_stream_t *streams; /* [n] */
+  uint64_t *known;        /* [n * n], row s = known[s][*] */
+  uint64_t *host_known;   /* [n] */
+  uint64_t use_seq;       /* uses so far (LRU clock) */
+  unsigned rr[2];         /* round-robin cursors per priority */
+  bool no_waits;          /* testing: issue no waits at all (positive controls) */
+  weft_counters_t counters;
+};
+
+/** Creates `n` streams (the last n_high high priority) with rings of `ring_size` events on the
+ * primary context of `ordinal`. On failure nothing is left behind. */
+weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv, int ordinal, unsigned n,
+                                 unsigned n_high, unsigned ring_size, void *runtime);
+/** Synchronises and destroys streams and events; releases the context. */
+void weft__tracker_destroy(weft__tracker_t *tr);
+/** Makes the tracker's context current on the calling thread (cheap when it already is). */
+weft_status_t weft__tracker_bind(weft__tracker_t *tr);
+
+/** Zeroes a new block's history; `reads` must have room for tr->n ticks. Sets the write point
+ * to `alloc_point` (the allocation's position: later uses elsewhere wait for it). */
+void weft__access_init(weft__access_state_t *st, uint64_t *reads, weft__point_t alloc_point);
+
+/** Issues the waits `uses` need on s (see the file comment). Takes the tracker lock. On a driver
+ * failure returns it; waits issued before the failure stay (harmless, conservative). */
+weft_status_t weft__tracker_begin(weft_stream_t *s, const weft__use_t *uses, size_t n);
+/** Records the work enqueued since begin: a new tick and ring event on s, and the accesses. */
+weft_status_t weft__tracker_end(weft_stream_t *s, const weft__use_t *uses, size_t n);
+/** begin; fn(arg) (enqueues the work; its failure aborts the use); end: atomically. */
+weft_status_t weft__tracker_use(weft_stream_t *s, const weft__use_t *uses, size_t n,
+                                weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg);
+
+/** The point covering all work and waits enqueued on s so far (may hand out a pending tick). */
+weft__point_t weft__tracker_point(weft_stream_t *s);
+/** True when work enqueued on s from now on is ordered after p without a new wait. */
+bool weft__tracker_is_ordered(weft_stream_t *s, weft__point_t p);
+/** Makes s wait for p unless already ordered (at most one cuStreamWaitEvent). */
+weft_status_t weft__tracker_order(weft_stream_t *s, weft__point_t p);
+/** Non-blocking: true if p is complete (then the host knows it). Never call under capture. */
+bool weft__tracker_poll(weft__tracker_t *tr, weft__point_t p);
+/** The point a new access of `kind` to a block with history st would wait for: for writes, the
+ * newest of write and reads, as a set; this returns their count and fills out[] (<= n+1). */
+size_t weft__tracker_conflicts(weft__tracker_t *tr, const weft__access_state_t *st, unsigned kind, weft__point_t *out);
+
+/** Host synchronisation, adding host knowledge. */
+weft_status_t weft__tracker_sync_stream(weft_stream_t *s);
+weft_status_t weft__tracker_sync_all(weft__tracker_t *tr);
+weft_status_t weft__tracker_sync_points(weft__tracker_t *tr, const weft__point_t *pts, size_t n);
+/** Queries s (CUDA_ERROR_NOT_READY → WEFT_ERR_NOT_READY); success adds host knowledge. */
+weft_status_t weft__tracker_query_stream(weft_stream_t *s);
+
+/** The stream of priority `high` needing the fewest waits for `uses`, ties to the LRU. */
+weft_stream_t *weft__tracker_auto(weft__tracker_t *tr, bool high, const weft__use_t *uses, size_t n);
+/** Makes s wait for an outside event / stream; s becomes dirty (later points cover it). */
+weft_status_t weft__tracker_import_event(weft_stream_t *s, CUevent ev);
+
+/** Checks the clock invariants (rows dominate their ring snapshots, known[s][s] == tick,
+ * host_known <= ticks). Takes the lock. */
+bool weft__tracker_is_valid(weft__tracker_t *tr);
+
+/** The one upward hook (implemented by lib/runtime.c): a runtime handle's tracker, or NULL with
+ * STALE_HANDLE recorded in weft_last_error() when the runtime was released. Lets lower layers
+ * (lib/mem) take weft_runtime_t* in their public constructors. */
+weft__tracker_t *weft__runtime_tracker(weft_runtime_t *rt);
+
+#endif /* WEFT_STREAMS_TRACKER_H */

@@ -1,0 +1,816 @@
+/* Conformance: every line of shared/CUDA_SEMANTICS.md that a program can observe, asserted through
+ * weft's driver table only, so the same binary runs against the simulator (WEFT_DRIVER=sim, the
+ * default under `bazel test`) and against the real driver on a GPU (WEFT_DRIVER unset). Where the
+ * two disagree the GPU is right: fix the simulator, not this file.
+ *
+ * Each case prints "conformance: <what> ok" when it passed, so a GPU log reads as a checklist.
+ */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "lib/core/driver.h"
+#include "sim/weft_sim.h"
+#include "tests/kernels/conformance_kernels.h"
+#include "tests/kernels/conformance_kernels_sim.h"
+
+static const weft__driver_t *d;
+static CUcontext g_ctx;
+static CUmodule g_mod;
+static CUfunction g_fill, g_copy;
+static const weft_sim_api_t *g_sim; /* NULL on a GPU */
+
+#define OK(expr) assert_int_equal((int)(expr), (int)CUDA_SUCCESS)
+#define IS(code, expr) assert_int_equal((int)(expr), (int)(code))
+#define PASS(what) printf("conformance: %s ok\n", what)
+
+static int setup(void **state) {
+  (void)state;
+  if (weft__driver_get(&d) != WEFT_OK) {
+    fprintf(stderr, "conformance: no driver: %s\n", weft_last_error());
+    return -1;
+  }
+  g_sim = weft_sim_api(weft_driver_symbol);
+  if (g_sim && weft_conf_register_sim_kernels(g_sim) != 0) return -1;
+  if (d->cuDevicePrimaryCtxRetain(&g_ctx, 0) != CUDA_SUCCESS || d->cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS) return -1;
+  if (d->cuModuleLoadData(&g_mod, conformance_kernels_fatbin) != CUDA_SUCCESS ||
+      d->cuModuleGetFunction(&g_fill, g_mod, "weft_conf_fill") != CUDA_SUCCESS ||
+      d->cuModuleGetFunction(&g_copy, g_mod, "weft_conf_copy") != CUDA_SUCCESS)
+    return -1;
+  char name[128] = "";
+  d->cuDeviceGetName(name, sizeof name, 0);
+  printf("conformance: driver %s (%s), device %s\n", d->info.path, g_sim ? "simulator" : "GPU", name);
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  d->cuModuleUnload(g_mod);
+  d->cuDevicePrimaryCtxRelease(0);
+  return 0;
+}
+
+/* Streams of the running case, destroyed by its teardown (even when it failed half-way). */
+static CUstream g_streams[8];
+static int g_nstreams;
+
+static CUstream new_stream(void) {
+  CUstream s;
+  OK(d->cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, 0));
+  assert_true(g_nstreams < 8);
+  g_streams[g_nstreams++] = s;
+  return s;
+}
+
+/* Every case ends with its captures ended, its work finished and no race found (simulator). A
+ * case that failed half-way may leave a capture open: end it so the next case starts clean. */
+static int check_clean(void **state) {
+  (void)state;
+  int ok = 1;
+  for (int i = 0; i < g_nstreams; i++) {
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    d->cuStreamIsCapturing(g_streams[i], &st);
+    if (st != CU_STREAM_CAPTURE_STATUS_NONE) {
+      CUgraph g = NULL;
+      CUresult r = d->cuStreamEndCapture(g_streams[i], &g);
+      printf("conformance: teardown ended a capture left open (%d)\n", (int)r);
+      if (g) d->cuGraphDestroy(g);
+    }
+  }
+  /* Stream by stream, not cuCtxSynchronize: see the note at test_unsafe_calls_... */
+  for (int i = 0; i < g_nstreams; i++) {
+    CUresult r = d->cuStreamSynchronize(g_streams[i]);
+    if (r != CUDA_SUCCESS) {
+      printf("conformance: teardown: cuStreamSynchronize -> %d\n", (int)r);
+      ok = 0;
+    }
+  }
+  for (int i = 0; i < g_nstreams; i++) d->cuStreamDestroy(g_streams[i]);
+  g_nstreams = 0;
+  if (g_sim && g_sim->race_count() != 0) {
+    g_sim->print_report();
+    g_sim->reset_races();
+    ok = 0;
+  }
+  return ok ? 0 : -1;
+}
+
+static CUresult fill(CUstream s, CUdeviceptr p, unsigned n, unsigned v) {
+  void *pp = (void *)(uintptr_t)p;
+  void *args[] = {&pp, &n, &v};
+  return d->cuLaunchKernel(g_fill, (n + 127) / 128, 1, 1, 128, 1, 1, 0, s, args, NULL);
+}
+
+static CUresult copy(CUstream s, CUdeviceptr dst, CUdeviceptr src, unsigned n) {
+  void *pd = (void *)(uintptr_t)dst, *ps = (void *)(uintptr_t)src;
+  void *args[] = {&pd, &ps, &n};
+  return d->cuLaunchKernel(g_copy, (n + 127) / 128, 1, 1, 128, 1, 1, 0, s, args, NULL);
+}
+
+static unsigned read_at(CUdeviceptr p, unsigned i) {
+  unsigned v = 0;
+  OK(d->cuMemcpyDtoH(&v, p + (CUdeviceptr)i * 4, 4));
+  return v;
+}
+
+static size_t count_type(CUgraph g, CUgraphNodeType type) {
+  size_t n = 0;
+  OK(d->cuGraphGetNodes(g, NULL, &n));
+  CUgraphNode nodes[32];
+  assert_true(n <= 32);
+  OK(d->cuGraphGetNodes(g, nodes, &n));
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    CUgraphNodeType t;
+    OK(d->cuGraphNodeGetType(nodes[i], &t));
+    k += t == type;
+  }
+  return k;
+}
+
+static CUmemoryPool new_pool(CUmemAllocationHandleType handles) {
+  CUmemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 0;
+  props.handleTypes = handles;
+  CUmemoryPool pool;
+  OK(d->cuMemPoolCreate(&pool, &props));
+  return pool;
+}
+
+/* ---- stream capture ---- */
+
+static void test_wait_on_outside_event_is_isolation_905_and_invalidates_901(void **state) {
+  (void)state;
+  CUstream s = new_stream(), o = new_stream();
+  CUevent e;
+  OK(d->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  OK(d->cuEventRecord(e, o));
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  IS(905, d->cuStreamWaitEvent(s, e, 0));
+  CUstreamCaptureStatus st;
+  OK(d->cuStreamIsCapturing(s, &st));
+  assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  CUgraph g = NULL;
+  IS(901, d->cuStreamEndCapture(s, &g));
+  assert_null(g);
+  OK(d->cuEventDestroy(e));
+  PASS("wait on an event recorded outside the capture: ISOLATION (905), then EndCapture INVALIDATED (901), no graph");
+}
+
+static void test_external_wait_succeeds_as_an_event_wait_node(void **state) {
+  (void)state;
+  CUstream s = new_stream(), o = new_stream();
+  CUevent e;
+  OK(d->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  OK(d->cuEventRecord(e, o));
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(d->cuStreamWaitEvent(s, e, CU_EVENT_WAIT_EXTERNAL));
+  CUgraph g;
+  OK(d->cuStreamEndCapture(s, &g));
+  assert_int_equal(count_type(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 1);
+  CUgraphExec x;
+  OK(d->cuGraphInstantiateWithFlags(&x, g, 0));
+  OK(d->cuGraphLaunch(x, s));
+  OK(d->cuStreamSynchronize(s));
+  OK(d->cuGraphExecDestroy(x));
+  OK(d->cuGraphDestroy(g));
+  OK(d->cuEventDestroy(e));
+  PASS("the same wait with CU_EVENT_WAIT_EXTERNAL succeeds and becomes an event-wait node");
+}
+
+static void test_fork_must_rejoin_or_end_capture_is_unjoined(void **state) {
+  (void)state;
+  CUstream s = new_stream(), t = new_stream();
+  CUevent fork, join;
+  OK(d->cuEventCreate(&fork, CU_EVENT_DISABLE_TIMING));
+  OK(d->cuEventCreate(&join, CU_EVENT_DISABLE_TIMING));
+  CUdeviceptr a, b;
+  OK(d->cuMemAlloc(&a, 4096));
+  OK(d->cuMemAlloc(&b, 4096));
+  /* joined: the forked stream's work is in the graph, ordered after the fork point */
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(fill(s, a, 1024, 8));
+  OK(d->cuEventRecord(fork, s));
+  OK(d->cuStreamWaitEvent(t, fork, 0));
+  CUstreamCaptureStatus st;
+  OK(d->cuStreamIsCapturing(t, &st));
+  assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  OK(copy(t, b, a, 1024));
+  OK(d->cuEventRecord(join, t));
+  OK(d->cuStreamWaitEvent(s, join, 0));
+  CUgraph g;
+  OK(d->cuStreamEndCapture(s, &g));
+  assert_int_equal(count_type(g, CU_GRAPH_NODE_TYPE_KERNEL), 2);
+  CUgraphExec x;
+  OK(d->cuGraphInstantiateWithFlags(&x, g, 0));
+  OK(d->cuGraphLaunch(x, s));
+  OK(d->cuStreamSynchronize(s));
+  assert_int_equal(read_at(b, 1023), 8);
+  OK(d->cuGraphExecDestroy(x));
+  OK(d->cuGraphDestroy(g));
+  /* not joined */
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(d->cuEventRecord(fork, s));
+  OK(d->cuStreamWaitEvent(t, fork, 0));
+  OK(fill(t, a, 1024, 9));
+  g = NULL;
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, d->cuStreamEndCapture(s, &g));
+  assert_null(g);
+  OK(d->cuMemFree(a));
+  OK(d->cuMemFree(b));
+  OK(d->cuEventDestroy(fork));
+  OK(d->cuEventDestroy(join));
+  PASS("an event recorded in the capture forks another stream into it; not rejoined -> UNJOINED");
+}
+
+static void end_invalidated(CUstream s) {
+  CUgraph g = NULL;
+  IS(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, d->cuStreamEndCapture(s, &g));
+  assert_null(g);
+}
+
+static void test_pool_attribute_under_global_capture_fails_and_invalidates(void **state) {
+  (void)state;
+  CUstream s = new_stream();
+  CUmemoryPool pool = new_pool(CU_MEM_HANDLE_TYPE_NONE);
+  cuuint64_t v;
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, d->cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v));
+  end_invalidated(s);
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  v = 0;
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, d->cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v));
+  end_invalidated(s);
+  OK(d->cuMemPoolDestroy(pool));
+  PASS("cuMemPoolGetAttribute / SetAttribute under GLOBAL capture fail (UNSUPPORTED) and invalidate it");
+}
+
+/* Note: through weft's table, cuCtxSynchronize on a CUDA 13 driver returns
+ * CUDA_ERROR_CONTEXT_IS_DESTROYED (709) even outside capture: lib/core resolves it with
+ * cuGetProcAddress at version 13000, which gives cuCtxSynchronize_v2(CUcontext). Under capture the
+ * capture check comes first, so the assertion below holds either way. */
+static void test_unsafe_calls_under_global_capture_fail_and_invalidate(void **state) {
+  (void)state;
+  CUstream s = new_stream(), o = new_stream();
+  CUdeviceptr p;
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, d->cuMemAlloc(&p, 256));
+  end_invalidated(s);
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, d->cuCtxSynchronize());
+  end_invalidated(s);
+  CUevent e;
+  OK(d->cuEventCreate(&e, 0));
+  OK(d->cuEventRecord(e, o));
+  OK(d->cuEventSynchronize(e));
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, d->cuEventQuery(e));
+  end_invalidated(s);
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, d->cuEventSynchronize(e));
+  end_invalidated(s);
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, d->cuStreamSynchronize(s));
+  end_invalidated(s);
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, d->cuStreamSynchronize(o)); /* any stream */
+  end_invalidated(s);
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, d->cuStreamQuery(o));
+  end_invalidated(s);
+  /* An event recorded in the capture: CAPTURED_EVENT (907), and the capture is invalidated. */
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(d->cuEventRecord(e, s));
+  IS(CUDA_ERROR_CAPTURED_EVENT, d->cuEventQuery(e));
+  end_invalidated(s);
+  /* ... after that capture ended the event is unusable until recorded again */
+  IS(CUDA_ERROR_INVALID_VALUE, d->cuEventQuery(e));
+  IS(CUDA_ERROR_INVALID_VALUE, d->cuStreamWaitEvent(o, e, 0));
+  OK(d->cuEventRecord(e, o));
+  OK(d->cuEventSynchronize(e));
+  /* a synchronous copy is not an unsafe call */
+  unsigned host = 0;
+  CUdeviceptr dev;
+  OK(d->cuMemAlloc(&dev, 256));
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(d->cuMemcpyDtoH(&host, dev, 4));
+  CUgraph g;
+  OK(d->cuStreamEndCapture(s, &g));
+  OK(d->cuGraphDestroy(g));
+  OK(d->cuMemFree(dev));
+  OK(d->cuEventDestroy(e));
+  PASS("under GLOBAL capture cuMemAlloc, cuCtxSynchronize, event query/sync, stream sync/query of any stream fail "
+       "(UNSUPPORTED) and invalidate it; a captured event gives CAPTURED_EVENT; sync copies are allowed");
+}
+
+static void test_relaxed_capture_permits_unsafe_calls(void **state) {
+  (void)state;
+  CUstream s = new_stream();
+  CUmemoryPool pool = new_pool(CU_MEM_HANDLE_TYPE_NONE);
+  CUdeviceptr p;
+  cuuint64_t v;
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  OK(d->cuMemAlloc(&p, 256));
+  OK(d->cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v));
+  CUgraph g;
+  OK(d->cuStreamEndCapture(s, &g));
+  OK(d->cuGraphDestroy(g));
+  OK(d->cuMemFree(p));
+  /* a GLOBAL capture with this thread's mode exchanged to RELAXED */
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  OK(d->cuThreadExchangeStreamCaptureMode(&mode));
+  assert_int_equal(mode, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  OK(d->cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &v));
+  OK(d->cuThreadExchangeStreamCaptureMode(&mode));
+  OK(d->cuStreamEndCapture(s, &g));
+  OK(d->cuGraphDestroy(g));
+  OK(d->cuMemPoolDestroy(pool));
+  PASS("RELAXED capture (or a thread exchanged to RELAXED) permits unsafe calls");
+}
+
+typedef struct other {
+  CUstream s;
+  CUresult alloc, end;
+} other_t;
+
+static void *other_alloc(void *arg) {
+  other_t *o = arg;
+  d->cuCtxSetCurrent(g_ctx);
+  CUdeviceptr p = 0;
+  o->alloc = d->cuMemAlloc(&p, 256);
+  if (o->alloc == CUDA_SUCCESS) d->cuMemFree(p);
+  return NULL;
+}
+
+static void *other_end(void *arg) {
+  other_t *o = arg;
+  d->cuCtxSetCurrent(g_ctx);
+  CUgraph g = NULL;
+  o->end = d->cuStreamEndCapture(o->s, &g);
+  if (o->end == CUDA_SUCCESS) d->cuGraphDestroy(g);
+  return NULL;
+}
+
+static void in_thread(void *(*fn)(void *), other_t *o) {
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, fn, o), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+}
+
+static void test_capture_modes_across_threads(void **state) {
+  (void)state;
+  other_t o = {new_stream(), CUDA_SUCCESS, CUDA_SUCCESS};
+  OK(d->cuStreamBeginCapture(o.s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  in_thread(other_alloc, &o);
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, o.alloc);
+  end_invalidated(o.s);
+  OK(d->cuStreamBeginCapture(o.s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  in_thread(other_alloc, &o);
+  OK(o.alloc);
+  CUgraph g;
+  OK(d->cuStreamEndCapture(o.s, &g));
+  OK(d->cuGraphDestroy(g));
+  PASS("GLOBAL capture forbids unsafe calls on other threads; THREAD_LOCAL does not");
+}
+
+static void test_non_relaxed_capture_must_end_on_its_thread(void **state) {
+  (void)state;
+  other_t o = {new_stream(), CUDA_SUCCESS, CUDA_SUCCESS};
+  OK(d->cuStreamBeginCapture(o.s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  in_thread(other_end, &o);
+  IS(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, o.end);
+  CUgraph g = NULL;
+  IS(CUDA_ERROR_ILLEGAL_STATE, d->cuStreamEndCapture(o.s, &g)); /* the failed end ended the capture */
+  OK(d->cuStreamBeginCapture(o.s, CU_STREAM_CAPTURE_MODE_RELAXED));
+  in_thread(other_end, &o);
+  OK(o.end);
+  PASS("a non-relaxed capture must end on the thread that began it (WRONG_THREAD, which ends it); a relaxed one need not");
+}
+
+static void test_legacy_stream_cannot_be_captured(void **state) {
+  (void)state;
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, d->cuStreamBeginCapture(NULL, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  PASS("the legacy NULL stream cannot be captured");
+}
+
+static void test_capture_info_and_dependency_updates(void **state) {
+  (void)state;
+  CUstream s = new_stream();
+  CUdeviceptr a;
+  OK(d->cuMemAlloc(&a, 4096));
+  CUstreamCaptureStatus st;
+  cuuint64_t id1 = 0, id2 = 0;
+  CUgraph g = NULL;
+  const CUgraphNode *deps = NULL;
+  size_t n = 99;
+  OK(d->cuStreamGetCaptureInfo(s, &st, NULL, NULL, NULL, NULL, NULL));
+  assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_NONE);
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(d->cuStreamGetCaptureInfo(s, &st, &id1, &g, &deps, NULL, &n));
+  assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  assert_non_null(g);
+  assert_int_equal(n, 0);
+  OK(fill(s, a, 16, 1));
+  OK(d->cuStreamGetCaptureInfo(s, &st, NULL, NULL, &deps, NULL, &n));
+  assert_int_equal(n, 1);
+  CUgraphNode first = deps[0];
+  OK(d->cuStreamUpdateCaptureDependencies(s, NULL, NULL, 0, CU_STREAM_SET_CAPTURE_DEPENDENCIES));
+  OK(d->cuStreamGetCaptureInfo(s, &st, NULL, NULL, &deps, NULL, &n));
+  assert_int_equal(n, 0);
+  OK(fill(s, a + 1024, 16, 2));
+  OK(d->cuStreamUpdateCaptureDependencies(s, &first, NULL, 1, CU_STREAM_ADD_CAPTURE_DEPENDENCIES));
+  OK(d->cuStreamGetCaptureInfo(s, &st, NULL, NULL, &deps, NULL, &n));
+  assert_int_equal(n, 2);
+  CUgraph out;
+  OK(d->cuStreamEndCapture(s, &out));
+  assert_ptr_equal(out, g);
+  size_t edges = 99;
+  OK(d->cuGraphGetEdges(out, NULL, NULL, NULL, &edges));
+  assert_int_equal(edges, 0);
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(d->cuStreamGetCaptureInfo(s, &st, &id2, NULL, NULL, NULL, NULL));
+  assert_true(id2 != id1);
+  CUgraph g2;
+  OK(d->cuStreamEndCapture(s, &g2));
+  OK(d->cuGraphDestroy(g2));
+  OK(d->cuGraphDestroy(out));
+  OK(d->cuMemFree(a));
+  PASS("cuStreamGetCaptureInfo gives status, a unique id, the graph and dependencies; UpdateCaptureDependencies SETs and ADDs");
+}
+
+static void test_captured_work_is_not_in_the_stream(void **state) {
+  (void)state;
+  CUstream s = new_stream();
+  CUdeviceptr a;
+  OK(d->cuMemAlloc(&a, 4096));
+  OK(fill(s, a, 1024, 5));
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(fill(s, a, 1024, 6));
+  CUgraph g;
+  OK(d->cuStreamEndCapture(s, &g));
+  OK(fill(s, a + 2048, 512, 7)); /* ordered after the fill before the capture */
+  OK(d->cuStreamSynchronize(s));
+  assert_int_equal(read_at(a, 0), 5);
+  assert_int_equal(read_at(a, 1000), 7);
+  CUgraphExec x;
+  OK(d->cuGraphInstantiateWithFlags(&x, g, 0));
+  OK(d->cuGraphLaunch(x, s));
+  OK(d->cuStreamSynchronize(s));
+  assert_int_equal(read_at(a, 1000), 6);
+  OK(d->cuGraphExecDestroy(x));
+  OK(d->cuGraphDestroy(g));
+  OK(d->cuMemFree(a));
+  PASS("captured work is not in the stream: it runs only when the graph is launched");
+}
+
+/* ---- graph memory nodes ---- */
+
+/* Captures alloc + fill (value 11) with the allocation not freed; *p gets its address. */
+static CUgraph capture_output(CUstream s, size_t bytes, CUdeviceptr *p) {
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(d->cuMemAllocAsync(p, bytes, s));
+  OK(fill(s, *p, (unsigned)(bytes / 4), 11));
+  CUgraph g;
+  OK(d->cuStreamEndCapture(s, &g));
+  return g;
+}
+
+static void test_alloc_in_capture_becomes_a_mem_alloc_node(void **state) {
+  (void)state;
+  CUstream s = new_stream();
+  CUmemoryPool pool = new_pool(CU_MEM_HANDLE_TYPE_NONE);
+  CUdeviceptr p, q;
+  OK(d->cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(d->cuMemAllocAsync(&p, 4096, s));
+  OK(d->cuMemAllocFromPoolAsync(&q, 4096, pool, s));
+  OK(d->cuMemFreeAsync(q, s));
+  OK(d->cuMemFreeAsync(p, s));
+  CUgraph g;
+  OK(d->cuStreamEndCapture(s, &g));
+  assert_int_equal(count_type(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC), 2);
+  assert_int_equal(count_type(g, CU_GRAPH_NODE_TYPE_MEM_FREE), 2);
+  CUgraphNode nodes[4];
+  size_t n = 4;
+  OK(d->cuGraphGetNodes(g, nodes, &n));
+  CUDA_MEM_ALLOC_NODE_PARAMS params;
+  OK(d->cuGraphMemAllocNodeGetParams(nodes[0], &params));
+  assert_int_equal(params.dptr, p);
+  assert_int_equal(params.bytesize, 4096);
+  OK(d->cuGraphDestroy(g));
+  OK(d->cuMemPoolDestroy(pool));
+  PASS("cuMemAllocAsync and cuMemAllocFromPoolAsync in capture become mem-alloc nodes (frees: mem-free nodes)");
+}
+
+static void test_relaunch_with_live_allocation_then_free_gives_same_address(void **state) {
+  (void)state;
+  CUstream s = new_stream();
+  CUdeviceptr p;
+  CUgraph g = capture_output(s, 4096, &p);
+  CUgraphExec x;
+  OK(d->cuGraphInstantiateWithFlags(&x, g, 0));
+  OK(d->cuGraphLaunch(x, s));
+  OK(d->cuStreamSynchronize(s));
+  assert_int_equal(read_at(p, 1023), 11);
+  IS(CUDA_ERROR_INVALID_VALUE, d->cuGraphLaunch(x, s));
+  OK(d->cuMemFreeAsync(p, s));
+  OK(d->cuGraphLaunch(x, s));
+  OK(d->cuStreamSynchronize(s));
+  assert_int_equal(read_at(p, 0), 11); /* the same address again */
+  OK(d->cuMemFreeAsync(p, s));
+  OK(d->cuStreamSynchronize(s));
+  OK(d->cuGraphExecDestroy(x));
+  OK(d->cuGraphDestroy(g));
+  PASS("relaunch while the graph's allocation is live -> INVALID_VALUE; after cuMemFreeAsync it relaunches at the same address");
+}
+
+static void test_auto_free_on_launch(void **state) {
+  (void)state;
+  CUstream s = new_stream();
+  CUdeviceptr p;
+  CUgraph g = capture_output(s, 4096, &p);
+  CUgraphExec x;
+  OK(d->cuGraphInstantiateWithFlags(&x, g, CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH));
+  OK(d->cuGraphLaunch(x, s));
+  OK(d->cuGraphLaunch(x, s));
+  OK(d->cuGraphLaunch(x, s));
+  OK(d->cuStreamSynchronize(s));
+  assert_int_equal(read_at(p, 7), 11);
+  OK(d->cuMemFreeAsync(p, s));
+  OK(d->cuStreamSynchronize(s));
+  OK(d->cuGraphExecDestroy(x));
+  OK(d->cuGraphDestroy(g));
+  PASS("AUTO_FREE_ON_LAUNCH frees the live allocation at the next launch");
+}
+
+static void test_explicit_alloc_kernel_free_graph_relaunches(void **state) {
+  (void)state;
+  CUstream s = new_stream();
+  CUdeviceptr out;
+  OK(d->cuMemAlloc(&out, 4096));
+  CUgraph g;
+  OK(d->cuGraphCreate(&g, 0));
+  CUDA_MEM_ALLOC_NODE_PARAMS ap;
+  memset(&ap, 0, sizeof ap);
+  ap.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  ap.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  ap.bytesize = 4096;
+  CUgraphNode alloc, k1, k2, fr;
+  OK(d->cuGraphAddMemAllocNode(&alloc, g, NULL, 0, &ap));
+  void *pt = (void *)(uintptr_t)ap.dptr, *po = (void *)(uintptr_t)out;
+  unsigned n = 1024, v = 21;
+  void *fill_args[] = {&pt, &n, &v}, *copy_args[] = {&po, &pt, &n};
+  CUDA_KERNEL_NODE_PARAMS kp;
+  memset(&kp, 0, sizeof kp);
+  kp.func = g_fill;
+  kp.gridDimX = 8;
+  kp.gridDimY = kp.gridDimZ = 1;
+  kp.blockDimX = 128;
+  kp.blockDimY = kp.blockDimZ = 1;
+  kp.kernelParams = fill_args;
+  OK(d->cuGraphAddKernelNode(&k1, g, &alloc, 1, &kp));
+  kp.func = g_copy;
+  kp.kernelParams = copy_args;
+  OK(d->cuGraphAddKernelNode(&k2, g, &k1, 1, &kp));
+  OK(d->cuGraphAddMemFreeNode(&fr, g, &k2, 1, ap.dptr));
+  CUgraphExec x;
+  OK(d->cuGraphInstantiateWithFlags(&x, g, 0));
+  for (int i = 0; i < 3; i++) OK(d->cuGraphLaunch(x, s));
+  OK(d->cuStreamSynchronize(s));
+  assert_int_equal(read_at(out, 1023), 21);
+  OK(d->cuGraphExecDestroy(x));
+  OK(d->cuGraphDestroy(g));
+  OK(d->cuMemFree(out));
+  PASS("explicit cuGraphAddMemAllocNode -> kernel -> cuGraphAddMemFreeNode instantiates and relaunches");
+}
+
+static void test_second_instantiation_is_not_supported(void **state) {
+  (void)state;
+  CUstream s = new_stream();
+  CUdeviceptr p;
+  CUgraph g = capture_output(s, 4096, &p);
+  CUgraphExec x, y;
+  OK(d->cuGraphInstantiateWithFlags(&x, g, 0));
+  IS(CUDA_ERROR_NOT_SUPPORTED, d->cuGraphInstantiateWithFlags(&y, g, 0));
+  OK(d->cuGraphExecDestroy(x));
+  OK(d->cuGraphInstantiateWithFlags(&y, g, 0));
+  OK(d->cuGraphExecDestroy(y));
+  OK(d->cuGraphDestroy(g));
+  PASS("only one instantiation of a graph with memory nodes at a time (second -> NOT_SUPPORTED)");
+}
+
+static void test_graph_with_memory_nodes_cannot_be_launched_into_a_capture(void **state) {
+  (void)state;
+  CUstream s = new_stream(), c = new_stream();
+  CUdeviceptr p;
+  CUgraph g = capture_output(s, 4096, &p);
+  CUgraphExec x;
+  OK(d->cuGraphInstantiateWithFlags(&x, g, 0));
+  OK(d->cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, d->cuGraphLaunch(x, c));
+  end_invalidated(c);
+  OK(d->cuGraphExecDestroy(x));
+  OK(d->cuGraphDestroy(g));
+  PASS("a graph with memory nodes launched into a capture -> UNSUPPORTED, capture invalidated");
+}
+
+static void test_destroy_frees_no_live_allocation(void **state) {
+  (void)state;
+  CUstream s = new_stream();
+  CUdeviceptr p, out;
+  OK(d->cuMemAlloc(&out, 4096));
+  CUgraph g = capture_output(s, 4096, &p);
+  CUgraphExec x;
+  OK(d->cuGraphInstantiateWithFlags(&x, g, 0));
+  OK(d->cuGraphLaunch(x, s));
+  OK(d->cuGraphExecDestroy(x));
+  OK(d->cuGraphDestroy(g));
+  OK(d->cuStreamSynchronize(s));
+  OK(d->cuDeviceGraphMemTrim(0));
+  OK(copy(s, out, p, 1024));
+  OK(d->cuStreamSynchronize(s));
+  assert_int_equal(read_at(out, 500), 11);
+  OK(d->cuMemFreeAsync(p, s));
+  OK(d->cuStreamSynchronize(s));
+  OK(d->cuMemFree(out));
+  PASS("destroying the graph and its exec frees no live allocation");
+}
+
+static cuuint64_t gmem(CUgraphMem_attribute a) {
+  cuuint64_t v = 0;
+  OK(d->cuDeviceGetGraphMemAttribute(0, a, &v));
+  return v;
+}
+
+static void test_graph_memory_attributes_and_trim(void **state) {
+  (void)state;
+  CUstream s = new_stream();
+  OK(d->cuDeviceGraphMemTrim(0));
+  cuuint64_t used0 = gmem(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT);
+  CUdeviceptr p;
+  CUgraph g = capture_output(s, 1 << 20, &p);
+  CUgraphExec x;
+  OK(d->cuGraphInstantiateWithFlags(&x, g, 0));
+  OK(d->cuGraphLaunch(x, s));
+  OK(d->cuStreamSynchronize(s));
+  assert_true(gmem(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT) >= used0 + (1 << 20));
+  assert_true(gmem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT) >= gmem(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT));
+  assert_true(gmem(CU_GRAPH_MEM_ATTR_USED_MEM_HIGH) >= gmem(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT));
+  assert_true(gmem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH) >= gmem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT));
+  cuuint64_t zero = 0;
+  OK(d->cuDeviceSetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &zero));
+  OK(d->cuDeviceSetGraphMemAttribute(0, CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH, &zero));
+  assert_true(gmem(CU_GRAPH_MEM_ATTR_USED_MEM_HIGH) >= used0 + (1 << 20));
+  OK(d->cuMemFreeAsync(p, s));
+  OK(d->cuStreamSynchronize(s));
+  OK(d->cuGraphExecDestroy(x));
+  OK(d->cuGraphDestroy(g));
+  OK(d->cuDeviceGraphMemTrim(0));
+  assert_true(gmem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT) <= gmem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH));
+  printf("conformance: graph memory after free+trim: used %llu reserved %llu (high %llu)\n",
+         (unsigned long long)gmem(CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT),
+         (unsigned long long)gmem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT),
+         (unsigned long long)gmem(CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH));
+  PASS("graph memory is counted by cuDeviceGetGraphMemAttribute (HIGH resets by setting 0) and trimmed by cuDeviceGraphMemTrim");
+}
+
+/* ---- pools ---- */
+
+static void test_pool_defaults_threshold_and_reuse(void **state) {
+  (void)state;
+  CUmemoryPool pool = new_pool(CU_MEM_HANDLE_TYPE_NONE);
+  cuuint64_t t = 1;
+  OK(d->cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t));
+  assert_int_equal(t, 0);
+  const CUmemPool_attribute reuse[] = {CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES,
+                                       CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+                                       CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES};
+  for (int i = 0; i < 3; i++) {
+    int on = 0;
+    OK(d->cuMemPoolGetAttribute(pool, reuse[i], &on));
+    assert_int_equal(on, 1);
+  }
+  t = UINT64_MAX;
+  OK(d->cuMemPoolSetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t));
+  t = 0;
+  OK(d->cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &t));
+  assert_int_equal(t, UINT64_MAX);
+  CUstream s = new_stream();
+  CUdeviceptr p;
+  OK(d->cuMemAllocFromPoolAsync(&p, 1 << 20, pool, s));
+  OK(d->cuStreamSynchronize(s));
+  cuuint64_t used = 0, reserved = 0;
+  OK(d->cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used));
+  OK(d->cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved));
+  assert_true(used >= 1 << 20);
+  assert_true(reserved >= used);
+  OK(d->cuMemFreeAsync(p, s));
+  OK(d->cuStreamSynchronize(s));
+  OK(d->cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used));
+  assert_int_equal(used, 0);
+  OK(d->cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved));
+  assert_true(reserved >= 1 << 20); /* cached: the threshold keeps it */
+  OK(d->cuMemPoolTrimTo(pool, 0));
+  OK(d->cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved));
+  assert_int_equal(reserved, 0);
+  OK(d->cuMemPoolDestroy(pool));
+  PASS("pool release threshold defaults to 0, reuse policies default on, counters and trim work");
+}
+
+static void test_pool_ipc_needs_a_handle_type(void **state) {
+  (void)state;
+  CUmemoryPool plain = new_pool(CU_MEM_HANDLE_TYPE_NONE);
+  int fd = -1;
+  IS(CUDA_ERROR_INVALID_VALUE, d->cuMemPoolExportToShareableHandle(&fd, plain, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  OK(d->cuMemPoolDestroy(plain));
+  CUmemoryPool ipc = new_pool(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  OK(d->cuMemPoolExportToShareableHandle(&fd, ipc, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  assert_true(fd >= 0);
+  close(fd);
+  OK(d->cuMemPoolDestroy(ipc));
+  PASS("IPC export needs a handle type at pool creation (else INVALID_VALUE)");
+}
+
+static void test_stream_priority_range_and_events(void **state) {
+  (void)state;
+  int least = 1, greatest = 1;
+  OK(d->cuCtxGetStreamPriorityRange(&least, &greatest));
+  assert_int_equal(least, 0);
+  assert_true(greatest < 0);
+  CUstream s = new_stream();
+  CUevent a, b, nt;
+  OK(d->cuEventCreate(&a, 0));
+  OK(d->cuEventCreate(&b, 0));
+  OK(d->cuEventCreate(&nt, CU_EVENT_DISABLE_TIMING));
+  CUdeviceptr p;
+  OK(d->cuMemAlloc(&p, 1 << 20));
+  OK(d->cuEventRecord(a, s));
+  OK(fill(s, p, 1 << 18, 3));
+  OK(d->cuEventRecord(b, s));
+  OK(d->cuEventRecord(nt, s));
+  OK(d->cuEventSynchronize(b));
+  OK(d->cuEventQuery(a));
+  float ms = -1;
+  OK(d->cuEventElapsedTime(&ms, a, b));
+  assert_true(ms >= 0.0f);
+  IS(CUDA_ERROR_INVALID_HANDLE, d->cuEventElapsedTime(&ms, a, nt));
+  assert_int_equal(read_at(p, 1000), 3);
+  OK(d->cuMemFree(p));
+  OK(d->cuEventDestroy(a));
+  OK(d->cuEventDestroy(b));
+  OK(d->cuEventDestroy(nt));
+  PASS("stream priorities range from 0 (least) to negative (greatest); event timing needs timing events");
+}
+
+static void test_cuMemAlloc_memory_can_be_freed_in_stream_order(void **state) {
+  (void)state;
+  CUstream s = new_stream();
+  CUdeviceptr p;
+  OK(d->cuMemAlloc(&p, 1 << 20));
+  OK(fill(s, p, 1024, 1));
+  OK(d->cuMemFreeAsync(p, s));
+  OK(d->cuStreamSynchronize(s));
+  OK(d->cuMemFree(0));
+  PASS("cuMemFreeAsync accepts cuMemAlloc memory; cuMemFree(0) succeeds");
+}
+
+#define CASE(f) cmocka_unit_test_teardown(f, check_clean)
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      CASE(test_wait_on_outside_event_is_isolation_905_and_invalidates_901),
+      CASE(test_external_wait_succeeds_as_an_event_wait_node),
+      CASE(test_fork_must_rejoin_or_end_capture_is_unjoined),
+      CASE(test_pool_attribute_under_global_capture_fails_and_invalidates),
+      CASE(test_unsafe_calls_under_global_capture_fail_and_invalidate),
+      CASE(test_relaxed_capture_permits_unsafe_calls),
+      CASE(test_capture_modes_across_threads),
+      CASE(test_non_relaxed_capture_must_end_on_its_thread),
+      CASE(test_legacy_stream_cannot_be_captured),
+      CASE(test_capture_info_and_dependency_updates),
+      CASE(test_captured_work_is_not_in_the_stream),
+      CASE(test_alloc_in_capture_becomes_a_mem_alloc_node),
+      CASE(test_relaunch_with_live_allocation_then_free_gives_same_address),
+      CASE(test_auto_free_on_launch),
+      CASE(test_explicit_alloc_kernel_free_graph_relaunches),
+      CASE(test_second_instantiation_is_not_supported),
+      CASE(test_graph_with_memory_nodes_cannot_be_launched_into_a_capture),
+      CASE(test_destroy_frees_no_live_allocation),
+      CASE(test_graph_memory_attributes_and_trim),
+      CASE(test_pool_defaults_threshold_and_reuse),
+      CASE(test_pool_ipc_needs_a_handle_type),
+      CASE(test_stream_priority_range_and_events),
+      CASE(test_cuMemAlloc_memory_can_be_freed_in_stream_order),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}

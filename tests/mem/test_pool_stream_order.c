@@ -1,0 +1,404 @@
+/* weft's pool over a fake upstream and a fake tracker: which freed memory an allocation may take
+ * on which stream, when it waits (once, for the freeing point only), when it grows, trim, and
+ * clean failures (upstream refusals, failed waits, bad frees) with consistent statistics. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "tests/mem/fake_runtime.h"
+
+#define KIB 1024ull
+#define MIB (1024ull * 1024ull)
+
+typedef struct fixture {
+  weft_runtime_t *rt;
+  fake_upstream_t *up;
+  weft_resource_t *pool;
+} fixture_t;
+
+static fixture_t fx;
+
+static void make_pool(uint64_t chunk, uint64_t max) {
+  fx.rt = fake_init(4);
+  fx.up = fake_upstream_create(fx.rt);
+  weft_pool_options_t o = weft_pool_options_default();
+  o.chunk_bytes = chunk;
+  o.max_bytes = max;
+  assert_int_equal(weft_pool_create(fx.rt, &fx.up->base, &o, &fx.pool), WEFT_OK);
+}
+
+static void drop_pool(void) {
+  weft_resource_destroy(fx.pool);
+  assert_int_equal(fx.up->live_bytes, 0); /* every chunk went back */
+  fake_upstream_destroy(fx.up);
+}
+
+static CUdeviceptr alloc_on(unsigned s, size_t bytes) {
+  CUdeviceptr p = 0;
+  assert_int_equal(weft_resource_allocate(fx.pool, bytes, fake_stream(s), "t", &p), WEFT_OK);
+  assert_true(p % 256 == 0);
+  return p;
+}
+
+static void free_on(unsigned s, CUdeviceptr p, size_t bytes) {
+  fake_work(s); /* the last use, then the free */
+  assert_int_equal(weft_resource_deallocate(fx.pool, p, bytes, fake_stream(s), "t"), WEFT_OK);
+}
+
+static void test_same_stream_reuses_at_once_without_waits_or_queries(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  CUdeviceptr a = alloc_on(0, 1000);
+  free_on(0, a, 1000);
+  assert_int_equal(alloc_on(0, 1000), a);
+  assert_int_equal(fake.waits, 0);
+  assert_int_equal(fake.polls, 0);
+  assert_int_equal(fx.up->allocs, 1);
+  drop_pool();
+}
+
+static void test_other_stream_grows_rather_than_wait_for_running_work(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  CUdeviceptr a = alloc_on(0, 1 * MIB);
+  free_on(0, a, 1 * MIB);
+  CUdeviceptr b = alloc_on(1, 1 * MIB); /* stream 0's free may still run: new chunk */
+  assert_true(b != a);
+  assert_int_equal(fake.waits, 0);
+  assert_int_equal(fx.up->allocs, 2);
+  drop_pool();
+}
+
+static void test_other_stream_reuses_once_the_free_is_known_complete(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  CUdeviceptr a = alloc_on(0, 1 * MIB); /* the whole chunk: nothing idle beside it */
+  free_on(0, a, 1 * MIB);
+  fake_complete(0);
+  assert_int_equal(alloc_on(1, 4096), a);
+  assert_int_equal(fx.up->allocs, 1);
+  assert_int_equal(fake.waits, 0);
+  assert_true(fake.polls >= 1);
+  /* Once retired, the range is idle: a third stream takes it without another query. */
+  unsigned polls = fake.polls;
+  free_on(1, a, 4096);
+  fake_complete(1);
+  alloc_on(2, 4096);
+  assert_true(fake.polls <= polls + 1);
+  drop_pool();
+}
+
+static void test_other_stream_reuses_when_already_ordered_after_the_free(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  CUdeviceptr a = alloc_on(0, 1 * MIB);
+  free_on(0, a, 1 * MIB);
+  /* Stream 1 already waited for stream 0 up to its free (e.g. for data). */
+  fake.known[1 * FAKE_STREAMS + 0] = fake.streams[0].tick;
+  assert_int_equal(alloc_on(1, 4096), a);
+  assert_int_equal(fake.waits, 0);
+  assert_int_equal(fake.polls, 0);
+  drop_pool();
+}
+
+static void test_at_max_bytes_waits_once_for_the_freeing_point_only(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 1 * MIB);
+  CUdeviceptr a = alloc_on(0, 512 * KIB);
+  free_on(0, a, 512 * KIB);
+  uint64_t free_tick = fake.streams[0].tick;
+  for (int i = 0; i < 5; i++) fake_work(0); /* stream 0 goes on with unrelated work */
+  CUdeviceptr b1 = alloc_on(1, 300 * KIB);
+  CUdeviceptr b2 = alloc_on(1, 500 * KIB); /* does not fit beside b1 without a's range */
+  (void)b1;
+  assert_int_equal(b2 == a || b1 == a, 1);
+  assert_int_equal(fake.waits, 1);
+  assert_int_equal(fake.last_wait.stream, 0);
+  assert_int_equal(fake.last_wait.tick, free_tick); /* not stream 0's newest tick */
+  assert_int_equal(fx.up->allocs, 1);
+  free_on(1, b1, 300 * KIB);
+  free_on(1, b2, 500 * KIB);
+  drop_pool();
+}
+
+static void test_fragments_freed_on_several_streams_are_gathered_before_failing(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 1 * MIB);
+  CUdeviceptr q[4];
+  for (int i = 0; i < 4; i++) q[i] = alloc_on(0, 256 * KIB);
+  for (int i = 0; i < 4; i++) free_on((unsigned)i, q[i], 256 * KIB); /* four lanes, none merged */
+  CUdeviceptr big = alloc_on(0, 1 * MIB);
+  assert_int_equal(big, q[0]);
+  assert_int_equal(fake.waits, 3); /* one per other stream */
+  free_on(0, big, 1 * MIB);
+  drop_pool();
+}
+
+static void test_full_pool_fails_cleanly_with_consistent_stats(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 1 * MIB);
+  CUdeviceptr a = alloc_on(0, 1 * MIB);
+  CUdeviceptr p = 0;
+  assert_int_equal(weft_resource_allocate(fx.pool, 256, fake_stream(1), "t", &p), WEFT_ERR_OUT_OF_MEMORY);
+  assert_int_equal(p, 0);
+  assert_non_null(strstr(weft_last_error(), "max_bytes"));
+  weft_resource_stats_t st;
+  weft_resource_stats(fx.pool, &st);
+  assert_int_equal(st.live_bytes, 1 * MIB);
+  assert_int_equal(st.reserved_bytes, 1 * MIB);
+  assert_int_equal(st.failures, 1);
+  assert_int_equal(st.allocs, 1);
+  free_on(0, a, 1 * MIB);
+  drop_pool();
+}
+
+static void test_upstream_refusal_gives_its_error_and_changes_nothing(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  fx.up->fail_alloc = WEFT_ERR_DRIVER;
+  CUdeviceptr p = 0;
+  assert_int_equal(weft_resource_allocate(fx.pool, 4096, fake_stream(0), "t", &p), WEFT_ERR_DRIVER);
+  assert_non_null(strstr(weft_last_error(), "fake upstream"));
+  weft_resource_stats_t st;
+  weft_resource_stats(fx.pool, &st);
+  assert_int_equal(st.reserved_bytes, 0);
+  assert_int_equal(st.live_bytes, 0);
+  fx.up->fail_alloc = WEFT_OK;
+  alloc_on(0, 4096);
+  drop_pool();
+}
+
+static void test_upstream_out_of_memory_releases_idle_chunks_and_retries(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  fx.up->capacity = 3 * MIB;
+  CUdeviceptr a = alloc_on(0, 1 * MIB), b = alloc_on(0, 1 * MIB);
+  free_on(0, a, 1 * MIB);
+  free_on(0, b, 1 * MIB);
+  fake_complete(0);
+  CUdeviceptr big = alloc_on(1, 2 * MIB + 4096); /* needs both idle chunks returned */
+  weft_resource_stats_t st;
+  weft_resource_stats(fx.pool, &st);
+  assert_int_equal(st.reserved_bytes, 2 * MIB + 4096);
+  free_on(1, big, 2 * MIB + 4096);
+  drop_pool();
+}
+
+static void test_failed_wait_fails_the_allocation_and_keeps_the_range(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 1 * MIB);
+  CUdeviceptr a = alloc_on(0, 1 * MIB);
+  free_on(0, a, 1 * MIB);
+  fake.fail_order = WEFT_ERR_DRIVER;
+  CUdeviceptr p = 0;
+  assert_int_equal(weft_resource_allocate(fx.pool, 4096, fake_stream(1), "t", &p), WEFT_ERR_DRIVER);
+  fake.fail_order = WEFT_OK;
+  assert_int_equal(alloc_on(1, 1 * MIB), a);
+  assert_int_equal(fake.waits, 1);
+  drop_pool();
+}
+
+static void test_bad_frees_are_rejected_and_leave_the_block_live(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  CUdeviceptr a = alloc_on(0, 1000);
+  assert_int_equal(weft_resource_deallocate(fx.pool, a + 256, 1000, fake_stream(0), "t"), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_resource_deallocate(fx.pool, a, 5000, fake_stream(0), "t"), WEFT_ERR_INVALID_ARGUMENT);
+  free_on(0, a, 1000);
+  assert_int_equal(weft_resource_deallocate(fx.pool, a, 1000, fake_stream(0), "t"), WEFT_ERR_INVALID_ARGUMENT);
+  weft_resource_stats_t st;
+  weft_resource_stats(fx.pool, &st);
+  assert_int_equal(st.live_bytes, 0);
+  assert_int_equal(st.frees, 1);
+  assert_int_equal(st.failures, 3);
+  drop_pool();
+}
+
+static void test_zero_and_huge_sizes_are_invalid(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  CUdeviceptr p = 0;
+  assert_int_equal(weft_resource_allocate(fx.pool, 0, fake_stream(0), "t", &p), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_resource_allocate(fx.pool, SIZE_MAX, fake_stream(0), "t", &p), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_resource_allocate(fx.pool, SIZE_MAX - 100, fake_stream(0), "t", &p), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_resource_allocate(fx.pool, (1ull << 48) + 1, fake_stream(0), "t", &p), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(fx.up->allocs, 0);
+  drop_pool();
+}
+
+static void test_trim_releases_whole_chunks_only_after_their_frees_complete(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  CUdeviceptr a = alloc_on(0, 1 * MIB), b = alloc_on(1, 1 * MIB), c = alloc_on(1, 4096);
+  free_on(0, a, 1 * MIB);
+  free_on(1, b, 1 * MIB);
+  assert_int_equal(weft_resource_trim(fx.pool, 0), WEFT_OK);
+  assert_int_equal(fx.up->live_count, 3); /* nothing known complete yet */
+  fake_complete(0);
+  fake_complete(1);
+  assert_int_equal(weft_resource_trim(fx.pool, 0), WEFT_OK);
+  assert_int_equal(fx.up->live_count, 1); /* c's chunk stays */
+  weft_resource_stats_t st;
+  weft_resource_stats(fx.pool, &st);
+  assert_int_equal(st.reserved_bytes, 1 * MIB);
+  assert_int_equal(st.reserved_peak, 3 * MIB);
+  free_on(1, c, 4096);
+  fake_complete(1);
+  assert_int_equal(weft_resource_trim(fx.pool, 1 * MIB), WEFT_OK); /* keep 1 MiB */
+  assert_int_equal(fx.up->live_count, 1);
+  assert_int_equal(weft_resource_trim(fx.pool, 0), WEFT_OK);
+  assert_int_equal(fx.up->live_count, 0);
+  drop_pool();
+}
+
+static void test_large_block_gets_its_own_chunk_and_returns_it_at_free(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  CUdeviceptr small = alloc_on(0, 4096);
+  CUdeviceptr a = alloc_on(1, 5 * MIB + 3);
+  assert_int_equal(fx.up->allocs, 2);
+  assert_int_equal(fx.up->live_bytes, 1 * MIB + 5 * MIB + 256);
+  free_on(1, a, 5 * MIB + 3);
+  assert_int_equal(fx.up->live_bytes, 1 * MIB); /* back upstream at once, on the freeing stream */
+  weft_resource_stats_t st;
+  weft_resource_stats(fx.pool, &st);
+  assert_int_equal(st.reserved_bytes, 1 * MIB);
+  assert_int_equal(st.reserved_peak, 6 * MIB + 256);
+  /* A refused upstream free leaves the block live. */
+  a = alloc_on(1, 5 * MIB);
+  fx.up->fail_free = WEFT_ERR_DRIVER;
+  assert_int_equal(weft_resource_deallocate(fx.pool, a, 5 * MIB, fake_stream(1), "t"), WEFT_ERR_DRIVER);
+  fx.up->fail_free = WEFT_OK;
+  free_on(1, a, 5 * MIB);
+  free_on(0, small, 4096);
+  drop_pool();
+}
+
+static void test_constructor_rejects_bad_arguments(void **state) {
+  (void)state;
+  weft_runtime_t *rt = fake_init(4);
+  fake_upstream_t *up = fake_upstream_create(rt);
+  weft_resource_t *r = NULL;
+  weft_pool_options_t o = weft_pool_options_default();
+  assert_int_equal(weft_pool_create(NULL, &up->base, &o, &r), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_pool_create(rt, NULL, &o, &r), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_pool_create(rt, &up->base, &o, NULL), WEFT_ERR_INVALID_ARGUMENT);
+  o.chunk_bytes = 0;
+  assert_int_equal(weft_pool_create(rt, &up->base, &o, &r), WEFT_ERR_INVALID_ARGUMENT);
+  o = weft_pool_options_default();
+  o.max_bytes = o.chunk_bytes - 1;
+  assert_int_equal(weft_pool_create(rt, &up->base, &o, &r), WEFT_ERR_INVALID_ARGUMENT);
+  fake.released = 1;
+  assert_int_equal(weft_pool_create(rt, &up->base, NULL, &r), WEFT_ERR_STALE_HANDLE);
+  assert_null(r);
+  fake_upstream_destroy(up);
+}
+
+static uint64_t rng(uint64_t *s) {
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+/* Random sizes 256 B .. 64 MiB (log-uniform), frees on random streams, the device finishing
+ * streams at random: peak reserved / peak live stays low. */
+static void test_random_workload_keeps_reserved_close_to_live(void **state) {
+  (void)state;
+  for (uint64_t seed = 1; seed <= 3; seed++) {
+    make_pool(64 * MIB, 0);
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull;
+    enum { SLOTS = 256 };
+    CUdeviceptr p[SLOTS] = {0};
+    size_t sz[SLOTS] = {0};
+    for (int step = 0; step < 100000; step++) {
+      unsigned k = (unsigned)(rng(&s) % SLOTS), st = (unsigned)(rng(&s) % 4);
+      if (p[k]) {
+        free_on(st, p[k], sz[k]);
+        p[k] = 0;
+      } else {
+        unsigned lg = 8 + (unsigned)(rng(&s) % 19);            /* 2^8 .. 2^26 */
+        sz[k] = (size_t)((1ull << lg) + rng(&s) % (1ull << lg));
+        if (sz[k] > 64 * MIB) sz[k] = 64 * MIB;
+        p[k] = alloc_on(st, sz[k]);
+      }
+      if (rng(&s) % 4 == 0) fake_complete((unsigned)(rng(&s) % 4));
+    }
+    weft_resource_stats_t st;
+    weft_resource_stats(fx.pool, &st);
+    double ratio = (double)st.reserved_peak / (double)st.live_peak;
+    print_message("seed %llu: peak live %.1f MiB, peak reserved %.1f MiB, ratio %.3f, waits %u\n",
+                  (unsigned long long)seed, st.live_peak / 1048576.0, st.reserved_peak / 1048576.0, ratio, fake.waits);
+    assert_true(ratio <= 1.15);
+    for (int k = 0; k < SLOTS; k++)
+      if (p[k]) free_on(0, p[k], sz[k]);
+    drop_pool();
+  }
+}
+
+static void *thread_churn(void *arg) {
+  unsigned me = (unsigned)(uintptr_t)arg;
+  uint64_t s = me + 1;
+  CUdeviceptr p[32] = {0};
+  size_t sz[32];
+  for (int i = 0; i < 20000; i++) {
+    unsigned k = (unsigned)(rng(&s) % 32);
+    if (p[k]) {
+      if (weft_resource_deallocate(fx.pool, p[k], sz[k], fake_stream(me), "t") != WEFT_OK) return (void *)1;
+      p[k] = 0;
+    } else {
+      sz[k] = 1 + (size_t)(rng(&s) % 100000);
+      if (weft_resource_allocate(fx.pool, sz[k], fake_stream(me), "t", &p[k]) != WEFT_OK) return (void *)1;
+    }
+  }
+  for (int k = 0; k < 32; k++)
+    if (p[k] && weft_resource_deallocate(fx.pool, p[k], sz[k], fake_stream(me), "t") != WEFT_OK) return (void *)1;
+  return NULL;
+}
+
+/* Threads allocating and freeing at once (one stream each; the fake's ticks stay still). */
+static void test_threads_share_one_pool(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  pthread_t t[4];
+  for (uintptr_t i = 0; i < 4; i++) assert_int_equal(pthread_create(&t[i], NULL, thread_churn, (void *)i), 0);
+  for (int i = 0; i < 4; i++) {
+    void *r;
+    pthread_join(t[i], &r);
+    assert_null(r);
+  }
+  weft_resource_stats_t st;
+  weft_resource_stats(fx.pool, &st);
+  assert_int_equal(st.live_bytes, 0);
+  assert_int_equal(st.allocs, st.frees);
+  drop_pool();
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_same_stream_reuses_at_once_without_waits_or_queries),
+      cmocka_unit_test(test_other_stream_grows_rather_than_wait_for_running_work),
+      cmocka_unit_test(test_other_stream_reuses_once_the_free_is_known_complete),
+      cmocka_unit_test(test_other_stream_reuses_when_already_ordered_after_the_free),
+      cmocka_unit_test(test_at_max_bytes_waits_once_for_the_freeing_point_only),
+      cmocka_unit_test(test_fragments_freed_on_several_streams_are_gathered_before_failing),
+      cmocka_unit_test(test_full_pool_fails_cleanly_with_consistent_stats),
+      cmocka_unit_test(test_upstream_refusal_gives_its_error_and_changes_nothing),
+      cmocka_unit_test(test_upstream_out_of_memory_releases_idle_chunks_and_retries),
+      cmocka_unit_test(test_failed_wait_fails_the_allocation_and_keeps_the_range),
+      cmocka_unit_test(test_bad_frees_are_rejected_and_leave_the_block_live),
+      cmocka_unit_test(test_zero_and_huge_sizes_are_invalid),
+      cmocka_unit_test(test_trim_releases_whole_chunks_only_after_their_frees_complete),
+      cmocka_unit_test(test_large_block_gets_its_own_chunk_and_returns_it_at_free),
+      cmocka_unit_test(test_constructor_rejects_bad_arguments),
+      cmocka_unit_test(test_random_workload_keeps_reserved_close_to_live),
+      cmocka_unit_test(test_threads_share_one_pool),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,79 @@
+/* Host threads calling the simulator at once: each thread works on its own stream and buffer (no
+ * race may be reported), and one host function per stream calls back into the driver. Meant to be
+ * run under --config=tsan too. */
+#include <pthread.h>
+
+#include "tests/sim/sim_test.h"
+
+#define THREADS 4
+#define ROUNDS 200
+
+static const weft_sim_api_t *api;
+
+static int setup(void **state) {
+  (void)state;
+  api = sim_test_init();
+  return 0;
+}
+
+static void count(void *p) {
+  unsigned long long id;
+  CUstream s = *(CUstream *)p;
+  cuStreamGetId(s, &id); /* a harmless call from a callback */
+}
+
+typedef struct job {
+  CUdeviceptr a, b;
+  CUstream s;
+  int failures;
+} job_t;
+
+static void *work(void *arg) {
+  job_t *j = arg;
+  CUcontext ctx;
+  if (cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS || cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+    j->failures++;
+    return NULL;
+  }
+  for (unsigned r = 0; r < ROUNDS; r++) {
+    j->failures += sim_test_fill(j->s, j->a, 256, r) != CUDA_SUCCESS;
+    j->failures += sim_test_copy(j->s, j->b, j->a, 256) != CUDA_SUCCESS;
+    j->failures += cuLaunchHostFunc(j->s, count, &j->s) != CUDA_SUCCESS;
+    if (r % 16 == 0) {
+      j->failures += cuStreamSynchronize(j->s) != CUDA_SUCCESS;
+      unsigned v = 0;
+      j->failures += cuMemcpyDtoH(&v, j->b + 4 * 255, 4) != CUDA_SUCCESS;
+      j->failures += v != r;
+    }
+  }
+  j->failures += cuStreamSynchronize(j->s) != CUDA_SUCCESS;
+  cuDevicePrimaryCtxRelease(0);
+  return NULL;
+}
+
+static void test_threads_issuing_work_concurrently(void **state) {
+  (void)state;
+  job_t jobs[THREADS];
+  pthread_t t[THREADS];
+  for (int i = 0; i < THREADS; i++) {
+    CU_OK(cuMemAlloc(&jobs[i].a, 1024));
+    CU_OK(cuMemAlloc(&jobs[i].b, 1024));
+    jobs[i].s = sim_test_stream();
+    jobs[i].failures = 0;
+  }
+  for (int i = 0; i < THREADS; i++) assert_int_equal(pthread_create(&t[i], NULL, work, &jobs[i]), 0);
+  for (int i = 0; i < THREADS; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+  for (int i = 0; i < THREADS; i++) {
+    assert_int_equal(jobs[i].failures, 0);
+    assert_int_equal(sim_test_read(jobs[i].b, 0), ROUNDS - 1);
+    CU_OK(cuStreamDestroy(jobs[i].s));
+    CU_OK(cuMemFree(jobs[i].a));
+    CU_OK(cuMemFree(jobs[i].b));
+  }
+  assert_int_equal(api->race_count(), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_threads_issuing_work_concurrently)};
+  return cmocka_run_group_tests(tests, setup, NULL);
+}

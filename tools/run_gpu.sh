@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs every staged binary on the GPU machine with the real driver and prints a summary table
+# (name, result, seconds). Logs go to $OUT/logs when $OUT is set (the device tool's folder).
+#   bash stage/run_gpu.sh [name-pattern]
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+unset WEFT_DRIVER
+logs="${OUT:-$here}/logs"
+mkdir -p "$logs"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+pattern="${1:-}"
+rows=()
+pass=0
+fail=0
+for bin in "$here"/bin/*; do
+  name=$(basename "$bin")
+  [ -z "$pattern" ] || [[ "$name" == *$pattern* ]] || continue
+  start=$(date +%s.%N)
+  timeout 300 "$bin" >"$logs/$name.log" 2>&1
+  rc=$?
+  secs=$(echo "$(date +%s.%N) - $start" | bc)
+  if [ $rc -eq 0 ]; then result=PASS; pass=$((pass + 1)); else result="FAIL($rc)"; fail=$((fail + 1)); fi
+  rows+=("$(printf '%-40s %-9s %8.2f' "$name" "$result" "$secs")")
+  if [ $rc -ne 0 ]; then echo "---- $name (rc $rc), last lines:"; tail -25 "$logs/$name.log"; fi
+done
+echo
+printf '%-40s %-9s %8s\n' binary result seconds
+printf '%s\n' "${rows[@]}"
+echo "$pass passed, $fail failed"

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Builds every GPU-capable target (tests, examples and benchmarks tagged "gpu") as
+# self-contained binaries and copies them, with libcmocka.so.0 and tools/run_gpu.sh, into
+# stage/ (git-ignored). Then, with the device tool:  run  command="bash stage/run_gpu.sh"
+# carry=["stage"].
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh
+targets=$(bazel query 'attr(tags, "\bgpu\b", //...)' 2>/dev/null | sort)
+[ -n "$targets" ] || { echo "no target is tagged gpu" >&2; exit 1; }
+# Static linking of weft's own libraries: the binaries need only the system's and cmocka.
+bazel build --dynamic_mode=off -c opt $targets
+rm -rf stage
+mkdir -p stage/bin stage/lib
+for t in $targets; do
+  pkg=${t#//}; pkg=${pkg%%:*}; name=${t##*:}
+  cp "bazel-bin/$pkg/$name" "stage/bin/$name"
+done
+cp -L "$(ldconfig -p | awk '/libcmocka.so.0 /{print $NF; exit}')" stage/lib/libcmocka.so.0
+cp tools/run_gpu.sh stage/run_gpu.sh
+echo "staged $(ls stage/bin | wc -l) binaries in stage/ ($(du -sh stage | cut -f1))"

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Sets up (tools/setup.sh) and runs every test: the default build, then the asan (ASan+UBSan)
+# and tsan configs. Tests run on the simulator (WEFT_DRIVER=sim, set by .bazelrc). Ends with one
+# line "N passed, N failed" counting test targets over all configs.
+#   tools/test.sh            all three configs
+#   WEFT_TEST_CONFIGS="default" tools/test.sh   only some
+set -uo pipefail
+cd "$(dirname "$0")/.."
+tools/setup.sh || exit 1
+configs="${WEFT_TEST_CONFIGS:-default asan tsan}"
+passed=0
+failed=0
+for c in $configs; do
+  flags=()
+  [ "$c" = default ] || flags=(--config="$c")
+  echo "=== bazel test //... ${flags[*]:-}"
+  log=$(mktemp)
+  bazel test "${flags[@]}" //... 2>&1 | tee "$log" | grep -E "^//|FAIL|ERROR|Executed" || true
+  p=$(grep -cE "^//[^ ]+ +(\(cached\) )?PASSED" "$log")
+  f=$(grep -cE "^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD|INCOMPLETE)" "$log")
+  if [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then
+    echo "bazel test ${flags[*]:-} ran nothing (build failure?):"
+    tail -30 "$log"
+    f=1
+  fi
+  passed=$((passed + p))
+  failed=$((failed + f))
+  rm -f "$log"
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
