@@ -30,7 +30,14 @@ static void destroy_stream(weft__tracker_t *tr, weft_stream_t *s) {
   weft__meta_free(s->ring);
   weft__meta_free(s->ring_tick);
   weft__meta_free(s->ring_clock);
+  /* Keep the identity (tr, runtime, index) so that a stale handle is recognised as one. */
+  weft__tracker_t *tr_keep = s->tr;
+  void *rt_keep = s->runtime;
+  unsigned index = s->index;
   memset(s, 0, sizeof *s);
+  s->tr = tr_keep;
+  s->runtime = rt_keep;
+  s->index = index;
 }
 
 static weft_status_t create_stream(weft__tracker_t *tr, weft_stream_t *s, unsigned index, bool high, int prio,
@@ -65,11 +72,23 @@ static weft_status_t create_stream(weft__tracker_t *tr, weft_stream_t *s, unsign
   return WEFT_OK;
 }
 
+/* Clears everything but the embedded streams' identities. */
+static void reset(weft__tracker_t *tr) {
+  weft_stream_t keep[WEFT__MAX_STREAMS];
+  memcpy(keep, tr->streams, sizeof keep);
+  memset(tr, 0, sizeof *tr);
+  for (unsigned i = 0; i < WEFT__MAX_STREAMS; i++) {
+    tr->streams[i].tr = keep[i].tr;
+    tr->streams[i].runtime = keep[i].runtime;
+    tr->streams[i].index = keep[i].index;
+  }
+}
+
 weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv, int ordinal, unsigned n,
                                  unsigned n_high, unsigned ring_size, void *runtime) {
   WEFT_ASSERT(n >= 1 && n <= WEFT__MAX_STREAMS && n_high <= n);
   WEFT_ASSERT(ring_size >= 2 && (ring_size & (ring_size - 1)) == 0);
-  memset(tr, 0, sizeof *tr);
+  reset(tr);
   tr->drv = drv;
   tr->ordinal = ordinal;
   tr->n = n;
@@ -92,8 +111,7 @@ weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv,
   }
   tr->known = weft__meta_calloc((size_t)n * n, sizeof *tr->known);
   tr->host_known = weft__meta_calloc(n, sizeof *tr->host_known);
-  tr->streams = weft__meta_calloc(n, sizeof *tr->streams);
-  if (tr->known == NULL || tr->host_known == NULL || tr->streams == NULL) {
+  if (tr->known == NULL || tr->host_known == NULL) {
     st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for the stream pool");
     goto fail_arrays;
   }
@@ -114,15 +132,14 @@ fail_streams:
 fail_arrays:
   weft__meta_free(tr->known);
   weft__meta_free(tr->host_known);
-  weft__meta_free(tr->streams);
 fail_ctx:
   drv->cuDevicePrimaryCtxRelease(tr->device);
-  memset(tr, 0, sizeof *tr);
+  reset(tr);
   return st;
 }
 
 void weft__tracker_destroy(weft__tracker_t *tr) {
-  if (tr->streams == NULL) return;
+  if (tr->known == NULL) return;
   weft__tracker_bind(tr);
   for (unsigned i = 0; i < tr->n; i++) {
     tr->drv->cuStreamSynchronize(tr->streams[i].raw);
@@ -130,8 +147,7 @@ void weft__tracker_destroy(weft__tracker_t *tr) {
   }
   weft__meta_free(tr->known);
   weft__meta_free(tr->host_known);
-  weft__meta_free(tr->streams);
   tr->drv->cuDevicePrimaryCtxRelease(tr->device);
   pthread_mutex_destroy(&tr->lock);
-  memset(tr, 0, sizeof *tr);
+  reset(tr);
 }

@@ -363,6 +363,12 @@ weft_stream_t *weft__tracker_auto(weft__tracker_t *tr, bool high, const weft__us
   return best;
 }
 
+void weft__tracker_touch(weft_stream_t *s) {
+  lock(s->tr);
+  s->dirty = true;
+  unlock(s->tr);
+}
+
 weft_status_t weft__tracker_import_event(weft_stream_t *s, CUevent ev) {
   weft__tracker_t *tr = s->tr;
   lock(tr);

@@ -83,7 +83,9 @@ struct weft__tracker {
   unsigned n;             /* streams */
   unsigned n_high;        /* the last n_high streams are high priority */
   unsigned ring_size;     /* power of two */
-  weft_stream_t *streams; /* [n] */
+  /* Embedded (never freed), so a stream handle outlives its runtime's release and is then
+   * reported stale instead of dangling. Entries [0, n) are live. */
+  weft_stream_t streams[WEFT__MAX_STREAMS];
   uint64_t *known;        /* [n * n], row s = known[s][*] */
   uint64_t *host_known;   /* [n] */
   uint64_t use_seq;       /* uses so far (LRU clock) */
@@ -135,6 +137,9 @@ weft_status_t weft__tracker_query_stream(weft_stream_t *s);
 
 /** The stream of priority `high` needing the fewest waits for `uses`, ties to the LRU. */
 weft_stream_t *weft__tracker_auto(weft__tracker_t *tr, bool high, const weft__use_t *uses, size_t n);
+/** Notes work on s that the tracker did not enqueue (a stream-ordered allocation, say): later
+ * points of s cover it. */
+void weft__tracker_touch(weft_stream_t *s);
 /** Makes s wait for an outside event / stream; s becomes dirty (later points cover it). */
 weft_status_t weft__tracker_import_event(weft_stream_t *s, CUevent ev);
 

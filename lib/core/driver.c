@@ -122,7 +122,8 @@ weft_status_t weft__driver_load(const char *spec, weft__driver_t *drv) {
     void *p = NULL;                                                                              \
     if (gpa != NULL) {                                                                           \
       CUdriverProcAddressQueryResult q;                                                          \
-      if (gpa(#name, &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &q) != CUDA_SUCCESS ||       \
+      int abi_ = WEFT__DRIVER_ABI_12000(#name) ? 12000 : CUDA_VERSION;                          \
+      if (gpa(#name, &p, abi_, CU_GET_PROC_ADDRESS_DEFAULT, &q) != CUDA_SUCCESS ||              \
           q != CU_GET_PROC_ADDRESS_SUCCESS)                                                      \
         p = NULL;                                                                                \
     }                                                                                            \

@@ -16,7 +16,9 @@
 
 /* X(name, required). `name` is the cuda.h name; the struct member and the pointer type follow
  * cuda.h's versioning macros (cuMemAlloc is cuMemAlloc_v2), so calls read like plain driver
- * calls: weft__drv->cuMemAlloc(&p, n). Required entry points exist in every driver >= 12.0. */
+ * calls: weft__drv->cuMemAlloc(&p, n). Required entry points exist in every driver >= 12.0.
+ * Entry points are asked for at the headers' CUDA_VERSION, except those in
+ * WEFT__DRIVER_ABI_12000 below. */
 #define WEFT_DRIVER_FUNCS(X)                \
   X(cuInit, 1)                              \
   X(cuDriverGetVersion, 1)                  \
@@ -106,6 +108,11 @@
   X(cuDeviceGetGraphMemAttribute, 0)        \
   X(cuDeviceSetGraphMemAttribute, 0)        \
   X(cuDeviceGraphMemTrim, 0)
+
+/* cuGetProcAddress(cuCtxSynchronize, 13000) returns cuCtxSynchronize_v2(CUcontext), while
+ * cuda.h 13.0 declares cuCtxSynchronize(void): measured on an H200 with driver 580, calling the
+ * v2 pointer without an argument returns CONTEXT_IS_DESTROYED. These are resolved at 12000. */
+#define WEFT__DRIVER_ABI_12000(name) (__builtin_strcmp(name, "cuCtxSynchronize") == 0)
 
 /** The loaded driver. Immutable after weft__driver_get() returned it. */
 typedef struct weft__driver {

@@ -39,7 +39,7 @@ static weft_status_t async_allocate(weft_resource_t *self, size_t bytes, weft_st
   if (st == WEFT_OK) {
     CUresult r = a->tr->drv->cuMemAllocFromPoolAsync(&p, bytes, a->pool, s->raw);
     if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuMemAllocFromPoolAsync");
-    else weft__mem_touch(s); /* the allocation is work on s: later points of s must cover it */
+    else weft__tracker_touch(s); /* the allocation is work on s: later points of s must cover it */
   }
   pthread_mutex_lock(&a->lock);
   if (st == WEFT_OK) {

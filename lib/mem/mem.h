@@ -66,12 +66,6 @@ static inline void weft__rstats_unreserve(weft_resource_stats_t *st, uint64_t by
   st->reserved_bytes -= bytes;
 }
 
-/** Tells the tracker that s got work it did not enqueue itself (a stream-ordered allocation by the
- * driver): the next weft__tracker_point(s) hands out a new tick, whose event is recorded after
- * that work, so other streams ordered after the point are ordered after the allocation too.
- * Marks s dirty under the tracker lock (rank 30), as a wait does. */
-void weft__mem_touch(weft_stream_t *s);
-
 /** True when any pool stream of `tr` is capturing (or the query fails): pool housekeeping that a
  * capture could see (attributes, trims) must not run then. Sets CAPTURE / DRIVER for `who`. */
 weft_status_t weft__mem_check_no_capture(const char *who, weft__tracker_t *tr);

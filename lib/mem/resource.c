@@ -50,12 +50,6 @@ weft_status_t weft__mem_lock_init(pthread_mutex_t *m, const char *who) {
   return WEFT_OK;
 }
 
-void weft__mem_touch(weft_stream_t *s) {
-  pthread_mutex_lock(&s->tr->lock);
-  s->dirty = true;
-  pthread_mutex_unlock(&s->tr->lock);
-}
-
 weft_status_t weft__mem_check_no_capture(const char *who, weft__tracker_t *tr) {
   for (unsigned i = 0; i < tr->n; i++) {
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;

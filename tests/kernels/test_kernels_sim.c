@@ -66,8 +66,10 @@ static size_t smoke_iota_ranges(const weft_sim_launch_t *l, void **params, weft_
 int weft_test_kernels_register_sim(void) {
   const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
   if (sim == NULL) return 0;
-  sim->register_kernel("weft_test_combine", combine, combine_ranges);
-  sim->register_kernel("weft_test_fill", fill, fill_ranges);
-  sim->register_kernel("weft_smoke_iota", smoke_iota, smoke_iota_ranges);
+  /* With the argument sizes, the simulator copies the arguments at launch as the driver does. */
+  static const size_t combine_args[] = {8, 8, 8, 8, 8, 4, 4, 4}, fill_args[] = {8, 4, 4, 4}, iota_args[] = {8, 4, 4};
+  sim->register_kernel_params("weft_test_combine", combine, combine_ranges, 8, combine_args);
+  sim->register_kernel_params("weft_test_fill", fill, fill_ranges, 4, fill_args);
+  sim->register_kernel_params("weft_smoke_iota", smoke_iota, smoke_iota_ranges, 3, iota_args);
   return 1;
 }

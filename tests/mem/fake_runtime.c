@@ -10,20 +10,19 @@ weft_runtime_t *fake_init(unsigned n) {
   memset(&fake, 0, sizeof fake);
   fake.tr.n = n;
   fake.tr.ordinal = 0;
-  fake.tr.streams = fake.streams;
   fake.tr.known = fake.known;
   fake.tr.host_known = fake.host_known;
   for (unsigned i = 0; i < n; i++) {
-    fake.streams[i].tr = &fake.tr;
-    fake.streams[i].index = i;
-    fake.streams[i].raw = (CUstream)(uintptr_t)(0x1000 + i);
+    fake.tr.streams[i].tr = &fake.tr;
+    fake.tr.streams[i].index = i;
+    fake.tr.streams[i].raw = (CUstream)(uintptr_t)(0x1000 + i);
   }
   return (weft_runtime_t *)&fake;
 }
 
-weft_stream_t *fake_stream(unsigned i) { return &fake.streams[i]; }
-void fake_work(unsigned i) { fake.streams[i].tick++; }
-void fake_complete(unsigned i) { fake.completed[i] = fake.streams[i].tick; }
+weft_stream_t *fake_stream(unsigned i) { return &fake.tr.streams[i]; }
+void fake_work(unsigned i) { fake.tr.streams[i].tick++; }
+void fake_complete(unsigned i) { fake.completed[i] = fake.tr.streams[i].tick; }
 
 weft__tracker_t *weft__runtime_tracker(weft_runtime_t *rt) {
   if ((void *)rt != (void *)&fake || fake.released) return NULL;
@@ -31,6 +30,7 @@ weft__tracker_t *weft__runtime_tracker(weft_runtime_t *rt) {
 }
 
 weft_status_t weft__tracker_bind(weft__tracker_t *tr) { return WEFT_OK; }
+void weft__tracker_touch(weft_stream_t *s) { (void)s; }
 
 weft__point_t weft__tracker_point(weft_stream_t *s) {
   weft__point_t p = {s->index, s->tick};

@@ -10,7 +10,6 @@
 
 typedef struct fake_runtime {
   weft__tracker_t tr;
-  weft_stream_t streams[FAKE_STREAMS];
   uint64_t known[FAKE_STREAMS * FAKE_STREAMS];
   uint64_t host_known[FAKE_STREAMS];
   uint64_t completed[FAKE_STREAMS];  /* newest tick the "device" finished, per stream */
