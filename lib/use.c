@@ -192,6 +192,10 @@ static weft_status_t value_op(weft_stream_t *s, weft_block_t b, size_t offset, u
                                      : (void *)d->cuStreamWaitValue64;
   if (entry == NULL) return weft__error(WEFT_ERR_NOT_SUPPORTED, "%s: the driver has no stream memory operations", fn);
   bool wide = what == OP_WRITE64 || what == OP_WAIT64;
+  if (wide && !s->tr->mem_ops64)
+    return weft__error(WEFT_ERR_NOT_SUPPORTED,
+                       "%s: the device does not support 64-bit stream memory operations "
+                       "(CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is 0)", fn);
   op_t o = {.what = what, .value = value, .flags = flags};
   bool writes = what == OP_WRITE32 || what == OP_WRITE64;
   return block_op(s, b, writes ? WEFT_WRITE : WEFT_READ, offset, wide ? 8 : 4, wide ? 8 : 4, &o, fn);

@@ -109,6 +109,9 @@ weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv,
     st = weft__driver_fail(r, "cuCtxGetStreamPriorityRange");
     goto fail_ctx;
   }
+  int ops64 = 0;
+  if (drv->cuDeviceGetAttribute(&ops64, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, tr->device) == CUDA_SUCCESS)
+    tr->mem_ops64 = ops64 != 0;
   tr->known = weft__meta_calloc((size_t)n * n, sizeof *tr->known);
   tr->host_known = weft__meta_calloc(n, sizeof *tr->host_known);
   if (tr->known == NULL || tr->host_known == NULL) {

@@ -91,6 +91,7 @@ struct weft__tracker {
   uint64_t use_seq;       /* uses so far (LRU clock) */
   unsigned rr[2];         /* round-robin cursors per priority */
   bool no_waits;          /* testing: issue no waits at all (positive controls) */
+  bool mem_ops64;         /* CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS */
   weft_counters_t counters;
 };
 

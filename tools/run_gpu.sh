@@ -19,7 +19,7 @@ for bin in "$here"/bin/*; do
   start=$(date +%s.%N)
   timeout 300 "$bin" >"$logs/$name.log" 2>&1
   rc=$?
-  secs=$(echo "$(date +%s.%N) - $start" | bc)
+  secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
   if [ $rc -eq 0 ]; then result=PASS; pass=$((pass + 1)); else result="FAIL($rc)"; fail=$((fail + 1)); fi
   rows+=("$(printf '%-40s %-9s %8.2f' "$name" "$result" "$secs")")
   if [ $rc -ne 0 ]; then echo "---- $name (rc $rc), last lines:"; tail -25 "$logs/$name.log"; fi
