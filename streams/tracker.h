@@ -55,6 +55,29 @@ typedef struct weft__use {
 } weft__use_t;
 
 typedef struct weft__tracker weft__tracker_t;
+typedef struct weft__capture weft__capture_t;
+
+/** One stream's clock state within a domain: its ticks and the ring of events that mark them. */
+typedef struct weft__lane {
+  uint64_t tick;        /* newest tick handed out on this stream in this domain */
+  uint64_t recorded;    /* newest tick whose event is recorded (== tick unless one is pending) */
+  bool dirty;           /* the stream's row grew by waits (or it got untracked work) since tick */
+  CUevent *ring;        /* [ring_size] events, created lazily in capture domains */
+  uint64_t *ring_tick;  /* [ring_size] tick recorded in each slot (0: empty) */
+  uint64_t *ring_clock; /* [ring_size * n] clock snapshot per slot */
+} weft__lane_t;
+
+/** A clock domain: the live one (work that runs as it is enqueued) or one per capture (work
+ * that becomes graph nodes). Ticks and events never cross domains: a capture's events are
+ * recorded inside the capture and only waited on inside it, so no wait can raise
+ * STREAM_CAPTURE_ISOLATION, and captured work never counts as done for live streams. */
+typedef struct weft__domain {
+  unsigned n, ring_size;
+  uint64_t *known;      /* [n * n], row s = known[s][*] */
+  uint64_t *host_known; /* [n]; stays 0 in capture domains (nothing captured runs) */
+  weft__lane_t lane[WEFT__MAX_STREAMS];
+  weft__capture_t *capture; /* NULL for the live domain */
+} weft__domain_t;
 
 /** A pool stream. Fields after `raw` are guarded by the tracker lock. */
 struct weft_stream {
@@ -64,16 +87,37 @@ struct weft_stream {
   int priority;          /* driver priority value */
   bool high;             /* one of the high-priority streams */
   CUstream raw;          /* CU_STREAM_NON_BLOCKING */
-  uint64_t tick;         /* newest tick handed out on this stream */
-  uint64_t recorded;     /* newest tick whose event is recorded (== tick unless pending) */
-  bool dirty;            /* known row grew by waits since tick */
   uint64_t last_used;    /* tracker-wide use sequence at the last use here (LRU) */
-  CUevent *ring;         /* [ring_size] events; slot = tick & (ring_size - 1) */
-  uint64_t *ring_tick;   /* [ring_size] tick recorded in each slot (0: empty) */
-  uint64_t *ring_clock;  /* [ring_size * n] clock snapshot per slot */
+  weft__capture_t *capture; /* the capture this stream takes part in, or NULL */
 };
 
-/** The tracker of one runtime: its device context, stream pool and clocks. */
+/** A capture session as the tracker sees it: its clock domain, which pool streams take part,
+ * and the capture-local history of every block touched inside it (the access summary). The
+ * graph layer (graph/) owns the rest: memory nodes, outputs, the graph object. */
+typedef struct weft__capture_block {
+  weft__access_state_t *live; /* the block's live history (key) */
+  weft__access_state_t local; /* its history inside the capture */
+  unsigned kind;              /* union of the kinds used inside the capture */
+  bool internal;              /* allocated inside the capture: not part of the summary */
+} weft__capture_block_t;
+
+struct weft__capture {
+  weft__domain_t dom;
+  weft__tracker_t *tr;
+  weft_stream_t *origin;
+  uint64_t id;                /* the driver's capture id */
+  uint64_t joined;            /* bit mask of pool streams taking part (origin included) */
+  CUstreamCaptureMode mode;
+  bool foreign;               /* begun by code outside weft */
+  pthread_t thread;           /* the beginning thread (THREAD_LOCAL / GLOBAL must end there) */
+  weft__capture_block_t *blocks; /* [count], grown by doubling */
+  size_t count, cap;
+  size_t *index;              /* open-addressing hash: live pointer -> blocks index + 1 */
+  size_t index_cap;
+  void *owner;                /* graph/'s session object */
+};
+
+/** The tracker of one runtime: its device context, stream pool and live clocks. */
 struct weft__tracker {
   pthread_mutex_t lock;   /* rank 30 */
   const weft__driver_t *drv;
@@ -86,10 +130,11 @@ struct weft__tracker {
   /* Embedded (never freed), so a stream handle outlives its runtime's release and is then
    * reported stale instead of dangling. Entries [0, n) are live. */
   weft_stream_t streams[WEFT__MAX_STREAMS];
-  uint64_t *known;        /* [n * n], row s = known[s][*] */
-  uint64_t *host_known;   /* [n] */
+  weft__domain_t live;
   uint64_t use_seq;       /* uses so far (LRU clock) */
   unsigned rr[2];         /* round-robin cursors per priority */
+  unsigned captures;      /* active captures (any mode) on this runtime's streams */
+  unsigned strict_captures; /* of those, GLOBAL mode: housekeeping must wait */
   bool no_waits;          /* testing: issue no waits at all (positive controls) */
   bool mem_ops64;         /* CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS */
   weft_counters_t counters;
@@ -103,6 +148,15 @@ weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv,
 void weft__tracker_destroy(weft__tracker_t *tr);
 /** Makes the tracker's context current on the calling thread (cheap when it already is). */
 weft_status_t weft__tracker_bind(weft__tracker_t *tr);
+
+/** Creates a lane's events and ring if it has none yet. */
+weft_status_t weft__lane_init(weft__tracker_t *tr, weft__domain_t *d, weft__lane_t *l);
+/** Destroys a lane's events and ring (tracker lock held or the domain unreachable). */
+void weft__lane_free(weft__tracker_t *tr, weft__domain_t *d, weft__lane_t *l);
+/** Allocates a domain's clocks for n streams (rings are created lazily). */
+weft_status_t weft__domain_init(weft__domain_t *d, unsigned n, unsigned ring_size, weft__capture_t *capture);
+/** Frees a domain's clocks and every lane's events. */
+void weft__domain_free(weft__tracker_t *tr, weft__domain_t *d);
 
 /** Zeroes a new block's history; `reads` must have room for tr->n ticks. Sets the write point
  * to `alloc_point` (the allocation's position: later uses elsewhere wait for it). */
@@ -143,6 +197,34 @@ weft_stream_t *weft__tracker_auto(weft__tracker_t *tr, bool high, const weft__us
 void weft__tracker_touch(weft_stream_t *s);
 /** Makes s wait for an outside event / stream; s becomes dirty (later points cover it). */
 weft_status_t weft__tracker_import_event(weft_stream_t *s, CUevent ev);
+
+/* ---- captures (streams/capture.c) ---------------------------------------------------------- */
+
+/** Begins a weft capture on s (cuStreamBeginCapture in `mode`), or adopts a foreign one already
+ * active on s (`foreign`, with its driver id). s takes part; its later uses are captured.
+ * Errors: CAPTURE (s already takes part in a capture), DRIVER, HOST_OUT_OF_MEMORY. */
+weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bool foreign, uint64_t id,
+                                  weft__capture_t **out);
+/** Pulls pool stream t into c (t waits on a captured event of the origin: a fork). */
+weft_status_t weft__capture_join(weft__capture_t *c, weft_stream_t *t);
+/** Rejoins every forked stream to the origin, ends the capture (cuStreamEndCapture) and gives
+ * the graph. The session stays readable (its blocks) until weft__capture_free(). On failure the
+ * capture is ended anyway (no stream is left capturing) and *graph is NULL. */
+weft_status_t weft__capture_end(weft__capture_t *c, CUgraph *graph);
+/** Forgets a foreign capture that its owner ended (no driver calls on the graph). */
+void weft__capture_abandon(weft__capture_t *c);
+/** Frees the session's memory and events (after end or abandon). */
+void weft__capture_free(weft__capture_t *c);
+/** The capture-local record of a block, creating it (internal blocks are those allocated inside
+ * the capture). NULL when out of host memory. Tracker lock held by the caller. */
+weft__capture_block_t *weft__capture_block(weft__capture_t *c, weft__access_state_t *live, bool internal);
+/** True while a capture could see driver housekeeping done by this thread now (event queries,
+ * pool attributes, synchronisations): any GLOBAL capture of the runtime, or a THREAD_LOCAL
+ * one begun by this thread. */
+bool weft__capture_blocks_housekeeping(weft__tracker_t *tr);
+/** Checks that s is in the capture state weft believes, adopting a foreign capture begun on s
+ * or dropping one that its owner ended. Called by every public function taking a stream. */
+weft_status_t weft__capture_sync_state(weft_stream_t *s);
 
 /** Checks the clock invariants (rows dominate their ring snapshots, known[s][s] == tick,
  * host_known <= ticks). Takes the lock. */

@@ -10,8 +10,6 @@ weft_runtime_t *fake_init(unsigned n) {
   memset(&fake, 0, sizeof fake);
   fake.tr.n = n;
   fake.tr.ordinal = 0;
-  fake.tr.known = fake.known;
-  fake.tr.host_known = fake.host_known;
   for (unsigned i = 0; i < n; i++) {
     fake.tr.streams[i].tr = &fake.tr;
     fake.tr.streams[i].index = i;
@@ -21,8 +19,8 @@ weft_runtime_t *fake_init(unsigned n) {
 }
 
 weft_stream_t *fake_stream(unsigned i) { return &fake.tr.streams[i]; }
-void fake_work(unsigned i) { fake.tr.streams[i].tick++; }
-void fake_complete(unsigned i) { fake.completed[i] = fake.tr.streams[i].tick; }
+void fake_work(unsigned i) { fake.tick[i]++; }
+void fake_complete(unsigned i) { fake.completed[i] = fake.tick[i]; }
 
 weft__tracker_t *weft__runtime_tracker(weft_runtime_t *rt) {
   if ((void *)rt != (void *)&fake || fake.released) return NULL;
@@ -33,13 +31,13 @@ weft_status_t weft__tracker_bind(weft__tracker_t *tr) { return WEFT_OK; }
 void weft__tracker_touch(weft_stream_t *s) { (void)s; }
 
 weft__point_t weft__tracker_point(weft_stream_t *s) {
-  weft__point_t p = {s->index, s->tick};
+  weft__point_t p = {s->index, fake.tick[s->index]};
   return p;
 }
 
 bool weft__tracker_is_ordered(weft_stream_t *s, weft__point_t p) {
   if (p.tick == 0) return true;
-  if (p.stream == s->index) return p.tick <= s->tick;
+  if (p.stream == s->index) return p.tick <= fake.tick[s->index];
   return fake.known[s->index * FAKE_STREAMS + p.stream] >= p.tick || fake.host_known[p.stream] >= p.tick;
 }
 

@@ -13,6 +13,7 @@ typedef struct fake_runtime {
   uint64_t known[FAKE_STREAMS * FAKE_STREAMS];
   uint64_t host_known[FAKE_STREAMS];
   uint64_t completed[FAKE_STREAMS];  /* newest tick the "device" finished, per stream */
+  uint64_t tick[FAKE_STREAMS];       /* newest tick handed out, per stream */
   unsigned waits, polls;             /* weft__tracker_order waits issued; poll calls */
   weft__point_t last_wait;           /* the point of the newest wait */
   weft_status_t fail_order;          /* non-OK: weft__tracker_order fails with it */

@@ -100,7 +100,7 @@ static void test_other_stream_reuses_when_already_ordered_after_the_free(void **
   CUdeviceptr a = alloc_on(0, 1 * MIB);
   free_on(0, a, 1 * MIB);
   /* Stream 1 already waited for stream 0 up to its free (e.g. for data). */
-  fake.known[1 * FAKE_STREAMS + 0] = fake.tr.streams[0].tick;
+  fake.known[1 * FAKE_STREAMS + 0] = fake.tick[0];
   assert_int_equal(alloc_on(1, 4096), a);
   assert_int_equal(fake.waits, 0);
   assert_int_equal(fake.polls, 0);
@@ -112,7 +112,7 @@ static void test_at_max_bytes_waits_once_for_the_freeing_point_only(void **state
   make_pool(1 * MIB, 1 * MIB);
   CUdeviceptr a = alloc_on(0, 512 * KIB);
   free_on(0, a, 512 * KIB);
-  uint64_t free_tick = fake.tr.streams[0].tick;
+  uint64_t free_tick = fake.tick[0];
   for (int i = 0; i < 5; i++) fake_work(0); /* stream 0 goes on with unrelated work */
   CUdeviceptr b1 = alloc_on(1, 300 * KIB);
   CUdeviceptr b2 = alloc_on(1, 500 * KIB); /* does not fit beside b1 without a's range */
