@@ -34,6 +34,8 @@ static weft_status_t prepare(weft_stream_t *s, const weft_access_t *acc, size_t 
   if (*uses == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory for %zu accesses", fn, n);
   st = weft__uses_from_accesses(s, acc, n, *uses, fn);
   if (st == WEFT_OK) st = weft__tracker_bind(s->tr);
+  /* A capture begun by code outside weft changes which clocks this use belongs to. */
+  if (st == WEFT_OK) st = weft__capture_sync_state(s);
   if (st != WEFT_OK && *uses != small) weft__meta_free(*uses);
   return st;
 }

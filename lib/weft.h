@@ -517,6 +517,130 @@ WEFT_API weft_guard_options_t weft_guard_options_default(void);
  * bad byte; the block is then freed anyway), poison on free, quarantine. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_guard_create(weft_runtime_t *rt, weft_resource_t *upstream, const weft_guard_options_t *opts, weft_resource_t **out);
 
+/* ------------------------------------------------------------------------------------------ */
+/* Graphs: capture, explicit building, replay                                                  */
+/* ------------------------------------------------------------------------------------------ */
+
+/** A captured or built CUDA graph together with its access summary (the blocks from outside
+ * the graph that it reads or writes) and its outputs (blocks it allocates and does not free). */
+typedef struct weft_graph weft_graph_t;
+/** An instantiated graph: launch it on pool streams; its outputs become live blocks. */
+typedef struct weft_exec weft_exec_t;
+/** Device memory reserved for graphs that replay in the order they were captured (as PyTorch's
+ * graph pools): their temporaries share it. */
+typedef struct weft_graph_pool weft_graph_pool_t;
+
+typedef enum weft_capture_mode {
+  WEFT_CAPTURE_GLOBAL = 0,       /**< CU_STREAM_CAPTURE_MODE_GLOBAL (the default, the safest) */
+  WEFT_CAPTURE_THREAD_LOCAL = 1, /**< CU_STREAM_CAPTURE_MODE_THREAD_LOCAL */
+  WEFT_CAPTURE_RELAXED = 2,      /**< CU_STREAM_CAPTURE_MODE_RELAXED */
+} weft_capture_mode_t;
+
+typedef enum weft_graph_memory {
+  WEFT_GRAPH_MEMORY_NODES = 0,        /**< allocations become graph memory nodes; the driver
+                                           shares physical memory between graphs */
+  WEFT_GRAPH_MEMORY_PRIVATE_POOL = 1, /**< allocations come from a weft graph pool; addresses
+                                           stay reserved; graphs replayed in order may share it */
+} weft_graph_memory_t;
+
+typedef struct weft_capture_options {
+  weft_capture_mode_t mode;   /**< default WEFT_CAPTURE_GLOBAL */
+  weft_graph_memory_t memory; /**< default WEFT_GRAPH_MEMORY_NODES */
+  weft_graph_pool_t *pool;    /**< PRIVATE_POOL only: the pool to draw from; NULL: the graph gets
+                                   a pool of its own */
+} weft_capture_options_t;
+WEFT_API weft_capture_options_t weft_capture_options_default(void);
+
+/** Begins capturing the work of pool stream s (NULL options: defaults). Until weft_capture_end,
+ * uses on s (and on streams joined with weft_capture_join) are recorded, not run:
+ * hazards between them become captured event record/wait pairs; weft_alloc on them becomes a
+ * graph allocation node (or a private-pool allocation); weft_free of a block allocated in the
+ * capture becomes a free node. Blocks last touched before the capture are never waited on inside
+ * it (that would be a capture isolation error): they form the graph's access summary, ordered
+ * when the graph is launched. Freeing a block from before the capture inside it is refused
+ * (CAPTURE): the free would happen at every launch.
+ * Errors: STALE_HANDLE, INVALID_ARGUMENT, CAPTURE (s already takes part in a capture), DRIVER. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_capture_begin(weft_stream_t *s, const weft_capture_options_t *opts);
+/** Pulls pool stream t into the capture running on `origin` (a fork: t waits on a captured
+ * event of origin); weft rejoins it before the capture ends.
+ * Errors: CAPTURE (origin is not capturing under weft, or t takes part elsewhere), WRONG_DEVICE. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_capture_join(weft_stream_t *origin, weft_stream_t *t);
+/** Rejoins the joined streams, ends the capture and gives the graph. Handles of blocks allocated
+ * inside the capture become stale (the exec's outputs replace them after each launch). The
+ * capture is ended even when this fails (e.g. CAPTURE if something invalidated it).
+ * Errors: CAPTURE (s has no weft capture, or it was invalidated), DRIVER. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_capture_end(weft_stream_t *s, weft_graph_t **out);
+/** begin, fn(s, user), end: the capture is always ended, even when fn fails (then its status is
+ * returned and no graph is made). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_capture_run(weft_stream_t *s, const weft_capture_options_t *opts,
+                                                       weft_status_t (*fn)(weft_stream_t *s, void *user), void *user,
+                                                       weft_graph_t **out);
+
+/** Destroys a graph. Errors: BUSY (an exec of it still exists). */
+WEFT_API weft_status_t weft_graph_destroy(weft_graph_t *g);
+/** The driver's graph (owned by weft). */
+WEFT_API CUgraph weft_graph_raw(const weft_graph_t *g);
+/** Number of outputs (blocks allocated in the graph and not freed there). */
+WEFT_API size_t weft_graph_output_count(const weft_graph_t *g);
+/** Copies up to `max` entries of the access summary; returns how many there are. */
+WEFT_API size_t weft_graph_summary(const weft_graph_t *g, weft_access_t *out, size_t max);
+
+/** Instantiates g (at most one exec per graph) and uploads it to `upload`'s stream.
+ * Errors: BUSY (g already has an exec), STALE_HANDLE, DRIVER. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_graph_instantiate(weft_graph_t *g, weft_stream_t *upload, weft_exec_t **out);
+/** Launches on pool stream s: waits for the hazards of the access summary, launches, and records
+ * the launch as one use of every summarised block. The outputs are then live blocks with a new
+ * generation (weft_exec_output). With live outputs of the previous launch, the runtime's
+ * output_policy decides: WEFT_OUTPUT_ERROR gives BUSY; WEFT_OUTPUT_AUTO_FREE frees them (their
+ * old handles become stale).
+ * Errors: BUSY, STALE_HANDLE (a summarised block was freed since the capture), CAPTURE (s is
+ * capturing), DRIVER. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_exec_launch(weft_exec_t *e, weft_stream_t *s);
+/** Output i of the latest launch ({0} before the first launch or once freed).
+ * Errors: INVALID_ARGUMENT (i out of range). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_exec_output(const weft_exec_t *e, size_t i, weft_block_t *out);
+/** Destroys an exec (after its launches complete). Live outputs stay live blocks until freed. */
+WEFT_API weft_status_t weft_exec_destroy(weft_exec_t *e);
+
+/** A pool for WEFT_GRAPH_MEMORY_PRIVATE_POOL captures. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_graph_pool_create(weft_runtime_t *rt, weft_graph_pool_t **out);
+/** Bytes the pool holds from the device. */
+WEFT_API uint64_t weft_graph_pool_reserved(const weft_graph_pool_t *p);
+/** Errors: BUSY (graphs still use it). */
+WEFT_API weft_status_t weft_graph_pool_destroy(weft_graph_pool_t *p);
+
+/** The device's graph memory counters (cuDeviceGetGraphMemAttribute). */
+typedef struct weft_graph_memory_stats {
+  uint64_t used, used_high, reserved, reserved_high; /**< bytes */
+} weft_graph_memory_stats_t;
+WEFT_API WEFT_NODISCARD weft_status_t weft_graph_memory_stats(weft_runtime_t *rt, weft_graph_memory_stats_t *out);
+/** cuDeviceGraphMemTrim. Errors: CAPTURE (a capture that could see it is active). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_graph_memory_trim(weft_runtime_t *rt);
+
+/** An explicit graph under construction: nodes with declared accesses; edges come from the same
+ * rules as streams (each node depends on the maximal conflicting earlier nodes, no redundant
+ * edge; a node that must follow several readers of a block depends on one empty join node
+ * after them, shared by every later node that must, instead of an edge per reader). */
+typedef struct weft_builder weft_builder_t;
+WEFT_API WEFT_NODISCARD weft_status_t weft_builder_create(weft_runtime_t *rt, weft_builder_t **out);
+/** A memory-allocation node (cuGraphAddMemAllocNode); the handle is usable in this builder. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_builder_alloc(weft_builder_t *b, size_t bytes, const char *tag, weft_block_t *out);
+/** A memory-free node (cuGraphAddMemFreeNode) for a block allocated in this builder, after
+ * every node that touches it. Errors: CAPTURE (block from outside the builder). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_builder_free(weft_builder_t *b, weft_block_t blk);
+WEFT_API WEFT_NODISCARD weft_status_t weft_builder_kernel(weft_builder_t *b, const weft_launch_t *l, const weft_access_t *acc, size_t n, CUgraphNode *node);
+/** A device-to-device copy node (READ src, WRITE dst). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_builder_copy(weft_builder_t *b, weft_block_t dst, size_t dst_offset, weft_block_t src, size_t src_offset, size_t bytes, CUgraphNode *node);
+/** A 32-bit memset node (WRITE dst); offset and bytes multiples of 4. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_builder_memset32(weft_builder_t *b, weft_block_t dst, size_t offset, unsigned value, size_t bytes, CUgraphNode *node);
+WEFT_API WEFT_NODISCARD weft_status_t weft_builder_host(weft_builder_t *b, CUhostFn fn, void *user, const weft_access_t *acc, size_t n, CUgraphNode *node);
+/** An empty node ordered after the conflicting earlier nodes of `acc` (a barrier). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_builder_empty(weft_builder_t *b, const weft_access_t *acc, size_t n, CUgraphNode *node);
+/** Turns the builder into a graph (the builder is consumed, also on failure). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_builder_finish(weft_builder_t *b, weft_graph_t **out);
+/** Abandons a builder and its graph. */
+WEFT_API void weft_builder_destroy(weft_builder_t *b);
+
 /** Looks up `name` in the loaded driver library (for example the simulator's weft_sim_get_api,
  * see sim/weft_sim.h); NULL if absent or if no driver loads. */
 WEFT_API void *weft_driver_symbol(const char *name);

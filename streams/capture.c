@@ -213,6 +213,18 @@ weft_status_t weft__capture_end(weft__capture_t *c, CUgraph *graph) {
   }
   CUgraph g = NULL;
   CUresult r = tr->drv->cuStreamEndCapture(c->origin->raw, &g);
+  if (r != CUDA_SUCCESS) {
+    /* The capture must end whatever happened: if the stream still captures (an invalidated
+     * capture, or a failure before the driver ended it), end it again and drop its graph. */
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (tr->drv->cuStreamIsCapturing(c->origin->raw, &cs) == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE) {
+      CUgraph dropped = NULL;
+      if (tr->drv->cuStreamEndCapture(c->origin->raw, &dropped) == CUDA_SUCCESS && dropped != NULL)
+        tr->drv->cuGraphDestroy(dropped);
+    }
+    if (g != NULL) tr->drv->cuGraphDestroy(g);
+    g = NULL;
+  }
   detach(c);
   unlock(tr);
   if (st != WEFT_OK) {
@@ -242,8 +254,7 @@ void weft__capture_free(weft__capture_t *c) {
 /* Foreign captures: the driver says s is capturing but weft has no session for it (adopt), or
  * s takes part in a foreign session that its owner has ended (abandon). weft's own sessions are
  * left alone: weft ends them itself. */
-typedef void (*weft__foreign_hook_fn)(weft__capture_t *c, bool adopted);
-weft__foreign_hook_fn weft__capture_foreign_hook;
+void (*weft__capture_foreign_hook)(weft__capture_t *c, bool adopted);
 
 weft_status_t weft__capture_sync_state(weft_stream_t *s) {
   weft__tracker_t *tr = s->tr;
@@ -273,4 +284,15 @@ weft_status_t weft__capture_sync_state(weft_stream_t *s) {
     if (weft__capture_foreign_hook) weft__capture_foreign_hook(c, false);
   }
   return WEFT_OK;
+}
+
+void weft__capture_refresh(weft__tracker_t *tr) {
+  uint64_t foreign = 0;
+  lock(tr);
+  for (unsigned i = 0; i < tr->n; i++) {
+    const weft__capture_t *c = tr->streams[i].capture;
+    if (c != NULL && c->foreign && c->origin == &tr->streams[i]) foreign |= 1ull << i;
+  }
+  unlock(tr);
+  for (; foreign != 0; foreign &= foreign - 1) (void)weft__capture_sync_state(&tr->streams[__builtin_ctzll(foreign)]);
 }

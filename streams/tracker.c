@@ -423,6 +423,7 @@ static weft_status_t refuse_under_capture(weft__tracker_t *tr, const char *what)
 /* Blocks on the point's event without the lock, then records the host's knowledge. */
 weft_status_t weft__tracker_sync_points(weft__tracker_t *tr, const weft__point_t *pts, size_t n) {
   weft__domain_t *d = &tr->live;
+  if (tr->captures != 0) weft__capture_refresh(tr);
   for (size_t i = 0; i < n; i++) {
     weft__point_t p = pts[i];
     if (p.tick == 0 || p.stream >= d->n) continue;
@@ -465,6 +466,7 @@ static weft_status_t host_wait_stream(weft_stream_t *s, bool blocking) {
   weft__tracker_t *tr = s->tr;
   weft__domain_t *d = &tr->live;
   uint64_t snap[WEFT__MAX_STREAMS];
+  if (tr->captures != 0) weft__capture_refresh(tr);
   lock(tr);
   if (s->capture != NULL || weft__capture_blocks_housekeeping(tr)) {
     unlock(tr);

@@ -222,6 +222,12 @@ weft__capture_block_t *weft__capture_block(weft__capture_t *c, weft__access_stat
  * pool attributes, synchronisations): any GLOBAL capture of the runtime, or a THREAD_LOCAL
  * one begun by this thread. */
 bool weft__capture_blocks_housekeeping(weft__tracker_t *tr);
+/** Drops foreign captures that their owners have ended (so that they stop holding back
+ * housekeeping). Takes the tracker lock; call it without locks held. */
+void weft__capture_refresh(weft__tracker_t *tr);
+/** Called when a foreign capture is adopted (true) or dropped (false); graph/ sets it to keep
+ * its side of the session. */
+extern void (*weft__capture_foreign_hook)(weft__capture_t *c, bool adopted);
 /** Checks that s is in the capture state weft believes, adopting a foreign capture begun on s
  * or dropping one that its owner ended. Called by every public function taking a stream. */
 weft_status_t weft__capture_sync_state(weft_stream_t *s);

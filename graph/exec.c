@@ -1,0 +1,258 @@
+/* Graphs, executable graphs and replay: instantiate (and upload), launch ordered by the access
+ * summary, outputs as fresh blocks per launch, graph memory statistics. */
+#include <string.h>
+
+#include "graph/graph.h"
+#include "lib/core/error.h"
+#include "lib/core/meta.h"
+
+weft_status_t weft__graph_make(weft_runtime_t *rt, CUgraph g, weft_graph_memory_t memory, weft_graph_pool_t *pool,
+                               bool own_pool, weft__gsummary_t *summary, size_t n_summary, weft__goutput_t *outputs,
+                               size_t n_outputs, weft_graph_t **out) {
+  weft_graph_t *gr = weft__meta_calloc(1, sizeof *gr);
+  if (gr == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for a graph");
+  gr->rt = rt;
+  gr->g = g;
+  gr->memory = memory;
+  gr->pool = pool;
+  gr->own_pool = own_pool;
+  gr->summary = summary;
+  gr->n_summary = n_summary;
+  gr->outputs = outputs;
+  gr->n_outputs = n_outputs;
+  *out = gr;
+  return WEFT_OK;
+}
+
+weft_status_t weft_graph_destroy(weft_graph_t *g) {
+  if (g == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_graph_destroy: graph is NULL");
+  if (g->exec != NULL) return weft__error(WEFT_ERR_BUSY, "weft_graph_destroy: the graph still has an exec");
+  if (g->live_outputs != 0)
+    return weft__error(WEFT_ERR_BUSY, "weft_graph_destroy: %zu outputs of its launches are still live", g->live_outputs);
+  if (atomic_load(&g->rt->alive)) g->rt->drv->cuGraphDestroy(g->g);
+  if (g->pool != NULL) {
+    g->pool->users--;
+    if (g->own_pool) (void)weft_graph_pool_destroy(g->pool);
+  }
+  weft__meta_free(g->summary);
+  weft__meta_free(g->outputs);
+  weft__meta_free(g);
+  return WEFT_OK;
+}
+
+CUgraph weft_graph_raw(const weft_graph_t *g) { return g ? g->g : NULL; }
+size_t weft_graph_output_count(const weft_graph_t *g) { return g ? g->n_outputs : 0; }
+
+size_t weft_graph_summary(const weft_graph_t *g, weft_access_t *out, size_t max) {
+  if (g == NULL) return 0;
+  for (size_t i = 0; i < g->n_summary && i < max; i++)
+    out[i] = (weft_access_t){g->summary[i].block, (weft_access_kind_t)g->summary[i].kind};
+  return g->n_summary;
+}
+
+weft_status_t weft_graph_instantiate(weft_graph_t *g, weft_stream_t *upload, weft_exec_t **out) {
+  if (g == NULL || out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_graph_instantiate: NULL argument");
+  weft_status_t st = weft__stream_check(upload, "weft_graph_instantiate");
+  if (st != WEFT_OK) return st;
+  if (upload->runtime != g->rt)
+    return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_graph_instantiate: the stream belongs to another runtime");
+  if (g->exec != NULL)
+    return weft__error(WEFT_ERR_BUSY, "weft_graph_instantiate: the graph already has an exec (one per graph)");
+  if ((st = weft__tracker_bind(upload->tr)) != WEFT_OK) return st;
+  weft_exec_t *e = weft__meta_calloc(1, sizeof *e);
+  if (e == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_graph_instantiate: no host memory");
+  e->outs = weft__meta_calloc(g->n_outputs + 1, sizeof *e->outs);
+  e->freed = weft__meta_calloc(g->n_outputs + 1, sizeof *e->freed);
+  if (e->outs == NULL || e->freed == NULL) {
+    weft__meta_free(e->outs);
+    weft__meta_free(e->freed);
+    weft__meta_free(e);
+    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_graph_instantiate: no host memory");
+  }
+  e->graph = g;
+  e->auto_free = g->rt->opts.output_policy == WEFT_OUTPUT_AUTO_FREE;
+  /* Graph memory nodes: let the driver free the previous launch's outputs itself. */
+  unsigned long long flags =
+      e->auto_free && g->memory == WEFT_GRAPH_MEMORY_NODES ? CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH : 0;
+  const weft__driver_t *d = g->rt->drv;
+  CUresult r = d->cuGraphInstantiateWithFlags(&e->x, g->g, flags);
+  if (r == CUDA_SUCCESS) r = d->cuGraphUpload(e->x, upload->raw);
+  if (r != CUDA_SUCCESS) {
+    if (e->x != NULL) d->cuGraphExecDestroy(e->x);
+    weft__meta_free(e->outs);
+    weft__meta_free(e->freed);
+    weft__meta_free(e);
+    return weft__driver_fail(r, "cuGraphInstantiateWithFlags / cuGraphUpload");
+  }
+  g->exec = e;
+  *out = e;
+  return WEFT_OK;
+}
+
+typedef struct launch_arg {
+  CUgraphExec x;
+} launch_arg_t;
+
+static weft_status_t do_launch(weft_stream_t *s, void *arg) {
+  const launch_arg_t *a = arg;
+  WEFT__CU_TRY(s->tr->drv->cuGraphLaunch(a->x, s->raw));
+  return WEFT_OK;
+}
+
+weft_status_t weft_exec_launch(weft_exec_t *e, weft_stream_t *s) {
+  if (e == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_exec_launch: exec is NULL");
+  weft_graph_t *g = e->graph;
+  weft_status_t st = weft__stream_check(s, "weft_exec_launch");
+  if (st != WEFT_OK) return st;
+  if (s->runtime != g->rt) return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_exec_launch: stream of another runtime");
+  if ((st = weft__tracker_bind(s->tr)) != WEFT_OK || (st = weft__capture_sync_state(s)) != WEFT_OK) return st;
+  if (s->capture != NULL)
+    return weft__error(WEFT_ERR_CAPTURE, "weft_exec_launch: stream %u is capturing (graphs with memory nodes cannot "
+                       "be launched into a capture)", s->index);
+  size_t live_prev = 0;
+  for (size_t i = 0; i < g->n_outputs; i++) {
+    struct weft__block *rec;
+    if (e->outs[i].rec != NULL && weft__block_check(e->outs[i], "weft_exec_launch", &rec) == WEFT_OK) live_prev++;
+    else e->outs[i] = (weft_block_t){0};
+  }
+  if (live_prev != 0 && !e->auto_free)
+    return weft__error(WEFT_ERR_BUSY,
+                       "weft_exec_launch: %zu outputs of the previous launch are live (tag '%s'); free them or use "
+                       "WEFT_OUTPUT_AUTO_FREE",
+                       live_prev, g->outputs[0].tag);
+  /* Outputs freed outside the graph: the launch reallocates their addresses after the frees. */
+  for (size_t i = 0; i < g->n_outputs; i++) {
+    if (e->freed[i].tick == 0) continue;
+    if ((st = weft__tracker_order(s, e->freed[i])) != WEFT_OK) return st;
+    e->freed[i] = (weft__point_t){0, 0};
+  }
+  size_t n = g->n_summary + 2 * g->n_outputs;
+  weft__use_t *uses = weft__meta_alloc((n + 1) * sizeof *uses);
+  struct weft__block **fresh = weft__meta_calloc(g->n_outputs + 1, sizeof *fresh);
+  if (uses == NULL || fresh == NULL) {
+    weft__meta_free(uses);
+    weft__meta_free(fresh);
+    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_exec_launch: no host memory");
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < g->n_summary && st == WEFT_OK; i++) {
+    struct weft__block *rec;
+    st = weft__block_check(g->summary[i].block, "weft_exec_launch", &rec);
+    if (st != WEFT_OK) {
+      st = weft__error(WEFT_ERR_STALE_HANDLE,
+                       "weft_exec_launch: the graph uses block '%s' from before its capture, which was freed since",
+                       g->summary[i].block.rec->tag);
+      break;
+    }
+    uses[k++] = (weft__use_t){&rec->acc, g->summary[i].kind};
+  }
+  /* The previous outputs (auto free): the launch frees them, so it waits for their uses. */
+  for (size_t i = 0; i < g->n_outputs && st == WEFT_OK; i++)
+    if (e->outs[i].rec != NULL) uses[k++] = (weft__use_t){&e->outs[i].rec->acc, WEFT_WRITE};
+  /* This launch's outputs: fresh records, written by the launch. */
+  size_t made = 0;
+  for (; made < g->n_outputs && st == WEFT_OK; made++) {
+    struct weft__block *rec = weft__block_take(g->rt);
+    if (rec == NULL) {
+      st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_exec_launch: no host memory for output records");
+      break;
+    }
+    rec->kind = WEFT__BLOCK_GRAPH;
+    rec->owner = g;
+    rec->ptr = g->outputs[made].ptr;
+    rec->bytes = g->outputs[made].bytes;
+    rec->tag = g->outputs[made].tag;
+    weft__access_init(&rec->acc, rec->acc.reads, (weft__point_t){0, 0});
+    fresh[made] = rec;
+    uses[k++] = (weft__use_t){&rec->acc, WEFT_WRITE};
+  }
+  launch_arg_t arg = {e->x};
+  if (st == WEFT_OK) st = weft__tracker_use(s, uses, k, do_launch, &arg);
+  if (st != WEFT_OK) {
+    for (size_t i = 0; i < made; i++) weft__block_retire(g->rt, fresh[i]);
+  } else {
+    for (size_t i = 0; i < g->n_outputs; i++) {
+      if (e->outs[i].rec != NULL) {
+        /* AUTO_FREE: the driver (memory nodes) or the launch (graph pool) reused its memory. */
+        weft__block_forget(e->outs[i].rec);
+        g->live_outputs--;
+      }
+      e->outs[i] = weft__block_publish(g->rt, fresh[i]);
+      g->live_outputs++;
+    }
+  }
+  weft__meta_free(uses);
+  weft__meta_free(fresh);
+  return st;
+}
+
+weft_status_t weft_exec_output(const weft_exec_t *e, size_t i, weft_block_t *out) {
+  if (e == NULL || out == NULL || i >= e->graph->n_outputs)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_exec_output: NULL argument or index %zu out of range", i);
+  *out = e->outs[i];
+  return WEFT_OK;
+}
+
+weft_status_t weft__exec_free_output(struct weft__block *rec, weft_stream_t *s) {
+  weft_graph_t *g = rec->owner;
+  weft__use_t use = {&rec->acc, WEFT_WRITE};
+  weft_status_t st = weft__tracker_begin(s, &use, 1);
+  if (st != WEFT_OK) return st;
+  if (g->memory == WEFT_GRAPH_MEMORY_NODES) {
+    /* Graph memory is freed outside the graph with cuMemFreeAsync; the next launch then gets
+     * the same address back. */
+    CUresult r = s->tr->drv->cuMemFreeAsync(rec->ptr, s->raw);
+    if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemFreeAsync (graph output)");
+    weft__tracker_touch(s);
+  }
+  /* The next launch writes this memory again: it must follow the free (which followed every
+   * use of the block). */
+  weft__point_t at = weft__tracker_point(s);
+  if (g->exec != NULL)
+    for (size_t i = 0; i < g->n_outputs; i++)
+      if (g->exec->outs[i].rec == rec) {
+        g->exec->outs[i] = (weft_block_t){0};
+        g->exec->freed[i] = at;
+      }
+  g->live_outputs--;
+  weft__block_forget(rec);
+  atomic_fetch_add_explicit(&((weft_runtime_t *)s->runtime)->frees, 1, memory_order_relaxed);
+  return WEFT_OK;
+}
+
+weft_status_t weft_exec_destroy(weft_exec_t *e) {
+  if (e == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_exec_destroy: exec is NULL");
+  weft_graph_t *g = e->graph;
+  if (atomic_load(&g->rt->alive)) g->rt->drv->cuGraphExecDestroy(e->x);
+  g->exec = NULL;
+  weft__meta_free(e->outs);
+  weft__meta_free(e->freed);
+  weft__meta_free(e);
+  return WEFT_OK;
+}
+
+weft_status_t weft_graph_memory_stats(weft_runtime_t *rt, weft_graph_memory_stats_t *out) {
+  if (weft__runtime_check(rt, "weft_graph_memory_stats") == NULL) return WEFT_ERR_STALE_HANDLE;
+  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_graph_memory_stats: out is NULL");
+  const weft__driver_t *d = rt->drv;
+  if (d->cuDeviceGetGraphMemAttribute == NULL)
+    return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_graph_memory_stats: the driver has no graph memory attributes");
+  cuuint64_t v[4];
+  CUgraphMem_attribute a[4] = {CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
+                               CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH};
+  for (int i = 0; i < 4; i++) WEFT__CU_TRY(d->cuDeviceGetGraphMemAttribute(rt->tracker.device, a[i], &v[i]));
+  *out = (weft_graph_memory_stats_t){v[0], v[1], v[2], v[3]};
+  return WEFT_OK;
+}
+
+weft_status_t weft_graph_memory_trim(weft_runtime_t *rt) {
+  if (weft__runtime_check(rt, "weft_graph_memory_trim") == NULL) return WEFT_ERR_STALE_HANDLE;
+  if (weft__capture_blocks_housekeeping(&rt->tracker))
+    return weft__error(WEFT_ERR_CAPTURE, "weft_graph_memory_trim: a capture that could see the trim is active");
+  if (rt->drv->cuDeviceGraphMemTrim == NULL)
+    return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_graph_memory_trim: the driver has no cuDeviceGraphMemTrim");
+  weft_status_t st = weft__tracker_bind(&rt->tracker);
+  if (st != WEFT_OK) return st;
+  WEFT__CU_TRY(rt->drv->cuDeviceGraphMemTrim(rt->tracker.device));
+  return WEFT_OK;
+}
