@@ -4,8 +4,9 @@
  * any access) and, for a write, the readers since. A predecessor already reachable from another
  * predecessor is dropped (ancestor bitsets), so no edge is redundant. When a node must follow
  * two or more readers of a block, it follows one empty join node placed after them instead;
- * the join node is shared by every later node that must follow the same readers, so k readers
- * and m such nodes cost k + m edges rather than k * m. */
+ * join nodes are kept by reader set and shared by every later node that must follow the same
+ * readers (of any block), so k readers of m blocks and m writers cost k + m edges, not k * m. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "graph/graph.h"
@@ -24,8 +25,16 @@ typedef struct bstate {
   bool freed;
 } bstate_t;
 
+typedef struct join {
+  int *set;   /* sorted node indices */
+  size_t n;
+  int node;
+} join_t;
+
 struct weft_builder {
   weft_runtime_t *rt;
+  join_t *joins;
+  size_t n_joins, cap_joins;
   CUgraph g;
   CUgraphNode *nodes;
   uint64_t **anc;       /* anc[i]: bitset of i's ancestors (words of earlier nodes) */
@@ -137,6 +146,46 @@ static CUresult add_empty(weft_builder_t *b, CUgraphNode *node, const CUgraphNod
   return b->rt->drv->cuGraphAddEmptyNode(node, b->g, deps, n);
 }
 
+static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
+
+/* The join node after exactly the nodes `readers` (n >= 2), made on first need. */
+static weft_status_t join_for(weft_builder_t *b, const int *readers, size_t n, int *node) {
+  int *set = weft__meta_alloc(n * sizeof *set);
+  if (set == NULL) return oom("weft_builder");
+  memcpy(set, readers, n * sizeof *set);
+  qsort(set, n, sizeof *set, cmp_int);
+  for (size_t i = 0; i < b->n_joins; i++)
+    if (b->joins[i].n == n && memcmp(b->joins[i].set, set, n * sizeof *set) == 0) {
+      weft__meta_free(set);
+      *node = b->joins[i].node;
+      return WEFT_OK;
+    }
+  if (b->n_joins == b->cap_joins) {
+    size_t cap = b->cap_joins ? b->cap_joins * 2 : 8;
+    join_t *j = weft__meta_realloc(b->joins, cap * sizeof *j);
+    if (j == NULL) {
+      weft__meta_free(set);
+      return oom("weft_builder");
+    }
+    b->joins = j;
+    b->cap_joins = cap;
+  }
+  int *pred = weft__meta_alloc(n * sizeof *pred);
+  if (pred == NULL) {
+    weft__meta_free(set);
+    return oom("weft_builder");
+  }
+  memcpy(pred, set, n * sizeof *pred);
+  weft_status_t st = add_node(b, pred, n, add_empty, NULL, node);
+  weft__meta_free(pred);
+  if (st != WEFT_OK) {
+    weft__meta_free(set);
+    return st;
+  }
+  b->joins[b->n_joins++] = (join_t){set, n, *node};
+  return WEFT_OK;
+}
+
 /* The predecessors a new access of `kind` to s needs (appended to pred). */
 static weft_status_t needs_of(weft_builder_t *b, bstate_t *s, unsigned kind, int *pred, size_t *np) {
   if (s->last_write >= 0) pred[(*np)++] = s->last_write;
@@ -146,11 +195,7 @@ static weft_status_t needs_of(weft_builder_t *b, bstate_t *s, unsigned kind, int
     return WEFT_OK;
   }
   if (s->join < 0) {
-    int *rp = weft__meta_alloc(s->n_readers * sizeof *rp);
-    if (rp == NULL) return oom("weft_builder");
-    memcpy(rp, s->readers, s->n_readers * sizeof *rp);
-    weft_status_t st = add_node(b, rp, s->n_readers, add_empty, NULL, &s->join);
-    weft__meta_free(rp);
+    weft_status_t st = join_for(b, s->readers, s->n_readers, &s->join);
     if (st != WEFT_OK) return st;
   }
   pred[(*np)++] = s->join;
@@ -402,6 +447,8 @@ static void free_states(weft_builder_t *b, bool forget_internal) {
     weft__meta_free(b->blocks[i].readers);
   }
   for (size_t i = 0; i < b->n_nodes; i++) weft__meta_free(b->anc[i]);
+  for (size_t i = 0; i < b->n_joins; i++) weft__meta_free(b->joins[i].set);
+  weft__meta_free(b->joins);
   weft__meta_free(b->anc);
   weft__meta_free(b->nodes);
   weft__meta_free(b->blocks);
