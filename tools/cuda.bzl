@@ -21,7 +21,7 @@ def weft_cuda_fatbin(name, srcs, hdrs = [], visibility = None):
         name = name + "_nvcc",
         srcs = srcs + hdrs,
         outs = [name + ".fatbin"],
-        cmd = "$(location @local_cuda//:nvcc) -fatbin -O3 -std=c++17 %s -o $@ %s" % (
+        cmd = "$(location @local_cuda//:nvcc) -fatbin -O3 -std=c++17 -I. -Iexternal/weft %s -o $@ %s" % (
             " ".join(WEFT_CUDA_ARCHS),
             " ".join(["$(location %s)" % s for s in srcs]),
         ),

@@ -152,10 +152,9 @@ weft_status_t weft__driver_load(const char *spec, weft__driver_t *drv) {
   return WEFT_OK;
 }
 
-void weft__driver_unload(weft__driver_t *drv) {
-  if (drv->handle != NULL) dlclose(drv->handle);
-  memset(drv, 0, sizeof *drv);
-}
+/* The library stays mapped: drivers keep process-wide state (threads, memory) that unmapping
+ * would orphan, so weft never dlcloses one; the handle is only forgotten. */
+void weft__driver_unload(weft__driver_t *drv) { memset(drv, 0, sizeof *drv); }
 
 /* The process's table, loaded once; a failure is remembered with its message. */
 static weft__driver_t g_driver;

@@ -132,7 +132,7 @@ weft_status_t weft__driver_get(const weft__driver_t **out);
  * table: what weft__driver_get() uses, and what tests call to try several libraries in one
  * process. On failure *drv holds nothing to release. */
 weft_status_t weft__driver_load(const char *spec, weft__driver_t *drv);
-/** Closes a driver loaded by weft__driver_load(). */
+/** Forgets a driver loaded by weft__driver_load() (the library stays mapped). */
 void weft__driver_unload(weft__driver_t *drv);
 
 /** Turns a failed CUresult into a weft status and records it for weft_last_driver_error():

@@ -33,7 +33,9 @@ static void test_malloc_family_comes_from_libc(void **state) {
   for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     const char *f = defining_file(names[i]);
     assert_non_null(f);
-    if (strstr(f, "libc.so") == NULL) fail_msg("%s is defined by %s, not libc", names[i], f);
+    /* The C library, or a sanitizer's runtime when the test runs under one; never weft. */
+    if (strstr(f, "libc.so") == NULL && strstr(f, "libasan") == NULL && strstr(f, "libtsan") == NULL)
+      fail_msg("%s is defined by %s, not libc", names[i], f);
   }
 }
 

@@ -1,0 +1,84 @@
+/* weft's benchmark harness: shared state, timing and reporting.
+ *
+ * Every section measures host time with CLOCK_MONOTONIC over many iterations, repeats that
+ * `reps` times and reports the median, with the raw-driver baseline measured the same way in the
+ * same run. Raw driver calls go through lib/core's driver table (weft__driver_get), the one
+ * boundary every cu* call crosses, so the baseline pays the same indirect call weft pays.
+ *
+ * Output: markdown tables on stdout and one CSV row per figure (see report.c for the columns).
+ */
+#ifndef WEFT_BENCH_BENCH_H
+#define WEFT_BENCH_BENCH_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "lib/core/driver.h"
+#include "weft/weft.h"
+
+/** What every section needs. */
+typedef struct bench {
+  const weft__driver_t *drv;
+  CUcontext ctx;     /* device 0's primary context, retained for the whole run and current */
+  CUmodule module;   /* bench_kernels */
+  CUfunction lcg;    /* weft_bench_lcg */
+  int sim;           /* 1 on the simulator: figures are not performance numbers */
+  int quick;         /* --quick: the smallest counts that still exercise every path */
+  unsigned reps;     /* repetitions per figure; the median is reported */
+  FILE *csv;
+} bench_t;
+
+/** Scales an iteration count for the machine: `gpu` on a GPU, a tenth on the simulator, a
+ * hundredth with --quick; never below `floor`. */
+unsigned bench_count(const bench_t *b, unsigned gpu, unsigned floor);
+
+static inline uint64_t bench_now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/** The median of n values (sorts them in place). */
+double bench_median(double *v, unsigned n);
+
+/** Fails the run: prints `what` and weft's last error, exits 1. */
+_Noreturn void bench_die_weft(weft_status_t st, const char *what);
+/** Fails the run on a driver error. */
+_Noreturn void bench_die_cu(CUresult r, const char *what);
+/** Fails the run with a message. */
+_Noreturn void bench_die(const char *what);
+
+#define BENCH_WEFT(call)                                  \
+  do {                                                    \
+    weft_status_t bench_st_ = (call);                     \
+    if (bench_st_ != WEFT_OK) bench_die_weft(bench_st_, #call); \
+  } while (0)
+#define BENCH_CU(call)                                    \
+  do {                                                    \
+    CUresult bench_r_ = (call);                           \
+    if (bench_r_ != CUDA_SUCCESS) bench_die_cu(bench_r_, #call); \
+  } while (0)
+
+/** Gets device 0's runtime with `opts`; the bench holds the only reference, so releasing it
+ * destroys it and the next section can create it with other options. */
+weft_runtime_t *bench_runtime(const weft_options_t *opts);
+
+/* ---- report.c ----------------------------------------------------------------------------- */
+
+/** Opens a section: a markdown heading (marked on the simulator) and a paragraph. */
+void bench_section(const bench_t *b, const char *title, const char *about);
+/** Starts a markdown table with `n` column names. */
+void bench_table(const char *const *cols, unsigned n);
+/** One CSV row: a weft figure and its baseline (baseline_value 0: none; ratio left empty). */
+void bench_csv(const bench_t *b, const char *section, const char *row, const char *metric, double value,
+               const char *unit, const char *baseline, double baseline_value);
+
+/* ---- the sections, one file each ---------------------------------------------------------- */
+
+void bench_alloc(bench_t *b);
+void bench_tracker(bench_t *b);
+void bench_waits(bench_t *b);
+void bench_pipeline(bench_t *b);
+
+#endif /* WEFT_BENCH_BENCH_H */
