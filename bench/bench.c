@@ -1,7 +1,7 @@
 /* weft_bench: every benchmark of issue 7 in one run, each weft figure next to its raw-driver
  * baseline from the same run.
  *
- *   weft_bench [--quick] [section ...]     sections: alloc tracker waits pipeline (default all)
+ *   weft_bench [--quick] [section ...]     sections: alloc tracker waits replay pipeline (default all)
  *
  * On a GPU (WEFT_DRIVER unset) the whole run takes well under a minute. On the simulator
  * (WEFT_DRIVER=sim) counts are scaled down and every table says the figures are not performance
@@ -20,12 +20,12 @@ typedef struct section {
   void (*run)(bench_t *b);
 } section_t;
 
-/* In the order issue 7 lists them. The section "captured-step replay vs raw graph vs eager"
- * belongs between waits and pipeline; it is added with the graph API (graph/). */
+/* In the order issue 7 lists them. */
 static const section_t sections[] = {
     {"alloc", bench_alloc},
     {"tracker", bench_tracker},
     {"waits", bench_waits},
+    {"replay", bench_replay},
     {"pipeline", bench_pipeline},
 };
 #define NSECTIONS (sizeof sections / sizeof sections[0])

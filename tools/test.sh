@@ -27,5 +27,13 @@ for c in $configs; do
   failed=$((failed + f))
   rm -f "$log"
 done
+# weft as an external repository: the consumer workspace builds and runs (on the simulator).
+echo "=== examples/consumer (weft through local_repository)"
+if BAZEL="bazel --output_base=${TMPDIR:-/tmp}/weft_consumer_ob" examples/consumer/run.sh; then
+  passed=$((passed + 1))
+else
+  echo "examples/consumer FAILED"
+  failed=$((failed + 1))
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

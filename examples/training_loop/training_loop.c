@@ -219,7 +219,7 @@ int main(int argc, char **argv) {
   int buf = 0;
   trainer_t *tp = &t;
   void *arg[2] = {tp, &buf};
-  float eager_loss[3], replay_loss[3];
+  float eager_loss[3] = {0}, replay_loss[3] = {0};
   copy_in(&t, hx, hy, 0);
   CHECK(weft_runtime_synchronize(t.rt));
   weft_counters_t c0, c1, c2;

@@ -1,0 +1,153 @@
+/* Replay: one training-step-like graph of 100 small dependent kernels, three ways in one run:
+ *   weft eager   100 weft_launch calls per step (each a tracked use);
+ *   weft replay  the step captured once with weft, launched with weft_exec_launch (which waits
+ *                for the access summary's hazards and records the launch as one use);
+ *   raw graph    the very same CUgraph instantiated separately and launched with cuGraphLaunch.
+ * Wall time per step is measured over many steps ending in one synchronisation; host time per
+ * launch is the launch loop alone. Goal (issue 6): weft replay within 1% of the raw graph.
+ * Then the memory of the two graph memory policies for a step with temporaries. */
+#include <string.h>
+
+#include "bench/bench.h"
+
+#define KERNELS 100
+#define ELEMS 1024
+
+typedef struct step {
+  bench_t *b;
+  weft_block_t a, c;
+  unsigned n, iters;
+} step_t;
+
+static weft_status_t run_step(weft_stream_t *s, void *arg) {
+  step_t *st = arg;
+  CUdeviceptr pa, pc;
+  weft_status_t r = weft_block_ptr(st->a, &pa);
+  if (r == WEFT_OK) r = weft_block_ptr(st->c, &pc);
+  for (unsigned k = 0; k < KERNELS && r == WEFT_OK; k++) {
+    /* a -> c -> a -> ...: each kernel reads what the previous one wrote. */
+    CUdeviceptr out = k % 2 ? pa : pc, in = k % 2 ? pc : pa;
+    void *params[] = {&out, &in, &st->n, &st->iters};
+    weft_access_t acc[] = {{k % 2 ? st->a : st->c, WEFT_WRITE}, {k % 2 ? st->c : st->a, WEFT_READ}};
+    weft_launch_t l = {.func = st->b->lcg, .grid = {(st->n + 255) / 256}, .block = {256}, .params = params};
+    r = weft_launch(s, &l, acc, 2);
+  }
+  return r;
+}
+
+static weft_status_t temporaries_step(weft_stream_t *s, void *arg) {
+  step_t *st = arg;
+  weft_status_t r = WEFT_OK;
+  for (unsigned k = 0; k < 8 && r == WEFT_OK; k++) {
+    weft_block_t t;
+    CUdeviceptr pt, pa;
+    r = weft_alloc(weft_stream_runtime(s), 1u << 20, s, "temporary", &t);
+    if (r == WEFT_OK) r = weft_block_ptr(t, &pt);
+    if (r == WEFT_OK) r = weft_block_ptr(st->a, &pa);
+    void *params[] = {&pt, &pa, &st->n, &st->iters};
+    weft_access_t acc[] = {{t, WEFT_WRITE}, {st->a, WEFT_READ}};
+    weft_launch_t l = {.func = st->b->lcg, .grid = {(st->n + 255) / 256}, .block = {256}, .params = params};
+    if (r == WEFT_OK) r = weft_launch(s, &l, acc, 2);
+    if (r == WEFT_OK) r = weft_free(t, s);
+  }
+  return r;
+}
+
+void bench_replay(bench_t *b) {
+  bench_section(b, "Captured-step replay vs raw graph vs eager",
+                "A step of 100 dependent small kernels (1024 elements each). Wall time per step over many "
+                "steps ending in one synchronisation; host time per launch call. Goal: weft replay within 1% "
+                "of the same graph launched raw.");
+  weft_options_t o = weft_options_default();
+  o.high_priority_streams = 0;
+  weft_runtime_t *rt = bench_runtime(&o);
+  weft_stream_t *s;
+  BENCH_WEFT(weft_stream_get(rt, 0, &s));
+  step_t st = {.b = b, .n = ELEMS, .iters = 1};
+  BENCH_WEFT(weft_alloc(rt, ELEMS * 4, s, "a", &st.a));
+  BENCH_WEFT(weft_alloc(rt, ELEMS * 4, s, "c", &st.c));
+  BENCH_WEFT(weft_memset32(s, st.a, 0, 1, ELEMS * 4));
+  weft_graph_t *g;
+  BENCH_WEFT(weft_capture_run(s, NULL, run_step, &st, &g));
+  weft_exec_t *e;
+  BENCH_WEFT(weft_graph_instantiate(g, s, &e));
+  CUgraphExec raw;
+  BENCH_CU(b->drv->cuGraphInstantiateWithFlags(&raw, weft_graph_raw(g), 0));
+  BENCH_CU(b->drv->cuGraphUpload(raw, weft_stream_raw(s)));
+  unsigned steps = bench_count(b, 2000, 4), eager_steps = bench_count(b, 200, 2);
+  double wall[3][16], host[3][16];
+  for (unsigned rep = 0; rep < b->reps; rep++) {
+    /* weft eager */
+    BENCH_WEFT(weft_stream_synchronize(s));
+    uint64_t t0 = bench_now_ns();
+    for (unsigned i = 0; i < eager_steps; i++) BENCH_WEFT(run_step(s, &st));
+    uint64_t t1 = bench_now_ns();
+    BENCH_WEFT(weft_stream_synchronize(s));
+    wall[0][rep] = (double)(bench_now_ns() - t0) / eager_steps / 1e3;
+    host[0][rep] = (double)(t1 - t0) / eager_steps / KERNELS;
+    /* weft replay */
+    t0 = bench_now_ns();
+    for (unsigned i = 0; i < steps; i++) BENCH_WEFT(weft_exec_launch(e, s));
+    t1 = bench_now_ns();
+    BENCH_WEFT(weft_stream_synchronize(s));
+    wall[1][rep] = (double)(bench_now_ns() - t0) / steps / 1e3;
+    host[1][rep] = (double)(t1 - t0) / steps;
+    /* raw graph */
+    t0 = bench_now_ns();
+    for (unsigned i = 0; i < steps; i++) BENCH_CU(b->drv->cuGraphLaunch(raw, weft_stream_raw(s)));
+    t1 = bench_now_ns();
+    BENCH_CU(b->drv->cuStreamSynchronize(weft_stream_raw(s)));
+    wall[2][rep] = (double)(bench_now_ns() - t0) / steps / 1e3;
+    host[2][rep] = (double)(t1 - t0) / steps;
+  }
+  double w[3], h[3];
+  for (int v = 0; v < 3; v++) w[v] = bench_median(wall[v], b->reps), h[v] = bench_median(host[v], b->reps);
+  static const char *const cols[] = {"variant", "us per step (wall)", "vs raw graph", "host ns per launch call"};
+  bench_table(cols, 4);
+  static const char *const names[] = {"weft eager (100 weft_launch)", "weft replay (weft_exec_launch)",
+                                      "raw graph (cuGraphLaunch)"};
+  for (int v = 0; v < 3; v++) {
+    printf("| %s | %.2f | %.3fx | %.0f |\n", names[v], w[v], w[v] / w[2], h[v]);
+    bench_csv(b, "replay", names[v], "us per step", w[v], "us", "raw graph", w[2]);
+  }
+  printf("\n");
+  BENCH_CU(b->drv->cuGraphExecDestroy(raw));
+  BENCH_WEFT(weft_exec_destroy(e));
+  BENCH_WEFT(weft_graph_destroy(g));
+
+  /* Memory of the two policies: 8 sequential 1 MiB temporaries per step. */
+  BENCH_WEFT(weft_runtime_synchronize(rt));
+  BENCH_WEFT(weft_graph_memory_trim(rt));
+  weft_graph_t *gn, *gp;
+  BENCH_WEFT(weft_capture_run(s, NULL, temporaries_step, &st, &gn));
+  weft_exec_t *en, *ep;
+  BENCH_WEFT(weft_graph_instantiate(gn, s, &en));
+  BENCH_WEFT(weft_exec_launch(en, s));
+  BENCH_WEFT(weft_stream_synchronize(s));
+  weft_graph_memory_stats_t m;
+  BENCH_WEFT(weft_graph_memory_stats(rt, &m));
+  weft_capture_options_t co = weft_capture_options_default();
+  co.memory = WEFT_GRAPH_MEMORY_PRIVATE_POOL;
+  weft_graph_pool_t *pool;
+  BENCH_WEFT(weft_graph_pool_create(rt, &pool));
+  co.pool = pool;
+  BENCH_WEFT(weft_capture_run(s, &co, temporaries_step, &st, &gp));
+  BENCH_WEFT(weft_graph_instantiate(gp, s, &ep));
+  BENCH_WEFT(weft_exec_launch(ep, s));
+  BENCH_WEFT(weft_stream_synchronize(s));
+  static const char *const mcols[] = {"policy", "reserved for the step", "in use (high)"};
+  bench_table(mcols, 3);
+  printf("| graph memory nodes | %.1f MiB | %.1f MiB |\n", m.reserved_high / 1048576.0, m.used_high / 1048576.0);
+  printf("| weft graph pool | %.1f MiB | %.1f MiB |\n\n", weft_graph_pool_reserved(pool) / 1048576.0,
+         weft_graph_pool_reserved(pool) / 1048576.0);
+  bench_csv(b, "replay", "graph memory nodes", "reserved bytes", (double)m.reserved_high, "B", "", 0);
+  bench_csv(b, "replay", "weft graph pool", "reserved bytes", (double)weft_graph_pool_reserved(pool), "B", "", 0);
+  BENCH_WEFT(weft_exec_destroy(en));
+  BENCH_WEFT(weft_exec_destroy(ep));
+  BENCH_WEFT(weft_graph_destroy(gn));
+  BENCH_WEFT(weft_graph_destroy(gp));
+  BENCH_WEFT(weft_graph_pool_destroy(pool));
+  BENCH_WEFT(weft_free(st.a, s));
+  BENCH_WEFT(weft_free(st.c, s));
+  BENCH_WEFT(weft_runtime_release(rt));
+}
