@@ -101,6 +101,20 @@ typedef struct op {
 
 enum { OP_HTOD, OP_DTOH, OP_DTOD, OP_SET8, OP_SET32, OP_HOST, OP_WRITE32, OP_WRITE64, OP_WAIT32, OP_WAIT64 };
 
+/* weft checks range and alignment first, so INVALID_VALUE from a stream memory operation means
+ * the memory's kind: the driver refuses memory from stream-ordered pools (measured on an H200,
+ * driver 580; tests/conformance checks it). */
+static weft_status_t value_result(CUresult r, const char *what) {
+  if (r == CUDA_SUCCESS) return WEFT_OK;
+  if (r != CUDA_ERROR_INVALID_VALUE) return weft__driver_fail(r, what);
+  weft__error_set_driver(r);
+  return weft__error(WEFT_ERR_NOT_SUPPORTED,
+                     "%s: the driver refuses this block's memory (stream memory operations need cuMemAlloc "
+                     "memory: allocate the flag from a direct resource, weft_direct_create, and wrap it with "
+                     "weft_block_wrap; memory from stream-ordered pools is refused)",
+                     what);
+}
+
 static weft_status_t do_op(weft_stream_t *s, void *arg) {
   const op_t *o = arg;
   const weft__driver_t *d = s->tr->drv;
@@ -111,10 +125,11 @@ static weft_status_t do_op(weft_stream_t *s, void *arg) {
     case OP_SET8: WEFT__CU_TRY(d->cuMemsetD8Async(o->dptr, (unsigned char)o->value, o->bytes, s->raw)); break;
     case OP_SET32: WEFT__CU_TRY(d->cuMemsetD32Async(o->dptr, (unsigned)o->value, o->bytes / 4, s->raw)); break;
     case OP_HOST: WEFT__CU_TRY(d->cuLaunchHostFunc(s->raw, o->fn, o->host)); break;
-    case OP_WRITE32: WEFT__CU_TRY(d->cuStreamWriteValue32(s->raw, o->dptr, (cuuint32_t)o->value, 0)); break;
-    case OP_WRITE64: WEFT__CU_TRY(d->cuStreamWriteValue64(s->raw, o->dptr, o->value, 0)); break;
-    case OP_WAIT32: WEFT__CU_TRY(d->cuStreamWaitValue32(s->raw, o->dptr, (cuuint32_t)o->value, o->flags)); break;
-    case OP_WAIT64: WEFT__CU_TRY(d->cuStreamWaitValue64(s->raw, o->dptr, o->value, o->flags)); break;
+    case OP_WRITE32: return value_result(d->cuStreamWriteValue32(s->raw, o->dptr, (cuuint32_t)o->value, 0), "cuStreamWriteValue32");
+    case OP_WRITE64: return value_result(d->cuStreamWriteValue64(s->raw, o->dptr, o->value, 0), "cuStreamWriteValue64");
+    case OP_WAIT32:
+      return value_result(d->cuStreamWaitValue32(s->raw, o->dptr, (cuuint32_t)o->value, o->flags), "cuStreamWaitValue32");
+    case OP_WAIT64: return value_result(d->cuStreamWaitValue64(s->raw, o->dptr, o->value, o->flags), "cuStreamWaitValue64");
   }
   return WEFT_OK;
 }

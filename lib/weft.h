@@ -351,12 +351,14 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_memset32(weft_stream_t *s, weft_block
 /** cuLaunchHostFunc with the given accesses (the function touches those blocks' memory from the
  * host: only meaningful for host-visible memory, or as an ordering point). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_host_func(weft_stream_t *s, CUhostFn fn, void *user, const weft_access_t *accesses, size_t n);
-/** cuStreamWriteValue32/64 of `value` at byte `offset` of the block (a WRITE). NOT_SUPPORTED
- * where the driver lacks stream memory operations. */
+/** cuStreamWriteValue32/64 of `value` at byte `offset` of the block (a WRITE). The block's
+ * memory must come from cuMemAlloc (a direct resource, or wrapped memory): the driver refuses
+ * memory from stream-ordered pools, and weft then returns NOT_SUPPORTED saying so. NOT_SUPPORTED
+ * also where the driver or device lacks (64-bit) stream memory operations. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_write_value32(weft_stream_t *s, weft_block_t dst, size_t offset, uint32_t value);
 WEFT_API WEFT_NODISCARD weft_status_t weft_write_value64(weft_stream_t *s, weft_block_t dst, size_t offset, uint64_t value);
 /** cuStreamWaitValue32/64: the stream waits until the word at `offset` satisfies `flags`
- * (CU_STREAM_WAIT_VALUE_GEQ/EQ/AND/NOR) against `value` (a READ). */
+ * (CU_STREAM_WAIT_VALUE_GEQ/EQ/AND/NOR) against `value` (a READ). Same memory rule as above. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_wait_value32(weft_stream_t *s, weft_block_t src, size_t offset, uint32_t value, unsigned flags);
 WEFT_API WEFT_NODISCARD weft_status_t weft_wait_value64(weft_stream_t *s, weft_block_t src, size_t offset, uint64_t value, unsigned flags);
 /** Sets the stream's L2 access-policy window to the block (hit_ratio in [0,1], persisting hits,

@@ -412,6 +412,8 @@ void sim__addr_remove(sim__alloc_t *a);
 sim__alloc_t *sim__addr_exact(CUdeviceptr p);
 /** Whether [p, p+n) lies inside one host-valid allocation. */
 int sim__addr_contains(CUdeviceptr p, size_t n);
+/** The host-valid allocation containing [p, p+n), or NULL. */
+sim__alloc_t *sim__addr_owner(CUdeviceptr p, size_t n);
 size_t sim__round(size_t n);
 /** Runs the stream-ordered free of a cuMemAlloc allocation (cuMemFreeAsync accepts them). */
 void sim__plain_free_executed(sim__alloc_t *a, const sim__actx_t *ctx);

@@ -115,11 +115,13 @@ sim__alloc_t *sim__addr_exact(CUdeviceptr p) {
   return i < g_naddr && g_addr[i]->ptr == p ? g_addr[i] : NULL;
 }
 
-int sim__addr_contains(CUdeviceptr p, size_t n) {
+int sim__addr_contains(CUdeviceptr p, size_t n) { return sim__addr_owner(p, n) != NULL; }
+
+sim__alloc_t *sim__addr_owner(CUdeviceptr p, size_t n) {
   size_t i = addr_lower(p + 1);
-  if (i == 0) return 0;
+  if (i == 0) return NULL;
   sim__alloc_t *a = g_addr[i - 1];
-  return p >= a->ptr && p + n <= a->ptr + a->size && p + n >= p;
+  return p >= a->ptr && p + n <= a->ptr + a->size && p + n >= p ? a : NULL;
 }
 
 /* ---- cuMemAlloc / cuMemFree ---- */

@@ -203,9 +203,15 @@ static CUresult mem_op(CUstream h, CUdeviceptr addr, uint64_t value, unsigned fl
   sim__stream_t *s = sim__stream_get(h);
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
   size_t n = is64 ? 8 : 4;
-  if (addr == 0 || (addr & (n - 1)) != 0 || !sim__addr_contains(addr, n)) return CUDA_ERROR_INVALID_VALUE;
+  const sim__alloc_t *owner = addr != 0 ? sim__addr_owner(addr, n) : NULL;
+  if (owner == NULL || (addr & (n - 1)) != 0) return CUDA_ERROR_INVALID_VALUE;
+  /* Measured on an H200 (driver 580, CUDA 13.0): stream memory operations on memory from a
+   * stream-ordered pool (cuMemAllocAsync / cuMemAllocFromPoolAsync) return INVALID_VALUE, while
+   * cuMemAlloc memory works. */
+  if (owner->kind == SIM_ALLOC_POOL) return CUDA_ERROR_INVALID_VALUE;
   if (wait && (flags & ~(unsigned)CU_STREAM_WAIT_VALUE_FLUSH) > CU_STREAM_WAIT_VALUE_NOR) return CUDA_ERROR_INVALID_VALUE;
-  if (!wait && (flags & ~(unsigned)CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER) != 0) return CUDA_ERROR_INVALID_VALUE;
+  /* Measured on an H200 (driver 580): the v2 write refuses CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER. */
+  if (!wait && flags != 0) return CUDA_ERROR_INVALID_VALUE;
   /* Captured memory operations would be batch-mem-op nodes, which the simulator does not model. */
   if (s->cap != NULL) return s->cap->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : sim__unimplemented();
   sim__action_t act = {.kind = wait ? SIM_ACT_WAIT_VALUE : SIM_ACT_WRITE_VALUE};

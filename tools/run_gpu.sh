@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Runs every staged binary on the GPU machine with the real driver and prints a summary table
-# (name, result, seconds). Logs go to $OUT/logs when $OUT is set (the device tool's folder).
+# (name, result, seconds). All logs go to $OUT/gpu_logs.txt (the device tool's folder) or next to it.
 #   bash stage/run_gpu.sh [name-pattern]
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 export LD_LIBRARY_PATH="$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 unset WEFT_DRIVER
-logs="${OUT:-$here}/logs"
-mkdir -p "$logs"
+# One log file per binary while running; all of them concatenated into gpu_logs.txt at the end
+# (the device tool brings back only a few files).
+logs="$(mktemp -d)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
 pattern="${1:-}"
 rows=()
@@ -24,6 +25,10 @@ for bin in "$here"/bin/*; do
   rows+=("$(printf '%-40s %-9s %8.2f' "$name" "$result" "$secs")")
   if [ $rc -ne 0 ]; then echo "---- $name (rc $rc), last lines:"; tail -25 "$logs/$name.log"; fi
 done
+for f in "$logs"/*.log; do
+  printf '\n==================== %s\n' "$(basename "$f" .log)"
+  cat "$f"
+done > "${OUT:-$here}/gpu_logs.txt"
 echo
 printf '%-40s %-9s %8s\n' binary result seconds
 printf '%s\n' "${rows[@]}"

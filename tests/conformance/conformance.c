@@ -784,6 +784,28 @@ static void test_cuMemAlloc_memory_can_be_freed_in_stream_order(void **state) {
   PASS("cuMemFreeAsync accepts cuMemAlloc memory; cuMemFree(0) succeeds");
 }
 
+/* Measured on an H200 (driver 580): cuStreamWriteValue32 / WaitValue32 accept cuMemAlloc
+ * memory but return INVALID_VALUE for memory from a stream-ordered pool. */
+static void test_stream_memory_operations_need_cuMemAlloc_memory(void **state) {
+  (void)state;
+  CUstream s = new_stream();
+  CUdeviceptr plain, pooled;
+  OK(d->cuMemAlloc(&plain, 4096));
+  OK(d->cuMemAllocAsync(&pooled, 4096, s));
+  OK(d->cuStreamWriteValue32(s, plain, 7, 0));
+  OK(d->cuStreamWaitValue32(s, plain, 7, CU_STREAM_WAIT_VALUE_GEQ));
+  IS(CUDA_ERROR_INVALID_VALUE, d->cuStreamWriteValue32(s, pooled, 7, 0));
+  IS(CUDA_ERROR_INVALID_VALUE, d->cuStreamWaitValue32(s, pooled, 0, CU_STREAM_WAIT_VALUE_GEQ));
+  IS(CUDA_ERROR_INVALID_VALUE, d->cuStreamWriteValue32(s, plain, 7, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER));
+  OK(d->cuMemFreeAsync(pooled, s));
+  OK(d->cuStreamSynchronize(s));
+  unsigned v = 0;
+  OK(d->cuMemcpyDtoH(&v, plain, 4));
+  assert_int_equal(v, 7);
+  OK(d->cuMemFree(plain));
+  PASS("stream memory operations work on cuMemAlloc memory, return INVALID_VALUE on pool memory");
+}
+
 #define CASE(f) cmocka_unit_test_teardown(f, check_clean)
 
 int main(void) {
@@ -811,6 +833,7 @@ int main(void) {
       CASE(test_pool_ipc_needs_a_handle_type),
       CASE(test_stream_priority_range_and_events),
       CASE(test_cuMemAlloc_memory_can_be_freed_in_stream_order),
+      CASE(test_stream_memory_operations_need_cuMemAlloc_memory),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -83,8 +83,19 @@ static void test_host_callback_runs_after_the_writer(void **state) {
 static void test_write_value_then_wait_value_orders_streams(void **state) {
   (void)state;
   tu_reset_races(&env);
+  /* Stream memory operations need cuMemAlloc memory: a pool block is refused clearly... */
+  weft_block_t pooled;
+  assert_int_equal(weft_alloc(env.rt, 64, stream(0), "pooled", &pooled), WEFT_OK);
+  assert_int_equal(weft_write_value32(stream(1), pooled, 0, 7), WEFT_ERR_NOT_SUPPORTED);
+  assert_non_null(strstr(weft_last_error(), "weft_direct_create"));
+  assert_int_equal(weft_free(pooled, stream(0)), WEFT_OK);
+  /* ... and memory from a direct resource, wrapped as a block, works. */
+  weft_resource_t *direct;
+  assert_int_equal(weft_direct_create(env.rt, &direct), WEFT_OK);
+  CUdeviceptr raw_flag;
+  assert_int_equal(weft_resource_allocate(direct, 64, stream(0), "flag", &raw_flag), WEFT_OK);
   weft_block_t flag;
-  assert_int_equal(weft_alloc(env.rt, 64, stream(0), "flag", &flag), WEFT_OK);
+  assert_int_equal(weft_block_wrap(env.rt, raw_flag, 64, "flag", &flag), WEFT_OK);
   assert_int_equal(weft_memset32(stream(0), flag, 0, 0, 64), WEFT_OK);
   /* 64-bit operations exist only where the device says so; elsewhere they are NOT_SUPPORTED. */
   CUdevice dev;
@@ -93,10 +104,15 @@ static void test_write_value_then_wait_value_orders_streams(void **state) {
   assert_int_equal(drv->cuDeviceGetAttribute(&ops64, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, dev), CUDA_SUCCESS);
   weft_status_t want64 = ops64 ? WEFT_OK : WEFT_ERR_NOT_SUPPORTED;
   printf("64-bit stream memory operations: %s\n", ops64 ? "supported" : "not supported");
-  assert_int_equal(weft_write_value32(stream(1), flag, 0, 7), WEFT_OK);
-  assert_int_equal(weft_write_value64(stream(1), flag, 8, 0x1122334455667788ull), want64);
-  assert_int_equal(weft_wait_value32(stream(2), flag, 0, 7, CU_STREAM_WAIT_VALUE_EQ), WEFT_OK);
-  assert_int_equal(weft_wait_value64(stream(2), flag, 8, 0x1122334455667788ull, CU_STREAM_WAIT_VALUE_GEQ), want64);
+#define EXPECT(call, want)                                                                      \
+  do {                                                                                          \
+    weft_status_t r_ = (call);                                                                  \
+    if (r_ != (want)) fail_msg("%s: %s: %s", #call, weft_status_name(r_), weft_last_error());  \
+  } while (0)
+  EXPECT(weft_write_value32(stream(1), flag, 0, 7), WEFT_OK);
+  EXPECT(weft_write_value64(stream(1), flag, 8, 0x1122334455667788ull), want64);
+  EXPECT(weft_wait_value32(stream(2), flag, 0, 7, CU_STREAM_WAIT_VALUE_EQ), WEFT_OK);
+  EXPECT(weft_wait_value64(stream(2), flag, 8, 0x1122334455667788ull, CU_STREAM_WAIT_VALUE_GEQ), want64);
   assert_int_equal(weft_stream_synchronize(stream(2)), WEFT_OK);
   uint64_t host[2];
   assert_int_equal(tu_read(stream(3), flag, host, 16), WEFT_OK);
@@ -106,7 +122,9 @@ static void test_write_value_then_wait_value_orders_streams(void **state) {
   assert_int_equal(weft_write_value32(stream(1), flag, 2, 7), WEFT_ERR_INVALID_ARGUMENT);
   assert_int_equal(weft_write_value64(stream(1), flag, 60, 7), WEFT_ERR_INVALID_ARGUMENT);
   assert_int_equal(tu_races(&env), 0);
-  assert_int_equal(weft_free(flag, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(flag, stream(0)), WEFT_OK); /* forgets the wrapped block, after its uses */
+  assert_int_equal(weft_resource_deallocate(direct, raw_flag, 64, stream(0), "flag"), WEFT_OK);
+  weft_resource_destroy(direct);
 }
 
 static void test_hot_block_window(void **state) {
