@@ -342,7 +342,12 @@ weft_status_t weft_stream_auto(weft_runtime_t *rt, weft_priority_t prio, const w
   return st;
 }
 
-CUstream weft_stream_raw(const weft_stream_t *s) { return s != NULL ? s->raw : NULL; }
+CUstream weft_stream_raw(const weft_stream_t *s) {
+  if (s == NULL) return NULL;
+  /* From now on code outside weft may begin a capture on it: weft watches for that. */
+  atomic_store_explicit(&((weft_stream_t *)s)->exposed, true, memory_order_relaxed);
+  return s->raw;
+}
 int weft_stream_index(const weft_stream_t *s) {
   return weft__stream_check(s, "weft_stream_index") == WEFT_OK ? (int)s->index : -1;
 }

@@ -40,7 +40,7 @@ static weft_status_t prepare(weft_stream_t *s, const weft_access_t *acc, size_t 
   return st;
 }
 
-#define SMALL 8
+#define SMALL 32
 
 weft_status_t weft_use_begin(weft_stream_t *s, const weft_access_t *accesses, size_t n) {
   weft__use_t small[SMALL], *uses;
@@ -263,6 +263,8 @@ weft_status_t weft_stream_import_event(weft_stream_t *s, CUevent event) {
   weft_status_t st = weft__stream_check(s, "weft_stream_import_event");
   if (st != WEFT_OK) return st;
   if (event == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_import_event: event is NULL");
+  /* An event recorded in someone's capture pulls s into it: watch s from now on. */
+  atomic_store_explicit(&s->exposed, true, memory_order_relaxed);
   return weft__tracker_import_event(s, event);
 }
 
@@ -273,6 +275,7 @@ weft_status_t weft_stream_import_stream(weft_stream_t *s, CUstream other) {
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_import_stream: the legacy NULL stream is not supported");
   const weft__driver_t *d = s->tr->drv;
   if ((st = weft__tracker_bind(s->tr)) != WEFT_OK) return st;
+  atomic_store_explicit(&s->exposed, true, memory_order_relaxed);
   CUevent ev;
   WEFT__CU_TRY(d->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
   CUresult r = d->cuEventRecord(ev, other);

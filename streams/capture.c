@@ -259,6 +259,9 @@ void (*weft__capture_foreign_hook)(weft__capture_t *c, bool adopted);
 weft_status_t weft__capture_sync_state(weft_stream_t *s) {
   weft__tracker_t *tr = s->tr;
   if (tr->drv->cuStreamGetCaptureInfo == NULL) return WEFT_OK;
+  /* Only code that had the raw stream can have begun a capture on it or forked it into one. */
+  if (!atomic_load_explicit(&s->exposed, memory_order_relaxed) && (s->capture == NULL || !s->capture->foreign))
+    return WEFT_OK;
   CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
   cuuint64_t id = 0;
   CUresult r = tr->drv->cuStreamGetCaptureInfo(s->raw, &cs, &id, NULL, NULL, NULL, NULL);

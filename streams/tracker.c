@@ -273,7 +273,7 @@ static weft_status_t end_locked(weft__tracker_t *tr, weft_stream_t *s, const wef
   return WEFT_OK;
 }
 
-#define SMALL_USES 16
+#define SMALL_USES 32
 
 /* Runs `body` with the uses translated to s's domain (on the stack when few). */
 static weft_status_t with_domain_uses(weft__tracker_t *tr, weft_stream_t *s, const weft__use_t *uses, size_t n,

@@ -27,6 +27,7 @@
 #define WEFT_STREAMS_TRACKER_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -89,6 +90,10 @@ struct weft_stream {
   CUstream raw;          /* CU_STREAM_NON_BLOCKING */
   uint64_t last_used;    /* tracker-wide use sequence at the last use here (LRU) */
   weft__capture_t *capture; /* the capture this stream takes part in, or NULL */
+  /* Set once code outside weft may have touched the raw stream (weft_stream_raw gave it out, or
+   * it waited on an outside event): only then can a capture weft did not begin reach it, so only
+   * then does weft ask the driver about it before each call (weft__capture_sync_state). */
+  _Atomic bool exposed;
 };
 
 /** A capture session as the tracker sees it: its clock domain, which pool streams take part,
@@ -229,7 +234,8 @@ void weft__capture_refresh(weft__tracker_t *tr);
  * its side of the session. */
 extern void (*weft__capture_foreign_hook)(weft__capture_t *c, bool adopted);
 /** Checks that s is in the capture state weft believes, adopting a foreign capture begun on s
- * or dropping one that its owner ended. Called by every public function taking a stream. */
+ * or dropping one that its owner ended. Called by every public function taking a stream; costs
+ * one driver query for exposed streams (and those in a foreign capture), nothing otherwise. */
 weft_status_t weft__capture_sync_state(weft_stream_t *s);
 
 /** Checks the clock invariants (rows dominate their ring snapshots, known[s][s] == tick,
