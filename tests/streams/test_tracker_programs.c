@@ -50,25 +50,15 @@ static void run_and_check(const prog_t *p, const char *name, uint64_t expected_o
 static void test_fork_join(void **state) {
   (void)state;
   prog_t p;
-  prog_init(&p, 17, 8, 256);
-  prog_add(&p, 0, -1, -1, -1, 0, -1);                                 /* A on 0 */
-  for (unsigned i = 1; i < 8; i++) prog_add(&p, i, 0, -1, -1, (int)i, -1); /* B_i on i, reads A */
-  for (unsigned i = 1; i < 8; i += 3) prog_add(&p, 0, (int)i, i + 1 < 8 ? (int)i + 1 : -1, i + 2 < 8 ? (int)i + 2 : -1, 16, -1);
+  prog_fork_join(&p);
   run_and_check(&p, "fork-join", 14);
   prog_free(&p);
 }
 
 static void test_pipeline(void **state) {
   (void)state;
-  /* copy-in on 0, compute on 1, copy-out on 2, double-buffered: X0 X1 Y0 Y1 Z0 Z1. */
   prog_t p;
-  prog_init(&p, 6, 3, 256);
-  for (unsigned c = 0; c < 40; c++) {
-    int x = (int)(c % 2), y = 2 + (int)(c % 2), z = 4 + (int)(c % 2);
-    prog_add(&p, 0, -1, -1, -1, x, -1);
-    prog_add(&p, 1, x, -1, -1, y, -1);
-    prog_add(&p, 2, y, -1, -1, z, -1);
-  }
+  prog_pipeline(&p);
   run_and_check(&p, "pipeline", 0);
   prog_free(&p);
 }
@@ -76,13 +66,7 @@ static void test_pipeline(void **state) {
 static void test_diamond(void **state) {
   (void)state;
   prog_t p;
-  prog_init(&p, 4, 4, 256);
-  for (int r = 0; r < 10; r++) {
-    prog_add(&p, 0, 3, -1, -1, 0, -1);
-    prog_add(&p, 1, 0, -1, -1, 1, -1);
-    prog_add(&p, 2, 0, -1, -1, 2, -1);
-    prog_add(&p, 3, 1, 2, -1, 3, -1);
-  }
+  prog_diamond(&p);
   run_and_check(&p, "diamond", 0);
   prog_free(&p);
 }
@@ -90,12 +74,7 @@ static void test_diamond(void **state) {
 static void test_all_to_all(void **state) {
   (void)state;
   prog_t p;
-  prog_init(&p, 16, 8, 256);
-  for (int round = 0; round < 3; round++) {
-    for (unsigned i = 0; i < 8; i++) prog_add(&p, i, (int)(8 + i), -1, -1, (int)i, -1);
-    /* each stream reads three others' blocks and writes its second block */
-    for (unsigned i = 0; i < 8; i++) prog_add(&p, i, (int)((i + 1) % 8), (int)((i + 3) % 8), (int)((i + 5) % 8), (int)(8 + i), -1);
-  }
+  prog_all_to_all(&p);
   run_and_check(&p, "all-to-all", 0);
   prog_free(&p);
 }
