@@ -151,6 +151,8 @@ static void config_once(void) {
   sim.memory_limit = parse_bytes(getenv("WEFT_SIM_MEMORY"), 80ull << 30);
   const char *oracle = getenv("WEFT_SIM_ORACLE");
   sim.oracle = !(oracle && strcmp(oracle, "0") == 0);
+  const char *lazy = getenv("WEFT_SIM_LAZY");
+  sim.lazy = lazy && strcmp(lazy, "1") == 0;
   const char *report = getenv("WEFT_SIM_REPORT");
   if (report && strcmp(report, "1") == 0) {
     sim.report_at_exit = 1;
@@ -190,7 +192,7 @@ CUresult sim__enter(sim__fn_t fn, int needs_init) {
     sim.stats.faults_injected++;
     return f;
   }
-  if (sim.initialized) sim__progress();
+  if (sim.initialized) sim__progress(fn);
   return CUDA_SUCCESS;
 }
 

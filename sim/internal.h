@@ -209,8 +209,9 @@ uint64_t sim__rand(void);
 void sim__seed(uint64_t seed);
 /** Queues `act` on s (not capturing). Takes ownership of act's contents. */
 void sim__enqueue(sim__stream_t *s, sim__action_t *act);
-/** Runs 0-3 ready ops at random (the background progress every call makes). */
-void sim__progress(void);
+/** The background progress every call to fn makes: 0-3 ready ops at random; in lazy mode
+ * (WEFT_SIM_LAZY=1) none, except rarely one at a query, so that the device runs behind. */
+void sim__progress(sim__fn_t fn);
 /** Runs ready ops until done(arg) holds; CUDA_ERROR_LAUNCH_TIMEOUT if nothing can run first. */
 CUresult sim__run_until(int (*done)(void *), void *arg);
 /** Runs until every queue is empty (or nothing can run: then LAUNCH_TIMEOUT). */
@@ -241,6 +242,7 @@ typedef struct sim__state {
   int initialized;              /* cuInit succeeded */
   int in_callback;              /* > 0 while a host callback runs: the scheduler does not step */
   int oracle;                   /* race oracle on */
+  int lazy;                     /* WEFT_SIM_LAZY=1: work runs only when a sync or query needs it */
   uint64_t rng;                 /* scheduler PRNG state */
   uint64_t memory_limit;        /* bytes of device memory (WEFT_SIM_MEMORY) */
   uint64_t reserved;            /* bytes reserved from the device now, all kinds */

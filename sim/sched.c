@@ -4,6 +4,8 @@
  * a graph launch that sits at a stream's head. One is picked with the PRNG and executed; a few run
  * at every driver call (sim__progress) and as many as needed at synchronisations
  * (sim__run_until). The same seed and the same sequence of calls give the same interleaving.
+ * In lazy mode (WEFT_SIM_LAZY=1, a GPU far behind the host) ordinary calls run nothing: work
+ * runs at synchronisations, which is where frees, event records and waits then complete.
  *
  * An executed op's clock: its stream's clock, joined with the host clock at issue and whatever it
  * waited for (an event record, the write-value that released a wait-value), then ticked on the
@@ -451,8 +453,15 @@ static int step(void) {
   return 1;
 }
 
-void sim__progress(void) {
+/* Lazy mode stands for a device far behind the host: nothing runs at ordinary calls, and a
+ * query runs one op a quarter of the time (so it mostly says NOT_READY, yet a loop polling
+ * for completion still gets there). */
+void sim__progress(sim__fn_t fn) {
   if (sim.in_callback || sim.nbusy == 0) return;
+  if (sim.lazy) {
+    if ((fn == SIM_FN_cuStreamQuery || fn == SIM_FN_cuEventQuery) && sim__rand() % 4 == 0) (void)step();
+    return;
+  }
   unsigned k = (unsigned)(sim__rand() % 4);
   for (unsigned i = 0; i < k; i++)
     if (!step()) break;

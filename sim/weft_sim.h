@@ -18,6 +18,9 @@
  *   WEFT_SIM_FAIL=<spec>     fault injection, see weft_sim_api_t.fail
  *   WEFT_SIM_REPORT=1        print the race report to stderr at exit
  *   WEFT_SIM_ORACLE=0        turn the race oracle off (faster)
+ *   WEFT_SIM_LAZY=1          a device far behind the host: ordinary calls run no work,
+ *                            synchronisations run what they wait for, a query runs one op a
+ *                            quarter of the time (so it mostly says NOT_READY)
  */
 #ifndef WEFT_SIM_H
 #define WEFT_SIM_H

@@ -18,7 +18,20 @@
  *      cuStreamWaitEvent on the event of the freeing tick — never a wait for all of t);
  *   6. when the free bytes suffice but no single range does: s waits for the newest point of
  *      each lane holding free ranges, and those ranges are relabelled to lane s, where they
- *      merge; then a fit in lane s. Only when this fails too: OUT_OF_MEMORY.
+ *      merge; then a fit in lane s;
+ *   7. when growth failed and giving back wholly free chunks would make room (chunks never merge
+ *      with each other, so a request larger than any free chunk needs them returned): the host
+ *      waits for the newest free point of every lane (not under a capture that could see it),
+ *      everything retires to the idle lane, idle chunks go back upstream and growth is tried
+ *      once more. Only when this fails too: OUT_OF_MEMORY.
+ * At the cap (max_bytes leaves no room for another chunk) steps 1-4 become: retire every lane as
+ * far as the host sees completion, then take the smallest fit among lane s, the idle lane and the
+ * lanes s is already ordered after. Placement then decides whether later requests fit: taking
+ * the first fit of lane s carves up ranges that would merge with neighbours freed on other
+ * streams. On tests/mem/test_pool_stress.c's small pool (12 MiB cap, 4 MiB chunks, requests up to
+ * 512 KiB, about 6 MiB live) the lane-first order failed for 1 of 100 seeds on the simulator and
+ * 8 of 100 with WEFT_SIM_LAZY=1 (a device far behind the host, as a GPU is); this order for 0 of
+ * 400 and 2 of 400. Those failures are fragmentation by live blocks, which no waiting can undo.
  *
  * Merging across lanes: two free neighbours merge only when they are in the same lane, keeping
  * the newer stamp (within one stream a later point covers an earlier one). We do not merge ranges
@@ -202,6 +215,64 @@ static weft_status_t gather(pool_t *p, weft_stream_t *s) {
   return WEFT_OK;
 }
 
+/* Bytes of chunks that are wholly free (in any lane): what a release could give back. */
+static uint64_t whole_free_bytes(const pool_t *p) {
+  uint64_t bytes = 0;
+  for (unsigned t = 0; t <= p->idle; t++)
+    for (const weft__tlsf_range_t *r = weft__tlsf_oldest(&p->tlsf, t); r != NULL; r = r->next_age)
+      if (weft__tlsf_is_whole_chunk(r)) bytes += ((const chunk_t *)r->chunk)->bytes;
+  return bytes;
+}
+
+/* Step 7, the last resort before OUT_OF_MEMORY when growth failed (st says why): the host waits
+ * for the newest free point of every lane, everything retires to the idle lane (where all free
+ * neighbours merge) and wholly free chunks go back upstream, so that growth can try once more.
+ * Only worth it when giving chunks back would make room: pieces already merged in gather(), and
+ * chunks never merge with each other. Never under a capture that could see the synchronisation
+ * (then OUT_OF_MEMORY as before). Returns NULL with *st unchanged when it does nothing.
+ *
+ * Locks: the pool lock (rank 20) is dropped while the host blocks, so other threads keep using
+ * the pool and nothing the awaited work or weft__tracker_sync_points does (host callbacks,
+ * capture refresh taking blocks_lock, rank 15) can meet it. Points synced stay complete, so on
+ * return each lane retires up to its synced point whatever changed meanwhile. */
+static weft__tlsf_range_t *settle(pool_t *p, weft_stream_t *s, uint64_t n, weft_status_t *st) {
+  if (!p->opt.release_empty_chunks || weft__capture_blocks_housekeeping(p->tr)) return NULL;
+  uint64_t whole = whole_free_bytes(p);
+  if (whole == 0 || (*st == WEFT_ERR_OUT_OF_MEMORY && p->opt.max_bytes != 0 &&
+                     p->st.reserved_bytes - whole + n > p->opt.max_bytes))
+    return NULL;
+  weft__point_t pts[WEFT__TLSF_MAX_LANES];
+  size_t k = 0;
+  for (unsigned t = 0; t < p->idle; t++) {
+    weft__tlsf_range_t *newest = weft__tlsf_newest(&p->tlsf, t);
+    if (newest != NULL) pts[k++] = (weft__point_t){t, newest->stamp};
+  }
+  pthread_mutex_unlock(&p->lock);
+  weft_status_t sync = weft__tracker_sync_points(p->tr, pts, k);
+  pthread_mutex_lock(&p->lock);
+  if (sync != WEFT_OK) {
+    *st = sync;
+    return NULL;
+  }
+  for (size_t i = 0; i < k; i++) retire(p, pts[i].stream, pts[i].tick);
+  weft__tlsf_range_t *r = weft__tlsf_find(&p->tlsf, p->idle, n);
+  if (r == NULL && release_idle_chunks(p, 0) == WEFT_OK) *st = grow(p, n, s, false, &r);
+  return r;
+}
+
+/* Steps 1-4 at the cap: every lane retires as far as the host sees completion, then the
+ * smallest fit among lane s, the idle lane and the lanes s is already ordered after. */
+static weft__tlsf_range_t *find_tight(pool_t *p, weft_stream_t *s, uint64_t n) {
+  retire_all(p);
+  weft__tlsf_range_t *best = NULL, *c;
+  for (unsigned t = 0; t <= p->idle; t++) {
+    if ((c = weft__tlsf_find(&p->tlsf, t, n)) == NULL) continue;
+    if (t != s->index && t != p->idle && !weft__tracker_is_ordered(s, (weft__point_t){t, c->stamp})) continue;
+    if (best == NULL || c->size < best->size) best = c;
+  }
+  return best;
+}
+
 static weft__tlsf_range_t *find_ready(pool_t *p, weft_stream_t *s, uint64_t n) {
   unsigned me = s->index;
   weft__tlsf_range_t *r = weft__tlsf_find(&p->tlsf, me, n);
@@ -230,8 +301,10 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
   /* Large blocks get a chunk of their own, returned to upstream when they are freed: they never
    * pin a shared chunk, and upstream (the driver's pool) reuses their memory. */
   if (n >= p->dedicated_min) (void)grow(p, n, s, true, &r);
-  if (r == NULL) r = find_ready(p, s, n);
-  if (r == NULL) {
+  /* At the cap (no room for another chunk) placement decides whether later requests fit. */
+  bool tight = p->opt.max_bytes != 0 && p->st.reserved_bytes + p->opt.chunk_bytes > p->opt.max_bytes;
+  if (r == NULL) r = tight ? find_tight(p, s, n) : find_ready(p, s, n);
+  if (r == NULL && !tight) {
     /* Before growing: frees the host can see complete retire to the idle lane, where pieces
      * freed on different streams merge (one event query per lane with free ranges). */
     retire_all(p);
@@ -259,6 +332,7 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
     if (r == NULL && wait_st == WEFT_OK && p->tlsf.free_bytes >= n && (wait_st = gather(p, s)) == WEFT_OK)
       r = weft__tlsf_find(&p->tlsf, s->index, n);
     if (wait_st != WEFT_OK) st = wait_st;
+    else if (r == NULL && (st == WEFT_ERR_OUT_OF_MEMORY || st == WEFT_ERR_OVER_BUDGET)) r = settle(p, s, n, &st);
   }
   weft__tlsf_range_t *a = r ? weft__tlsf_alloc(&p->tlsf, r, n) : NULL;
   if (r != NULL && a == NULL) st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "pool: no host memory for a range record");

@@ -59,6 +59,18 @@ bool weft__tracker_poll(weft__tracker_t *tr, weft__point_t p) {
   return false;
 }
 
+/* The host waits: the device finishes each point's stream (at least up to the point). */
+weft_status_t weft__tracker_sync_points(weft__tracker_t *tr, const weft__point_t *pts, size_t n) {
+  fake.syncs++;
+  for (size_t i = 0; i < n; i++) {
+    if (fake.completed[pts[i].stream] < pts[i].tick) fake.completed[pts[i].stream] = pts[i].tick;
+    if (fake.host_known[pts[i].stream] < pts[i].tick) fake.host_known[pts[i].stream] = pts[i].tick;
+  }
+  return WEFT_OK;
+}
+
+bool weft__capture_blocks_housekeeping(weft__tracker_t *tr) { return fake.capture_blocks; }
+
 weft_status_t weft__tracker_sync_all(weft__tracker_t *tr) {
   for (unsigned i = 0; i < tr->n; i++) fake_complete(i);
   return WEFT_OK;

@@ -140,6 +140,41 @@ static void test_fragments_freed_on_several_streams_are_gathered_before_failing(
   drop_pool();
 }
 
+/* Two chunks wholly freed on streams 1 and 2, their frees still running; 1.5 MiB on stream 0
+ * fits in neither (chunks never merge) and the cap leaves no room to grow: the host waits for
+ * both frees (one synchronisation), the chunks go back and one of 1.5 MiB comes. */
+static void pending_whole_chunks(void) {
+  make_pool(1 * MIB, 2 * MIB);
+  CUdeviceptr a = alloc_on(1, 1 * MIB), b = alloc_on(2, 1 * MIB);
+  free_on(1, a, 1 * MIB);
+  free_on(2, b, 1 * MIB);
+}
+
+static void test_at_max_bytes_waits_on_the_host_for_pending_whole_chunks_before_failing(void **state) {
+  (void)state;
+  pending_whole_chunks();
+  CUdeviceptr c = alloc_on(0, 1536 * KIB);
+  assert_int_equal(fake.syncs, 1);
+  weft_resource_stats_t st;
+  weft_resource_stats(fx.pool, &st);
+  assert_int_equal(st.reserved_bytes, 1536 * KIB);
+  assert_int_equal(fx.up->frees, 2);
+  free_on(0, c, 1536 * KIB);
+  drop_pool();
+}
+
+static void test_under_capture_pending_whole_chunks_are_not_awaited(void **state) {
+  (void)state;
+  pending_whole_chunks();
+  fake.capture_blocks = true; /* a host synchronisation would break the capture */
+  CUdeviceptr p = 0;
+  assert_int_equal(weft_resource_allocate(fx.pool, 1536 * KIB, fake_stream(0), "t", &p), WEFT_ERR_OUT_OF_MEMORY);
+  assert_non_null(strstr(weft_last_error(), "max_bytes"));
+  assert_int_equal(fake.syncs, 0);
+  fake.capture_blocks = false;
+  drop_pool();
+}
+
 static void test_full_pool_fails_cleanly_with_consistent_stats(void **state) {
   (void)state;
   make_pool(1 * MIB, 1 * MIB);
@@ -154,6 +189,7 @@ static void test_full_pool_fails_cleanly_with_consistent_stats(void **state) {
   assert_int_equal(st.reserved_bytes, 1 * MIB);
   assert_int_equal(st.failures, 1);
   assert_int_equal(st.allocs, 1);
+  assert_int_equal(fake.syncs, 0); /* no chunk could go back: waiting would not help */
   free_on(0, a, 1 * MIB);
   drop_pool();
 }
@@ -388,6 +424,8 @@ int main(void) {
       cmocka_unit_test(test_other_stream_reuses_when_already_ordered_after_the_free),
       cmocka_unit_test(test_at_max_bytes_waits_once_for_the_freeing_point_only),
       cmocka_unit_test(test_fragments_freed_on_several_streams_are_gathered_before_failing),
+      cmocka_unit_test(test_at_max_bytes_waits_on_the_host_for_pending_whole_chunks_before_failing),
+      cmocka_unit_test(test_under_capture_pending_whole_chunks_are_not_awaited),
       cmocka_unit_test(test_full_pool_fails_cleanly_with_consistent_stats),
       cmocka_unit_test(test_upstream_refusal_gives_its_error_and_changes_nothing),
       cmocka_unit_test(test_upstream_out_of_memory_releases_idle_chunks_and_retries),
