@@ -12,8 +12,8 @@
 #include <string.h>
 
 #include "bench/bench.h"
-#include "bench/bench_kernels.h"
-#include "bench/bench_kernels_sim.h"
+#include "examples/pipeline/pipeline_kernels.h"
+#include "examples/pipeline/pipeline_kernels_sim.h"
 
 typedef struct section {
   const char *name;
@@ -95,9 +95,9 @@ int main(int argc, char **argv) {
   b.sim = info.is_simulator;
   b.reps = b.quick ? 3 : b.sim ? 3 : 7;
   open_context(&b);
-  weft_bench_kernels_register_sim();
-  BENCH_CU(b.drv->cuModuleLoadData(&b.module, bench_kernels_fatbin));
-  BENCH_CU(b.drv->cuModuleGetFunction(&b.lcg, b.module, "weft_bench_lcg"));
+  pipeline_kernels_register_sim();
+  BENCH_CU(b.drv->cuModuleLoadData(&b.module, pipeline_kernels_fatbin));
+  BENCH_CU(b.drv->cuModuleGetFunction(&b.lcg, b.module, "pipeline_transform"));
   char csv_path[512];
   b.csv = open_csv(csv_path, sizeof csv_path);
   print_header(&b, &info);

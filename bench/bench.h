@@ -21,8 +21,8 @@
 typedef struct bench {
   const weft__driver_t *drv;
   CUcontext ctx;     /* device 0's primary context, retained for the whole run and current */
-  CUmodule module;   /* bench_kernels */
-  CUfunction lcg;    /* weft_bench_lcg */
+  CUmodule module;   /* the pipeline example's kernel (examples/pipeline) */
+  CUfunction lcg;    /* pipeline_transform: `rounds` LCG steps per element */
   int sim;           /* 1 on the simulator: figures are not performance numbers */
   int quick;         /* --quick: the smallest counts that still exercise every path */
   unsigned reps;     /* repetitions per figure; the median is reported */

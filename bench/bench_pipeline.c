@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "bench/bench.h"
-#include "bench/bench_kernels_sim.h"
+#include "examples/pipeline/pipeline_kernels_sim.h"
 #include "sim/weft_sim.h"
 
 #define BUFFERS 3
@@ -207,7 +207,7 @@ void bench_pipeline(bench_t *b) {
   j.in = host_alloc(total, &j.pinned);
   j.out = host_alloc(total, &out_pinned);
   for (size_t i = 0; i < (size_t)j.chunks * j.elems; i++) j.in[i] = (unsigned)i * 2654435761u + 12345u;
-  weft_bench_lcg_map(j.iters, &j.mul, &j.add);
+  pipeline_transform_map(j.iters, &j.mul, &j.add);
   char about[512];
   snprintf(about, sizeof about,
            "%u chunks of %zu KiB, three device buffers per stage, compute = %u LCG steps per element. Host "

@@ -293,46 +293,37 @@ static void done_domain_uses(const weft__use_t *uses, weft__use_t *t, weft__use_
   if (t != uses && t != small) weft__meta_free(t);
 }
 
-weft_status_t weft__tracker_begin(weft_stream_t *s, const weft__use_t *uses, size_t n) {
+/* The three ways in: waits only, record only, or both around `fn` (under one lock hold). */
+enum { DO_BEGIN = 1, DO_END = 2 };
+
+static weft_status_t run_use(weft_stream_t *s, const weft__use_t *uses, size_t n, unsigned what,
+                             weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg) {
   weft__tracker_t *tr = s->tr;
   weft__use_t small[SMALL_USES], *du;
   lock(tr);
-  weft_status_t st = with_domain_uses(tr, s, uses, n, true, &du, small);
+  /* Kinds go into a capture's access summary once, when the use begins. */
+  weft_status_t st = with_domain_uses(tr, s, uses, n, (what & DO_BEGIN) != 0, &du, small);
   if (st == WEFT_OK) {
-    st = begin_locked(tr, s, du, n);
+    if (what & DO_BEGIN) st = begin_locked(tr, s, du, n);
+    if (st == WEFT_OK && fn != NULL) st = fn(s, arg);
+    if (st == WEFT_OK && (what & DO_END)) st = end_locked(tr, s, du, n);
     done_domain_uses(uses, du, small);
   }
   unlock(tr);
   return st;
 }
 
+weft_status_t weft__tracker_begin(weft_stream_t *s, const weft__use_t *uses, size_t n) {
+  return run_use(s, uses, n, DO_BEGIN, NULL, NULL);
+}
+
 weft_status_t weft__tracker_end(weft_stream_t *s, const weft__use_t *uses, size_t n) {
-  weft__tracker_t *tr = s->tr;
-  weft__use_t small[SMALL_USES], *du;
-  lock(tr);
-  weft_status_t st = with_domain_uses(tr, s, uses, n, false, &du, small);
-  if (st == WEFT_OK) {
-    st = end_locked(tr, s, du, n);
-    done_domain_uses(uses, du, small);
-  }
-  unlock(tr);
-  return st;
+  return run_use(s, uses, n, DO_END, NULL, NULL);
 }
 
 weft_status_t weft__tracker_use(weft_stream_t *s, const weft__use_t *uses, size_t n,
                                 weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg) {
-  weft__tracker_t *tr = s->tr;
-  weft__use_t small[SMALL_USES], *du;
-  lock(tr);
-  weft_status_t st = with_domain_uses(tr, s, uses, n, true, &du, small);
-  if (st == WEFT_OK) {
-    st = begin_locked(tr, s, du, n);
-    if (st == WEFT_OK) st = fn(s, arg);
-    if (st == WEFT_OK) st = end_locked(tr, s, du, n);
-    done_domain_uses(uses, du, small);
-  }
-  unlock(tr);
-  return st;
+  return run_use(s, uses, n, DO_BEGIN | DO_END, fn, arg);
 }
 
 static weft__point_t point_locked(weft__tracker_t *tr, weft_stream_t *s) {
