@@ -235,7 +235,7 @@ CUresult CUDAAPI cuDriverGetVersion(int *driverVersion) {
  * memory"), built once into a static table. */
 static const struct { int code; const char *name; } g_names[] = {
 #define X(name, code) {code, #name},
-#include "sim/sim_error_names.inc"
+#include "tools/cuda_error_names.inc"
 #undef X
 };
 #define NNAMES (sizeof g_names / sizeof g_names[0])
