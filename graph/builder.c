@@ -1,4 +1,5 @@
-/* The explicit graph builder: nodes with declared accesses, edges from the tracker's rules.
+/* The explicit graph builder: nodes with declared accesses, edges from the tracker's conflict
+ * rule (streams/tracker.h, weft__rule_*).
  *
  * Each node depends on the maximal conflicting earlier nodes: per block, the last writer (for
  * any access) and, for a write, the readers since. A predecessor already reachable from another
@@ -10,6 +11,7 @@
 #include <string.h>
 
 #include "graph/graph.h"
+#include "lib/core/container.h"
 #include "lib/core/error.h"
 #include "lib/core/intern.h"
 #include "lib/core/meta.h"
@@ -32,6 +34,7 @@ typedef struct join {
 } join_t;
 
 struct weft_builder {
+  weft_resource_t res;  /* first: the resource of blocks allocated here (weft_builder_free frees them) */
   weft_runtime_t *rt;
   join_t *joins;
   size_t n_joins, cap_joins;
@@ -41,7 +44,11 @@ struct weft_builder {
   size_t n_nodes, cap_nodes;
   bstate_t *blocks;
   size_t n_blocks, cap_blocks;
+  weft__map_t index;    /* block record -> blocks index + 1 */
 };
+
+/* Blocks allocated in a builder belong to it until it finishes: weft_free refuses them. */
+static const weft_resource_ops_t builder_ops = {.name = "graph builder (free with weft_builder_free)"};
 
 static weft_status_t oom(const char *fn) { return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory", fn); }
 
@@ -50,6 +57,7 @@ weft_status_t weft_builder_create(weft_runtime_t *rt, weft_builder_t **out) {
   if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_builder_create: out is NULL");
   weft_builder_t *b = weft__meta_calloc(1, sizeof *b);
   if (b == NULL) return oom("weft_builder_create");
+  weft__resource_init(&b->res, &builder_ops, NULL, rt);
   b->rt = rt;
   weft_status_t st = weft__tracker_bind(&rt->tracker);
   CUresult r = st == WEFT_OK ? rt->drv->cuGraphCreate(&b->g, 0) : CUDA_SUCCESS;
@@ -63,8 +71,9 @@ weft_status_t weft_builder_create(weft_runtime_t *rt, weft_builder_t **out) {
 }
 
 static bstate_t *state_of(weft_builder_t *b, struct weft__block *rec, bool internal) {
-  for (size_t i = 0; i < b->n_blocks; i++)
-    if (b->blocks[i].rec == rec) return &b->blocks[i];
+  uint64_t *at = weft__map_find(&b->index, (uint64_t)(uintptr_t)rec);
+  if (at != NULL) return &b->blocks[*at - 1];
+  if (!weft__map_reserve(&b->index, 1)) return NULL;
   if (b->n_blocks == b->cap_blocks) {
     size_t cap = b->cap_blocks ? b->cap_blocks * 2 : 16;
     bstate_t *nb = weft__meta_realloc(b->blocks, cap * sizeof *nb);
@@ -78,6 +87,7 @@ static bstate_t *state_of(weft_builder_t *b, struct weft__block *rec, bool inter
   s->last_write = -1;
   s->join = -1;
   s->internal = internal;
+  *weft__map_insert(&b->index, (uint64_t)(uintptr_t)rec, NULL) = b->n_blocks;
   return s;
 }
 
@@ -189,7 +199,7 @@ static weft_status_t join_for(weft_builder_t *b, const int *readers, size_t n, i
 /* The predecessors a new access of `kind` to s needs (appended to pred). */
 static weft_status_t needs_of(weft_builder_t *b, bstate_t *s, unsigned kind, int *pred, size_t *np) {
   if (s->last_write >= 0) pred[(*np)++] = s->last_write;
-  if (!(kind & WEFT_WRITE) || s->n_readers == 0) return WEFT_OK;
+  if (!weft__rule_follows_reads(kind) || s->n_readers == 0) return WEFT_OK;
   if (s->n_readers == 1) {
     pred[(*np)++] = s->readers[0];
     return WEFT_OK;
@@ -204,7 +214,7 @@ static weft_status_t needs_of(weft_builder_t *b, bstate_t *s, unsigned kind, int
 
 static void record_access(bstate_t *s, unsigned kind, int node) {
   s->kind |= kind;
-  if (kind & WEFT_WRITE) {
+  if (weft__rule_starts_history(kind)) {
     s->last_write = node;
     s->n_readers = 0;
     s->join = -1;
@@ -393,7 +403,7 @@ weft_status_t weft_builder_alloc(weft_builder_t *b, size_t bytes, const char *ta
   if (b->rt->drv->cuGraphAddMemAllocNode == NULL)
     return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_builder_alloc: the driver has no graph memory nodes");
   const char *itag = weft__intern(tag);
-  struct weft__block *rec = itag ? weft__block_take(b->rt) : NULL;
+  struct weft__block *rec = itag ? weft__block_make(b->rt, bytes, itag, &b->res) : NULL;
   if (rec == NULL) return oom("weft_builder_alloc");
   alloc_arg_t a = {bytes, 0};
   int node;
@@ -402,17 +412,12 @@ weft_status_t weft_builder_alloc(weft_builder_t *b, size_t bytes, const char *ta
   bstate_t *s = st == WEFT_OK ? state_of(b, rec, true) : NULL;
   if (st == WEFT_OK && s == NULL) st = oom("weft_builder_alloc");
   if (st != WEFT_OK) {
-    weft__block_retire(b->rt, rec);
+    weft__block_retire(rec);
     return st;
   }
-  rec->kind = WEFT__BLOCK_GRAPH;
-  rec->owner = b;
   rec->ptr = a.ptr;
-  rec->bytes = bytes;
-  rec->tag = itag;
-  weft__access_init(&rec->acc, rec->acc.reads, (weft__point_t){0, 0});
   s->last_write = node; /* every use follows the allocation node */
-  *out = weft__block_publish(b->rt, rec);
+  *out = weft__block_publish(rec);
   return WEFT_OK;
 }
 
@@ -429,7 +434,7 @@ weft_status_t weft_builder_free(weft_builder_t *b, weft_block_t blk) {
   if (b == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_builder_free: builder is NULL");
   weft_status_t st = weft__block_check(blk, "weft_builder_free", &rec);
   if (st != WEFT_OK) return st;
-  if (rec->kind != WEFT__BLOCK_GRAPH || rec->owner != b)
+  if (rec->resource != &b->res)
     return weft__error(WEFT_ERR_CAPTURE, "weft_builder_free: block '%s' was not allocated in this builder", rec->tag);
   free_arg_t a = {rec->ptr};
   weft_access_t acc = {blk, WEFT_WRITE};
@@ -452,6 +457,7 @@ static void free_states(weft_builder_t *b, bool forget_internal) {
   weft__meta_free(b->anc);
   weft__meta_free(b->nodes);
   weft__meta_free(b->blocks);
+  weft__map_free(&b->index);
 }
 
 weft_status_t weft_builder_finish(weft_builder_t *b, weft_graph_t **out) {
@@ -470,7 +476,7 @@ weft_status_t weft_builder_finish(weft_builder_t *b, weft_graph_t **out) {
   }
   weft_graph_t *g = NULL;
   if (st == WEFT_OK)
-    st = weft__graph_make(b->rt, b->g, WEFT_GRAPH_MEMORY_NODES, NULL, false, summary, ns, outputs, no, &g);
+    st = weft__graph_make(b->rt, b->g, WEFT_GRAPH_MEMORY_NODES, NULL, summary, ns, outputs, no, &g);
   if (st != WEFT_OK) {
     weft__meta_free(summary);
     weft__meta_free(outputs);

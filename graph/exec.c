@@ -1,39 +1,83 @@
 /* Graphs, executable graphs and replay: instantiate (and upload), launch ordered by the access
- * summary, outputs as fresh blocks per launch, graph memory statistics. */
+ * summary, outputs as fresh blocks per launch owned by the graph's output resource, graph memory
+ * statistics. */
 #include <string.h>
 
 #include "graph/graph.h"
 #include "lib/core/error.h"
 #include "lib/core/meta.h"
 
+/* ---- outputs: the graph's resource ------------------------------------------------------------ */
+
+/* weft_free of an output of a launch, outside a capture. Memory-node outputs are freed with
+ * cuMemFreeAsync (the next launch then gets the same address back); graph-pool outputs keep their
+ * range. Either way the next launch writes the memory again, so it must follow this free, which
+ * followed every use of the block. */
+static weft_status_t outputs_deallocate(weft_resource_t *self, CUdeviceptr p, size_t bytes, weft_stream_t *s,
+                                        const char *tag) {
+  weft_graph_t *g = ((weft__goutputs_t *)self)->graph;
+  const weft__driver_t *drv = g->rt->drv;
+  if (weft__tracker_capture_of(s, NULL) != NULL)
+    return weft__error(WEFT_ERR_CAPTURE, "weft_free: output '%s' of a graph cannot be freed inside a capture", tag);
+  if (g->memory == WEFT_GRAPH_MEMORY_NODES) {
+    CUresult r = drv->cuMemFreeAsync(p, s->raw);
+    if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemFreeAsync (graph output)");
+    weft__tracker_touch(s);
+  }
+  weft__point_t at = weft__tracker_point(s);
+  pthread_mutex_lock(&g->lock);
+  if (g->exec != NULL)
+    for (size_t i = 0; i < g->n_outputs; i++)
+      if (g->exec->outs[i].rec != NULL && g->exec->outs[i].rec->ptr == p) {
+        g->exec->outs[i] = (weft_block_t){0};
+        g->exec->freed[i] = at;
+      }
+  g->live_outputs--;
+  pthread_mutex_unlock(&g->lock);
+  return WEFT_OK;
+}
+
+static const weft_resource_ops_t outputs_ops = {
+    .name = "graph outputs",
+    .deallocate = outputs_deallocate,
+};
+
 weft_status_t weft__graph_make(weft_runtime_t *rt, CUgraph g, weft_graph_memory_t memory, weft_graph_pool_t *pool,
-                               bool own_pool, weft__gsummary_t *summary, size_t n_summary, weft__goutput_t *outputs,
+                               weft__gsummary_t *summary, size_t n_summary, weft__goutput_t *outputs,
                                size_t n_outputs, weft_graph_t **out) {
   weft_graph_t *gr = weft__meta_calloc(1, sizeof *gr);
   if (gr == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for a graph");
+  weft_status_t st = weft__mem_lock_init(&gr->lock, "weft: graph");
+  if (st != WEFT_OK) {
+    weft__meta_free(gr);
+    return st;
+  }
   gr->rt = rt;
   gr->g = g;
   gr->memory = memory;
   gr->pool = pool;
-  gr->own_pool = own_pool;
   gr->summary = summary;
   gr->n_summary = n_summary;
   gr->outputs = outputs;
   gr->n_outputs = n_outputs;
+  weft__resource_init(&gr->out_res.base, &outputs_ops, NULL, rt);
+  gr->out_res.graph = gr;
   *out = gr;
   return WEFT_OK;
 }
 
 weft_status_t weft_graph_destroy(weft_graph_t *g) {
   if (g == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_graph_destroy: graph is NULL");
-  if (g->exec != NULL) return weft__error(WEFT_ERR_BUSY, "weft_graph_destroy: the graph still has an exec");
-  if (g->live_outputs != 0)
-    return weft__error(WEFT_ERR_BUSY, "weft_graph_destroy: %zu outputs of its launches are still live", g->live_outputs);
+  pthread_mutex_lock(&g->lock);
+  bool has_exec = g->exec != NULL;
+  size_t live = g->live_outputs;
+  pthread_mutex_unlock(&g->lock);
+  if (has_exec) return weft__error(WEFT_ERR_BUSY, "weft_graph_destroy: the graph still has an exec");
+  if (live != 0)
+    return weft__error(WEFT_ERR_BUSY, "weft_graph_destroy: %zu outputs of its launches are still live", live);
   if (atomic_load(&g->rt->alive)) g->rt->drv->cuGraphDestroy(g->g);
-  if (g->pool != NULL) {
-    g->pool->users--;
-    if (g->own_pool) (void)weft_graph_pool_destroy(g->pool);
-  }
+  if (g->pool != NULL) weft__gpool_unuse(g->pool);
+  pthread_mutex_destroy(&g->lock);
   weft__meta_free(g->summary);
   weft__meta_free(g->outputs);
   weft__meta_free(g);
@@ -50,27 +94,38 @@ size_t weft_graph_summary(const weft_graph_t *g, weft_access_t *out, size_t max)
   return g->n_summary;
 }
 
+static void exec_free(weft_exec_t *e) {
+  weft__meta_free(e->outs);
+  weft__meta_free(e->freed);
+  weft__meta_free(e);
+}
+
 weft_status_t weft_graph_instantiate(weft_graph_t *g, weft_stream_t *upload, weft_exec_t **out) {
   if (g == NULL || out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_graph_instantiate: NULL argument");
   weft_status_t st = weft__stream_check(upload, "weft_graph_instantiate");
   if (st != WEFT_OK) return st;
   if (upload->runtime != g->rt)
     return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_graph_instantiate: the stream belongs to another runtime");
-  if (g->exec != NULL)
-    return weft__error(WEFT_ERR_BUSY, "weft_graph_instantiate: the graph already has an exec (one per graph)");
   if ((st = weft__tracker_bind(upload->tr)) != WEFT_OK) return st;
   weft_exec_t *e = weft__meta_calloc(1, sizeof *e);
-  if (e == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_graph_instantiate: no host memory");
-  e->outs = weft__meta_calloc(g->n_outputs + 1, sizeof *e->outs);
-  e->freed = weft__meta_calloc(g->n_outputs + 1, sizeof *e->freed);
-  if (e->outs == NULL || e->freed == NULL) {
-    weft__meta_free(e->outs);
-    weft__meta_free(e->freed);
-    weft__meta_free(e);
+  if (e != NULL) {
+    e->outs = weft__meta_calloc(g->n_outputs + 1, sizeof *e->outs);
+    e->freed = weft__meta_calloc(g->n_outputs + 1, sizeof *e->freed);
+  }
+  if (e == NULL || e->outs == NULL || e->freed == NULL) {
+    if (e != NULL) exec_free(e);
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_graph_instantiate: no host memory");
   }
   e->graph = g;
   e->auto_free = g->rt->opts.output_policy == WEFT_OUTPUT_AUTO_FREE;
+  pthread_mutex_lock(&g->lock);
+  if (g->exec != NULL) st = weft__error(WEFT_ERR_BUSY, "weft_graph_instantiate: the graph already has an exec (one per graph)");
+  else g->exec = e; /* claimed: a concurrent instantiate gets BUSY */
+  pthread_mutex_unlock(&g->lock);
+  if (st != WEFT_OK) {
+    exec_free(e);
+    return st;
+  }
   /* Graph memory nodes: let the driver free the previous launch's outputs itself. */
   unsigned long long flags =
       e->auto_free && g->memory == WEFT_GRAPH_MEMORY_NODES ? CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH : 0;
@@ -79,12 +134,12 @@ weft_status_t weft_graph_instantiate(weft_graph_t *g, weft_stream_t *upload, wef
   if (r == CUDA_SUCCESS) r = d->cuGraphUpload(e->x, upload->raw);
   if (r != CUDA_SUCCESS) {
     if (e->x != NULL) d->cuGraphExecDestroy(e->x);
-    weft__meta_free(e->outs);
-    weft__meta_free(e->freed);
-    weft__meta_free(e);
+    pthread_mutex_lock(&g->lock);
+    g->exec = NULL;
+    pthread_mutex_unlock(&g->lock);
+    exec_free(e);
     return weft__driver_fail(r, "cuGraphInstantiateWithFlags / cuGraphUpload");
   }
-  g->exec = e;
   *out = e;
   return WEFT_OK;
 }
@@ -99,22 +154,51 @@ static weft_status_t do_launch(weft_stream_t *s, void *arg) {
   return WEFT_OK;
 }
 
+/* The uses of one launch: the summary's blocks, the previous outputs it frees (AUTO_FREE), and
+ * the fresh records of this launch's outputs (written by it). */
+static weft_status_t launch_uses(weft_exec_t *e, weft__use_t *uses, size_t *k, struct weft__block **fresh,
+                                 size_t *made) {
+  weft_graph_t *g = e->graph;
+  for (size_t i = 0; i < g->n_summary; i++) {
+    struct weft__block *rec;
+    if (weft__block_check(g->summary[i].block, "weft_exec_launch", &rec) != WEFT_OK)
+      return weft__error(WEFT_ERR_STALE_HANDLE,
+                         "weft_exec_launch: the graph uses block '%s' from before its capture, which was freed since",
+                         g->summary[i].block.rec->tag);
+    uses[(*k)++] = (weft__use_t){&rec->acc, g->summary[i].kind};
+  }
+  /* The previous outputs (auto free): the launch frees them, so it waits for their uses. */
+  for (size_t i = 0; i < g->n_outputs; i++)
+    if (e->outs[i].rec != NULL) uses[(*k)++] = (weft__use_t){&e->outs[i].rec->acc, WEFT_WRITE};
+  for (; *made < g->n_outputs; (*made)++) {
+    const weft__goutput_t *o = &g->outputs[*made];
+    struct weft__block *rec = weft__block_make(g->rt, o->bytes, o->tag, &g->out_res.base);
+    if (rec == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_exec_launch: no host memory for output records");
+    rec->ptr = o->ptr;
+    fresh[*made] = rec;
+    uses[(*k)++] = (weft__use_t){&rec->acc, WEFT_WRITE};
+  }
+  return WEFT_OK;
+}
+
 weft_status_t weft_exec_launch(weft_exec_t *e, weft_stream_t *s) {
   if (e == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_exec_launch: exec is NULL");
   weft_graph_t *g = e->graph;
   weft_status_t st = weft__stream_check(s, "weft_exec_launch");
   if (st != WEFT_OK) return st;
   if (s->runtime != g->rt) return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_exec_launch: stream of another runtime");
-  if ((st = weft__tracker_bind(s->tr)) != WEFT_OK || (st = weft__capture_sync_state(s)) != WEFT_OK) return st;
-  if (s->capture != NULL)
+  if ((st = weft__stream_prepare(s)) != WEFT_OK) return st;
+  if (weft__tracker_capture_of(s, NULL) != NULL)
     return weft__error(WEFT_ERR_CAPTURE, "weft_exec_launch: stream %u is capturing (graphs with memory nodes cannot "
                        "be launched into a capture)", s->index);
+  pthread_mutex_lock(&g->lock);
   size_t live_prev = 0;
   for (size_t i = 0; i < g->n_outputs; i++) {
     struct weft__block *rec;
     if (e->outs[i].rec != NULL && weft__block_check(e->outs[i], "weft_exec_launch", &rec) == WEFT_OK) live_prev++;
     else e->outs[i] = (weft_block_t){0};
   }
+  pthread_mutex_unlock(&g->lock);
   if (live_prev != 0 && !e->auto_free)
     return weft__error(WEFT_ERR_BUSY,
                        "weft_exec_launch: %zu outputs of the previous launch are live (tag '%s'); free them or use "
@@ -126,60 +210,29 @@ weft_status_t weft_exec_launch(weft_exec_t *e, weft_stream_t *s) {
     if ((st = weft__tracker_order(s, e->freed[i])) != WEFT_OK) return st;
     e->freed[i] = (weft__point_t){0, 0};
   }
-  size_t n = g->n_summary + 2 * g->n_outputs;
-  weft__use_t *uses = weft__meta_alloc((n + 1) * sizeof *uses);
+  size_t n = g->n_summary + 2 * g->n_outputs, k = 0, made = 0;
+  weft__use_t *uses = weft__meta_calloc(n + 1, sizeof *uses);
   struct weft__block **fresh = weft__meta_calloc(g->n_outputs + 1, sizeof *fresh);
-  if (uses == NULL || fresh == NULL) {
-    weft__meta_free(uses);
-    weft__meta_free(fresh);
-    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_exec_launch: no host memory");
-  }
-  size_t k = 0;
-  for (size_t i = 0; i < g->n_summary && st == WEFT_OK; i++) {
-    struct weft__block *rec;
-    st = weft__block_check(g->summary[i].block, "weft_exec_launch", &rec);
-    if (st != WEFT_OK) {
-      st = weft__error(WEFT_ERR_STALE_HANDLE,
-                       "weft_exec_launch: the graph uses block '%s' from before its capture, which was freed since",
-                       g->summary[i].block.rec->tag);
-      break;
-    }
-    uses[k++] = (weft__use_t){&rec->acc, g->summary[i].kind};
-  }
-  /* The previous outputs (auto free): the launch frees them, so it waits for their uses. */
-  for (size_t i = 0; i < g->n_outputs && st == WEFT_OK; i++)
-    if (e->outs[i].rec != NULL) uses[k++] = (weft__use_t){&e->outs[i].rec->acc, WEFT_WRITE};
-  /* This launch's outputs: fresh records, written by the launch. */
-  size_t made = 0;
-  for (; made < g->n_outputs && st == WEFT_OK; made++) {
-    struct weft__block *rec = weft__block_take(g->rt);
-    if (rec == NULL) {
-      st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_exec_launch: no host memory for output records");
-      break;
-    }
-    rec->kind = WEFT__BLOCK_GRAPH;
-    rec->owner = g;
-    rec->ptr = g->outputs[made].ptr;
-    rec->bytes = g->outputs[made].bytes;
-    rec->tag = g->outputs[made].tag;
-    weft__access_init(&rec->acc, rec->acc.reads, (weft__point_t){0, 0});
-    fresh[made] = rec;
-    uses[k++] = (weft__use_t){&rec->acc, WEFT_WRITE};
-  }
+  if (uses == NULL || fresh == NULL) st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_exec_launch: no host memory");
+  if (st == WEFT_OK) st = launch_uses(e, uses, &k, fresh, &made);
   launch_arg_t arg = {e->x};
   if (st == WEFT_OK) st = weft__tracker_use(s, uses, k, do_launch, &arg);
   if (st != WEFT_OK) {
-    for (size_t i = 0; i < made; i++) weft__block_retire(g->rt, fresh[i]);
+    for (size_t i = 0; i < made; i++) weft__block_retire(fresh[i]);
   } else {
+    pthread_mutex_lock(&g->lock);
     for (size_t i = 0; i < g->n_outputs; i++) {
       if (e->outs[i].rec != NULL) {
         /* AUTO_FREE: the driver (memory nodes) or the launch (graph pool) reused its memory. */
+        weft__resource_disown(&g->out_res.base, e->outs[i].rec->bytes);
         weft__block_forget(e->outs[i].rec);
         g->live_outputs--;
       }
-      e->outs[i] = weft__block_publish(g->rt, fresh[i]);
+      e->outs[i] = weft__block_publish(fresh[i]);
+      weft__resource_adopt(&g->out_res.base, fresh[i]->bytes);
       g->live_outputs++;
     }
+    pthread_mutex_unlock(&g->lock);
   }
   weft__meta_free(uses);
   weft__meta_free(fresh);
@@ -189,34 +242,9 @@ weft_status_t weft_exec_launch(weft_exec_t *e, weft_stream_t *s) {
 weft_status_t weft_exec_output(const weft_exec_t *e, size_t i, weft_block_t *out) {
   if (e == NULL || out == NULL || i >= e->graph->n_outputs)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_exec_output: NULL argument or index %zu out of range", i);
+  pthread_mutex_lock(&e->graph->lock);
   *out = e->outs[i];
-  return WEFT_OK;
-}
-
-weft_status_t weft__exec_free_output(struct weft__block *rec, weft_stream_t *s) {
-  weft_graph_t *g = rec->owner;
-  weft__use_t use = {&rec->acc, WEFT_WRITE};
-  weft_status_t st = weft__tracker_begin(s, &use, 1);
-  if (st != WEFT_OK) return st;
-  if (g->memory == WEFT_GRAPH_MEMORY_NODES) {
-    /* Graph memory is freed outside the graph with cuMemFreeAsync; the next launch then gets
-     * the same address back. */
-    CUresult r = s->tr->drv->cuMemFreeAsync(rec->ptr, s->raw);
-    if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemFreeAsync (graph output)");
-    weft__tracker_touch(s);
-  }
-  /* The next launch writes this memory again: it must follow the free (which followed every
-   * use of the block). */
-  weft__point_t at = weft__tracker_point(s);
-  if (g->exec != NULL)
-    for (size_t i = 0; i < g->n_outputs; i++)
-      if (g->exec->outs[i].rec == rec) {
-        g->exec->outs[i] = (weft_block_t){0};
-        g->exec->freed[i] = at;
-      }
-  g->live_outputs--;
-  weft__block_forget(rec);
-  atomic_fetch_add_explicit(&((weft_runtime_t *)s->runtime)->frees, 1, memory_order_relaxed);
+  pthread_mutex_unlock(&e->graph->lock);
   return WEFT_OK;
 }
 
@@ -224,35 +252,38 @@ weft_status_t weft_exec_destroy(weft_exec_t *e) {
   if (e == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_exec_destroy: exec is NULL");
   weft_graph_t *g = e->graph;
   if (atomic_load(&g->rt->alive)) g->rt->drv->cuGraphExecDestroy(e->x);
+  pthread_mutex_lock(&g->lock);
   g->exec = NULL;
-  weft__meta_free(e->outs);
-  weft__meta_free(e->freed);
-  weft__meta_free(e);
+  pthread_mutex_unlock(&g->lock);
+  exec_free(e);
   return WEFT_OK;
 }
 
 weft_status_t weft_graph_memory_stats(weft_runtime_t *rt, weft_graph_memory_stats_t *out) {
-  if (weft__runtime_check(rt, "weft_graph_memory_stats") == NULL) return WEFT_ERR_STALE_HANDLE;
+  weft_status_t st;
+  weft__tracker_t *tr = weft__runtime_tracker(rt, "weft_graph_memory_stats", &st);
+  if (tr == NULL) return st;
   if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_graph_memory_stats: out is NULL");
-  const weft__driver_t *d = rt->drv;
+  const weft__driver_t *d = tr->drv;
   if (d->cuDeviceGetGraphMemAttribute == NULL)
     return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_graph_memory_stats: the driver has no graph memory attributes");
   cuuint64_t v[4];
   CUgraphMem_attribute a[4] = {CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
                                CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH};
-  for (int i = 0; i < 4; i++) WEFT__CU_TRY(d->cuDeviceGetGraphMemAttribute(rt->tracker.device, a[i], &v[i]));
+  for (int i = 0; i < 4; i++) WEFT__CU_TRY(d->cuDeviceGetGraphMemAttribute(tr->device, a[i], &v[i]));
   *out = (weft_graph_memory_stats_t){v[0], v[1], v[2], v[3]};
   return WEFT_OK;
 }
 
 weft_status_t weft_graph_memory_trim(weft_runtime_t *rt) {
-  if (weft__runtime_check(rt, "weft_graph_memory_trim") == NULL) return WEFT_ERR_STALE_HANDLE;
-  if (weft__capture_blocks_housekeeping(&rt->tracker))
+  weft_status_t st;
+  weft__tracker_t *tr = weft__runtime_tracker(rt, "weft_graph_memory_trim", &st);
+  if (tr == NULL) return st;
+  if (weft__capture_blocks_housekeeping(tr))
     return weft__error(WEFT_ERR_CAPTURE, "weft_graph_memory_trim: a capture that could see the trim is active");
-  if (rt->drv->cuDeviceGraphMemTrim == NULL)
+  if (tr->drv->cuDeviceGraphMemTrim == NULL)
     return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_graph_memory_trim: the driver has no cuDeviceGraphMemTrim");
-  weft_status_t st = weft__tracker_bind(&rt->tracker);
-  if (st != WEFT_OK) return st;
-  WEFT__CU_TRY(rt->drv->cuDeviceGraphMemTrim(rt->tracker.device));
+  if ((st = weft__tracker_bind(tr)) != WEFT_OK) return st;
+  WEFT__CU_TRY(tr->drv->cuDeviceGraphMemTrim(tr->device));
   return WEFT_OK;
 }

@@ -1,131 +1,215 @@
-/* Graph pools: device memory reserved for graphs captured with WEFT_GRAPH_MEMORY_PRIVATE_POOL.
+/* Graph pools: device memory for graphs captured with WEFT_GRAPH_MEMORY_PRIVATE_POOL, as a
+ * resource the capture hands weft_alloc (graph.h). lib/mem's TLSF core places the ranges, with
+ * splitting and coalescing.
  *
  * Addresses handed out during a capture are baked into the graph, so the memory stays with the
- * pool until the pool is destroyed. Within one capture, a range freed and handed out again keeps
- * the free's point: the tracker makes the new block's first use wait for it, inside the capture.
- * When the capture ends its points settle to "complete": graphs that share a pool must replay in
- * the order they were captured (as with PyTorch's graph pools), so a later graph may use the
- * memory without waiting. Chunks come from cuMemAlloc with the thread's capture mode exchanged to
- * RELAXED for that call (cuMemAlloc is unsafe under GLOBAL capture otherwise). */
+ * pool until the pool is destroyed. Within one capture, a range freed on stream t and handed out
+ * again on stream s makes s wait (inside the capture) for the free's point first, as weft's pool
+ * does for live streams; on t itself stream order suffices. When the capture ends its ranges
+ * become free for anyone: graphs that share a pool must replay in the order they were captured
+ * (as with PyTorch's graph pools). Chunks come from cuMemAlloc with the thread's capture mode
+ * exchanged to RELAXED for that call (cuMemAlloc is unsafe under GLOBAL capture otherwise). */
 #include <string.h>
 
 #include "graph/graph.h"
 #include "lib/core/error.h"
 #include "lib/core/meta.h"
 
-#define GRAIN 256u
-#define MIN_CHUNK ((size_t)2 << 20)
+#define MIN_CHUNK ((uint64_t)2 << 20)
 
-weft_status_t weft__gpool_new(weft_runtime_t *rt, weft_graph_pool_t **out) {
+typedef struct weft__gchunk {
+  CUdeviceptr base;
+  uint64_t bytes;
+} weft__gchunk_t;
+
+static inline uint64_t round_up(uint64_t x) { return (x + WEFT__TLSF_GRANULE - 1) & ~(uint64_t)(WEFT__TLSF_GRANULE - 1); }
+
+/* A new chunk able to hold n bytes, in the idle lane. Locked. */
+static weft_status_t grow(weft_graph_pool_t *p, uint64_t n, weft__tlsf_range_t **out) {
+  uint64_t bytes = n > MIN_CHUNK ? n : MIN_CHUNK;
+  if (!weft__vec_reserve(&p->chunks, 1)) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "graph pool: no host memory");
+  const weft__driver_t *drv = p->tr->drv;
+  CUdeviceptr base = 0;
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  drv->cuThreadExchangeStreamCaptureMode(&mode);
+  CUresult r = drv->cuMemAlloc(&base, bytes);
+  drv->cuThreadExchangeStreamCaptureMode(&mode);
+  if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemAlloc (graph pool chunk)");
+  weft__tlsf_range_t *range = weft__tlsf_add_chunk(&p->tlsf, base, bytes, NULL, p->idle, 0);
+  if (range == NULL) {
+    drv->cuMemFree(base);
+    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "graph pool: no host memory");
+  }
+  *(weft__gchunk_t *)weft__vec_push(&p->chunks) = (weft__gchunk_t){base, bytes};
+  weft__mem_reserve(&p->reserved, &p->reserved_peak, bytes);
+  *out = range;
+  return WEFT_OK;
+}
+
+static weft_status_t gpool_allocate(weft_resource_t *self, size_t bytes, weft_stream_t *s, const char *tag,
+                                    CUdeviceptr *out) {
+  weft_graph_pool_t *p = (weft_graph_pool_t *)self;
+  uint64_t n = round_up(bytes);
+  weft_status_t st = WEFT_OK;
+  pthread_mutex_lock(&p->lock);
+  if (p->active == NULL || weft__tracker_capture_of(s, NULL) != p->active) {
+    pthread_mutex_unlock(&p->lock);
+    return weft__error(WEFT_ERR_CAPTURE, "graph pool: allocations come only from the capture drawing from the pool");
+  }
+  /* The smallest fit among stream s's own frees, ranges free for anyone and other streams'
+   * frees (those after a wait inside the capture): graph memory stays reserved until the pool
+   * goes, so memory counts for more than an edge in the graph. Ties go to no wait. */
+  weft__tlsf_range_t *r = NULL;
+  unsigned from = s->index;
+  for (unsigned k = 0; k < p->idle + 2; k++) {
+    unsigned lane = k == 0 ? s->index : k == 1 ? p->idle : k - 2;
+    if (k >= 2 && (lane == s->index || lane >= p->idle)) continue;
+    weft__tlsf_range_t *c = weft__tlsf_find(&p->tlsf, lane, n);
+    if (c != NULL && (r == NULL || c->size < r->size)) {
+      r = c;
+      from = lane;
+    }
+  }
+  if (r != NULL && from != s->index && from != p->idle) st = weft__tracker_order(s, (weft__point_t){from, r->stamp});
+  if (r == NULL && st == WEFT_OK) st = grow(p, n, &r);
+  weft__tlsf_range_t *a = r != NULL && st == WEFT_OK ? weft__tlsf_alloc(&p->tlsf, r, n) : NULL;
+  if (st == WEFT_OK && r != NULL && a == NULL) st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "graph pool: no host memory");
+  WEFT_ASSERT_EXPENSIVE(weft__tlsf_is_valid(&p->tlsf));
+  pthread_mutex_unlock(&p->lock);
+  if (a != NULL) *out = a->addr;
+  return st;
+}
+
+static weft_status_t gpool_deallocate(weft_resource_t *self, CUdeviceptr ptr, size_t bytes, weft_stream_t *s,
+                                      const char *tag) {
+  weft_graph_pool_t *p = (weft_graph_pool_t *)self;
+  pthread_mutex_lock(&p->lock);
+  weft__tlsf_range_t *r = weft__tlsf_lookup(&p->tlsf, ptr);
+  if (r == NULL || r->size != round_up(bytes) || p->active == NULL) {
+    pthread_mutex_unlock(&p->lock);
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "graph pool: 0x%llx is not a range of the active capture",
+                       (unsigned long long)ptr);
+  }
+  weft__point_t at = weft__tracker_point(s);
+  weft__tlsf_free(&p->tlsf, r, at.tick == 0 ? p->idle : s->index, at.tick);
+  WEFT_ASSERT_EXPENSIVE(weft__tlsf_is_valid(&p->tlsf));
+  pthread_mutex_unlock(&p->lock);
+  return WEFT_OK;
+}
+
+static void gpool_stats(const weft_resource_t *self, weft_resource_stats_t *out) {
+  weft_graph_pool_t *p = (weft_graph_pool_t *)self;
+  pthread_mutex_lock(&p->lock);
+  out->reserved_bytes = p->reserved;
+  out->reserved_peak = p->reserved_peak;
+  pthread_mutex_unlock(&p->lock);
+}
+
+const weft_resource_ops_t weft__gpool_ops = {
+    .name = "graph pool",
+    .allocate = gpool_allocate,
+    .deallocate = gpool_deallocate,
+    .stats = gpool_stats,
+};
+
+weft_status_t weft__gpool_new(weft__tracker_t *tr, weft_runtime_t *rt, weft_graph_pool_t **out) {
   weft_graph_pool_t *p = weft__meta_calloc(1, sizeof *p);
   if (p == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_graph_pool_create: no host memory");
-  p->rt = rt;
-  pthread_mutex_init(&p->lock, NULL);
+  weft_status_t st = weft__tlsf_init(&p->tlsf, tr->n + 1);
+  if (st == WEFT_OK && (st = weft__mem_lock_init(&p->lock, "weft_graph_pool_create")) != WEFT_OK)
+    weft__tlsf_destroy(&p->tlsf);
+  if (st != WEFT_OK) {
+    weft__meta_free(p);
+    return st;
+  }
+  weft__resource_init(&p->base, &weft__gpool_ops, NULL, rt);
+  p->tr = tr;
+  p->idle = tr->n;
+  p->chunks = WEFT__VEC_INIT(weft__gchunk_t);
   *out = p;
   return WEFT_OK;
 }
 
-static bool push_free(weft_graph_pool_t *p, weft__grange_t r) {
-  if (p->n_free == p->cap_free) {
-    size_t cap = p->cap_free ? p->cap_free * 2 : 32;
-    weft__grange_t *f = weft__meta_realloc(p->free, cap * sizeof *f);
-    if (f == NULL) return false;
-    p->free = f;
-    p->cap_free = cap;
-  }
-  p->free[p->n_free++] = r;
-  return true;
+weft_graph_pool_t *weft__gpool_of(weft_resource_t *alloc_to) {
+  return alloc_to != NULL && alloc_to->ops == &weft__gpool_ops ? (weft_graph_pool_t *)alloc_to : NULL;
 }
 
-weft_status_t weft__gpool_alloc(weft_graph_pool_t *p, size_t bytes, const void *domain, CUdeviceptr *ptr,
-                                weft__point_t *point) {
-  size_t need = (bytes + GRAIN - 1) / GRAIN * GRAIN;
+weft_status_t weft__gpool_attach(weft_graph_pool_t *p, weft__capture_t *c) {
   weft_status_t st = WEFT_OK;
   pthread_mutex_lock(&p->lock);
-  /* Best fit among ranges usable by this capture (settled ones or its own frees). */
-  size_t best = SIZE_MAX;
-  for (size_t i = 0; i < p->n_free; i++) {
-    const weft__grange_t *r = &p->free[i];
-    if (r->bytes < need || (r->domain != NULL && r->domain != domain)) continue;
-    if (best == SIZE_MAX || r->bytes < p->free[best].bytes) best = i;
-  }
-  if (best == SIZE_MAX) {
-    size_t chunk = need > MIN_CHUNK ? need : MIN_CHUNK;
-    CUdeviceptr base = 0;
-    const weft__driver_t *drv = p->rt->drv;
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    drv->cuThreadExchangeStreamCaptureMode(&mode);
-    CUresult r = drv->cuMemAlloc(&base, chunk);
-    drv->cuThreadExchangeStreamCaptureMode(&mode);
-    CUdeviceptr *c = r == CUDA_SUCCESS ? weft__meta_realloc(p->chunks, (p->n_chunks + 1) * sizeof *c) : NULL;
-    size_t *cb = c ? weft__meta_realloc(p->chunk_bytes, (p->n_chunks + 1) * sizeof *cb) : NULL;
-    if (c) p->chunks = c;
-    if (cb) p->chunk_bytes = cb;
-    if (r != CUDA_SUCCESS) {
-      st = weft__driver_fail(r, "cuMemAlloc (graph pool chunk)");
-    } else if (c == NULL || cb == NULL || !push_free(p, (weft__grange_t){base, chunk, {0, 0}, NULL})) {
-      drv->cuMemFree(base);
-      st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "graph pool: no host memory");
-    } else {
-      p->chunks[p->n_chunks] = base;
-      p->chunk_bytes[p->n_chunks++] = chunk;
-      p->reserved += chunk;
-      best = p->n_free - 1;
-    }
-  }
-  if (st == WEFT_OK) {
-    weft__grange_t *r = &p->free[best];
-    *ptr = r->ptr;
-    *point = r->domain == domain ? r->point : (weft__point_t){0, 0};
-    if (r->bytes == need) {
-      p->free[best] = p->free[--p->n_free];
-    } else {
-      r->ptr += need;
-      r->bytes -= need;
-    }
+  if (p->active != NULL && p->active != c)
+    st = weft__error(WEFT_ERR_BUSY, "weft_capture_begin: another capture is drawing from the graph pool");
+  else {
+    p->active = c;
+    p->users++;
   }
   pthread_mutex_unlock(&p->lock);
   return st;
 }
 
-weft_status_t weft__gpool_free(weft_graph_pool_t *p, CUdeviceptr ptr, size_t bytes, const void *domain, weft__point_t point) {
-  size_t need = (bytes + GRAIN - 1) / GRAIN * GRAIN;
+void weft__gpool_detach(weft_graph_pool_t *p, weft__capture_t *c, bool made) {
   pthread_mutex_lock(&p->lock);
-  bool ok = push_free(p, (weft__grange_t){ptr, need, point, domain});
+  if (!made) {
+    /* No graph: what the capture allocated and kept comes back. */
+    for (size_t i = 0; i < c->blocks.len; i++) {
+      const weft__capture_block_t *b = &WEFT__VEC_AT(&c->blocks, weft__capture_block_t, i);
+      if (!b->internal || b->freed) continue;
+      const struct weft__block *rec = WEFT__BLOCK_OF(b->live);
+      weft__tlsf_range_t *r = rec->resource == &p->base ? weft__tlsf_lookup(&p->tlsf, rec->ptr) : NULL;
+      if (r != NULL) weft__tlsf_free(&p->tlsf, r, p->idle, 0);
+    }
+  }
+  for (unsigned t = 0; t < p->idle; t++) {
+    weft__tlsf_range_t *r;
+    while ((r = weft__tlsf_oldest(&p->tlsf, t)) != NULL) weft__tlsf_move(&p->tlsf, r, p->idle, 0);
+  }
+  if (p->active == c) p->active = NULL;
+  WEFT_ASSERT_EXPENSIVE(weft__tlsf_is_valid(&p->tlsf));
   pthread_mutex_unlock(&p->lock);
-  return ok ? WEFT_OK : weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "graph pool: no host memory");
 }
 
-void weft__gpool_settle(weft_graph_pool_t *p, const void *domain) {
+void weft__gpool_unuse(weft_graph_pool_t *p) {
   pthread_mutex_lock(&p->lock);
-  for (size_t i = 0; i < p->n_free; i++)
-    if (p->free[i].domain == domain) {
-      p->free[i].domain = NULL;
-      p->free[i].point = (weft__point_t){0, 0};
-    }
+  bool last = --p->users == 0 && p->implicit;
   pthread_mutex_unlock(&p->lock);
+  if (last) (void)weft_graph_pool_destroy(p);
 }
 
 weft_status_t weft_graph_pool_create(weft_runtime_t *rt, weft_graph_pool_t **out) {
-  if (weft__runtime_check(rt, "weft_graph_pool_create") == NULL) return weft_runtime_device(rt) < 0 && rt ? WEFT_ERR_STALE_HANDLE : WEFT_ERR_INVALID_ARGUMENT;
+  weft_status_t st;
+  weft__tracker_t *tr = weft__runtime_tracker(rt, "weft_graph_pool_create", &st);
+  if (tr == NULL) return st;
   if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_graph_pool_create: out is NULL");
-  return weft__gpool_new(rt, out);
+  return weft__gpool_new(tr, rt, out);
 }
 
-uint64_t weft_graph_pool_reserved(const weft_graph_pool_t *p) { return p ? p->reserved : 0; }
+uint64_t weft_graph_pool_reserved(const weft_graph_pool_t *p) {
+  if (p == NULL) return 0;
+  pthread_mutex_lock((pthread_mutex_t *)&p->lock);
+  uint64_t r = p->reserved;
+  pthread_mutex_unlock((pthread_mutex_t *)&p->lock);
+  return r;
+}
 
 weft_status_t weft_graph_pool_destroy(weft_graph_pool_t *p) {
   if (p == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_graph_pool_destroy: pool is NULL");
-  if (p->users != 0) return weft__error(WEFT_ERR_BUSY, "weft_graph_pool_destroy: %u graphs still use the pool", p->users);
-  if (p->n_chunks != 0 && atomic_load(&p->rt->alive)) {
-    weft__tracker_bind(&p->rt->tracker);
-    (void)weft__tracker_sync_all(&p->rt->tracker);
-    for (size_t i = 0; i < p->n_chunks; i++) p->rt->drv->cuMemFree(p->chunks[i]);
+  pthread_mutex_lock(&p->lock);
+  unsigned users = p->users;
+  pthread_mutex_unlock(&p->lock);
+  if (users != 0) return weft__error(WEFT_ERR_BUSY, "weft_graph_pool_destroy: %u graphs still use the pool", users);
+  weft_status_t first = WEFT_OK;
+  weft_runtime_t *rt = p->base.rt;
+  if (p->chunks.len != 0 && atomic_load(&rt->alive)) {
+    /* Launches may still run on the memory: every stream finishes first. */
+    if ((first = weft__tracker_bind(p->tr)) == WEFT_OK) first = weft__tracker_sync_all(p->tr);
+    for (size_t i = 0; i < p->chunks.len; i++) {
+      CUresult r = p->tr->drv->cuMemFree(WEFT__VEC_AT(&p->chunks, weft__gchunk_t, i).base);
+      if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuMemFree (graph pool chunk)");
+    }
   }
-  weft__meta_free(p->chunks);
-  weft__meta_free(p->chunk_bytes);
-  weft__meta_free(p->free);
+  weft__vec_free(&p->chunks);
+  weft__tlsf_destroy(&p->tlsf);
   pthread_mutex_destroy(&p->lock);
   weft__meta_free(p);
-  return WEFT_OK;
+  return first;
 }

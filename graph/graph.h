@@ -1,16 +1,21 @@
-/* graph/: capture sessions, the explicit builder, executable graphs and replay, graph pools.
+/* graph/: captures, the explicit builder, executable graphs and replay, graph pools (internal
+ * header; layer 5, the top layer below the umbrella //lib:weft).
  *
- * graph/ sits on lib's block records (lib/runtime.h): outputs of graphs are weft blocks, and the
- * access summary names blocks. lib/ reaches graph/ only through the hooks graph/ installs at load
- * time (lib/runtime.h: weft__graph_alloc_hook, weft__graph_free_hook, weft__graph_release_hook).
+ * A graph is made of the runtime's streams and blocks, so graph/ sits on lib/runtime; the runtime
+ * never calls graph/. What a capture changes about weft_alloc it says through the capture's
+ * allocation context (weft__capture_t.alloc_to): the runtime's graph memory-node resource, or a
+ * graph pool (itself a resource). Outputs of launches are blocks whose resource is their graph's
+ * output resource, so weft_free gives them back to the graph.
  *
- * Locks: a graph pool's lock ranks 20 (like a resource); graph/ takes the tracker lock (30)
- * only through streams/ functions or around weft__capture_block().
+ * Locks: a graph pool's and a graph's lock rank 20 (like resources) and are never nested; graph/
+ * takes the tracker lock (30) only through streams/ functions.
  */
 #ifndef WEFT_GRAPH_GRAPH_H
 #define WEFT_GRAPH_GRAPH_H
 
-#include "lib/runtime.h"
+#include "lib/core/container.h"
+#include "lib/mem/tlsf.h"
+#include "lib/runtime/runtime.h"
 
 /** One block from outside the graph that the graph touches, and how. */
 typedef struct weft__gsummary {
@@ -25,38 +30,42 @@ typedef struct weft__goutput {
   const char *tag;
 } weft__goutput_t;
 
-/** A range of a graph pool's memory. */
-typedef struct weft__grange {
-  CUdeviceptr ptr;
-  size_t bytes;
-  weft__point_t point;    /* the free's point in `domain`'s clocks */
-  const void *domain;     /* the capture whose clocks `point` is in; NULL: complete */
-} weft__grange_t;
-
+/** Device memory for graphs captured with WEFT_GRAPH_MEMORY_PRIVATE_POOL, as a resource that
+ * the capture drawing from it hands weft_alloc. TLSF over cuMemAlloc'd chunks: lane t holds
+ * ranges freed on pool stream t inside the active capture, stamped with the free's tick in that
+ * capture's clocks; the idle lane holds ranges free for anyone. */
 struct weft_graph_pool {
-  weft_runtime_t *rt;
-  pthread_mutex_t lock;     /* rank 20 */
-  CUdeviceptr *chunks;      /* cuMemAlloc'd, freed at destroy */
-  size_t *chunk_bytes;
-  size_t n_chunks;
-  weft__grange_t *free;     /* free ranges, unsorted */
-  size_t n_free, cap_free;
-  uint64_t reserved;        /* bytes of all chunks */
-  unsigned users;           /* graphs and sessions drawing from it */
+  weft_resource_t base;     /* first */
+  weft__tracker_t *tr;
+  pthread_mutex_t lock;     /* rank 20; guards everything below */
+  weft__tlsf_t tlsf;
+  unsigned idle;            /* the idle lane (= stream count) */
+  weft__vec_t chunks;       /* weft__gchunk_t: cuMemAlloc'd, freed at destroy */
+  uint64_t reserved, reserved_peak; /* bytes of all chunks */
+  unsigned users;           /* graphs and captures drawing from it */
+  weft__capture_t *active;  /* the capture drawing from it now (one at a time), or NULL */
+  bool implicit;            /* made for one capture's graph: destroyed with it */
 };
+
+/** The resource a graph's launch outputs belong to (embedded in the graph). */
+typedef struct weft__goutputs {
+  weft_resource_t base;     /* first */
+  struct weft_graph *graph;
+} weft__goutputs_t;
 
 struct weft_graph {
   weft_runtime_t *rt;
   CUgraph g;
   weft_graph_memory_t memory;
-  weft_graph_pool_t *pool;  /* PRIVATE_POOL */
-  bool own_pool;
+  weft_graph_pool_t *pool;  /* PRIVATE_POOL: the pool its memory lives in */
   weft__gsummary_t *summary;
   size_t n_summary;
   weft__goutput_t *outputs;
   size_t n_outputs;
+  weft__goutputs_t out_res; /* resource of its launches' output blocks */
+  pthread_mutex_t lock;     /* rank 20; guards exec's outs/freed and live_outputs */
   weft_exec_t *exec;        /* at most one */
-  size_t live_outputs;      /* outputs of launches not yet freed */
+  size_t live_outputs;      /* output blocks of launches not yet freed */
 };
 
 struct weft_exec {
@@ -69,32 +78,25 @@ struct weft_exec {
                                ordered after that free ({0, 0}: nothing pending) */
 };
 
-/** graph/'s side of a capture session (weft__capture_t.owner). */
-typedef struct weft__gsession {
-  weft__capture_t *cap;
-  weft_capture_options_t opts;
-  weft_graph_pool_t *pool;
-  bool own_pool;
-  struct weft__block **allocs; /* blocks allocated inside, live or freed (NULL once freed) */
-  size_t n_allocs, cap_allocs;
-} weft__gsession_t;
-
 /* gpool.c */
-weft_status_t weft__gpool_new(weft_runtime_t *rt, weft_graph_pool_t **out);
-/** A range of `bytes` for capture `domain`; *point says what its first user must wait for. */
-weft_status_t weft__gpool_alloc(weft_graph_pool_t *p, size_t bytes, const void *domain, CUdeviceptr *ptr,
-                                weft__point_t *point);
-/** Gives a range back; it may be reused after `point` (in `domain`'s clocks). */
-weft_status_t weft__gpool_free(weft_graph_pool_t *p, CUdeviceptr ptr, size_t bytes, const void *domain, weft__point_t point);
-/** The capture `domain` ended: its points become "complete" for graphs replayed after it. */
-void weft__gpool_settle(weft_graph_pool_t *p, const void *domain);
+extern const weft_resource_ops_t weft__gpool_ops;
+/** A new graph pool of the runtime of `tr`. */
+weft_status_t weft__gpool_new(weft__tracker_t *tr, weft_runtime_t *rt, weft_graph_pool_t **out);
+/** Makes capture c the one drawing from p (BUSY while another capture does). */
+weft_status_t weft__gpool_attach(weft_graph_pool_t *p, weft__capture_t *c);
+/** c ended: every range freed inside it becomes free for anyone (graphs that share a pool replay
+ * in the order they were captured, as PyTorch's graph pools do). Without a graph (`made` false)
+ * the ranges it allocated and did not free come back too. */
+void weft__gpool_detach(weft_graph_pool_t *p, weft__capture_t *c, bool made);
+/** The graph pool behind a capture's allocation context, or NULL (graph memory nodes). */
+weft_graph_pool_t *weft__gpool_of(weft_resource_t *alloc_to);
+/** Drops a use of p by a graph or a capture; an implicit pool goes with its last user. */
+void weft__gpool_unuse(weft_graph_pool_t *p);
 
 /* exec.c */
-/** Makes a graph object from its parts (takes ownership of the arrays). */
+/** Makes a graph object from its parts (takes ownership of the arrays and of g). */
 weft_status_t weft__graph_make(weft_runtime_t *rt, CUgraph g, weft_graph_memory_t memory, weft_graph_pool_t *pool,
-                               bool own_pool, weft__gsummary_t *summary, size_t n_summary, weft__goutput_t *outputs,
+                               weft__gsummary_t *summary, size_t n_summary, weft__goutput_t *outputs,
                                size_t n_outputs, weft_graph_t **out);
-/** weft_free of an output block of an exec (not capturing): frees graph memory as needed. */
-weft_status_t weft__exec_free_output(struct weft__block *rec, weft_stream_t *s);
 
 #endif /* WEFT_GRAPH_GRAPH_H */

@@ -100,7 +100,7 @@ typedef enum weft_output_policy {
 } weft_output_policy_t;
 
 /* X(field, type, env, default, min, max, doc): every option of a runtime. Documented once here;
- * the README's table is generated from the same words. Sizes are in bytes, counts are plain. */
+ * the README's options table repeats the same words. Sizes are in bytes, counts are plain. */
 #define WEFT_OPTIONS_MAP(X)                                                                      \
   X(stream_count, unsigned, "WEFT_STREAM_COUNT", 8, 1, 64,                                      \
     "pool streams per runtime (all CU_STREAM_NON_BLOCKING)")                                    \
@@ -120,7 +120,7 @@ typedef enum weft_output_policy {
     "graph relaunch with live outputs: 0 error, 1 free them automatically")
 
 /** Runtime options. Start from weft_options_default() (or weft_options_from_env()), change
- * fields, pass to weft_runtime_create(). Plain data: copy it freely. */
+ * fields, pass to weft_runtime_get(). Plain data: copy it freely. */
 typedef struct weft_options {
 #define WEFT__OPTION_FIELD(field, type, env, def, lo, hi, doc) type field;
   WEFT_OPTIONS_MAP(WEFT__OPTION_FIELD)
@@ -391,8 +391,9 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_block_wrap(weft_runtime_t *rt, CUdevi
 /* Memory: resources                                                                           */
 /* ------------------------------------------------------------------------------------------ */
 
-/** Statistics every resource keeps. Bytes are as requested by callers (live) or as obtained
- * from the level below (reserved). */
+/** Statistics of a resource. weft counts the calls it dispatches to every resource (live bytes
+ * and their peak, successful calls, failures); reserved bytes are the resource's own answer
+ * (what it holds from upstream or the driver), equal to live bytes when it has none. */
 typedef struct weft_resource_stats {
   uint64_t live_bytes, live_peak;         /**< handed out and not yet given back */
   uint64_t reserved_bytes, reserved_peak; /**< held from upstream or the driver */
@@ -402,17 +403,24 @@ typedef struct weft_resource_stats {
 typedef struct weft_resource weft_resource_t;
 
 /** The interface every resource and adaptor implements, shaped like RMM's
- * device_memory_resource. Write your own by embedding weft_resource_t as the first member of
- * your struct and filling an ops table. Calls may come from many threads at once.
- *   allocate:   memory for `bytes` usable by work on `s` enqueued after the call.
+ * device_memory_resource. Write your own by embedding weft_resource_t (zeroed) as the first
+ * member of your struct and filling an ops table; check it with weft_resource_conformance().
+ * Calls may come from many threads at once. A resource writes only what is its own: weft checks
+ * arguments and keeps the counts (weft_resource_stats_t) for every call it dispatches.
+ *   allocate:   memory for `bytes` usable by work on `s` enqueued after the call. If it enqueues
+ *               work on s itself (a fill, a stream-ordered allocation), later uses are ordered
+ *               after that work.
  *   deallocate: `p` (from allocate with the same bytes) may be reused once the work on `s`
  *               enqueued before the call is complete; the caller has already made s wait for
- *               every use of p.
- *   stats:      fill *out (required).
- *   trim:       give cached memory back to the upstream/driver, keeping at least `keep` bytes
- *               (may be NULL: nothing to trim).
+ *               every use of p. WEFT_ERR_CORRUPTED means freed, but damaged memory was found
+ *               around it; any other failure means nothing happened.
+ *   stats:      may be NULL; otherwise sets reserved_bytes and reserved_peak of *out (the rest
+ *               is filled by weft before the call).
+ *   trim:       may be NULL (then a trim passes to the upstream, if any); otherwise gives cached
+ *               memory back to the upstream/driver, keeping at least `keep` bytes.
  *   destroy:    release everything the resource holds (its own memory only, never upstream).
- * `tag` is the block's interned tag (never NULL; "" if none). */
+ * Adaptors call their upstream through weft_resource_allocate / weft_resource_deallocate so that
+ * it is counted too. `tag` is the block's interned tag (never NULL; "" if none). */
 typedef struct weft_resource_ops {
   const char *name;
   weft_status_t (*allocate)(weft_resource_t *self, size_t bytes, weft_stream_t *s, const char *tag, CUdeviceptr *out);
@@ -422,19 +430,36 @@ typedef struct weft_resource_ops {
   void (*destroy)(weft_resource_t *self);
 } weft_resource_ops_t;
 
+/** What weft counts for a resource (updated atomically by weft; never write it). */
+typedef struct weft_resource_counts {
+  uint64_t live_bytes, live_peak, allocs, frees, failures;
+} weft_resource_counts_t;
+
 struct weft_resource {
   const weft_resource_ops_t *ops;
   weft_resource_t *upstream;  /**< the resource this one draws from, or NULL at the bottom */
   weft_runtime_t *rt;         /**< the runtime whose device and streams it serves */
+  weft_resource_counts_t counts; /**< kept by weft, see weft_resource_stats() */
 };
 
-/** Calls through the interface, with argument checks. */
+/** Calls through the interface, with argument checks (bytes 1..2^48, a stream of the resource's
+ * runtime, p not 0), counted in the resource's statistics. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_resource_allocate(weft_resource_t *r, size_t bytes, weft_stream_t *s, const char *tag, CUdeviceptr *out);
 WEFT_API WEFT_NODISCARD weft_status_t weft_resource_deallocate(weft_resource_t *r, CUdeviceptr p, size_t bytes, weft_stream_t *s, const char *tag);
+/** The resource's statistics (zeros for NULL). */
 WEFT_API void weft_resource_stats(const weft_resource_t *r, weft_resource_stats_t *out);
+/** Gives cached memory back (the resource's trim, else its upstream's). Errors: CAPTURE (a capture
+ * that could see the driver calls is active), DRIVER. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_resource_trim(weft_resource_t *r, size_t keep);
 /** Destroys a resource the caller created (not one the runtime owns). */
 WEFT_API void weft_resource_destroy(weft_resource_t *r);
+/** Runs weft's resource conformance suite against `r` (as RMM's mr_ref_test_basic): allocations
+ * of many sizes on `s` and `other` (two streams of r's runtime, already ordered as the caller
+ * likes), alignment to 256 bytes, no two live ranges overlapping, frees on the allocating and on
+ * another stream, a trim, and statistics that add up. Every block it allocates is freed again;
+ * the resource's counts grow. Writes one line per failed check to `report` (if not NULL) and
+ * returns the number of failed checks (0: conforming). weft's own resources all pass it. */
+WEFT_API unsigned weft_resource_conformance(weft_resource_t *r, weft_stream_t *s, weft_stream_t *other, FILE *report);
 /** The runtime's current top resource (what weft_alloc uses). */
 WEFT_API weft_resource_t *weft_runtime_resource(weft_runtime_t *rt);
 /** Makes `r` the runtime's top resource (weft_alloc draws from it). The caller keeps ownership

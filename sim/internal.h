@@ -27,7 +27,7 @@
 #include "sim/weft_sim.h"
 
 /* Handle magics: every object a CU* handle points at starts with one, checked together with
- * membership in the live-handle set (handles.c), so stale or foreign handles are rejected. */
+ * membership in the live-handle set (core.c), so stale or foreign handles are rejected. */
 #define SIM_MAGIC_CTX 0x43545831u
 #define SIM_MAGIC_STREAM 0x5354524du
 #define SIM_MAGIC_EVENT 0x45564e54u

@@ -1,219 +1,210 @@
-/* The access tracker: vector clocks over pool streams (see tracker.h for the model).
+/* The access tracker: the stream pool's life cycle, uses, points, ordering and host knowledge
+ * (tracker.h has the model; clock.c the record and wait everything here is built from).
  *
- * Everything here runs under tr->lock except the blocking host synchronisations, which copy what
- * they need under the lock, wait without it, and merge the result back under it. */
+ * Everything runs under tr->lock except the blocking host synchronisations, which copy what they
+ * need under the lock, wait without it, and merge the result back under it. */
 #include <string.h>
 
 #include "lib/core/debug.h"
 #include "lib/core/error.h"
 #include "lib/core/meta.h"
-#include "streams/tracker.h"
-
-#define ROW(d, s) (&(d)->known[(size_t)(s) * (d)->n])
-
-/* The domain a use on s belongs to: its capture's, or the live one. */
-static inline weft__domain_t *dom_of(weft__tracker_t *tr, const weft_stream_t *s) {
-  return s->capture != NULL ? &s->capture->dom : &tr->live;
-}
-
-/* Capture domains create their events on first use: most captures touch few streams. */
-weft_status_t weft__lane_init(weft__tracker_t *tr, weft__domain_t *d, weft__lane_t *l) {
-  if (l->ring != NULL) return WEFT_OK;
-  l->ring = weft__meta_calloc(d->ring_size, sizeof *l->ring);
-  l->ring_tick = weft__meta_calloc(d->ring_size, sizeof *l->ring_tick);
-  l->ring_clock = weft__meta_calloc((size_t)d->ring_size * d->n, sizeof *l->ring_clock);
-  if (l->ring == NULL || l->ring_tick == NULL || l->ring_clock == NULL) goto oom;
-  for (unsigned i = 0; i < d->ring_size; i++) {
-    CUresult r = tr->drv->cuEventCreate(&l->ring[i], CU_EVENT_DISABLE_TIMING);
-    if (r != CUDA_SUCCESS) {
-      l->ring[i] = NULL;
-      weft__lane_free(tr, d, l);
-      return weft__driver_fail(r, "cuEventCreate");
-    }
-  }
-  return WEFT_OK;
-oom:
-  weft__lane_free(tr, d, l);
-  return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for an event ring");
-}
-
-weft_status_t weft__domain_init(weft__domain_t *d, unsigned n, unsigned ring_size, weft__capture_t *capture) {
-  memset(d, 0, sizeof *d);
-  d->n = n;
-  d->ring_size = ring_size;
-  d->capture = capture;
-  d->known = weft__meta_calloc((size_t)n * n, sizeof *d->known);
-  d->host_known = weft__meta_calloc(n, sizeof *d->host_known);
-  if (d->known == NULL || d->host_known == NULL) {
-    weft__meta_free(d->known);
-    weft__meta_free(d->host_known);
-    memset(d, 0, sizeof *d);
-    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for stream clocks");
-  }
-  return WEFT_OK;
-}
-
-void weft__domain_free(weft__tracker_t *tr, weft__domain_t *d) {
-  for (unsigned i = 0; i < d->n; i++) weft__lane_free(tr, d, &d->lane[i]);
-  weft__meta_free(d->known);
-  weft__meta_free(d->host_known);
-  memset(d, 0, sizeof *d);
-}
-
-void weft__lane_free(weft__tracker_t *tr, weft__domain_t *d, weft__lane_t *l) {
-  if (l->ring != NULL)
-    for (unsigned i = 0; i < d->ring_size; i++)
-      if (l->ring[i] != NULL) tr->drv->cuEventDestroy(l->ring[i]);
-  weft__meta_free(l->ring);
-  weft__meta_free(l->ring_tick);
-  weft__meta_free(l->ring_clock);
-  memset(l, 0, sizeof *l);
-}
+#include "streams/clock.h"
 
 static inline void lock(weft__tracker_t *tr) { pthread_mutex_lock(&tr->lock); }
 static inline void unlock(weft__tracker_t *tr) { pthread_mutex_unlock(&tr->lock); }
 
-static inline uint64_t max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
+/* ---- life cycle -------------------------------------------------------------------------------- */
 
-/* Work enqueued on s from now on is ordered after (t, k), or the host saw it complete. */
-static inline bool implied(const weft__domain_t *d, unsigned s, unsigned t, uint64_t k) {
-  return k == 0 || s == t || ROW(d, s)[t] >= k || d->host_known[t] >= k;
-}
+/* The context the calling thread last bound, so that binding is cheap when nothing changed. */
+static _Thread_local CUcontext tls_bound;
 
-/* Records the event of s's pending tick (handed out by weft__tracker_point while s was dirty).
- * Called before anything else is enqueued on s, so the event sits exactly at the point. */
-static weft_status_t flush_pending(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s) {
-  weft__lane_t *l = &d->lane[s->index];
-  if (l->recorded == l->tick) return WEFT_OK;
-  weft_status_t st = weft__lane_init(tr, d, l);
-  if (st != WEFT_OK) return st;
-  uint64_t k = l->tick;
-  unsigned slot = (unsigned)(k & (d->ring_size - 1));
-  CUresult r = tr->drv->cuEventRecord(l->ring[slot], s->raw);
-  if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuEventRecord");
-  memcpy(&l->ring_clock[(size_t)slot * d->n], ROW(d, s->index), d->n * sizeof(uint64_t));
-  l->ring_tick[slot] = k;
-  l->recorded = k;
-  tr->counters.events_recorded++;
-  return WEFT_OK;
-}
-
-/* The ring slot of the oldest recorded tick >= k on stream t (k <= tick). With k evicted, a
- * newer event stands in: waiting on it is later than needed but never wrong. */
-static weft_status_t slot_for(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, unsigned *slot) {
-  weft_status_t st = flush_pending(tr, d, t);
-  if (st != WEFT_OK) return st;
-  weft__lane_t *l = &d->lane[t->index];
-  unsigned mask = d->ring_size - 1;
-  if (l->ring_tick[k & mask] == k) {
-    *slot = (unsigned)(k & mask);
-    return WEFT_OK;
+weft_status_t weft__tracker_bind(weft__tracker_t *tr) {
+  if (tls_bound == tr->ctx) {
+    CUcontext cur = NULL;
+    if (tr->drv->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == tr->ctx) return WEFT_OK;
   }
-  /* Evicted: ticks (recorded - ring_size, recorded] are in the ring. */
-  WEFT_ASSERT_INTERNAL(k + d->ring_size <= l->recorded);
-  uint64_t oldest = l->recorded - d->ring_size + 1;
-  *slot = (unsigned)(oldest & mask);
-  tr->counters.ring_evictions++;
+  CUresult r = tr->drv->cuCtxSetCurrent(tr->ctx);
+  if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuCtxSetCurrent");
+  tls_bound = tr->ctx;
   return WEFT_OK;
 }
 
-/* Makes s wait for (t, k) through the ring and merges the event's clock into s's row. */
-static weft_status_t wait_on(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, weft_stream_t *t, uint64_t k) {
-  unsigned slot;
-  weft_status_t st = slot_for(tr, d, t, k, &slot);
-  if (st != WEFT_OK) return st;
-  const weft__lane_t *lt = &d->lane[t->index];
-  CUresult r = tr->drv->cuStreamWaitEvent(s->raw, lt->ring[slot], 0);
-  if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuStreamWaitEvent");
-  uint64_t *row = ROW(d, s->index);
-  const uint64_t *snap = &lt->ring_clock[(size_t)slot * d->n];
-  for (unsigned u = 0; u < d->n; u++) row[u] = max_u64(row[u], snap[u]);
-  row[t->index] = max_u64(row[t->index], lt->ring_tick[slot]);
-  row[s->index] = d->lane[s->index].tick; /* own entry is always the own tick */
-  d->lane[s->index].dirty = true;
-  tr->counters.waits_issued++;
-  return WEFT_OK;
+/* Clears everything but the embedded streams' identities (tr, runtime, index): a handle of a
+ * released runtime is then recognised as stale. */
+static void reset(weft__tracker_t *tr) {
+  weft_stream_t keep[WEFT__MAX_STREAMS];
+  memcpy(keep, tr->streams, sizeof keep);
+  memset(tr, 0, sizeof *tr);
+  for (unsigned i = 0; i < WEFT__MAX_STREAMS; i++) {
+    tr->streams[i].tr = keep[i].tr;
+    tr->streams[i].runtime = keep[i].runtime;
+    tr->streams[i].index = keep[i].index;
+  }
 }
 
-void weft__access_init(weft__access_state_t *st, uint64_t *reads, weft__point_t alloc_point) {
-  st->write = alloc_point;
+/* Creation unwinds in reverse order on any failure (libuv's ladder). */
+weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv, int ordinal, unsigned n,
+                                 unsigned n_high, unsigned ring_size, void *runtime) {
+  WEFT_ASSERT(n >= 1 && n <= WEFT__MAX_STREAMS && n_high <= n);
+  WEFT_ASSERT(ring_size >= 2 && (ring_size & (ring_size - 1)) == 0);
+  reset(tr);
+  tr->drv = drv;
+  tr->ordinal = ordinal;
+  tr->n = n;
+  tr->n_high = n_high;
+  tr->ring_size = ring_size;
+  weft_status_t st;
+  CUresult r;
+  unsigned made = 0;
+  int e = pthread_mutex_init(&tr->lock, NULL);
+  if (e != 0) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: cannot create the tracker lock (%s)", strerror(e));
+  if ((r = drv->cuDeviceGet(&tr->device, ordinal)) != CUDA_SUCCESS) {
+    weft__driver_fail(r, "cuDeviceGet");
+    st = weft__error(WEFT_ERR_WRONG_DEVICE, "weft: device %d does not exist (%s)", ordinal, weft_driver_error_name(r));
+    goto fail_lock;
+  }
+  if ((r = drv->cuDevicePrimaryCtxRetain(&tr->ctx, tr->device)) != CUDA_SUCCESS) {
+    st = weft__driver_fail(r, "cuDevicePrimaryCtxRetain");
+    goto fail_lock;
+  }
+  if ((st = weft__tracker_bind(tr)) != WEFT_OK) goto fail_ctx;
+  int least = 0, greatest = 0, ops64 = 0;
+  if ((r = drv->cuCtxGetStreamPriorityRange(&least, &greatest)) != CUDA_SUCCESS) {
+    st = weft__driver_fail(r, "cuCtxGetStreamPriorityRange");
+    goto fail_ctx;
+  }
+  if (drv->cuDeviceGetAttribute(&ops64, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, tr->device) == CUDA_SUCCESS)
+    tr->mem_ops64 = ops64 != 0;
+  if ((st = weft__domain_init(&tr->live, n, ring_size, NULL)) != WEFT_OK) goto fail_ctx;
+  for (; made < n; made++) {
+    weft_stream_t *s = &tr->streams[made];
+    bool high = made >= n - n_high;
+    s->tr = tr;
+    s->runtime = runtime;
+    s->index = made;
+    s->high = high;
+    s->priority = high ? greatest : least;
+    if ((r = drv->cuStreamCreateWithPriority(&s->raw, CU_STREAM_NON_BLOCKING, s->priority)) != CUDA_SUCCESS) {
+      s->raw = NULL;
+      st = weft__driver_fail(r, "cuStreamCreateWithPriority");
+      goto fail_streams;
+    }
+    /* Live rings up front: a use never fails for want of an event. */
+    if ((st = weft__lane_init(tr, &tr->live, &tr->live.lane[made])) != WEFT_OK) {
+      drv->cuStreamDestroy(s->raw);
+      s->raw = NULL;
+      goto fail_streams;
+    }
+  }
+  return WEFT_OK;
+
+fail_streams:
+  while (made-- > 0) {
+    drv->cuStreamDestroy(tr->streams[made].raw);
+    tr->streams[made].raw = NULL;
+  }
+  weft__domain_free(tr, &tr->live);
+fail_ctx:
+  drv->cuDevicePrimaryCtxRelease(tr->device);
+fail_lock:
+  pthread_mutex_destroy(&tr->lock);
+  reset(tr);
+  return st;
+}
+
+weft_status_t weft__tracker_destroy(weft__tracker_t *tr) {
+  if (tr->live.known == NULL) return WEFT_OK;
+  weft_status_t first = weft__tracker_bind(tr);
+  for (unsigned i = 0; i < tr->n; i++) {
+    CUresult r = tr->drv->cuStreamSynchronize(tr->streams[i].raw);
+    if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuStreamSynchronize (release)");
+  }
+  weft__domain_free(tr, &tr->live);
+  for (unsigned i = 0; i < tr->n; i++) {
+    CUresult r = tr->drv->cuStreamDestroy(tr->streams[i].raw);
+    if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuStreamDestroy (release)");
+  }
+  CUresult r = tr->drv->cuDevicePrimaryCtxRelease(tr->device);
+  if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuDevicePrimaryCtxRelease (release)");
+  pthread_mutex_destroy(&tr->lock);
+  reset(tr);
+  return first;
+}
+
+/* ---- uses ---------------------------------------------------------------------------------------- */
+
+void weft__access_init(weft__access_state_t *st, uint64_t *reads) {
+  st->write = (weft__point_t){0, 0};
   st->reader_mask = 0;
   st->reads = reads;
 }
 
 /* The histories the uses of s act on: the live ones, or inside a capture their capture-local
- * records (created on first touch; that also builds the capture's access summary). Writes the
- * translated uses into `out` (room for n). */
-static weft_status_t translate(weft__tracker_t *tr, weft_stream_t *s, const weft__use_t *uses, size_t n,
-                               weft__use_t *out, bool note_kinds) {
-  weft__capture_t *c = s->capture;
+ * records (created on first touch; that also builds the capture's access summary). */
+static weft_status_t translate(weft__capture_t *c, const weft__use_t *uses, size_t n, weft__use_t *out, bool note_kinds) {
   for (size_t i = 0; i < n; i++) {
-    out[i].kind = uses[i].kind;
-    if (c == NULL) {
-      out[i].state = uses[i].state;
-      continue;
-    }
     weft__capture_block_t *b = weft__capture_block(c, uses[i].state, false);
     if (b == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for a capture record");
     if (note_kinds) b->kind |= uses[i].kind;
-    out[i].state = &b->local;
+    out[i] = (weft__use_t){&b->local, uses[i].kind};
   }
-  (void)tr;
   return WEFT_OK;
 }
 
-/* need[t]: the newest tick of t that the uses conflict with and that is not yet implied for s.
- * Returns a bit mask of the streams with a need. */
+/* need[t]: the newest tick of t that the uses conflict with (weft__rule_*) and that is not yet
+ * implied for s. Returns a bit mask of the streams with a need. */
 static uint64_t collect_needs(weft__tracker_t *tr, const weft__domain_t *d, unsigned s, const weft__use_t *uses,
                               size_t n, uint64_t *need) {
   uint64_t mask = 0;
   for (size_t i = 0; i < n; i++) {
     const weft__access_state_t *st = uses[i].state;
-    weft__point_t w = st->write;
-    if (w.tick != 0 && w.stream != s) {
-      if (!implied(d, s, w.stream, w.tick)) {
-        need[w.stream] = max_u64(need[w.stream], w.tick);
-        mask |= 1ull << w.stream;
-      } else {
-        tr->counters.waits_skipped++;
-        if (ROW(d, s)[w.stream] < w.tick) tr->counters.waits_host_known++;
+    weft__point_t pts[WEFT__MAX_STREAMS + 1];
+    size_t k = 0;
+    if (st->write.tick != 0 && st->write.stream != s) pts[k++] = st->write;
+    if (weft__rule_follows_reads(uses[i].kind))
+      for (uint64_t m = st->reader_mask & ~(1ull << s); m != 0; m &= m - 1) {
+        unsigned t = (unsigned)__builtin_ctzll(m);
+        pts[k++] = (weft__point_t){t, st->reads[t]};
       }
-    }
-    if (!(uses[i].kind & WEFT_WRITE)) continue;
-    for (uint64_t m = st->reader_mask & ~(1ull << s); m != 0; m &= m - 1) {
-      unsigned t = (unsigned)__builtin_ctzll(m);
-      uint64_t k = st->reads[t];
-      if (!implied(d, s, t, k)) {
-        need[t] = max_u64(need[t], k);
+    for (size_t j = 0; j < k; j++) {
+      unsigned t = pts[j].stream;
+      if (!weft__clock_implied(d, s, t, pts[j].tick)) {
+        need[t] = weft__max_u64(need[t], pts[j].tick);
         mask |= 1ull << t;
       } else {
         tr->counters.waits_skipped++;
-        if (ROW(d, s)[t] < k) tr->counters.waits_host_known++;
+        if (WEFT__ROW(d, s)[t] < pts[j].tick) tr->counters.waits_host_known++;
       }
     }
   }
   return mask;
 }
 
-/* Issues the waits for `mask`/`need`, dropping every need implied by another kept one: what is
- * left is the set of maximal conflicting points, one wait each. */
+/* Issues the waits for `mask`/`need`, dropping every need that another kept one implies: what is
+ * left is the set of maximal conflicting points, one wait each.
+ *
+ * Pruning may use only what reaching need[u] itself implies: the snapshot of exactly that tick's
+ * event, while it is in the ring. When the tick was evicted, the wait goes to a newer event that
+ * implies more; but if u is then pruned in favour of w, which knows u only at need[u], whatever
+ * only the newer event implied is lost. So an evicted need prunes nothing (it still waits on the
+ * stand-in, which is conservative). Without evictions this is the transitive reduction. */
 static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, uint64_t mask,
                                  uint64_t *need) {
   if (mask == 0 || tr->no_waits) return WEFT_OK;
-  /* Resolve each need to its ring slot and snapshot first. */
-  unsigned slot[WEFT__MAX_STREAMS];
+  const uint64_t *implies[WEFT__MAX_STREAMS];
   for (uint64_t m = mask; m != 0; m &= m - 1) {
-    unsigned t = (unsigned)__builtin_ctzll(m);
-    weft_status_t st = slot_for(tr, d, &tr->streams[t], need[t], &slot[t]);
+    unsigned t = (unsigned)__builtin_ctzll(m), slot;
+    weft_status_t st = weft__clock_slot(tr, d, &tr->streams[t], need[t], &slot);
     if (st != WEFT_OK) return st;
+    const weft__lane_t *l = &d->lane[t];
+    implies[t] = l->ring_tick[slot] == need[t] ? &l->ring_clock[(size_t)slot * d->n] : NULL;
   }
   uint64_t kept = mask;
   for (uint64_t m = mask; m != 0; m &= m - 1) {
     unsigned t = (unsigned)__builtin_ctzll(m);
     for (uint64_t o = kept & ~(1ull << t); o != 0; o &= o - 1) {
       unsigned u = (unsigned)__builtin_ctzll(o);
-      const uint64_t *snap = &d->lane[u].ring_clock[(size_t)slot[u] * d->n];
-      if (snap[t] >= need[t]) {
+      if (implies[u] != NULL && implies[u][t] >= need[t]) {
         kept &= ~(1ull << t);
         tr->counters.waits_skipped++;
         break;
@@ -222,15 +213,16 @@ static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_st
   }
   for (uint64_t m = kept; m != 0; m &= m - 1) {
     unsigned t = (unsigned)__builtin_ctzll(m);
-    weft_status_t st = wait_on(tr, d, s, &tr->streams[t], need[t]);
+    weft_status_t st = weft__clock_wait(tr, d, s, &tr->streams[t], need[t]);
     if (st != WEFT_OK) return st;
   }
   return WEFT_OK;
 }
 
-static weft_status_t begin_locked(weft__tracker_t *tr, weft_stream_t *s, const weft__use_t *uses, size_t n) {
-  weft__domain_t *d = dom_of(tr, s);
-  weft_status_t st = flush_pending(tr, d, s);
+static weft_status_t begin_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses,
+                                  size_t n) {
+  /* s's pending tick first, so that its event sits at its point rather than after these waits. */
+  weft_status_t st = weft__clock_flush(tr, d, s);
   if (st != WEFT_OK) return st;
   uint64_t need[WEFT__MAX_STREAMS];
   memset(need, 0, d->n * sizeof need[0]);
@@ -238,29 +230,15 @@ static weft_status_t begin_locked(weft__tracker_t *tr, weft_stream_t *s, const w
   return issue_waits(tr, d, s, mask, need);
 }
 
-static weft_status_t end_locked(weft__tracker_t *tr, weft_stream_t *s, const weft__use_t *uses, size_t n) {
-  weft__domain_t *d = dom_of(tr, s);
-  weft__lane_t *l = &d->lane[s->index];
-  weft_status_t st = flush_pending(tr, d, s);
-  if (st == WEFT_OK) st = weft__lane_init(tr, d, l);
-  if (st != WEFT_OK) return st;
-  uint64_t k = l->tick + 1;
-  unsigned slot = (unsigned)(k & (d->ring_size - 1));
-  CUresult r = tr->drv->cuEventRecord(l->ring[slot], s->raw);
-  if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuEventRecord");
-  l->tick = k;
-  l->recorded = k;
-  l->dirty = false;
-  uint64_t *row = ROW(d, s->index);
-  row[s->index] = k;
-  memcpy(&l->ring_clock[(size_t)slot * d->n], row, d->n * sizeof(uint64_t));
-  l->ring_tick[slot] = k;
-  tr->counters.events_recorded++;
+/* The work is on the stream: the use is recorded whatever happens to its event (a failed record
+ * leaves the tick pending; whoever needs it records it first, or fails without waiting). */
+static void end_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n) {
+  uint64_t k;
+  (void)weft__clock_record(tr, d, s, &k);
   for (size_t i = 0; i < n; i++) {
     weft__access_state_t *a = uses[i].state;
-    if (uses[i].kind & WEFT_WRITE) {
-      a->write.stream = s->index;
-      a->write.tick = k;
+    if (weft__rule_starts_history(uses[i].kind)) {
+      a->write = (weft__point_t){s->index, k};
       a->reader_mask = 0;
     } else {
       a->reads[s->index] = k;
@@ -270,76 +248,127 @@ static weft_status_t end_locked(weft__tracker_t *tr, weft_stream_t *s, const wef
   tr->counters.uses++;
   tr->counters.accesses += n;
   s->last_used = ++tr->use_seq;
-  return WEFT_OK;
 }
+
+static bool lane_is_valid(const weft__domain_t *d, unsigned s);
 
 #define SMALL_USES 32
 
-/* Runs `body` with the uses translated to s's domain (on the stack when few). */
-static weft_status_t with_domain_uses(weft__tracker_t *tr, weft_stream_t *s, const weft__use_t *uses, size_t n,
-                                      bool note_kinds, weft__use_t **out, weft__use_t *small) {
-  if (s->capture == NULL) {
-    *out = (weft__use_t *)uses;
-    return WEFT_OK;
-  }
-  *out = n <= SMALL_USES ? small : weft__meta_alloc(n * sizeof **out);
-  if (*out == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for %zu accesses", n);
-  weft_status_t st = translate(tr, s, uses, n, *out, note_kinds);
-  if (st != WEFT_OK && *out != small) weft__meta_free(*out);
-  return st;
-}
+enum { DO_BEGIN = 1, DO_END = 2, DO_OPEN = 4, DO_CLOSE = 8 };
 
-static void done_domain_uses(const weft__use_t *uses, weft__use_t *t, weft__use_t *small) {
-  if (t != uses && t != small) weft__meta_free(t);
-}
-
-/* The three ways in: waits only, record only, or both around `fn` (under one lock hold). */
-enum { DO_BEGIN = 1, DO_END = 2 };
-
+/* The ways in: waits only, record only, both around `fn` (under one lock hold), or the split
+ * form's open / close with their checks. Inside a capture the uses act on capture-local
+ * histories (kinds go into the access summary once, when the use begins). */
 static weft_status_t run_use(weft_stream_t *s, const weft__use_t *uses, size_t n, unsigned what,
-                             weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg) {
+                             weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg, uint64_t print) {
   weft__tracker_t *tr = s->tr;
-  weft__use_t small[SMALL_USES], *du;
+  weft__use_t small[SMALL_USES];
+  const weft__use_t *du = uses;
+  weft_status_t st = WEFT_OK;
   lock(tr);
-  /* Kinds go into a capture's access summary once, when the use begins. */
-  weft_status_t st = with_domain_uses(tr, s, uses, n, (what & DO_BEGIN) != 0, &du, small);
-  if (st == WEFT_OK) {
-    if (what & DO_BEGIN) st = begin_locked(tr, s, du, n);
-    if (st == WEFT_OK && fn != NULL) st = fn(s, arg);
-    if (st == WEFT_OK && (what & DO_END)) st = end_locked(tr, s, du, n);
-    done_domain_uses(uses, du, small);
+  weft__capture_t *c = s->capture;
+  weft__domain_t *d = c != NULL ? &c->dom : &tr->live;
+  if ((what & DO_OPEN) && s->use_open) {
+    st = weft__error(WEFT_ERR_BUSY, "weft_use_begin: stream %u already has an open use (weft_use_begin without "
+                     "weft_use_end)", s->index);
+  } else if ((what & DO_CLOSE) && !s->use_open) {
+    st = weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_use_end: stream %u has no open use (no weft_use_begin)", s->index);
+  } else if ((what & DO_CLOSE) && s->use_print != print) {
+    st = weft__error(WEFT_ERR_INVALID_ARGUMENT,
+                     "weft_use_end: the accesses differ from those given to weft_use_begin on stream %u", s->index);
+  } else if (c != NULL) {
+    weft__use_t *t = weft__small_alloc(small, SMALL_USES, n, sizeof *t);
+    st = t == NULL ? weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for %zu accesses", n)
+                   : translate(c, uses, n, t, (what & (DO_BEGIN | DO_OPEN)) != 0);
+    du = t;
   }
+  if (st == WEFT_OK) {
+    if (what & (DO_BEGIN | DO_OPEN)) st = begin_locked(tr, d, s, du, n);
+    if (st == WEFT_OK && fn != NULL) st = fn(s, arg);
+    if (st == WEFT_OK && (what & (DO_END | DO_CLOSE))) end_locked(tr, d, s, du, n);
+    if (st == WEFT_OK && (what & DO_OPEN)) {
+      s->use_open = true;
+      s->use_print = print;
+    }
+    if (st == WEFT_OK && (what & DO_CLOSE)) s->use_open = false;
+  }
+  if (du != uses) weft__small_free(small, (void *)du);
+  WEFT_ASSERT_EXPENSIVE(lane_is_valid(d, s->index));
   unlock(tr);
   return st;
 }
 
 weft_status_t weft__tracker_begin(weft_stream_t *s, const weft__use_t *uses, size_t n) {
-  return run_use(s, uses, n, DO_BEGIN, NULL, NULL);
+  return run_use(s, uses, n, DO_BEGIN, NULL, NULL, 0);
 }
 
 weft_status_t weft__tracker_end(weft_stream_t *s, const weft__use_t *uses, size_t n) {
-  return run_use(s, uses, n, DO_END, NULL, NULL);
+  return run_use(s, uses, n, DO_END, NULL, NULL, 0);
 }
 
 weft_status_t weft__tracker_use(weft_stream_t *s, const weft__use_t *uses, size_t n,
                                 weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg) {
-  return run_use(s, uses, n, DO_BEGIN | DO_END, fn, arg);
+  return run_use(s, uses, n, DO_BEGIN | DO_END, fn, arg, 0);
 }
 
-static weft__point_t point_locked(weft__tracker_t *tr, weft_stream_t *s) {
-  weft__domain_t *d = dom_of(tr, s);
-  weft__lane_t *l = &d->lane[s->index];
-  if (l->dirty) {
-    l->tick++;
-    ROW(d, s->index)[s->index] = l->tick;
-    l->dirty = false; /* the event is recorded at the next flush_pending */
-  }
-  return (weft__point_t){s->index, l->tick};
+weft_status_t weft__tracker_open(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print) {
+  return run_use(s, uses, n, DO_OPEN, NULL, NULL, print);
 }
+
+weft_status_t weft__tracker_close(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print) {
+  return run_use(s, uses, n, DO_CLOSE, NULL, NULL, print);
+}
+
+uint64_t weft__tracker_fingerprint(const weft__use_t *uses, size_t n) {
+  uint64_t sum = n;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t x = (uint64_t)(uintptr_t)uses[i].state * 0x9E3779B97F4A7C15ull ^ uses[i].kind;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    sum += x ^ (x >> 29);
+  }
+  return sum;
+}
+
+weft_status_t weft__tracker_new_block(weft_stream_t *s, weft__access_state_t *st) {
+  weft__tracker_t *tr = s->tr;
+  weft_status_t r = WEFT_OK;
+  lock(tr);
+  weft__capture_t *c = s->capture;
+  weft__domain_t *d = c != NULL ? &c->dom : &tr->live;
+  weft__point_t at = {s->index, weft__clock_point(d, s)};
+  if (c == NULL) {
+    st->write = at;
+  } else {
+    weft__capture_block_t *b = weft__capture_block(c, st, true);
+    if (b == NULL) r = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_alloc: no host memory for a capture record");
+    else b->local.write = at;
+  }
+  unlock(tr);
+  return r;
+}
+
+void weft__tracker_free_block(weft_stream_t *s, weft__access_state_t *st) {
+  lock(s->tr);
+  weft__capture_t *c = s->capture;
+  weft__capture_block_t *b = c != NULL ? weft__capture_find(c, st) : NULL;
+  if (b != NULL && b->internal) b->freed = true;
+  unlock(s->tr);
+}
+
+weft__capture_t *weft__tracker_capture_of(weft_stream_t *s, weft_resource_t **alloc_to) {
+  lock(s->tr);
+  weft__capture_t *c = s->capture;
+  if (alloc_to != NULL) *alloc_to = c != NULL ? c->alloc_to : NULL;
+  unlock(s->tr);
+  return c;
+}
+
+/* ---- points and ordering ------------------------------------------------------------------------- */
 
 weft__point_t weft__tracker_point(weft_stream_t *s) {
   lock(s->tr);
-  weft__point_t p = point_locked(s->tr, s);
+  weft__point_t p = {s->index, weft__clock_point(weft__clock_domain(s->tr, s), s)};
   unlock(s->tr);
   return p;
 }
@@ -347,7 +376,7 @@ weft__point_t weft__tracker_point(weft_stream_t *s) {
 bool weft__tracker_is_ordered(weft_stream_t *s, weft__point_t p) {
   weft__tracker_t *tr = s->tr;
   lock(tr);
-  bool ok = p.stream >= tr->n || implied(dom_of(tr, s), s->index, p.stream, p.tick);
+  bool ok = p.stream >= tr->n || weft__clock_implied(weft__clock_domain(tr, s), s->index, p.stream, p.tick);
   unlock(tr);
   return ok;
 }
@@ -356,133 +385,26 @@ weft_status_t weft__tracker_order(weft_stream_t *s, weft__point_t p) {
   weft__tracker_t *tr = s->tr;
   weft_status_t st = WEFT_OK;
   lock(tr);
-  weft__domain_t *d = dom_of(tr, s);
-  if (p.stream < tr->n && !implied(d, s->index, p.stream, p.tick)) {
-    st = flush_pending(tr, d, s);
-    if (st == WEFT_OK) st = wait_on(tr, d, s, &tr->streams[p.stream], p.tick);
+  weft__domain_t *d = weft__clock_domain(tr, s);
+  if (p.stream < tr->n && !weft__clock_implied(d, s->index, p.stream, p.tick)) {
+    st = weft__clock_flush(tr, d, s);
+    if (st == WEFT_OK) st = weft__clock_wait(tr, d, s, &tr->streams[p.stream], p.tick);
   }
   unlock(tr);
   return st;
-}
-
-/* The host saw (t, slot's tick) complete: so is everything in that event's clock. */
-static void learn_complete(weft__tracker_t *tr, unsigned t, const uint64_t *snap, uint64_t tick) {
-  weft__domain_t *d = &tr->live;
-  for (unsigned u = 0; u < d->n; u++) d->host_known[u] = max_u64(d->host_known[u], snap[u]);
-  d->host_known[t] = max_u64(d->host_known[t], tick);
-}
-
-/* Points are live-domain points here: the pool and block syncs only ask about live work. */
-bool weft__tracker_poll(weft__tracker_t *tr, weft__point_t p) {
-  if (p.tick == 0) return true;
-  bool done = false;
-  lock(tr);
-  weft__domain_t *d = &tr->live;
-  if (p.stream < d->n && d->host_known[p.stream] >= p.tick) {
-    done = true;
-  } else if (p.stream < d->n && !weft__capture_blocks_housekeeping(tr)) {
-    /* A query under a GLOBAL capture would invalidate it: then the answer is "not known". */
-    weft_stream_t *t = &tr->streams[p.stream];
-    unsigned slot;
-    if (slot_for(tr, d, t, p.tick, &slot) == WEFT_OK &&
-        tr->drv->cuEventQuery(d->lane[p.stream].ring[slot]) == CUDA_SUCCESS) {
-      learn_complete(tr, p.stream, &d->lane[p.stream].ring_clock[(size_t)slot * d->n], d->lane[p.stream].ring_tick[slot]);
-      done = true;
-    }
-  }
-  unlock(tr);
-  return done;
 }
 
 size_t weft__tracker_conflicts(weft__tracker_t *tr, const weft__access_state_t *st, unsigned kind, weft__point_t *out) {
   size_t c = 0;
   lock(tr);
   if (st->write.tick != 0) out[c++] = st->write;
-  if (kind & WEFT_WRITE)
+  if (weft__rule_follows_reads(kind))
     for (uint64_t m = st->reader_mask; m != 0; m &= m - 1) {
       unsigned t = (unsigned)__builtin_ctzll(m);
       out[c++] = (weft__point_t){t, st->reads[t]};
     }
   unlock(tr);
   return c;
-}
-
-static weft_status_t refuse_under_capture(weft__tracker_t *tr, const char *what) {
-  return weft__error(WEFT_ERR_CAPTURE, "%s: not allowed while a capture that could see it is active", what);
-}
-
-/* Blocks on the point's event without the lock, then records the host's knowledge. */
-weft_status_t weft__tracker_sync_points(weft__tracker_t *tr, const weft__point_t *pts, size_t n) {
-  weft__domain_t *d = &tr->live;
-  if (tr->captures != 0) weft__capture_refresh(tr);
-  for (size_t i = 0; i < n; i++) {
-    weft__point_t p = pts[i];
-    if (p.tick == 0 || p.stream >= d->n) continue;
-    uint64_t snap[WEFT__MAX_STREAMS];
-    lock(tr);
-    if (d->host_known[p.stream] >= p.tick) {
-      unlock(tr);
-      continue;
-    }
-    if (weft__capture_blocks_housekeeping(tr)) {
-      unlock(tr);
-      return refuse_under_capture(tr, "synchronising a block");
-    }
-    weft_stream_t *t = &tr->streams[p.stream];
-    unsigned slot;
-    weft_status_t st = slot_for(tr, d, t, p.tick, &slot);
-    if (st != WEFT_OK) {
-      unlock(tr);
-      return st;
-    }
-    /* Copy the clock now: the slot may be re-recorded once the lock is dropped; the event we
-     * then wait for is newer and covers this snapshot. */
-    const weft__lane_t *l = &d->lane[p.stream];
-    memcpy(snap, &l->ring_clock[(size_t)slot * d->n], d->n * sizeof(uint64_t));
-    uint64_t tick = l->ring_tick[slot];
-    CUevent ev = l->ring[slot];
-    unlock(tr);
-    CUresult r = tr->drv->cuEventSynchronize(ev);
-    if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuEventSynchronize");
-    lock(tr);
-    learn_complete(tr, p.stream, snap, tick);
-    unlock(tr);
-  }
-  return WEFT_OK;
-}
-
-/* Shared by sync and query: run `wait` on the raw stream, then learn everything s had enqueued
- * when we looked. */
-static weft_status_t host_wait_stream(weft_stream_t *s, bool blocking) {
-  weft__tracker_t *tr = s->tr;
-  weft__domain_t *d = &tr->live;
-  uint64_t snap[WEFT__MAX_STREAMS];
-  if (tr->captures != 0) weft__capture_refresh(tr);
-  lock(tr);
-  if (s->capture != NULL || weft__capture_blocks_housekeeping(tr)) {
-    unlock(tr);
-    return refuse_under_capture(tr, blocking ? "weft_stream_synchronize" : "weft_stream_query");
-  }
-  memcpy(snap, ROW(d, s->index), d->n * sizeof(uint64_t));
-  uint64_t tick = d->lane[s->index].tick;
-  unlock(tr);
-  CUresult r = blocking ? tr->drv->cuStreamSynchronize(s->raw) : tr->drv->cuStreamQuery(s->raw);
-  if (r != CUDA_SUCCESS) return weft__driver_fail(r, blocking ? "cuStreamSynchronize" : "cuStreamQuery");
-  lock(tr);
-  learn_complete(tr, s->index, snap, tick);
-  unlock(tr);
-  return WEFT_OK;
-}
-
-weft_status_t weft__tracker_sync_stream(weft_stream_t *s) { return host_wait_stream(s, true); }
-weft_status_t weft__tracker_query_stream(weft_stream_t *s) { return host_wait_stream(s, false); }
-
-weft_status_t weft__tracker_sync_all(weft__tracker_t *tr) {
-  for (unsigned i = 0; i < tr->n; i++) {
-    weft_status_t st = weft__tracker_sync_stream(&tr->streams[i]);
-    if (st != WEFT_OK) return st;
-  }
-  return WEFT_OK;
 }
 
 weft_stream_t *weft__tracker_auto(weft__tracker_t *tr, bool high, const weft__use_t *uses, size_t n) {
@@ -511,19 +433,19 @@ weft_stream_t *weft__tracker_auto(weft__tracker_t *tr, bool high, const weft__us
 
 void weft__tracker_touch(weft_stream_t *s) {
   lock(s->tr);
-  dom_of(s->tr, s)->lane[s->index].dirty = true;
+  weft__clock_domain(s->tr, s)->lane[s->index].dirty = true;
   unlock(s->tr);
 }
 
 weft_status_t weft__tracker_import_event(weft_stream_t *s, CUevent ev) {
   weft__tracker_t *tr = s->tr;
   lock(tr);
-  weft__domain_t *d = dom_of(tr, s);
-  weft_status_t st = flush_pending(tr, d, s);
+  weft__capture_t *c = s->capture;
+  weft__domain_t *d = c != NULL ? &c->dom : &tr->live;
+  weft_status_t st = weft__clock_flush(tr, d, s);
   if (st == WEFT_OK) {
     /* Inside a capture, an event recorded outside it is waited on as an external dependency. */
-    unsigned flags = s->capture != NULL ? CU_EVENT_WAIT_EXTERNAL : 0;
-    CUresult r = tr->drv->cuStreamWaitEvent(s->raw, ev, flags);
+    CUresult r = tr->drv->cuStreamWaitEvent(s->raw, ev, c != NULL ? CU_EVENT_WAIT_EXTERNAL : 0);
     if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuStreamWaitEvent");
     else d->lane[s->index].dirty = true;
   }
@@ -531,37 +453,149 @@ weft_status_t weft__tracker_import_event(weft_stream_t *s, CUevent ev) {
   return st;
 }
 
-static bool domain_is_valid(weft__tracker_t *tr, const weft__domain_t *d) {
-  bool ok = true;
-  for (unsigned s = 0; s < d->n && ok; s++) {
-    const weft__lane_t *l = &d->lane[s];
-    const uint64_t *row = ROW(d, s);
-    if (row[s] != l->tick) ok = weft__debug_report("tracker", "known[s][s] != tick[s]");
-    if (l->recorded > l->tick) ok = weft__debug_report("tracker", "recorded tick beyond tick");
-    if (l->tick - l->recorded > 1) ok = weft__debug_report("tracker", "more than one pending tick");
-    for (unsigned t = 0; t < d->n && ok; t++) {
-      if (row[t] > d->lane[t].tick) ok = weft__debug_report("tracker", "known beyond the other stream's tick");
-      if (d->host_known[t] > d->lane[t].tick) ok = weft__debug_report("tracker", "host knows a future tick");
-    }
-    if (l->ring_tick == NULL) continue;
-    for (unsigned slot = 0; slot < d->ring_size && ok; slot++) {
-      if (l->ring_tick[slot] == 0) continue;
-      if (l->ring_tick[slot] > l->recorded) ok = weft__debug_report("tracker", "ring slot newer than recorded");
-      const uint64_t *snap = &l->ring_clock[(size_t)slot * d->n];
-      for (unsigned t = 0; t < d->n && ok; t++)
-        if (snap[t] > row[t]) ok = weft__debug_report("tracker", "ring snapshot ahead of the stream's row");
+/* ---- host knowledge ---------------------------------------------------------------------------- */
+
+/* The host saw (t, tick) complete: so is everything in that event's clock. */
+static void learn_complete(weft__tracker_t *tr, unsigned t, const uint64_t *snap, uint64_t tick) {
+  weft__domain_t *d = &tr->live;
+  for (unsigned u = 0; u < d->n; u++) d->host_known[u] = weft__max_u64(d->host_known[u], snap[u]);
+  d->host_known[t] = weft__max_u64(d->host_known[t], tick);
+}
+
+bool weft__tracker_poll(weft__tracker_t *tr, weft__point_t p) {
+  if (p.tick == 0) return true;
+  bool done = false;
+  lock(tr);
+  weft__domain_t *d = &tr->live;
+  if (p.stream < d->n && d->host_known[p.stream] >= p.tick) {
+    done = true;
+  } else if (p.stream < d->n && !weft__capture_blocks_housekeeping(tr)) {
+    /* A query under a GLOBAL capture would invalidate it: then the answer is "not known". */
+    unsigned slot;
+    if (weft__clock_slot(tr, d, &tr->streams[p.stream], p.tick, &slot) == WEFT_OK &&
+        tr->drv->cuEventQuery(d->lane[p.stream].ring[slot]) == CUDA_SUCCESS) {
+      const weft__lane_t *l = &d->lane[p.stream];
+      learn_complete(tr, p.stream, &l->ring_clock[(size_t)slot * d->n], l->ring_tick[slot]);
+      done = true;
     }
   }
-  (void)tr;
-  return ok;
+  unlock(tr);
+  return done;
+}
+
+static weft_status_t refuse_under_capture(const char *what) {
+  return weft__error(WEFT_ERR_CAPTURE, "%s: not allowed while a capture that could see it is active", what);
+}
+
+/* Blocks on the points' events without the lock, then records the host's knowledge. */
+weft_status_t weft__tracker_sync_points(weft__tracker_t *tr, const weft__point_t *pts, size_t n) {
+  weft__domain_t *d = &tr->live;
+  for (size_t i = 0; i < n; i++) {
+    weft__point_t p = pts[i];
+    if (p.tick == 0 || p.stream >= d->n) continue;
+    uint64_t snap[WEFT__MAX_STREAMS];
+    lock(tr);
+    if (d->host_known[p.stream] >= p.tick) {
+      unlock(tr);
+      continue;
+    }
+    if (weft__capture_blocks_housekeeping(tr)) {
+      unlock(tr);
+      return refuse_under_capture("synchronising a block");
+    }
+    unsigned slot;
+    weft_status_t st = weft__clock_slot(tr, d, &tr->streams[p.stream], p.tick, &slot);
+    if (st != WEFT_OK) {
+      unlock(tr);
+      return st;
+    }
+    /* Copy the clock now: the slot may be re-recorded once the lock is dropped; the event we
+     * then wait for is newer and covers this snapshot. */
+    const weft__lane_t *l = &d->lane[p.stream];
+    memcpy(snap, &l->ring_clock[(size_t)slot * d->n], d->n * sizeof(uint64_t));
+    uint64_t tick = l->ring_tick[slot];
+    CUevent ev = l->ring[slot];
+    unlock(tr);
+    CUresult r = tr->drv->cuEventSynchronize(ev);
+    if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuEventSynchronize");
+    lock(tr);
+    learn_complete(tr, p.stream, snap, tick);
+    unlock(tr);
+  }
+  return WEFT_OK;
+}
+
+/* Shared by sync and query: run `wait` on the raw stream, then learn everything s had enqueued
+ * when we looked. */
+static weft_status_t host_wait_stream(weft_stream_t *s, bool blocking) {
+  weft__tracker_t *tr = s->tr;
+  weft__domain_t *d = &tr->live;
+  uint64_t snap[WEFT__MAX_STREAMS];
+  lock(tr);
+  if (s->capture != NULL || weft__capture_blocks_housekeeping(tr)) {
+    unlock(tr);
+    return refuse_under_capture(blocking ? "weft_stream_synchronize" : "weft_stream_query");
+  }
+  memcpy(snap, WEFT__ROW(d, s->index), d->n * sizeof(uint64_t));
+  uint64_t tick = d->lane[s->index].tick;
+  unlock(tr);
+  CUresult r = blocking ? tr->drv->cuStreamSynchronize(s->raw) : tr->drv->cuStreamQuery(s->raw);
+  if (r != CUDA_SUCCESS) return weft__driver_fail(r, blocking ? "cuStreamSynchronize" : "cuStreamQuery");
+  lock(tr);
+  learn_complete(tr, s->index, snap, tick);
+  unlock(tr);
+  return WEFT_OK;
+}
+
+weft_status_t weft__tracker_sync_stream(weft_stream_t *s) { return host_wait_stream(s, true); }
+weft_status_t weft__tracker_query_stream(weft_stream_t *s) { return host_wait_stream(s, false); }
+
+weft_status_t weft__tracker_sync_all(weft__tracker_t *tr) {
+  for (unsigned i = 0; i < tr->n; i++) {
+    weft_status_t st = weft__tracker_sync_stream(&tr->streams[i]);
+    if (st != WEFT_OK) return st;
+  }
+  return WEFT_OK;
+}
+
+/* ---- invariants ------------------------------------------------------------------------------ */
+
+/* Stream s's clock in domain d: its own entry, its pending tick, its ring's snapshots. */
+static bool lane_is_valid(const weft__domain_t *d, unsigned s) {
+  const weft__lane_t *l = &d->lane[s];
+  const uint64_t *row = WEFT__ROW(d, s);
+  if (row[s] != l->tick) return weft__debug_report("tracker", "known[s][s] != tick[s]");
+  if (l->recorded > l->tick) return weft__debug_report("tracker", "recorded tick beyond tick");
+  if (l->tick - l->recorded > 1) return weft__debug_report("tracker", "more than one pending tick");
+  for (unsigned t = 0; t < d->n; t++) {
+    if (row[t] > d->lane[t].tick) return weft__debug_report("tracker", "known beyond the other stream's tick");
+    if (d->host_known[t] > d->lane[t].tick) return weft__debug_report("tracker", "host knows a future tick");
+  }
+  if (l->ring_tick == NULL) return true;
+  for (unsigned slot = 0; slot < d->ring_size; slot++) {
+    if (l->ring_tick[slot] == 0) continue;
+    if (l->ring_tick[slot] > l->recorded) return weft__debug_report("tracker", "ring slot newer than recorded");
+    if ((l->ring_tick[slot] & (d->ring_size - 1)) != slot) return weft__debug_report("tracker", "tick in a foreign slot");
+    const uint64_t *snap = &l->ring_clock[(size_t)slot * d->n];
+    for (unsigned t = 0; t < d->n; t++)
+      if (snap[t] > row[t]) return weft__debug_report("tracker", "ring snapshot ahead of the stream's row");
+  }
+  return true;
+}
+
+static bool domain_is_valid(const weft__domain_t *d) {
+  for (unsigned s = 0; s < d->n; s++)
+    if (!lane_is_valid(d, s)) return false;
+  return true;
 }
 
 bool weft__tracker_is_valid(weft__tracker_t *tr) {
   lock(tr);
-  bool ok = domain_is_valid(tr, &tr->live);
-  for (unsigned s = 0; s < tr->n && ok; s++)
-    if (tr->streams[s].capture != NULL && tr->streams[s].capture->origin == &tr->streams[s])
-      ok = domain_is_valid(tr, &tr->streams[s].capture->dom);
+  bool ok = domain_is_valid(&tr->live);
+  for (unsigned s = 0; s < tr->n && ok; s++) {
+    weft__capture_t *c = tr->streams[s].capture;
+    if (c != NULL && c->origin == &tr->streams[s]) ok = domain_is_valid(&c->dom);
+  }
   unlock(tr);
   return ok;
 }

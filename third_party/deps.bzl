@@ -70,7 +70,7 @@ def _jemalloc_impl(ctx):
 package(default_visibility = ["//visibility:public"])
 filegroup(name = "archive", srcs = [])
 """)
-        ctx.file("MISSING", "libjemalloc_pic.a not found; install libjemalloc-dev or build with --//lib/core:metadata=libc\n")
+        ctx.file("MISSING", "libjemalloc_pic.a not found; install libjemalloc-dev or build with --define=weft_metadata=libc\n")
         return
     ctx.symlink(archive, "libjemalloc_pic.a")
     ctx.file("BUILD", """

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Sets up (tools/setup.sh) and runs every test: the default build, then the asan (ASan+UBSan)
-# and tsan configs. Tests run on the simulator (WEFT_DRIVER=sim, set by .bazelrc). Ends with one
-# line "N passed, N failed" counting test targets over all configs.
+# Sets up (tools/setup.sh) and runs every test: the layering check (tools/check_layers.sh), the
+# default build, then the asan (ASan+UBSan) and tsan configs. Tests run on the simulator
+# (WEFT_DRIVER=sim, set by .bazelrc). Ends with one line "N passed, N failed" counting the
+# layering check and the test targets over all configs.
 #   tools/test.sh            all three configs
 #   WEFT_TEST_CONFIGS="default" tools/test.sh   only some
 set -uo pipefail
@@ -10,6 +11,14 @@ tools/setup.sh || exit 1
 configs="${WEFT_TEST_CONFIGS:-default asan tsan}"
 passed=0
 failed=0
+# The layers, at the level of BUILD dependencies and of object symbols.
+echo "=== tools/check_layers.sh"
+if tools/check_layers.sh; then
+  passed=$((passed + 1))
+else
+  echo "tools/check_layers.sh FAILED"
+  failed=$((failed + 1))
+fi
 for c in $configs; do
   flags=()
   [ "$c" = default ] || flags=(--config="$c")

@@ -17,7 +17,6 @@
 #include "examples/training_loop/mlp.h"
 #include "examples/training_loop/mlp_kernels.h"
 #include "examples/training_loop/mlp_kernels_sim.h"
-#include "lib/core/driver.h"
 #include "weft/weft.h"
 
 #define CHECK(call)                                                                            \
@@ -185,18 +184,25 @@ int main(int argc, char **argv) {
   for (int i = 1; i + 1 < argc; i++)
     if (strcmp(argv[i], "--steps") == 0) steps = atoi(argv[i + 1]);
   if (steps < 10) steps = 10;
-  const weft__driver_t *drv;
-  CHECK(weft__driver_get(&drv));
+  /* Driver calls weft has no wrapper for come from the library weft loaded. */
+  CUresult (*device_get)(CUdevice *, int) = (CUresult(*)(CUdevice *, int))weft_driver_symbol("cuDeviceGet");
+  CUresult (*device_name)(char *, int, CUdevice) = (CUresult(*)(char *, int, CUdevice))weft_driver_symbol("cuDeviceGetName");
+  CUresult (*module_load)(CUmodule *, const void *) = (CUresult(*)(CUmodule *, const void *))weft_driver_symbol("cuModuleLoadData");
+  CUresult (*get_function)(CUfunction *, CUmodule, const char *) =
+      (CUresult(*)(CUfunction *, CUmodule, const char *))weft_driver_symbol("cuModuleGetFunction");
+  CUresult (*module_unload)(CUmodule) = (CUresult(*)(CUmodule))weft_driver_symbol("cuModuleUnload");
+  if (!device_get || !device_name || !module_load || !get_function || !module_unload)
+    return fprintf(stderr, "the CUDA driver lacks module functions\n"), 1;
   char name[128] = "simulator";
   CUdevice dev;
-  if (drv->cuDeviceGet(&dev, 0) == CUDA_SUCCESS) drv->cuDeviceGetName(name, sizeof name, dev);
+  if (device_get(&dev, 0) == CUDA_SUCCESS) device_name(name, sizeof name, dev);
   printf("weft training_loop: MLP %d-%d-1, batch %d, %d steps, on %s%s\n", MLP_IN, MLP_HIDDEN, MLP_BATCH, steps, name,
          info.is_simulator ? " (no GPU: the CPU simulator runs the kernels' host twins)" : "");
   mlp_register_sim();
   CUmodule mod;
-  if (drv->cuModuleLoadData(&mod, mlp_kernels_fatbin) != CUDA_SUCCESS) return fprintf(stderr, "cannot load kernels\n"), 1;
+  if (module_load(&mod, mlp_kernels_fatbin) != CUDA_SUCCESS) return fprintf(stderr, "cannot load kernels\n"), 1;
   for (int i = 0; i < K_COUNT; i++)
-    if (drv->cuModuleGetFunction(&t.k[i], mod, kernel_names[i]) != CUDA_SUCCESS) return 1;
+    if (get_function(&t.k[i], mod, kernel_names[i]) != CUDA_SUCCESS) return 1;
   CHECK(weft_stream_get(t.rt, 0, &t.compute));
   CHECK(weft_stream_get(t.rt, 1, &t.side));
   CHECK(weft_stream_get(t.rt, 2, &t.copy));
@@ -291,7 +297,7 @@ int main(int argc, char **argv) {
     CHECK(weft_exec_destroy(e[b]));
     CHECK(weft_graph_destroy(g[b]));
   }
-  drv->cuModuleUnload(mod);
+  module_unload(mod);
   CHECK(weft_runtime_release(t.rt));
   free(hx);
   free(hy);

@@ -5,7 +5,7 @@
  * be inspected on their own. The jemalloc linked in is Debian's archive with every global symbol
  * renamed to weft__je_* at build time (lib/core/BUILD): weft never defines malloc, free or any
  * jemalloc name, in the static or the shared build. Building with
- * --//lib/core:metadata=libc uses the C library instead (WEFT_META_LIBC).
+ * --define=weft_metadata=libc uses the C library instead (WEFT_META_LIBC).
  */
 #ifndef WEFT_CORE_META_H
 #define WEFT_CORE_META_H

@@ -7,14 +7,13 @@
 
 #include "lib/mem/mem.h"
 
+/* Reserved bytes are the live ones: the pool's cached memory is in its RESERVED_MEM_* attributes,
+ * which are housekeeping a capture must not see, so stats never ask for them. */
 typedef struct async {
   weft_resource_t base;     /* first */
-  pthread_mutex_t lock;     /* rank 20; guards st */
   weft__tracker_t *tr;
   CUmemoryPool pool;        /* owned */
   weft_async_options_t opt;
-  weft_resource_stats_t st; /* reserved counts the bytes of live allocations (the pool's cached
-                               memory is in its RESERVED_MEM_* attributes) */
 } async_t;
 
 weft_async_options_t weft_async_options_default(void) {
@@ -33,51 +32,23 @@ weft_async_options_t weft_async_options_default(void) {
 static weft_status_t async_allocate(weft_resource_t *self, size_t bytes, weft_stream_t *s, const char *tag,
                                     CUdeviceptr *out) {
   async_t *a = (async_t *)self;
-  weft_status_t st = weft__mem_check_stream("async allocate", a->tr, s);
-  CUdeviceptr p = 0;
-  if (st == WEFT_OK) st = weft__tracker_bind(a->tr);
-  if (st == WEFT_OK) {
-    CUresult r = a->tr->drv->cuMemAllocFromPoolAsync(&p, bytes, a->pool, s->raw);
-    if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuMemAllocFromPoolAsync");
-    else weft__tracker_touch(s); /* the allocation is work on s: later points of s must cover it */
-  }
-  pthread_mutex_lock(&a->lock);
-  if (st == WEFT_OK) {
-    weft__rstats_live(&a->st, bytes);
-    weft__rstats_reserve(&a->st, bytes);
-  } else {
-    a->st.failures++;
-  }
-  pthread_mutex_unlock(&a->lock);
-  if (st == WEFT_OK) *out = p;
-  return st;
+  weft_status_t st = weft__tracker_bind(a->tr);
+  if (st != WEFT_OK) return st;
+  CUresult r = a->tr->drv->cuMemAllocFromPoolAsync(out, bytes, a->pool, s->raw);
+  if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemAllocFromPoolAsync");
+  weft__tracker_touch(s); /* the allocation is work on s: later points of s must cover it */
+  return WEFT_OK;
 }
 
 static weft_status_t async_deallocate(weft_resource_t *self, CUdeviceptr p, size_t bytes, weft_stream_t *s,
                                       const char *tag) {
   async_t *a = (async_t *)self;
-  weft_status_t st = weft__mem_check_stream("async deallocate", a->tr, s);
-  if (st == WEFT_OK) st = weft__tracker_bind(a->tr);
-  if (st == WEFT_OK) {
-    CUresult r = a->tr->drv->cuMemFreeAsync(p, s->raw);
-    if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuMemFreeAsync");
-  }
-  pthread_mutex_lock(&a->lock);
-  if (st == WEFT_OK) {
-    weft__rstats_unlive(&a->st, bytes);
-    weft__rstats_unreserve(&a->st, bytes);
-  } else {
-    a->st.failures++;
-  }
-  pthread_mutex_unlock(&a->lock);
-  return st;
-}
-
-static void async_stats(const weft_resource_t *self, weft_resource_stats_t *out) {
-  async_t *a = (async_t *)self;
-  pthread_mutex_lock(&a->lock);
-  *out = a->st;
-  pthread_mutex_unlock(&a->lock);
+  weft_status_t st = weft__tracker_bind(a->tr);
+  if (st != WEFT_OK) return st;
+  CUresult r = a->tr->drv->cuMemFreeAsync(p, s->raw);
+  if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemFreeAsync");
+  weft__tracker_touch(s);
+  return WEFT_OK;
 }
 
 static weft_status_t async_trim(weft_resource_t *self, size_t keep) {
@@ -93,7 +64,6 @@ static void async_destroy(weft_resource_t *self) {
   async_t *a = (async_t *)self;
   /* With allocations still outstanding the driver releases the pool once they are freed. */
   if (weft__tracker_bind(a->tr) == WEFT_OK) (void)a->tr->drv->cuMemPoolDestroy(a->pool);
-  pthread_mutex_destroy(&a->lock);
   weft__meta_free(a);
 }
 
@@ -101,7 +71,6 @@ const weft_resource_ops_t weft__async_ops = {
     .name = "async",
     .allocate = async_allocate,
     .deallocate = async_deallocate,
-    .stats = async_stats,
     .trim = async_trim,
     .destroy = async_destroy,
 };
@@ -129,12 +98,10 @@ static weft_status_t reserve(async_t *a, uint64_t bytes, CUdeviceptr *held) {
   return WEFT_OK;
 }
 
-weft_status_t weft_async_create(weft_runtime_t *rt, const weft_async_options_t *opts, weft_resource_t **out) {
+weft_status_t weft__async_create(weft__tracker_t *tr, weft_runtime_t *rt, const weft_async_options_t *opts,
+                                 weft_resource_t **out) {
   static const char who[] = "weft_async_create";
   weft_status_t st;
-  weft__tracker_t *tr = weft__mem_tracker(who, rt, &st);
-  if (tr == NULL) return st;
-  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: out is NULL", who);
   weft_async_options_t o = opts ? *opts : weft_async_options_default();
   if (o.initial_reserve > WEFT__MEM_MAX_BYTES || o.max_size > WEFT__MEM_MAX_BYTES)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: initial_reserve / max_size above 2^48", who);
@@ -148,7 +115,6 @@ weft_status_t weft_async_create(weft_runtime_t *rt, const weft_async_options_t *
   if ((st = weft__tracker_bind(tr)) != WEFT_OK) return st;
   async_t *a = weft__meta_calloc(1, sizeof *a);
   if (a == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory", who);
-  if ((st = weft__mem_lock_init(&a->lock, who)) != WEFT_OK) goto fail_lock;
   a->tr = tr;
   a->opt = o;
   CUmemPoolProps props;
@@ -178,16 +144,13 @@ weft_status_t weft_async_create(weft_runtime_t *rt, const weft_async_options_t *
   CUdeviceptr held = 0;
   if (st == WEFT_OK && o.initial_reserve != 0) st = reserve(a, o.initial_reserve, &held);
   if (st != WEFT_OK) goto fail_setup;
-  a->base.ops = &weft__async_ops;
-  a->base.rt = rt;
+  weft__resource_init(&a->base, &weft__async_ops, NULL, rt);
   *out = &a->base;
   return WEFT_OK;
 fail_setup:
   if (held != 0) (void)drv->cuMemFreeAsync(held, tr->streams[0].raw);
   (void)drv->cuMemPoolDestroy(a->pool);
 fail_pool:
-  pthread_mutex_destroy(&a->lock);
-fail_lock:
   weft__meta_free(a);
   return st;
 }

@@ -49,13 +49,12 @@ typedef struct shm_table {
 
 typedef struct budget {
   weft_resource_t base;     /* first */
-  pthread_mutex_t lock;     /* rank 20; guards st and used (local mode); never held across upstream */
+  pthread_mutex_t lock;     /* rank 20; guards used (local mode); never held across upstream */
   weft__tracker_t *tr;
   uint64_t limit;           /* bytes */
   uint64_t used;            /* local mode: bytes charged */
   shm_table_t *shm;         /* shared mode: the mapped table, else NULL */
   int slot;                 /* shared mode: our slot index */
-  weft_resource_stats_t st; /* live == reserved == bytes this budget charged */
 } budget_t;
 
 /* ---- the shared table ------------------------------------------------------------------ */
@@ -222,49 +221,18 @@ static weft_status_t budget_allocate(weft_resource_t *self, size_t bytes, weft_s
                                      CUdeviceptr *out) {
   budget_t *b = (budget_t *)self;
   weft_status_t st = charge(b, bytes);
-  CUdeviceptr p = 0;
-  if (st == WEFT_OK) {
-    st = b->base.upstream->ops->allocate(b->base.upstream, bytes, s, tag, &p);
-    if (st != WEFT_OK) uncharge(b, bytes);
-  }
-  pthread_mutex_lock(&b->lock);
-  if (st == WEFT_OK) {
-    weft__rstats_live(&b->st, bytes);
-    weft__rstats_reserve(&b->st, bytes);
-  } else {
-    b->st.failures++;
-  }
-  pthread_mutex_unlock(&b->lock);
-  if (st == WEFT_OK) *out = p;
+  if (st != WEFT_OK) return st;
+  st = weft__resource_allocate(b->base.upstream, bytes, s, tag, out);
+  if (st != WEFT_OK) uncharge(b, bytes);
   return st;
 }
 
 static weft_status_t budget_deallocate(weft_resource_t *self, CUdeviceptr p, size_t bytes, weft_stream_t *s,
                                        const char *tag) {
   budget_t *b = (budget_t *)self;
-  weft_status_t st = b->base.upstream->ops->deallocate(b->base.upstream, p, bytes, s, tag);
+  weft_status_t st = weft__resource_deallocate(b->base.upstream, p, bytes, s, tag);
   if (st == WEFT_OK) uncharge(b, bytes);
-  pthread_mutex_lock(&b->lock);
-  if (st == WEFT_OK) {
-    weft__rstats_unlive(&b->st, bytes);
-    weft__rstats_unreserve(&b->st, bytes);
-  } else {
-    b->st.failures++;
-  }
-  pthread_mutex_unlock(&b->lock);
   return st;
-}
-
-static void budget_stats(const weft_resource_t *self, weft_resource_stats_t *out) {
-  budget_t *b = (budget_t *)self;
-  pthread_mutex_lock(&b->lock);
-  *out = b->st;
-  pthread_mutex_unlock(&b->lock);
-}
-
-static weft_status_t budget_trim(weft_resource_t *self, size_t keep) {
-  weft_resource_t *up = self->upstream;
-  return up->ops->trim ? up->ops->trim(up, keep) : WEFT_OK;
 }
 
 static void budget_destroy(weft_resource_t *self) {
@@ -287,8 +255,6 @@ const weft_resource_ops_t weft__budget_ops = {
     .name = "budget",
     .allocate = budget_allocate,
     .deallocate = budget_deallocate,
-    .stats = budget_stats,
-    .trim = budget_trim,
     .destroy = budget_destroy,
 };
 
@@ -304,13 +270,10 @@ static bool key_ok(const char *k) {
   return true;
 }
 
-weft_status_t weft_budget_create(weft_runtime_t *rt, weft_resource_t *upstream, uint64_t limit, const char *shared_key,
-                                 weft_resource_t **out) {
+weft_status_t weft__budget_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t *upstream, uint64_t limit,
+                                  const char *shared_key, weft_resource_t **out) {
   static const char who[] = "weft_budget_create";
   weft_status_t st;
-  weft__tracker_t *tr = weft__mem_tracker(who, rt, &st);
-  if (tr == NULL) return st;
-  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: out is NULL", who);
   if ((st = weft__mem_check_upstream(who, rt, upstream)) != WEFT_OK) return st;
   if (limit == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: limit is 0", who);
   bool shared = shared_key != NULL && shared_key[0] != '\0';
@@ -328,9 +291,7 @@ weft_status_t weft_budget_create(weft_runtime_t *rt, weft_resource_t *upstream, 
     weft__meta_free(b);
     return st;
   }
-  b->base.ops = &weft__budget_ops;
-  b->base.upstream = upstream;
-  b->base.rt = rt;
+  weft__resource_init(&b->base, &weft__budget_ops, upstream, rt);
   b->tr = tr;
   b->limit = limit;
   *out = &b->base;

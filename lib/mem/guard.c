@@ -26,11 +26,6 @@
 #define GUARD_MAX_CANARY (1u << 20)
 #define GUARD_MAX_QUARANTINE (1u << 20)
 
-typedef struct live {
-  CUdeviceptr p;            /* user pointer; 0 = empty slot */
-  uint64_t bytes;           /* user bytes */
-} live_t;
-
 typedef struct quarantined {
   CUdeviceptr p;            /* user pointer */
   uint64_t bytes;           /* user bytes */
@@ -44,12 +39,11 @@ typedef struct guard {
                                calls of a free */
   weft__tracker_t *tr;
   weft_guard_options_t opt;
-  live_t *live;             /* [live_cap] open addressing, linear probing */
-  size_t live_cap, live_count;
+  weft__map_t live;         /* user pointer -> user bytes of every live block */
   quarantined_t *q;         /* ring [opt.quarantine_count] */
   size_t q_head, q_count;
   uint64_t q_bytes;         /* upstream bytes held in quarantine */
-  weft_resource_stats_t st; /* live: user bytes; reserved: upstream bytes incl. canaries and quarantine */
+  uint64_t reserved, reserved_peak; /* upstream bytes: blocks with canaries, and the quarantine */
 } guard_t;
 
 weft_guard_options_t weft_guard_options_default(void) {
@@ -63,60 +57,6 @@ weft_guard_options_t weft_guard_options_default(void) {
 
 static inline uint64_t total_of(const guard_t *g, uint64_t bytes) { return bytes + 2 * (uint64_t)g->opt.canary_bytes; }
 
-/* ---- live set ------------------------------------------------------------------------------ */
-
-static size_t live_slot(const guard_t *g, CUdeviceptr p) {
-  return (size_t)(((p >> 8) * 0x9E3779B97F4A7C15ull) >> 32) & (g->live_cap - 1);
-}
-
-static live_t *live_find(const guard_t *g, CUdeviceptr p) {
-  if (g->live_cap == 0) return NULL;
-  for (size_t i = live_slot(g, p);; i = (i + 1) & (g->live_cap - 1)) {
-    if (g->live[i].p == p) return &g->live[i];
-    if (g->live[i].p == 0) return NULL;
-  }
-}
-
-static void live_put(guard_t *g, CUdeviceptr p, uint64_t bytes) {
-  size_t i = live_slot(g, p);
-  while (g->live[i].p != 0) i = (i + 1) & (g->live_cap - 1);
-  g->live[i].p = p;
-  g->live[i].bytes = bytes;
-  g->live_count++;
-}
-
-static bool live_reserve(guard_t *g) {
-  if ((g->live_count + 1) * 2 <= g->live_cap) return true;
-  size_t cap = g->live_cap ? g->live_cap * 2 : 64;
-  live_t *tab = weft__meta_calloc(cap, sizeof *tab);
-  if (tab == NULL) return false;
-  live_t *old = g->live;
-  size_t old_cap = g->live_cap;
-  g->live = tab;
-  g->live_cap = cap;
-  g->live_count = 0;
-  for (size_t i = 0; i < old_cap; i++)
-    if (old[i].p != 0) live_put(g, old[i].p, old[i].bytes);
-  weft__meta_free(old);
-  return true;
-}
-
-static void live_remove(guard_t *g, live_t *e) {
-  size_t mask = g->live_cap - 1, i = (size_t)(e - g->live), j = i;
-  for (;;) {
-    j = (j + 1) & mask;
-    if (g->live[j].p == 0) break;
-    size_t home = live_slot(g, g->live[j].p);
-    bool stays = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
-    if (!stays) {
-      g->live[i] = g->live[j];
-      i = j;
-    }
-  }
-  g->live[i].p = 0;
-  g->live_count--;
-}
-
 /* ---- quarantine ------------------------------------------------------------------------------- */
 
 static bool in_quarantine(const guard_t *g, CUdeviceptr p) {
@@ -129,13 +69,12 @@ static bool in_quarantine(const guard_t *g, CUdeviceptr p) {
 static weft_status_t evict_one(guard_t *g) {
   quarantined_t *e = &g->q[g->q_head];
   uint64_t total = total_of(g, e->bytes);
-  weft_status_t st =
-      g->base.upstream->ops->deallocate(g->base.upstream, e->p - g->opt.canary_bytes, total, e->s, e->tag);
+  weft_status_t st = weft__resource_deallocate(g->base.upstream, e->p - g->opt.canary_bytes, total, e->s, e->tag);
   if (st != WEFT_OK) return st;
   g->q_head = (g->q_head + 1) % g->opt.quarantine_count;
   g->q_count--;
   g->q_bytes -= total;
-  weft__rstats_unreserve(&g->st, total);
+  g->reserved -= total;
   return WEFT_OK;
 }
 
@@ -144,17 +83,15 @@ static weft_status_t evict_one(guard_t *g) {
 static weft_status_t guard_allocate(weft_resource_t *self, size_t bytes, weft_stream_t *s, const char *tag,
                                     CUdeviceptr *out) {
   guard_t *g = (guard_t *)self;
-  weft_status_t st = weft__mem_check_stream("guard allocate", g->tr, s);
-  if (st != WEFT_OK) return st;
   uint64_t total = total_of(g, bytes), c = g->opt.canary_bytes;
+  weft_status_t st;
   pthread_mutex_lock(&g->lock);
-  if (!live_reserve(g)) {
-    g->st.failures++;
+  if (!weft__map_reserve(&g->live, 1)) {
     pthread_mutex_unlock(&g->lock);
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "guard: no host memory for the live-block table");
   }
   CUdeviceptr base = 0;
-  st = g->base.upstream->ops->allocate(g->base.upstream, total, s, tag, &base);
+  st = weft__resource_allocate(g->base.upstream, total, s, tag, &base);
   if (st == WEFT_OK && c != 0) {
     const weft__driver_t *drv = g->tr->drv;
     CUresult r = CUDA_SUCCESS;
@@ -162,16 +99,16 @@ static weft_status_t guard_allocate(weft_resource_t *self, size_t bytes, weft_st
     if (st == WEFT_OK && (r = drv->cuMemsetD8Async(base, CANARY, c, s->raw)) == CUDA_SUCCESS)
       r = drv->cuMemsetD8Async(base + c + bytes, CANARY, c, s->raw);
     if (st == WEFT_OK && r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuMemsetD8Async (guard canary)");
-    if (st != WEFT_OK) (void)g->base.upstream->ops->deallocate(g->base.upstream, base, total, s, tag);
+    /* The canary fills are work on s: the block's first users elsewhere must follow them. */
+    weft__tracker_touch(s);
+    if (st != WEFT_OK) (void)weft__resource_deallocate(g->base.upstream, base, total, s, tag);
   }
   if (st != WEFT_OK) {
-    g->st.failures++;
     pthread_mutex_unlock(&g->lock);
     return st;
   }
-  live_put(g, base + c, bytes);
-  weft__rstats_live(&g->st, bytes);
-  weft__rstats_reserve(&g->st, total);
+  *weft__map_insert(&g->live, base + c, NULL) = bytes;
+  weft__mem_reserve(&g->reserved, &g->reserved_peak, total);
   pthread_mutex_unlock(&g->lock);
   *out = base + c;
   return WEFT_OK;
@@ -203,12 +140,11 @@ static weft_status_t check_canaries(guard_t *g, CUdeviceptr p, uint64_t bytes, b
 static weft_status_t guard_deallocate(weft_resource_t *self, CUdeviceptr p, size_t bytes, weft_stream_t *s,
                                       const char *tag) {
   guard_t *g = (guard_t *)self;
-  weft_status_t st = weft__mem_check_stream("guard deallocate", g->tr, s);
-  if (st != WEFT_OK) return st;
   uint64_t total = total_of(g, bytes);
   const weft__driver_t *drv = g->tr->drv;
+  weft_status_t st = WEFT_OK;
   pthread_mutex_lock(&g->lock);
-  live_t *e = live_find(g, p);
+  uint64_t *e = weft__map_find(&g->live, p);
   bool bad = false;
   long long bad_offset = 0;
   if (e == NULL) {
@@ -217,9 +153,9 @@ static weft_status_t guard_deallocate(weft_resource_t *self, CUdeviceptr p, size
                            (unsigned long long)p, tag)
              : weft__error(WEFT_ERR_INVALID_ARGUMENT, "guard: 0x%llx (tag '%s') is not a live block of this resource",
                            (unsigned long long)p, tag);
-  } else if (e->bytes != bytes) {
+  } else if (*e != bytes) {
     st = weft__error(WEFT_ERR_INVALID_ARGUMENT, "guard: 0x%llx (tag '%s') has %llu bytes, freed as %zu",
-                     (unsigned long long)p, tag, (unsigned long long)e->bytes, bytes);
+                     (unsigned long long)p, tag, (unsigned long long)*e, bytes);
   }
   if (st == WEFT_OK) st = weft__tracker_bind(g->tr);
   if (st == WEFT_OK) {
@@ -235,10 +171,11 @@ static weft_status_t guard_deallocate(weft_resource_t *self, CUdeviceptr p, size
   if (st == WEFT_OK && g->opt.poison_on_free) {
     CUresult r = drv->cuMemsetD8Async(p, POISON, bytes, s->raw);
     if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuMemsetD8Async (guard poison)");
+    weft__tracker_touch(s); /* the memory's next user must follow the poison fill */
   }
   if (st == WEFT_OK && !keep) {
-    st = g->base.upstream->ops->deallocate(g->base.upstream, p - g->opt.canary_bytes, total, s, tag);
-    if (st == WEFT_OK) weft__rstats_unreserve(&g->st, total);
+    st = weft__resource_deallocate(g->base.upstream, p - g->opt.canary_bytes, total, s, tag);
+    if (st == WEFT_OK) g->reserved -= total;
   }
   if (st == WEFT_OK && keep) {
     quarantined_t *q = &g->q[(g->q_head + g->q_count) % g->opt.quarantine_count];
@@ -249,12 +186,7 @@ static weft_status_t guard_deallocate(weft_resource_t *self, CUdeviceptr p, size
     g->q_count++;
     g->q_bytes += total;
   }
-  if (st == WEFT_OK) {
-    live_remove(g, e);
-    weft__rstats_unlive(&g->st, bytes);
-  } else {
-    g->st.failures++;
-  }
+  if (st == WEFT_OK) weft__map_remove(&g->live, p);
   pthread_mutex_unlock(&g->lock);
   if (st == WEFT_OK && bad)
     return weft__error(WEFT_ERR_CORRUPTED,
@@ -267,7 +199,8 @@ static weft_status_t guard_deallocate(weft_resource_t *self, CUdeviceptr p, size
 static void guard_stats(const weft_resource_t *self, weft_resource_stats_t *out) {
   guard_t *g = (guard_t *)self;
   pthread_mutex_lock(&g->lock);
-  *out = g->st;
+  out->reserved_bytes = g->reserved;
+  out->reserved_peak = g->reserved_peak;
   pthread_mutex_unlock(&g->lock);
 }
 
@@ -277,9 +210,7 @@ static weft_status_t guard_trim(weft_resource_t *self, size_t keep) {
   pthread_mutex_lock(&g->lock);
   while (st == WEFT_OK && g->q_count > 0) st = evict_one(g);
   pthread_mutex_unlock(&g->lock);
-  weft_resource_t *up = self->upstream;
-  if (st == WEFT_OK && up->ops->trim) st = up->ops->trim(up, keep);
-  return st;
+  return st == WEFT_OK ? weft__resource_trim(self->upstream, keep) : st;
 }
 
 static void guard_destroy(weft_resource_t *self) {
@@ -287,7 +218,7 @@ static void guard_destroy(weft_resource_t *self) {
   while (g->q_count > 0 && evict_one(g) == WEFT_OK) {
   }
   weft__meta_free(g->q);
-  weft__meta_free(g->live);
+  weft__map_free(&g->live);
   pthread_mutex_destroy(&g->lock);
   weft__meta_free(g);
 }
@@ -301,13 +232,10 @@ const weft_resource_ops_t weft__guard_ops = {
     .destroy = guard_destroy,
 };
 
-weft_status_t weft_guard_create(weft_runtime_t *rt, weft_resource_t *upstream, const weft_guard_options_t *opts,
-                                weft_resource_t **out) {
+weft_status_t weft__guard_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t *upstream,
+                                 const weft_guard_options_t *opts, weft_resource_t **out) {
   static const char who[] = "weft_guard_create";
   weft_status_t st;
-  weft__tracker_t *tr = weft__mem_tracker(who, rt, &st);
-  if (tr == NULL) return st;
-  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: out is NULL", who);
   if ((st = weft__mem_check_upstream(who, rt, upstream)) != WEFT_OK) return st;
   weft_guard_options_t o = opts ? *opts : weft_guard_options_default();
   if (o.canary_bytes % 256 != 0 || o.canary_bytes > GUARD_MAX_CANARY)
@@ -327,9 +255,7 @@ weft_status_t weft_guard_create(weft_runtime_t *rt, weft_resource_t *upstream, c
     weft__meta_free(g);
     return st;
   }
-  g->base.ops = &weft__guard_ops;
-  g->base.upstream = upstream;
-  g->base.rt = rt;
+  weft__resource_init(&g->base, &weft__guard_ops, upstream, rt);
   g->tr = tr;
   g->opt = o;
   *out = &g->base;

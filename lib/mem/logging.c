@@ -25,12 +25,11 @@ static const char header[] = "thread,time_ns,action,ptr,bytes,stream,device,tag"
 
 typedef struct logging {
   weft_resource_t base;     /* first */
-  pthread_mutex_t lock;     /* rank 20; guards out, sink calls and st; not held across upstream */
+  pthread_mutex_t lock;     /* rank 20; guards out and sink calls; not held across upstream */
   weft__tracker_t *tr;
   FILE *out;                /* owned, or NULL with a sink */
   weft_log_sink_fn sink;
   void *user;
-  weft_resource_stats_t st; /* live == reserved: a pass-through */
 } logging_t;
 
 static long thread_id(void) {
@@ -74,14 +73,8 @@ static weft_status_t logging_allocate(weft_resource_t *self, size_t bytes, weft_
                                       CUdeviceptr *out) {
   logging_t *l = (logging_t *)self;
   CUdeviceptr p = 0;
-  weft_status_t st = l->base.upstream->ops->allocate(l->base.upstream, bytes, s, tag, &p);
+  weft_status_t st = weft__resource_allocate(l->base.upstream, bytes, s, tag, &p);
   pthread_mutex_lock(&l->lock);
-  if (st == WEFT_OK) {
-    weft__rstats_live(&l->st, bytes);
-    weft__rstats_reserve(&l->st, bytes);
-  } else {
-    l->st.failures++;
-  }
   emit(l, st == WEFT_OK ? "alloc" : "alloc_failed", p, bytes, s, tag);
   pthread_mutex_unlock(&l->lock);
   if (st == WEFT_OK) *out = p;
@@ -91,29 +84,11 @@ static weft_status_t logging_allocate(weft_resource_t *self, size_t bytes, weft_
 static weft_status_t logging_deallocate(weft_resource_t *self, CUdeviceptr p, size_t bytes, weft_stream_t *s,
                                         const char *tag) {
   logging_t *l = (logging_t *)self;
-  weft_status_t st = l->base.upstream->ops->deallocate(l->base.upstream, p, bytes, s, tag);
+  weft_status_t st = weft__resource_deallocate(l->base.upstream, p, bytes, s, tag);
   pthread_mutex_lock(&l->lock);
-  if (st == WEFT_OK) {
-    weft__rstats_unlive(&l->st, bytes);
-    weft__rstats_unreserve(&l->st, bytes);
-  } else {
-    l->st.failures++;
-  }
   emit(l, st == WEFT_OK ? "free" : "free_failed", p, bytes, s, tag);
   pthread_mutex_unlock(&l->lock);
   return st;
-}
-
-static void logging_stats(const weft_resource_t *self, weft_resource_stats_t *out) {
-  logging_t *l = (logging_t *)self;
-  pthread_mutex_lock(&l->lock);
-  *out = l->st;
-  pthread_mutex_unlock(&l->lock);
-}
-
-static weft_status_t logging_trim(weft_resource_t *self, size_t keep) {
-  weft_resource_t *up = self->upstream;
-  return up->ops->trim ? up->ops->trim(up, keep) : WEFT_OK;
 }
 
 static void logging_destroy(weft_resource_t *self) {
@@ -127,18 +102,13 @@ const weft_resource_ops_t weft__logging_ops = {
     .name = "logging",
     .allocate = logging_allocate,
     .deallocate = logging_deallocate,
-    .stats = logging_stats,
-    .trim = logging_trim,
     .destroy = logging_destroy,
 };
 
-weft_status_t weft_logging_create(weft_runtime_t *rt, weft_resource_t *upstream, const char *path,
-                                  weft_log_sink_fn sink, void *user, weft_resource_t **out) {
+weft_status_t weft__logging_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t *upstream, const char *path,
+                                   weft_log_sink_fn sink, void *user, weft_resource_t **out) {
   static const char who[] = "weft_logging_create";
   weft_status_t st;
-  weft__tracker_t *tr = weft__mem_tracker(who, rt, &st);
-  if (tr == NULL) return st;
-  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: out is NULL", who);
   if ((st = weft__mem_check_upstream(who, rt, upstream)) != WEFT_OK) return st;
   if ((path == NULL) == (sink == NULL))
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: give exactly one of a path and a sink", who);
@@ -164,9 +134,7 @@ weft_status_t weft_logging_create(weft_runtime_t *rt, weft_resource_t *upstream,
     l->user = user;
     sink(user, header);
   }
-  l->base.ops = &weft__logging_ops;
-  l->base.upstream = upstream;
-  l->base.rt = rt;
+  weft__resource_init(&l->base, &weft__logging_ops, upstream, rt);
   l->tr = tr;
   *out = &l->base;
   return WEFT_OK;

@@ -1,10 +1,14 @@
-/* lib/mem internals shared by the resource files: size checks, statistics bookkeeping, the
- * resource lock, and the helpers every resource uses to reach its runtime's tracker.
+/* lib/mem: memory resources and adaptors (README.md says what the layer owns and may call).
  *
- * Locks: every resource has one pthread mutex of rank 20 (streams/tracker.h lists the ranks). A
- * resource may call tracker functions (rank 30) while holding it, never the reverse. A resource
- * may also call its upstream while holding its own lock: stacks are acyclic (an upstream never
- * calls down), so nested resource locks are always taken top to bottom of one stack.
+ * Every call into a resource goes through weft__resource_allocate / weft__resource_deallocate
+ * (resource.c): they keep the counts every resource reports, so a resource writes only what is
+ * its own. Constructors take the tracker of the runtime they serve; the public weft_*_create
+ * functions (lib/runtime) resolve a runtime handle and call them.
+ *
+ * Locks: every resource that needs one has one pthread mutex of rank 20 (streams/tracker.h lists
+ * the ranks). A resource may call tracker functions (rank 30) while holding it, never the
+ * reverse. A resource may also call its upstream while holding its own lock: stacks are acyclic
+ * (an upstream never calls down), so nested resource locks are always taken top to bottom.
  */
 #ifndef WEFT_MEM_MEM_H
 #define WEFT_MEM_MEM_H
@@ -24,50 +28,83 @@
  * enough that adding alignment, canaries or chunk rounding can never overflow 64 bits. */
 #define WEFT__MEM_MAX_BYTES (1ull << 48)
 
-/* weft_resource_t.ops->name of each built-in resource, also used to recognise them. */
-extern const weft_resource_ops_t weft__direct_ops, weft__async_ops, weft__pool_ops, weft__budget_ops,
-    weft__logging_ops, weft__stats_ops, weft__guard_ops;
+/* ---- dispatch (resource.c) ----------------------------------------------------------------- */
+
+/** r->ops->allocate, counted. The caller has checked the arguments. */
+weft_status_t weft__resource_allocate(weft_resource_t *r, size_t bytes, weft_stream_t *s, const char *tag,
+                                      CUdeviceptr *out);
+/** r->ops->deallocate, counted. The caller has checked the arguments. */
+weft_status_t weft__resource_deallocate(weft_resource_t *r, CUdeviceptr p, size_t bytes, weft_stream_t *s,
+                                        const char *tag);
+/** Counts `bytes` as handed out by r without a call to its allocate (a graph launch allocates
+ * its outputs itself), or as given back without a call to its deallocate (the memory left with
+ * a graph). */
+void weft__resource_adopt(weft_resource_t *r, uint64_t bytes);
+void weft__resource_disown(weft_resource_t *r, uint64_t bytes);
+/** The resource's trim, or its upstream's when it has none (OK at the bottom). */
+weft_status_t weft__resource_trim(weft_resource_t *r, size_t keep);
+
+/* ---- helpers shared by the resources (resource.c) -------------------------------------------- */
+
+/** Fills a resource's base: its ops, its upstream (NULL at the bottom) and its runtime. */
+static inline void weft__resource_init(weft_resource_t *r, const weft_resource_ops_t *ops, weft_resource_t *upstream,
+                                       weft_runtime_t *rt) {
+  r->ops = ops;
+  r->upstream = upstream;
+  r->rt = rt;
+}
+
+/** A resource that holds nothing of its own beyond its tracker (direct, graph memory nodes). */
+typedef struct weft__plain_resource {
+  weft_resource_t base; /* first */
+  weft__tracker_t *tr;
+} weft__plain_resource_t;
+/** Makes a plain resource with `ops` (whose destroy is weft__plain_resource_destroy). */
+weft_status_t weft__plain_resource_create(weft__tracker_t *tr, weft_runtime_t *rt, const weft_resource_ops_t *ops,
+                                          weft_resource_t **out);
+void weft__plain_resource_destroy(weft_resource_t *r);
 
 /** Checks a request size: INVALID_ARGUMENT naming `who` for 0 and for more than
  * WEFT__MEM_MAX_BYTES. */
 weft_status_t weft__mem_check_bytes(const char *who, size_t bytes);
-
-/** The tracker of `rt`, or NULL after recording INVALID_ARGUMENT (rt NULL) or STALE_HANDLE (the
- * runtime hook's answer) for `who`; *status receives the code. */
-weft__tracker_t *weft__mem_tracker(const char *who, weft_runtime_t *rt, weft_status_t *status);
-
-/** Checks that `s` is a stream of `tr` (WRONG_DEVICE otherwise, INVALID_ARGUMENT when NULL). */
-weft_status_t weft__mem_check_stream(const char *who, const weft__tracker_t *tr, const weft_stream_t *s);
-
 /** Checks an adaptor's upstream: not NULL, has allocate and deallocate, and serves `rt`. */
 weft_status_t weft__mem_check_upstream(const char *who, weft_runtime_t *rt, const weft_resource_t *up);
-
 /** Initialises a resource mutex (rank 20). */
 weft_status_t weft__mem_lock_init(pthread_mutex_t *m, const char *who);
-
-/* Statistics bookkeeping on a weft_resource_stats_t; the caller holds the resource's lock (or
- * owns the struct alone). */
-static inline void weft__rstats_live(weft_resource_stats_t *st, uint64_t bytes) {
-  st->live_bytes += bytes;
-  if (st->live_bytes > st->live_peak) st->live_peak = st->live_bytes;
-  st->allocs++;
-}
-static inline void weft__rstats_unlive(weft_resource_stats_t *st, uint64_t bytes) {
-  WEFT_ASSERT_INTERNAL(st->live_bytes >= bytes);
-  st->live_bytes -= bytes;
-  st->frees++;
-}
-static inline void weft__rstats_reserve(weft_resource_stats_t *st, uint64_t bytes) {
-  st->reserved_bytes += bytes;
-  if (st->reserved_bytes > st->reserved_peak) st->reserved_peak = st->reserved_bytes;
-}
-static inline void weft__rstats_unreserve(weft_resource_stats_t *st, uint64_t bytes) {
-  WEFT_ASSERT_INTERNAL(st->reserved_bytes >= bytes);
-  st->reserved_bytes -= bytes;
-}
-
-/** True when any pool stream of `tr` is capturing (or the query fails): pool housekeeping that a
- * capture could see (attributes, trims) must not run then. Sets CAPTURE / DRIVER for `who`. */
+/** CAPTURE when any pool stream of `tr` is capturing (or DRIVER when the query fails): pool
+ * housekeeping that a capture could see (attributes, trims) must not run then. */
 weft_status_t weft__mem_check_no_capture(const char *who, weft__tracker_t *tr);
+/** Adds `bytes` to a reserved counter and raises its peak (the caller holds its lock). */
+static inline void weft__mem_reserve(uint64_t *reserved, uint64_t *peak, uint64_t bytes) {
+  *reserved += bytes;
+  if (*reserved > *peak) *peak = *reserved;
+}
+
+/* ---- the built-in resources, one file each ------------------------------------------------------ */
+
+/* weft_resource_t.ops of each, also used to recognise them. */
+extern const weft_resource_ops_t weft__direct_ops, weft__async_ops, weft__pool_ops, weft__budget_ops,
+    weft__logging_ops, weft__stats_ops, weft__guard_ops, weft__graph_nodes_ops;
+
+/* Constructors behind the public weft_*_create (same arguments and errors, the runtime resolved to
+ * its tracker `tr`; `rt` is kept as the resource's runtime). */
+weft_status_t weft__direct_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t **out);
+weft_status_t weft__async_create(weft__tracker_t *tr, weft_runtime_t *rt, const weft_async_options_t *opts,
+                                 weft_resource_t **out);
+weft_status_t weft__pool_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t *upstream,
+                                const weft_pool_options_t *opts, weft_resource_t **out);
+weft_status_t weft__budget_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t *upstream, uint64_t limit,
+                                  const char *shared_key, weft_resource_t **out);
+weft_status_t weft__logging_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t *upstream, const char *path,
+                                   weft_log_sink_fn sink, void *user, weft_resource_t **out);
+weft_status_t weft__stats_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t *upstream,
+                                 weft_resource_t **out);
+weft_status_t weft__guard_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t *upstream,
+                                 const weft_guard_options_t *opts, weft_resource_t **out);
+/** Graph memory nodes (graphmem.c): on a capturing stream an allocation becomes a memory
+ * allocation node of the graph (cuMemAllocAsync) and a free a free node (cuMemFreeAsync); on a
+ * live stream a free gives a graph's output back (the next launch reuses its address). What a
+ * capture hands weft_alloc unless it draws from a graph pool. */
+weft_status_t weft__graph_nodes_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t **out);
 
 #endif /* WEFT_MEM_MEM_H */

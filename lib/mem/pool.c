@@ -81,7 +81,7 @@ typedef struct pool {
   uint64_t dedicated_min;     /* requests of at least this many bytes get a dedicated chunk */
   weft__tlsf_t tlsf;
   chunk_t *chunks;            /* every chunk held from upstream */
-  weft_resource_stats_t st;   /* reserved = chunk bytes held */
+  uint64_t reserved, reserved_peak; /* chunk bytes held from upstream */
 } pool_t;
 
 static inline uint64_t round_up(uint64_t x) { return (x + POOL_ALIGN - 1) & ~(uint64_t)(POOL_ALIGN - 1); }
@@ -129,17 +129,17 @@ static weft_status_t release_idle_chunks(pool_t *p, uint64_t keep) {
     weft__tlsf_range_t *next = r->next_age;
     if (weft__tlsf_is_whole_chunk(r)) {
       chunk_t *c = r->chunk;
-      if (p->st.reserved_bytes - c->bytes < keep) {
+      if (p->reserved - c->bytes < keep) {
         r = next;
         continue;
       }
-      weft_status_t s = p->base.upstream->ops->deallocate(p->base.upstream, c->base, c->bytes, &p->tr->streams[0],
+      weft_status_t s = weft__resource_deallocate(p->base.upstream, c->base, c->bytes, &p->tr->streams[0],
                                                            chunk_tag);
       if (s != WEFT_OK) {
         if (first == WEFT_OK) first = s;
       } else {
         weft__tlsf_remove_chunk(&p->tlsf, r);
-        weft__rstats_unreserve(&p->st, c->bytes);
+        p->reserved -= c->bytes;
         if (c->prev) c->prev->next = c->next; else p->chunks = c->next;
         if (c->next) c->next->prev = c->prev;
         weft__meta_free(c);
@@ -153,17 +153,17 @@ static weft_status_t release_idle_chunks(pool_t *p, uint64_t keep) {
 /* Takes a new chunk able to hold n bytes from upstream into lane s. */
 static weft_status_t grow(pool_t *p, uint64_t n, weft_stream_t *s, bool dedicated, weft__tlsf_range_t **out) {
   uint64_t bytes = (dedicated || n > p->opt.chunk_bytes) ? n : p->opt.chunk_bytes;
-  if (p->opt.max_bytes != 0 && p->st.reserved_bytes + bytes > p->opt.max_bytes) {
+  if (p->opt.max_bytes != 0 && p->reserved + bytes > p->opt.max_bytes) {
     bytes = n;
-    if (p->st.reserved_bytes + bytes > p->opt.max_bytes)
+    if (p->reserved + bytes > p->opt.max_bytes)
       return weft__error(WEFT_ERR_OUT_OF_MEMORY, "pool: max_bytes %llu reached (%llu reserved, %llu more needed)",
-                         (unsigned long long)p->opt.max_bytes, (unsigned long long)p->st.reserved_bytes,
+                         (unsigned long long)p->opt.max_bytes, (unsigned long long)p->reserved,
                          (unsigned long long)bytes);
   }
   chunk_t *c = weft__meta_calloc(1, sizeof *c);
   if (c == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "pool: no host memory for a chunk record");
   CUdeviceptr base = 0;
-  weft_status_t st = p->base.upstream->ops->allocate(p->base.upstream, bytes, s, chunk_tag, &base);
+  weft_status_t st = weft__resource_allocate(p->base.upstream, bytes, s, chunk_tag, &base);
   if (st != WEFT_OK) {
     weft__meta_free(c);
     return st;
@@ -176,7 +176,7 @@ static weft_status_t grow(pool_t *p, uint64_t n, weft_stream_t *s, bool dedicate
     r = weft__tlsf_add_chunk(&p->tlsf, lo, hi - lo, c, lane, pt.tick);
   }
   if (r == NULL) {
-    weft_status_t d = p->base.upstream->ops->deallocate(p->base.upstream, base, bytes, s, chunk_tag);
+    weft_status_t d = weft__resource_deallocate(p->base.upstream, base, bytes, s, chunk_tag);
     weft__meta_free(c);
     if (hi > lo && hi - lo >= n)
       return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "pool: no host memory for a chunk's range record%s",
@@ -190,7 +190,7 @@ static weft_status_t grow(pool_t *p, uint64_t n, weft_stream_t *s, bool dedicate
   c->next = p->chunks;
   if (c->next) c->next->prev = c;
   p->chunks = c;
-  weft__rstats_reserve(&p->st, bytes);
+  weft__mem_reserve(&p->reserved, &p->reserved_peak, bytes);
   *out = r;
   return WEFT_OK;
 }
@@ -239,7 +239,7 @@ static weft__tlsf_range_t *settle(pool_t *p, weft_stream_t *s, uint64_t n, weft_
   if (!p->opt.release_empty_chunks || weft__capture_blocks_housekeeping(p->tr)) return NULL;
   uint64_t whole = whole_free_bytes(p);
   if (whole == 0 || (*st == WEFT_ERR_OUT_OF_MEMORY && p->opt.max_bytes != 0 &&
-                     p->st.reserved_bytes - whole + n > p->opt.max_bytes))
+                     p->reserved - whole + n > p->opt.max_bytes))
     return NULL;
   weft__point_t pts[WEFT__TLSF_MAX_LANES];
   size_t k = 0;
@@ -293,16 +293,15 @@ static weft__tlsf_range_t *find_ready(pool_t *p, weft_stream_t *s, uint64_t n) {
 static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_stream_t *s, const char *tag,
                                    CUdeviceptr *out) {
   pool_t *p = (pool_t *)self;
-  weft_status_t st = weft__mem_check_stream("pool allocate", p->tr, s);
-  if (st != WEFT_OK) return st;
   uint64_t n = round_up(bytes);
+  weft_status_t st = WEFT_OK;
   pthread_mutex_lock(&p->lock);
   weft__tlsf_range_t *r = NULL;
   /* Large blocks get a chunk of their own, returned to upstream when they are freed: they never
    * pin a shared chunk, and upstream (the driver's pool) reuses their memory. */
   if (n >= p->dedicated_min) (void)grow(p, n, s, true, &r);
   /* At the cap (no room for another chunk) placement decides whether later requests fit. */
-  bool tight = p->opt.max_bytes != 0 && p->st.reserved_bytes + p->opt.chunk_bytes > p->opt.max_bytes;
+  bool tight = p->opt.max_bytes != 0 && p->reserved + p->opt.chunk_bytes > p->opt.max_bytes;
   if (r == NULL) r = tight ? find_tight(p, s, n) : find_ready(p, s, n);
   if (r == NULL && !tight) {
     /* Before growing: frees the host can see complete retire to the idle lane, where pieces
@@ -337,11 +336,9 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
   weft__tlsf_range_t *a = r ? weft__tlsf_alloc(&p->tlsf, r, n) : NULL;
   if (r != NULL && a == NULL) st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "pool: no host memory for a range record");
   if (a == NULL) {
-    p->st.failures++;
     pthread_mutex_unlock(&p->lock);
     return st;
   }
-  weft__rstats_live(&p->st, bytes);
   WEFT_ASSERT_EXPENSIVE(weft__tlsf_is_valid(&p->tlsf));
   pthread_mutex_unlock(&p->lock);
   *out = (CUdeviceptr)a->addr;
@@ -351,12 +348,9 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
 static weft_status_t pool_deallocate(weft_resource_t *self, CUdeviceptr ptr, size_t bytes, weft_stream_t *s,
                                      const char *tag) {
   pool_t *p = (pool_t *)self;
-  weft_status_t st = weft__mem_check_stream("pool deallocate", p->tr, s);
-  if (st != WEFT_OK) return st;
   pthread_mutex_lock(&p->lock);
   weft__tlsf_range_t *r = weft__tlsf_lookup(&p->tlsf, ptr);
   if (r == NULL || r->size != round_up(bytes)) {
-    p->st.failures++;
     pthread_mutex_unlock(&p->lock);
     if (r == NULL)
       return weft__error(WEFT_ERR_INVALID_ARGUMENT, "pool: 0x%llx was not allocated from this pool (or was freed)",
@@ -367,14 +361,13 @@ static weft_status_t pool_deallocate(weft_resource_t *self, CUdeviceptr ptr, siz
   chunk_t *c = r->chunk;
   if (c->dedicated) {
     /* Upstream orders its reuse after the work on s (the caller made s wait for every use). */
-    st = p->base.upstream->ops->deallocate(p->base.upstream, c->base, c->bytes, s, chunk_tag);
+    weft_status_t st = weft__resource_deallocate(p->base.upstream, c->base, c->bytes, s, chunk_tag);
     if (st != WEFT_OK) {
-      p->st.failures++;
       pthread_mutex_unlock(&p->lock);
       return st;
     }
     weft__tlsf_remove_chunk(&p->tlsf, weft__tlsf_free(&p->tlsf, r, p->idle, 0));
-    weft__rstats_unreserve(&p->st, c->bytes);
+    p->reserved -= c->bytes;
     if (c->prev) c->prev->next = c->next; else p->chunks = c->next;
     if (c->next) c->next->prev = c->prev;
     weft__meta_free(c);
@@ -382,7 +375,6 @@ static weft_status_t pool_deallocate(weft_resource_t *self, CUdeviceptr ptr, siz
     weft__point_t pt = weft__tracker_point(s);
     weft__tlsf_free(&p->tlsf, r, pt.tick == 0 ? p->idle : s->index, pt.tick);
   }
-  weft__rstats_unlive(&p->st, bytes);
   WEFT_ASSERT_EXPENSIVE(weft__tlsf_is_valid(&p->tlsf));
   pthread_mutex_unlock(&p->lock);
   return WEFT_OK;
@@ -391,7 +383,8 @@ static weft_status_t pool_deallocate(weft_resource_t *self, CUdeviceptr ptr, siz
 static void pool_stats(const weft_resource_t *self, weft_resource_stats_t *out) {
   pool_t *p = (pool_t *)self;
   pthread_mutex_lock(&p->lock);
-  *out = p->st;
+  out->reserved_bytes = p->reserved;
+  out->reserved_peak = p->reserved_peak;
   pthread_mutex_unlock(&p->lock);
 }
 
@@ -417,7 +410,7 @@ static void pool_destroy(weft_resource_t *self) {
   }
   for (chunk_t *c = p->chunks, *next; c != NULL; c = next) {
     next = c->next;
-    (void)p->base.upstream->ops->deallocate(p->base.upstream, c->base, c->bytes, s0, chunk_tag);
+    (void)weft__resource_deallocate(p->base.upstream, c->base, c->bytes, s0, chunk_tag);
     weft__meta_free(c);
   }
   weft__tlsf_destroy(&p->tlsf);
@@ -434,13 +427,10 @@ const weft_resource_ops_t weft__pool_ops = {
     .destroy = pool_destroy,
 };
 
-weft_status_t weft_pool_create(weft_runtime_t *rt, weft_resource_t *upstream, const weft_pool_options_t *opts,
-                               weft_resource_t **out) {
+weft_status_t weft__pool_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t *upstream,
+                                const weft_pool_options_t *opts, weft_resource_t **out) {
   static const char who[] = "weft_pool_create";
   weft_status_t st;
-  weft__tracker_t *tr = weft__mem_tracker(who, rt, &st);
-  if (tr == NULL) return st;
-  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: out is NULL", who);
   if ((st = weft__mem_check_upstream(who, rt, upstream)) != WEFT_OK) return st;
   weft_pool_options_t o = opts ? *opts : weft_pool_options_default();
   if (o.chunk_bytes < POOL_ALIGN || o.chunk_bytes > WEFT__MEM_MAX_BYTES)
@@ -456,9 +446,7 @@ weft_status_t weft_pool_create(weft_runtime_t *rt, weft_resource_t *upstream, co
   if (p == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory", who);
   if ((st = weft__tlsf_init(&p->tlsf, tr->n + 1)) != WEFT_OK) goto fail_tlsf;
   if ((st = weft__mem_lock_init(&p->lock, who)) != WEFT_OK) goto fail_lock;
-  p->base.ops = &weft__pool_ops;
-  p->base.upstream = upstream;
-  p->base.rt = rt;
+  weft__resource_init(&p->base, &weft__pool_ops, upstream, rt);
   p->tr = tr;
   p->opt = o;
   p->idle = tr->n;

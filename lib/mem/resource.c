@@ -1,37 +1,75 @@
-/* The resource interface: checked calls through a weft_resource_t's ops, and the helpers the
- * built-in resources share (mem.h). Argument checks live here so that every resource, built-in or
- * user-written, sees only well-formed calls: bytes in 1..2^48, a stream, a non-NULL tag. */
+/* The resource interface: every call into a resource, with the counting every resource shares
+ * (as RMM keeps counting out of its resources, weft keeps it in the dispatch), the checked
+ * public calls, and the helpers the built-in resources share (mem.h).
+ *
+ * Counts are updated with relaxed atomics: each is exact, and a reader sees each on its own
+ * (live bytes and the call counts may be a call apart when read while calls run). */
 #include <string.h>
 
 #include "lib/mem/mem.h"
+
+static void count_live(weft_resource_counts_t *c, uint64_t bytes) {
+  uint64_t live = __atomic_add_fetch(&c->live_bytes, bytes, __ATOMIC_RELAXED);
+  uint64_t peak = __atomic_load_n(&c->live_peak, __ATOMIC_RELAXED);
+  while (live > peak && !__atomic_compare_exchange_n(&c->live_peak, &peak, live, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+  __atomic_add_fetch(&c->allocs, 1, __ATOMIC_RELAXED);
+}
+
+weft_status_t weft__resource_allocate(weft_resource_t *r, size_t bytes, weft_stream_t *s, const char *tag,
+                                      CUdeviceptr *out) {
+  weft_status_t st = r->ops->allocate(r, bytes, s, tag, out);
+  if (st == WEFT_OK) count_live(&r->counts, bytes);
+  else __atomic_add_fetch(&r->counts.failures, 1, __ATOMIC_RELAXED);
+  return st;
+}
+
+weft_status_t weft__resource_deallocate(weft_resource_t *r, CUdeviceptr p, size_t bytes, weft_stream_t *s,
+                                        const char *tag) {
+  weft_status_t st = r->ops->deallocate(r, p, bytes, s, tag);
+  /* CORRUPTED: freed, but the memory around the block was damaged (the guard's report). */
+  if (st == WEFT_OK || st == WEFT_ERR_CORRUPTED) {
+    WEFT_ASSERT_INTERNAL(__atomic_load_n(&r->counts.live_bytes, __ATOMIC_RELAXED) >= bytes);
+    __atomic_sub_fetch(&r->counts.live_bytes, bytes, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&r->counts.frees, 1, __ATOMIC_RELAXED);
+  } else {
+    __atomic_add_fetch(&r->counts.failures, 1, __ATOMIC_RELAXED);
+  }
+  return st;
+}
+
+void weft__resource_adopt(weft_resource_t *r, uint64_t bytes) { count_live(&r->counts, bytes); }
+
+void weft__resource_disown(weft_resource_t *r, uint64_t bytes) {
+  WEFT_ASSERT_INTERNAL(__atomic_load_n(&r->counts.live_bytes, __ATOMIC_RELAXED) >= bytes);
+  __atomic_sub_fetch(&r->counts.live_bytes, bytes, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&r->counts.frees, 1, __ATOMIC_RELAXED);
+}
+
+weft_status_t weft__resource_trim(weft_resource_t *r, size_t keep) {
+  if (r->ops->trim != NULL) return r->ops->trim(r, keep);
+  return r->upstream != NULL ? weft__resource_trim(r->upstream, keep) : WEFT_OK;
+}
+
+/* ---- helpers ----------------------------------------------------------------------------------- */
+
+weft_status_t weft__plain_resource_create(weft__tracker_t *tr, weft_runtime_t *rt, const weft_resource_ops_t *ops,
+                                          weft_resource_t **out) {
+  weft__plain_resource_t *p = weft__meta_calloc(1, sizeof *p);
+  if (p == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for resource '%s'", ops->name);
+  weft__resource_init(&p->base, ops, NULL, rt);
+  p->tr = tr;
+  *out = &p->base;
+  return WEFT_OK;
+}
+
+void weft__plain_resource_destroy(weft_resource_t *r) { weft__meta_free(r); }
 
 weft_status_t weft__mem_check_bytes(const char *who, size_t bytes) {
   if (bytes == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: bytes is 0", who);
   if ((uint64_t)bytes > WEFT__MEM_MAX_BYTES)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: bytes is %zu, more than the 2^48 bytes any resource accepts",
                        who, bytes);
-  return WEFT_OK;
-}
-
-weft__tracker_t *weft__mem_tracker(const char *who, weft_runtime_t *rt, weft_status_t *status) {
-  if (rt == NULL) {
-    *status = weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: runtime is NULL", who);
-    return NULL;
-  }
-  weft__tracker_t *tr = weft__runtime_tracker(rt);
-  if (tr == NULL) {
-    *status = weft__error(WEFT_ERR_STALE_HANDLE, "%s: the runtime was released", who);
-    return NULL;
-  }
-  *status = WEFT_OK;
-  return tr;
-}
-
-weft_status_t weft__mem_check_stream(const char *who, const weft__tracker_t *tr, const weft_stream_t *s) {
-  if (s == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: stream is NULL", who);
-  if (s->tr != tr)
-    return weft__error(WEFT_ERR_WRONG_DEVICE, "%s: stream %u belongs to another runtime than the resource", who,
-                       s->index);
   return WEFT_OK;
 }
 
@@ -62,48 +100,56 @@ weft_status_t weft__mem_check_no_capture(const char *who, weft__tracker_t *tr) {
   return WEFT_OK;
 }
 
-/* ---- checked calls --------------------------------------------------------------------- */
+/* ---- checked public calls ---------------------------------------------------------------------- */
 
-static weft_status_t check_resource(const char *who, const weft_resource_t *r) {
+static weft_status_t check_call(const char *who, const weft_resource_t *r, bool alloc, weft_stream_t *s, size_t bytes) {
   if (r == NULL || r->ops == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: resource is NULL", who);
-  return WEFT_OK;
+  if ((alloc ? (void *)r->ops->allocate : (void *)r->ops->deallocate) == NULL)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: resource '%s' has no %s", who, r->ops->name ? r->ops->name : "?",
+                       alloc ? "allocate" : "deallocate");
+  if (s == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: stream is NULL", who);
+  if (r->rt != NULL && s->runtime != (void *)r->rt)
+    return weft__error(WEFT_ERR_WRONG_DEVICE, "%s: stream %u belongs to another runtime than resource '%s'", who,
+                       s->index, r->ops->name ? r->ops->name : "?");
+  return weft__mem_check_bytes(who, bytes);
 }
 
 weft_status_t weft_resource_allocate(weft_resource_t *r, size_t bytes, weft_stream_t *s, const char *tag,
                                      CUdeviceptr *out) {
-  weft_status_t st = check_resource("weft_resource_allocate", r);
+  static const char who[] = "weft_resource_allocate";
+  weft_status_t st = check_call(who, r, true, s, bytes);
   if (st != WEFT_OK) return st;
-  if (r->ops->allocate == NULL)
-    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_resource_allocate: resource '%s' has no allocate", r->ops->name);
-  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_resource_allocate: out is NULL");
-  if (s == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_resource_allocate: stream is NULL");
-  if ((st = weft__mem_check_bytes("weft_resource_allocate", bytes)) != WEFT_OK) return st;
-  return r->ops->allocate(r, bytes, s, tag ? tag : "", out);
+  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: out is NULL", who);
+  return weft__resource_allocate(r, bytes, s, tag ? tag : "", out);
 }
 
 weft_status_t weft_resource_deallocate(weft_resource_t *r, CUdeviceptr p, size_t bytes, weft_stream_t *s,
                                        const char *tag) {
-  weft_status_t st = check_resource("weft_resource_deallocate", r);
+  static const char who[] = "weft_resource_deallocate";
+  weft_status_t st = check_call(who, r, false, s, bytes);
   if (st != WEFT_OK) return st;
-  if (r->ops->deallocate == NULL)
-    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_resource_deallocate: resource '%s' has no deallocate",
-                       r->ops->name);
-  if (p == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_resource_deallocate: pointer is 0");
-  if (s == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_resource_deallocate: stream is NULL");
-  if ((st = weft__mem_check_bytes("weft_resource_deallocate", bytes)) != WEFT_OK) return st;
-  return r->ops->deallocate(r, p, bytes, s, tag ? tag : "");
+  if (p == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: pointer is 0", who);
+  return weft__resource_deallocate(r, p, bytes, s, tag ? tag : "");
 }
 
 void weft_resource_stats(const weft_resource_t *r, weft_resource_stats_t *out) {
   if (out == NULL) return;
   memset(out, 0, sizeof *out);
-  if (r != NULL && r->ops != NULL && r->ops->stats != NULL) r->ops->stats(r, out);
+  if (r == NULL || r->ops == NULL) return;
+  const weft_resource_counts_t *c = &r->counts;
+  out->live_bytes = __atomic_load_n(&c->live_bytes, __ATOMIC_RELAXED);
+  out->live_peak = __atomic_load_n(&c->live_peak, __ATOMIC_RELAXED);
+  out->allocs = __atomic_load_n(&c->allocs, __ATOMIC_RELAXED);
+  out->frees = __atomic_load_n(&c->frees, __ATOMIC_RELAXED);
+  out->failures = __atomic_load_n(&c->failures, __ATOMIC_RELAXED);
+  out->reserved_bytes = out->live_bytes;
+  out->reserved_peak = out->live_peak;
+  if (r->ops->stats != NULL) r->ops->stats(r, out);
 }
 
 weft_status_t weft_resource_trim(weft_resource_t *r, size_t keep) {
-  weft_status_t st = check_resource("weft_resource_trim", r);
-  if (st != WEFT_OK) return st;
-  return r->ops->trim ? r->ops->trim(r, keep) : WEFT_OK;
+  if (r == NULL || r->ops == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_resource_trim: resource is NULL");
+  return weft__resource_trim(r, keep);
 }
 
 void weft_resource_destroy(weft_resource_t *r) {

@@ -8,7 +8,6 @@
 #include "lib/core/meta.h"
 
 #define SLAB_RECORDS 256
-#define HASH_MIN 256
 
 static inline unsigned clz64(uint64_t x) { return (unsigned)__builtin_clzll(x); }
 static inline unsigned ctz64(uint64_t x) { return (unsigned)__builtin_ctzll(x); }
@@ -58,66 +57,14 @@ static void put_record(weft__tlsf_t *t, weft__tlsf_range_t *r) {
   t->spare_count++;
 }
 
-/* ---- address hash (allocated ranges) --------------------------------------------------- */
+/* ---- allocated ranges by address ------------------------------------------------------------- */
 
-/* Fibonacci hashing of the granule number; the high half has the well-mixed bits. */
-static inline size_t hash_slot(const weft__tlsf_t *t, uint64_t addr) {
-  return (size_t)(((addr >> WEFT__TLSF_GRANULE_LOG2) * 0x9E3779B97F4A7C15ull) >> 32) & (t->hash_cap - 1);
-}
-
-static void hash_put(weft__tlsf_t *t, weft__tlsf_range_t *r) {
-  size_t i = hash_slot(t, r->addr);
-  while (t->hash[i] != NULL) i = (i + 1) & (t->hash_cap - 1);
-  t->hash[i] = r;
-}
-
-/* Room for one more entry at load <= 1/2. */
-static bool ensure_hash(weft__tlsf_t *t) {
-  if ((t->hash_count + 1) * 2 <= t->hash_cap) return true;
-  size_t cap = t->hash_cap ? t->hash_cap * 2 : HASH_MIN;
-  weft__tlsf_range_t **tab = weft__meta_calloc(cap, sizeof *tab);
-  if (tab == NULL) return false;
-  weft__tlsf_range_t **old = t->hash;
-  size_t old_cap = t->hash_cap;
-  t->hash = tab;
-  t->hash_cap = cap;
-  for (size_t i = 0; i < old_cap; i++)
-    if (old[i] != NULL) hash_put(t, old[i]);
-  weft__meta_free(old);
-  return true;
-}
+/* The table's key of an address: never 0 (the empty key), also for ranges that start at 0. */
+static inline uint64_t key(uint64_t addr) { return addr + 1; }
 
 weft__tlsf_range_t *weft__tlsf_lookup(const weft__tlsf_t *t, uint64_t addr) {
-  if (t->hash_cap == 0) return NULL;
-  for (size_t i = hash_slot(t, addr);; i = (i + 1) & (t->hash_cap - 1)) {
-    weft__tlsf_range_t *r = t->hash[i];
-    if (r == NULL) return NULL;
-    if (r->addr == addr) return r;
-  }
-}
-
-/* Backward-shift deletion keeps every probe chain unbroken without tombstones. */
-static void hash_remove(weft__tlsf_t *t, weft__tlsf_range_t *r) {
-  size_t mask = t->hash_cap - 1, i = hash_slot(t, r->addr);
-  while (t->hash[i] != r) {
-    WEFT_ASSERT(t->hash[i] != NULL);
-    i = (i + 1) & mask;
-  }
-  size_t j = i;
-  for (;;) {
-    j = (j + 1) & mask;
-    weft__tlsf_range_t *e = t->hash[j];
-    if (e == NULL) break;
-    size_t home = hash_slot(t, e->addr);
-    /* e may move to i when its home is not in the cyclic interval (i, j]. */
-    bool stays = (i <= j) ? (home > i && home <= j) : (home > i || home <= j);
-    if (!stays) {
-      t->hash[i] = e;
-      i = j;
-    }
-  }
-  t->hash[i] = NULL;
-  t->hash_count--;
+  const uint64_t *v = weft__map_find(&t->allocated, key(addr));
+  return v != NULL ? (weft__tlsf_range_t *)(uintptr_t)*v : NULL;
 }
 
 /* ---- free lists ------------------------------------------------------------------------ */
@@ -205,7 +152,7 @@ weft_status_t weft__tlsf_init(weft__tlsf_t *t, unsigned lanes) {
 void weft__tlsf_destroy(weft__tlsf_t *t) {
   for (size_t i = 0; i < t->slab_count; i++) weft__meta_free(t->slabs[i]);
   weft__meta_free(t->slabs);
-  weft__meta_free(t->hash);
+  weft__map_free(&t->allocated);
   weft__meta_free(t->lane);
   memset(t, 0, sizeof *t);
 }
@@ -254,7 +201,7 @@ weft__tlsf_range_t *weft__tlsf_find(const weft__tlsf_t *t, unsigned lane, uint64
 
 weft__tlsf_range_t *weft__tlsf_alloc(weft__tlsf_t *t, weft__tlsf_range_t *r, uint64_t size) {
   WEFT_ASSERT(r->is_free && r->size >= size && size > 0 && size % WEFT__TLSF_GRANULE == 0);
-  if (!ensure_spare(t, 1) || !ensure_hash(t)) return NULL;
+  if (!ensure_spare(t, 1) || !weft__map_reserve(&t->allocated, 1)) return NULL;
   unsigned lane = r->lane;
   uint64_t stamp = r->stamp;
   weft__tlsf_range_t *prev_age = r->prev_age;
@@ -277,14 +224,13 @@ weft__tlsf_range_t *weft__tlsf_alloc(weft__tlsf_t *t, weft__tlsf_range_t *r, uin
      * allocated (r was merged), so no merge is due. */
     list_insert_at(t, rest, false, prev_age);
   }
-  hash_put(t, r);
-  t->hash_count++;
+  *weft__map_insert(&t->allocated, key(r->addr), NULL) = (uint64_t)(uintptr_t)r;
   return r;
 }
 
 weft__tlsf_range_t *weft__tlsf_free(weft__tlsf_t *t, weft__tlsf_range_t *r, unsigned lane, uint64_t stamp) {
   WEFT_ASSERT(!r->is_free && lane < t->lanes);
-  hash_remove(t, r);
+  weft__map_remove(&t->allocated, key(r->addr));
   return insert_merged(t, r, lane, stamp);
 }
 
@@ -313,7 +259,7 @@ static bool check_chunk(const weft__tlsf_t *t, const weft__tlsf_range_t *first, 
       CHECK(r->lane < t->lanes, "free range lane out of range");
       CHECK(prev == NULL || !prev->is_free || prev->lane != r->lane, "unmerged same-lane neighbours");
     } else {
-      CHECK(weft__tlsf_lookup(t, r->addr) == r, "allocated range missing from the hash");
+      CHECK(weft__tlsf_lookup(t, r->addr) == r, "allocated range missing from the address table");
     }
     end = r->addr + r->size;
     *bytes += r->size;
@@ -360,10 +306,12 @@ bool weft__tlsf_is_valid(const weft__tlsf_t *t) {
     free_total += bytes;
   }
   CHECK(free_total == t->free_bytes, "free byte total wrong");
-  for (size_t i = 0; i < t->hash_cap; i++) {
-    const weft__tlsf_range_t *r = t->hash[i];
-    if (r == NULL) continue;
-    CHECK(!r->is_free, "hash holds a free range");
+  CHECK(weft__map_is_valid(&t->allocated), "address table broken");
+  for (size_t i = 0; i < t->allocated.cap; i++) {
+    if (t->allocated.keys[i] == 0) continue;
+    const weft__tlsf_range_t *r = (const weft__tlsf_range_t *)(uintptr_t)t->allocated.vals[i];
+    CHECK(key(r->addr) == t->allocated.keys[i], "address table key is not the range's address");
+    CHECK(!r->is_free, "address table holds a free range");
     allocated++;
     if (r->prev_phys == NULL) {
       uint64_t b = 0;
@@ -372,7 +320,7 @@ bool weft__tlsf_is_valid(const weft__tlsf_t *t) {
       chunk_bytes += b;
     }
   }
-  CHECK(allocated == t->hash_count, "hash count wrong");
+  CHECK(allocated == t->allocated.count, "address table count wrong");
   CHECK(chunks == t->chunks && chunk_bytes == t->chunk_bytes, "chunks do not add up");
   return true;
 }

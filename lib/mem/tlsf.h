@@ -18,8 +18,8 @@
  * keeps its ranges in insertion order (oldest first), so ranges can be retired to another lane in
  * stamp order, amortised O(1) each.
  *
- * Allocated ranges are found by address through an open-addressing hash table (linear probing,
- * backward-shift deletion). Range records come from slabs of metadata memory and are recycled.
+ * Allocated ranges are found by address through lib/core's hash table. Range records come
+ * from slabs of metadata memory and are recycled.
  * Only weft__tlsf_add_chunk and weft__tlsf_alloc may need memory; they change nothing when it is
  * missing.
  */
@@ -30,6 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "lib/core/container.h"
 #include "weft/weft.h"
 
 #define WEFT__TLSF_GRANULE 256u
@@ -41,7 +42,7 @@
 #define WEFT__TLSF_WORDS ((WEFT__TLSF_CLASSES + 63) / 64)
 #define WEFT__TLSF_MAX_LANES 65                       /* 64 streams + idle */
 
-/** One range of a chunk: free (in a lane's class list and age list) or allocated (in the hash). */
+/** One range of a chunk: free (in a lane's class list and age list) or allocated (in the address table). */
 typedef struct weft__tlsf_range {
   uint64_t addr;                          /* first byte; multiple of the granule */
   uint64_t size;                          /* bytes; multiple of the granule, > 0 */
@@ -70,9 +71,7 @@ typedef struct weft__tlsf_lane {
 typedef struct weft__tlsf {
   unsigned lanes;
   weft__tlsf_lane_t *lane;                /* [lanes] */
-  weft__tlsf_range_t **hash;              /* [hash_cap] allocated ranges by address, NULL empty */
-  size_t hash_cap;                        /* power of two */
-  size_t hash_count;                      /* allocated ranges */
+  weft__map_t allocated;                  /* address -> weft__tlsf_range_t * of allocated ranges */
   weft__tlsf_range_t *spare;              /* recycled records (linked by next_free) */
   size_t spare_count;
   void **slabs;                           /* record slabs, for destroy */
@@ -119,8 +118,8 @@ static inline weft__tlsf_range_t *weft__tlsf_newest(const weft__tlsf_t *t, unsig
 unsigned weft__tlsf_class(uint64_t size);
 
 /** Walks every structure: lists match bitmaps, neighbours link both ways and tile their chunk,
- * no two same-lane free neighbours are unmerged, counters add up, the hash holds exactly the
- * allocated ranges. Never allocates. */
+ * no two same-lane free neighbours are unmerged, counters add up, the address table holds
+ * exactly the allocated ranges. Never allocates. */
 bool weft__tlsf_is_valid(const weft__tlsf_t *t);
 
 #endif /* WEFT_MEM_TLSF_H */

@@ -13,6 +13,7 @@ weft_runtime_t *fake_init(unsigned n) {
   for (unsigned i = 0; i < n; i++) {
     fake.tr.streams[i].tr = &fake.tr;
     fake.tr.streams[i].index = i;
+    fake.tr.streams[i].runtime = &fake;
     fake.tr.streams[i].raw = (CUstream)(uintptr_t)(0x1000 + i);
   }
   return (weft_runtime_t *)&fake;
@@ -22,9 +23,41 @@ weft_stream_t *fake_stream(unsigned i) { return &fake.tr.streams[i]; }
 void fake_work(unsigned i) { fake.tick[i]++; }
 void fake_complete(unsigned i) { fake.completed[i] = fake.tick[i]; }
 
-weft__tracker_t *weft__runtime_tracker(weft_runtime_t *rt) {
-  if ((void *)rt != (void *)&fake || fake.released) return NULL;
-  return &fake.tr;
+/* The public constructors as lib/runtime gives them (a runtime handle resolved to its tracker),
+ * over the fake tracker. */
+static weft__tracker_t *resolve(weft_runtime_t *rt, const void *out, const char *who, weft_status_t *st) {
+  if (rt == NULL) *st = weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: runtime is NULL", who);
+  else if ((void *)rt != (void *)&fake || fake.released) *st = weft__error(WEFT_ERR_STALE_HANDLE, "%s: released", who);
+  else if (out == NULL) *st = weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: out is NULL", who);
+  else return &fake.tr;
+  return NULL;
+}
+
+weft_status_t weft_pool_create(weft_runtime_t *rt, weft_resource_t *upstream, const weft_pool_options_t *opts,
+                               weft_resource_t **out) {
+  weft_status_t st;
+  weft__tracker_t *tr = resolve(rt, out, "weft_pool_create", &st);
+  return tr ? weft__pool_create(tr, rt, upstream, opts, out) : st;
+}
+
+weft_status_t weft_budget_create(weft_runtime_t *rt, weft_resource_t *upstream, uint64_t limit, const char *key,
+                                 weft_resource_t **out) {
+  weft_status_t st;
+  weft__tracker_t *tr = resolve(rt, out, "weft_budget_create", &st);
+  return tr ? weft__budget_create(tr, rt, upstream, limit, key, out) : st;
+}
+
+weft_status_t weft_logging_create(weft_runtime_t *rt, weft_resource_t *upstream, const char *path, weft_log_sink_fn sink,
+                                  void *user, weft_resource_t **out) {
+  weft_status_t st;
+  weft__tracker_t *tr = resolve(rt, out, "weft_logging_create", &st);
+  return tr ? weft__logging_create(tr, rt, upstream, path, sink, user, out) : st;
+}
+
+weft_status_t weft_stats_create(weft_runtime_t *rt, weft_resource_t *upstream, weft_resource_t **out) {
+  weft_status_t st;
+  weft__tracker_t *tr = resolve(rt, out, "weft_stats_create", &st);
+  return tr ? weft__stats_create(tr, rt, upstream, out) : st;
 }
 
 weft_status_t weft__tracker_bind(weft__tracker_t *tr) { return WEFT_OK; }

@@ -30,7 +30,7 @@
 #include <cmocka.h>
 
 #include "lib/core/driver.h"
-#include "streams/tracker.h"
+#include "lib/runtime/runtime.h"
 #include "tests/util/testutil.h"
 
 enum {
@@ -234,7 +234,7 @@ static uint64_t run(const config_t *cfg, weft_resource_stats_t *stats, long *mis
   assert_int_equal(weft_pool_create(rt, bottom, &po, &pool), WEFT_OK);
   S.pool = pool;
   assert_int_equal(weft_runtime_set_resource(rt, pool), WEFT_OK);
-  weft__runtime_tracker(rt)->no_waits = cfg->no_waits;
+  rt->tracker.no_waits = cfg->no_waits;
   for (unsigned t = 0; t < STREAMS; t++) {
     assert_int_equal(weft_stream_get(rt, t, &S.s[t]), WEFT_OK);
     assert_int_equal(drv->cuMemAlloc(&S.readback_mem[t], READS * PEEK), CUDA_SUCCESS);
@@ -280,7 +280,7 @@ static uint64_t run(const config_t *cfg, weft_resource_stats_t *stats, long *mis
     fail_msg("seed %llu: %llu races", (unsigned long long)cfg->seed, (unsigned long long)races);
   }
   tu_reset_races(&S.env);
-  weft__runtime_tracker(rt)->no_waits = false;
+  rt->tracker.no_waits = false;
   *mismatches = S.mismatches;
   weft_resource_stats(pool, stats);
   if (!cfg->no_waits) {

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <cmocka.h>
 
-#include "lib/runtime.h"
+#include "lib/runtime/runtime.h"
 #include "tests/streams/program.h"
 
 static tu_env_t env;
@@ -97,7 +97,9 @@ static void test_random_programs_issue_minimal_waits(void **state) {
   }
 }
 
-/* With a small ring, waits on evicted ticks use newer events: fewer or equal waits, still no race. */
+/* With a small ring, waits on evicted ticks use newer events. Pruning then uses only what the
+ * evicted tick itself implies, so a few more waits than the minimum may be issued (at most one
+ * per eviction), never a race. */
 static void test_random_program_with_ring_evictions_stays_correct(void **state) {
   (void)state;
   tu_fini(&env);
@@ -118,7 +120,7 @@ static void test_random_program_with_ring_evictions_stays_correct(void **state) 
          (unsigned long long)prog_reduction_edges(&p), (unsigned long long)c.ring_evictions,
          (unsigned long long)tu_races(&env));
   assert_true(c.ring_evictions > 0);
-  assert_true(waits <= prog_reduction_edges(&p));
+  assert_true(waits <= prog_reduction_edges(&p) + c.ring_evictions);
   assert_int_equal(tu_races(&env), 0);
   prog_free(&p);
   tu_fini(&env);

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <cmocka.h>
 
-#include "lib/runtime.h"
+#include "lib/runtime/runtime.h"
 #include "tests/util/testutil.h"
 
 #define THREADS 8

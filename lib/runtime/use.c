@@ -5,7 +5,7 @@
 
 #include "lib/core/error.h"
 #include "lib/core/meta.h"
-#include "lib/runtime.h"
+#include "lib/runtime/runtime.h"
 
 weft_status_t weft__uses_from_accesses(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses,
                                        const char *fn) {
@@ -25,49 +25,50 @@ weft_status_t weft__uses_from_accesses(weft_stream_t *s, const weft_access_t *ac
   return WEFT_OK;
 }
 
-/* Checks s and resolves accesses into `small` or a metadata array (*heap, to free). */
-static weft_status_t prepare(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *small, size_t small_n,
+/* Checks s and resolves accesses into `small` (room for SMALL) or metadata memory (release with
+ * weft__small_free). */
+#define SMALL 32
+
+static weft_status_t prepare(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *small,
                              weft__use_t **uses, const char *fn) {
   weft_status_t st = weft__stream_check(s, fn);
   if (st != WEFT_OK) return st;
-  *uses = n <= small_n ? small : weft__meta_alloc(n * sizeof **uses);
+  *uses = weft__small_alloc(small, SMALL, n, sizeof **uses);
   if (*uses == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory for %zu accesses", fn, n);
   st = weft__uses_from_accesses(s, acc, n, *uses, fn);
-  if (st == WEFT_OK) st = weft__tracker_bind(s->tr);
   /* A capture begun by code outside weft changes which clocks this use belongs to. */
-  if (st == WEFT_OK) st = weft__capture_sync_state(s);
-  if (st != WEFT_OK && *uses != small) weft__meta_free(*uses);
+  if (st == WEFT_OK) st = weft__stream_prepare(s);
+  if (st != WEFT_OK) weft__small_free(small, *uses);
   return st;
 }
 
-#define SMALL 32
+/* The split form: open (waits) or close (record) the use of s, checked against each other. */
+static weft_status_t split(weft_stream_t *s, const weft_access_t *acc, size_t n, bool open) {
+  weft__use_t small[SMALL], *uses;
+  weft_status_t st = prepare(s, acc, n, small, &uses, open ? "weft_use_begin" : "weft_use_end");
+  if (st != WEFT_OK) return st;
+  uint64_t print = weft__tracker_fingerprint(uses, n);
+  st = open ? weft__tracker_open(s, uses, n, print) : weft__tracker_close(s, uses, n, print);
+  weft__small_free(small, uses);
+  return st;
+}
 
 weft_status_t weft_use_begin(weft_stream_t *s, const weft_access_t *accesses, size_t n) {
-  weft__use_t small[SMALL], *uses;
-  weft_status_t st = prepare(s, accesses, n, small, SMALL, &uses, "weft_use_begin");
-  if (st != WEFT_OK) return st;
-  st = weft__tracker_begin(s, uses, n);
-  if (uses != small) weft__meta_free(uses);
-  return st;
+  return split(s, accesses, n, true);
 }
 
 weft_status_t weft_use_end(weft_stream_t *s, const weft_access_t *accesses, size_t n) {
-  weft__use_t small[SMALL], *uses;
-  weft_status_t st = prepare(s, accesses, n, small, SMALL, &uses, "weft_use_end");
-  if (st != WEFT_OK) return st;
-  st = weft__tracker_end(s, uses, n);
-  if (uses != small) weft__meta_free(uses);
-  return st;
+  return split(s, accesses, n, false);
 }
 
 /* Runs `fn` as one use with the given accesses. */
 static weft_status_t tracked(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name,
                              weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
   weft__use_t small[SMALL], *uses;
-  weft_status_t st = prepare(s, acc, n, small, SMALL, &uses, name);
+  weft_status_t st = prepare(s, acc, n, small, &uses, name);
   if (st != WEFT_OK) return st;
   st = weft__tracker_use(s, uses, n, fn, arg);
-  if (uses != small) weft__meta_free(uses);
+  weft__small_free(small, uses);
   return st;
 }
 
@@ -265,6 +266,7 @@ weft_status_t weft_stream_import_event(weft_stream_t *s, CUevent event) {
   if (event == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_import_event: event is NULL");
   /* An event recorded in someone's capture pulls s into it: watch s from now on. */
   atomic_store_explicit(&s->exposed, true, memory_order_relaxed);
+  if ((st = weft__stream_prepare(s)) != WEFT_OK) return st;
   return weft__tracker_import_event(s, event);
 }
 
@@ -274,8 +276,8 @@ weft_status_t weft_stream_import_stream(weft_stream_t *s, CUstream other) {
   if (other == NULL)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_import_stream: the legacy NULL stream is not supported");
   const weft__driver_t *d = s->tr->drv;
-  if ((st = weft__tracker_bind(s->tr)) != WEFT_OK) return st;
   atomic_store_explicit(&s->exposed, true, memory_order_relaxed);
+  if ((st = weft__stream_prepare(s)) != WEFT_OK) return st;
   CUevent ev;
   WEFT__CU_TRY(d->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
   CUresult r = d->cuEventRecord(ev, other);

@@ -1,4 +1,4 @@
-/* Blocks: records with generations, weft_alloc / weft_free through the runtime's resource, and
+/* Blocks: records with generations, weft_alloc / weft_free through the block's resource, and
  * host-side queries of a block's outstanding work. */
 #include <string.h>
 
@@ -6,10 +6,7 @@
 #include "lib/core/error.h"
 #include "lib/core/intern.h"
 #include "lib/core/meta.h"
-#include "lib/runtime.h"
-
-weft__graph_alloc_hook_fn weft__graph_alloc_hook;
-weft__graph_free_hook_fn weft__graph_free_hook;
+#include "lib/runtime/runtime.h"
 
 weft_status_t weft__block_check(weft_block_t b, const char *fn, struct weft__block **out) {
   struct weft__block *rec = b.rec;
@@ -28,6 +25,8 @@ weft_status_t weft__block_check(weft_block_t b, const char *fn, struct weft__blo
   return WEFT_OK;
 }
 
+/* ---- records ---------------------------------------------------------------------------------- */
+
 /* Makes sure the record's read array fits the runtime's stream count. */
 static bool size_reads(weft_runtime_t *rt, struct weft__block *rec) {
   if (rec->reads_cap >= rt->tracker.n) return true;
@@ -38,7 +37,7 @@ static bool size_reads(weft_runtime_t *rt, struct weft__block *rec) {
   return true;
 }
 
-struct weft__block *weft__block_take(weft_runtime_t *rt) {
+struct weft__block *weft__block_make(weft_runtime_t *rt, size_t bytes, const char *tag, weft_resource_t *resource) {
   pthread_mutex_lock(&rt->blocks_lock);
   struct weft__block *rec = rt->free_head;
   /* Keep the most recently freed records back so that a double free soon after a free is
@@ -56,18 +55,22 @@ struct weft__block *weft__block_take(weft_runtime_t *rt) {
     atomic_init(&rec->gen, 0);
     atomic_init(&rec->state, WEFT__BLOCK_UNUSED);
   }
+  rec->rt = rt;
   if (!size_reads(rt, rec)) {
-    weft__block_retire(rt, rec);
+    weft__block_retire(rec);
     return NULL;
   }
-  rec->rt = rt;
   rec->next = rec->prev = NULL;
-  rec->owner = NULL;
-  rec->resource = NULL;
+  rec->ptr = 0;
+  rec->bytes = bytes;
+  rec->tag = tag;
+  rec->resource = resource;
+  weft__access_init(&rec->acc, rec->acc.reads);
   return rec;
 }
 
-weft_block_t weft__block_publish(weft_runtime_t *rt, struct weft__block *rec) {
+weft_block_t weft__block_publish(struct weft__block *rec) {
+  weft_runtime_t *rt = rec->rt;
   uint64_t gen = atomic_load(&rec->gen) + 1;
   atomic_store_explicit(&rec->gen, gen, memory_order_relaxed);
   pthread_mutex_lock(&rt->blocks_lock);
@@ -90,7 +93,8 @@ static void unlink_live(weft_runtime_t *rt, struct weft__block *rec) {
   rt->live_count--;
 }
 
-void weft__block_retire(weft_runtime_t *rt, struct weft__block *rec) {
+void weft__block_retire(struct weft__block *rec) {
+  weft_runtime_t *rt = rec->rt;
   pthread_mutex_lock(&rt->blocks_lock);
   rec->next = NULL;
   if (rt->free_tail != NULL) rt->free_tail->next = rec;
@@ -100,8 +104,26 @@ void weft__block_retire(weft_runtime_t *rt, struct weft__block *rec) {
   pthread_mutex_unlock(&rt->blocks_lock);
 }
 
+/* A freed record leaves the live list and waits on the FIFO. */
+static void end_live(struct weft__block *rec) {
+  weft_runtime_t *rt = rec->rt;
+  pthread_mutex_lock(&rt->blocks_lock);
+  unlink_live(rt, rec);
+  pthread_mutex_unlock(&rt->blocks_lock);
+  atomic_store_explicit(&rec->state, WEFT__BLOCK_FREED, memory_order_release);
+  weft__block_retire(rec);
+}
+
+void weft__block_forget(struct weft__block *rec) {
+  int expected = WEFT__BLOCK_LIVE;
+  /* Once: a block already freed (or being freed) by someone else is theirs to end. */
+  if (atomic_compare_exchange_strong(&rec->state, &expected, WEFT__BLOCK_FREEING)) end_live(rec);
+}
+
+/* ---- weft_alloc / weft_free ------------------------------------------------------------------ */
+
 weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, const char *tag, weft_block_t *out) {
-  if (weft__runtime_check(rt, "weft_alloc") == NULL) return rt == NULL ? WEFT_ERR_INVALID_ARGUMENT : WEFT_ERR_STALE_HANDLE;
+  if (weft__runtime_check(rt, "weft_alloc") == NULL) return weft__runtime_check_status(rt);
   weft_status_t st = weft__stream_check(s, "weft_alloc");
   if (st != WEFT_OK) return st;
   if (s->runtime != rt) return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_alloc: the stream belongs to another runtime");
@@ -111,47 +133,46 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_alloc: %zu bytes is larger than any device", bytes);
   const char *itag = weft__intern(tag);
   if (itag == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_alloc: no host memory for the tag");
-  if (weft__graph_alloc_hook != NULL) {
-    bool handled = false;
-    st = weft__graph_alloc_hook(s, bytes, itag, out, &handled);
-    if (handled) return st;
-  }
-  if ((st = weft__tracker_bind(&rt->tracker)) != WEFT_OK) return st;
-  struct weft__block *rec = weft__block_take(rt);
+  if ((st = weft__stream_prepare(s)) != WEFT_OK) return st;
+  /* Inside a capture, the capture says where to allocate (graph memory); else the runtime's stack. */
+  weft_resource_t *r;
+  weft__tracker_capture_of(s, &r);
+  if (r == NULL) r = rt->top;
+  struct weft__block *rec = weft__block_make(rt, bytes, itag, r);
   if (rec == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_alloc: no host memory for a block record");
-  weft_resource_t *r = rt->top;
-  CUdeviceptr p = 0;
-  st = r->ops->allocate(r, bytes, s, itag, &p);
-  if (st != WEFT_OK) {
-    weft__block_retire(rt, rec);
+  if ((st = weft__resource_allocate(r, bytes, s, itag, &rec->ptr)) != WEFT_OK) {
+    weft__block_retire(rec);
     return st;
   }
-  rec->kind = WEFT__BLOCK_OWNED;
-  rec->resource = r;
-  rec->ptr = p;
-  rec->bytes = bytes;
-  rec->tag = itag;
   /* Other streams' first use waits for everything s did before handing the memory out. */
-  weft__access_init(&rec->acc, rec->acc.reads, weft__tracker_point(s));
-  *out = weft__block_publish(rt, rec);
+  if ((st = weft__tracker_new_block(s, &rec->acc)) != WEFT_OK) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", weft_last_error());
+    (void)weft__resource_deallocate(r, rec->ptr, bytes, s, itag);
+    weft__block_retire(rec);
+    return weft__error(st, "%s", why);
+  }
+  *out = weft__block_publish(rec);
   atomic_fetch_add_explicit(&rt->allocs, 1, memory_order_relaxed);
   return WEFT_OK;
 }
 
 weft_status_t weft_block_wrap(weft_runtime_t *rt, CUdeviceptr ptr, size_t bytes, const char *tag, weft_block_t *out) {
-  if (weft__runtime_check(rt, "weft_block_wrap") == NULL) return rt == NULL ? WEFT_ERR_INVALID_ARGUMENT : WEFT_ERR_STALE_HANDLE;
+  if (weft__runtime_check(rt, "weft_block_wrap") == NULL) return weft__runtime_check_status(rt);
   if (out == NULL || ptr == 0 || bytes == 0)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_block_wrap: null pointer, zero size or NULL out");
   const char *itag = weft__intern(tag);
-  struct weft__block *rec = itag ? weft__block_take(rt) : NULL;
+  struct weft__block *rec = itag ? weft__block_make(rt, bytes, itag, NULL) : NULL;
   if (rec == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_block_wrap: no host memory");
-  rec->kind = WEFT__BLOCK_WRAPPED;
   rec->ptr = ptr;
-  rec->bytes = bytes;
-  rec->tag = itag;
-  weft__access_init(&rec->acc, rec->acc.reads, (weft__point_t){0, 0});
-  *out = weft__block_publish(rt, rec);
+  *out = weft__block_publish(rec);
   return WEFT_OK;
+}
+
+/* Puts a block whose free did not happen back to LIVE and returns st. */
+static weft_status_t undo_free(struct weft__block *rec, weft_status_t st) {
+  atomic_store(&rec->state, WEFT__BLOCK_LIVE);
+  return st;
 }
 
 weft_status_t weft_free(weft_block_t b, weft_stream_t *s) {
@@ -163,63 +184,55 @@ weft_status_t weft_free(weft_block_t b, weft_stream_t *s) {
     return weft__error(WEFT_ERR_STALE_HANDLE, "weft_free: stale block handle (the record holds a newer block)");
   if (rec->rt != s->runtime)
     return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_free: the block belongs to another runtime than the stream");
+  if ((st = weft__stream_prepare(s)) != WEFT_OK) return st;
   int expected = WEFT__BLOCK_LIVE;
   if (!atomic_compare_exchange_strong(&rec->state, &expected, WEFT__BLOCK_FREEING))
     return weft__error(WEFT_ERR_DOUBLE_FREE, "weft_free: the block (tag '%s', %zu bytes) was already freed",
                        rec->tag, rec->bytes);
-  weft_runtime_t *rt = rec->rt;
-  if (weft__graph_free_hook != NULL) {
-    bool handled = false;
-    st = weft__graph_free_hook(rec, s, &handled);
-    if (handled) {
-      if (st != WEFT_OK) atomic_store(&rec->state, WEFT__BLOCK_LIVE);
-      return st;
-    }
-  }
+  weft_resource_t *r = rec->resource, *capture_to;
+  weft__capture_t *c = weft__tracker_capture_of(s, &capture_to);
+  if (c != NULL && r != capture_to)
+    return undo_free(rec, weft__error(WEFT_ERR_CAPTURE,
+                                      "weft_free: block '%s' was allocated outside the capture running on stream %u; "
+                                      "freeing it inside would free it at every launch: free it after weft_capture_end",
+                                      rec->tag, s->index));
+  if (r != NULL && r->ops->deallocate == NULL)
+    return undo_free(rec, weft__error(WEFT_ERR_INVALID_ARGUMENT,
+                                      "weft_free: block '%s' belongs to '%s'; give it back there", rec->tag,
+                                      r->ops->name ? r->ops->name : "its owner"));
   /* The free is a write: s waits for every outstanding use. */
   weft__use_t use = {&rec->acc, WEFT_WRITE};
-  if ((st = weft__tracker_bind(&rt->tracker)) == WEFT_OK) st = weft__tracker_begin(s, &use, 1);
-  if (st == WEFT_OK && rec->kind == WEFT__BLOCK_OWNED)
-    st = rec->resource->ops->deallocate(rec->resource, rec->ptr, rec->bytes, s, rec->tag);
-  if (st != WEFT_OK) {
-    atomic_store(&rec->state, WEFT__BLOCK_LIVE);
-    return st;
-  }
-  pthread_mutex_lock(&rt->blocks_lock);
-  unlink_live(rt, rec);
-  pthread_mutex_unlock(&rt->blocks_lock);
-  atomic_store_explicit(&rec->state, WEFT__BLOCK_FREED, memory_order_release);
-  weft__block_retire(rt, rec);
-  atomic_fetch_add_explicit(&rt->frees, 1, memory_order_relaxed);
-  return WEFT_OK;
+  st = weft__tracker_begin(s, &use, 1);
+  /* CORRUPTED from the guard: freed, but the memory around the block was damaged. */
+  if (st == WEFT_OK && r != NULL) st = weft__resource_deallocate(r, rec->ptr, rec->bytes, s, rec->tag);
+  if (st != WEFT_OK && st != WEFT_ERR_CORRUPTED) return undo_free(rec, st);
+  if (c != NULL) weft__tracker_free_block(s, &rec->acc);
+  end_live(rec);
+  atomic_fetch_add_explicit(&((weft_runtime_t *)s->runtime)->frees, 1, memory_order_relaxed);
+  return st;
 }
 
-/* Used by graph/ to drop a block it owns without a resource call. */
-void weft__block_forget(struct weft__block *rec) {
-  weft_runtime_t *rt = rec->rt;
-  pthread_mutex_lock(&rt->blocks_lock);
-  unlink_live(rt, rec);
-  pthread_mutex_unlock(&rt->blocks_lock);
-  atomic_store_explicit(&rec->state, WEFT__BLOCK_FREED, memory_order_release);
-  weft__block_retire(rt, rec);
+/* ---- queries ------------------------------------------------------------------------------------ */
+
+/* The record of a live handle, for a query with an output parameter. */
+static weft_status_t query(weft_block_t b, const void *out, const char *fn, struct weft__block **rec) {
+  weft_status_t st = weft__block_check(b, fn, rec);
+  if (st == WEFT_OK && out == NULL) st = weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: out is NULL", fn);
+  return st;
 }
 
 weft_status_t weft_block_ptr(weft_block_t b, CUdeviceptr *out) {
   struct weft__block *rec;
-  weft_status_t st = weft__block_check(b, "weft_block_ptr", &rec);
-  if (st != WEFT_OK) return st;
-  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_block_ptr: out is NULL");
-  *out = rec->ptr;
-  return WEFT_OK;
+  weft_status_t st = query(b, out, "weft_block_ptr", &rec);
+  if (st == WEFT_OK) *out = rec->ptr;
+  return st;
 }
 
 weft_status_t weft_block_size(weft_block_t b, size_t *out) {
   struct weft__block *rec;
-  weft_status_t st = weft__block_check(b, "weft_block_size", &rec);
-  if (st != WEFT_OK) return st;
-  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_block_size: out is NULL");
-  *out = rec->bytes;
-  return WEFT_OK;
+  weft_status_t st = query(b, out, "weft_block_size", &rec);
+  if (st == WEFT_OK) *out = rec->bytes;
+  return st;
 }
 
 const char *weft_block_tag(weft_block_t b) {
@@ -235,6 +248,7 @@ weft_status_t weft_block_synchronize(weft_block_t b) {
   weft__point_t pts[WEFT__MAX_STREAMS + 1];
   size_t n = weft__tracker_conflicts(tr, &rec->acc, WEFT_WRITE, pts);
   if ((st = weft__tracker_bind(tr)) != WEFT_OK) return st;
+  weft__runtime_refresh_captures(rec->rt);
   return weft__tracker_sync_points(tr, pts, n);
 }
 
@@ -248,9 +262,17 @@ weft_status_t weft_block_export_event(weft_block_t b, weft_access_kind_t kind, C
   if ((st = weft__tracker_bind(tr)) != WEFT_OK) return st;
   weft__point_t pts[WEFT__MAX_STREAMS + 1];
   size_t n = weft__tracker_conflicts(tr, &rec->acc, (unsigned)kind, pts);
-  /* Gather every conflicting point on one stream (the first point's, or stream 0), then record
-   * the caller's event there: later than needed at worst, never earlier. */
-  weft_stream_t *on = &tr->streams[n > 0 ? pts[0].stream : 0];
+  /* Gather every conflicting point on one live stream (the first point's if it is not capturing),
+   * then record the caller's event there: later than needed at worst, never earlier. */
+  weft_stream_t *on = NULL;
+  unsigned first = n > 0 ? pts[0].stream : 0;
+  for (unsigned k = 0; k < tr->n && on == NULL; k++) {
+    weft_stream_t *t = &tr->streams[(first + k) % tr->n];
+    if (weft__tracker_capture_of(t, NULL) == NULL) on = t;
+  }
+  if (on == NULL)
+    return weft__error(WEFT_ERR_CAPTURE, "weft_block_export_event: every pool stream is capturing; no live stream to "
+                       "record the event on");
   for (size_t i = 0; i < n; i++)
     if ((st = weft__tracker_order(on, pts[i])) != WEFT_OK) return st;
   CUevent ev;

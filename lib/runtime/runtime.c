@@ -1,0 +1,382 @@
+/* The runtime per device: registry, reference counting, the resource stack built from options,
+ * the public resource constructors, counters. */
+#include <inttypes.h>
+#include <string.h>
+
+#include "lib/core/debug.h"
+#include "lib/core/error.h"
+#include "lib/core/meta.h"
+#include "lib/runtime/runtime.h"
+
+/* The registry. g_life guards refs and `busy` of every slot; it is never held across a driver
+ * call: a slot being created or torn down is `busy`, and weft_runtime_get waits for it. */
+static weft_runtime_t g_runtimes[WEFT__MAX_DEVICES];
+static bool g_busy[WEFT__MAX_DEVICES];
+static pthread_mutex_t g_life = PTHREAD_MUTEX_INITIALIZER; /* rank 5 */
+static pthread_cond_t g_life_cv = PTHREAD_COND_INITIALIZER;
+
+static bool is_runtime_handle(const weft_runtime_t *rt) {
+  uintptr_t p = (uintptr_t)rt, lo = (uintptr_t)&g_runtimes[0], hi = (uintptr_t)&g_runtimes[WEFT__MAX_DEVICES];
+  return p >= lo && p < hi && (p - lo) % sizeof(weft_runtime_t) == 0;
+}
+
+weft_runtime_t *weft__runtime_check(weft_runtime_t *rt, const char *fn) {
+  if (rt == NULL) {
+    weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: runtime is NULL", fn);
+    return NULL;
+  }
+  if (!is_runtime_handle(rt)) {
+    weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: %p is not a weft runtime", fn, (void *)rt);
+    return NULL;
+  }
+  if (!atomic_load_explicit(&rt->alive, memory_order_acquire)) {
+    weft__error(WEFT_ERR_STALE_HANDLE, "%s: the runtime of device %d was released", fn, (int)(rt - g_runtimes));
+    return NULL;
+  }
+  return rt;
+}
+
+weft_status_t weft__runtime_check_status(const weft_runtime_t *rt) {
+  return rt == NULL || !is_runtime_handle(rt) ? WEFT_ERR_INVALID_ARGUMENT : WEFT_ERR_STALE_HANDLE;
+}
+
+weft__tracker_t *weft__runtime_tracker(weft_runtime_t *rt, const char *fn, weft_status_t *st) {
+  if (weft__runtime_check(rt, fn) == NULL) {
+    *st = weft__runtime_check_status(rt);
+    return NULL;
+  }
+  *st = WEFT_OK;
+  return &rt->tracker;
+}
+
+/* ---- the resource stack ------------------------------------------------------------------ */
+
+static void destroy_stack(weft_runtime_t *rt) {
+  while (rt->stack_n > 0) weft_resource_destroy(rt->stack[--rt->stack_n]);
+  weft_resource_destroy(rt->graph_nodes);
+  rt->graph_nodes = NULL;
+  rt->top = NULL;
+}
+
+/* Builds bottom → pool → budget → guard → logging from the options, and the graph memory
+ * resource captures allocate from. */
+static weft_status_t build_stack(weft_runtime_t *rt) {
+  const weft_options_t *o = &rt->opts;
+  weft__tracker_t *tr = &rt->tracker;
+  weft_resource_t *r = NULL;
+  weft_status_t st;
+  if ((st = weft__graph_nodes_create(tr, rt, &rt->graph_nodes)) != WEFT_OK) return st;
+#define PUSH(call)                          \
+  do {                                      \
+    if ((st = (call)) != WEFT_OK) goto fail; \
+    rt->stack[rt->stack_n++] = r;           \
+    rt->top = r;                            \
+  } while (0)
+  if (o->memory == WEFT_MEMORY_DIRECT) {
+    PUSH(weft__direct_create(tr, rt, &r));
+  } else {
+    weft_async_options_t ao = weft_async_options_default();
+    PUSH(weft__async_create(tr, rt, &ao, &r));
+    if (o->memory == WEFT_MEMORY_POOL) {
+      weft_pool_options_t po = weft_pool_options_default();
+      po.chunk_bytes = o->pool_chunk_bytes;
+      PUSH(weft__pool_create(tr, rt, rt->top, &po, &r));
+    }
+  }
+  if (o->budget_bytes != 0 || o->budget_shared_key != NULL)
+    PUSH(weft__budget_create(tr, rt, rt->top, o->budget_bytes ? o->budget_bytes : UINT64_MAX, o->budget_shared_key, &r));
+  if (o->guard) {
+    weft_guard_options_t go = weft_guard_options_default();
+    PUSH(weft__guard_create(tr, rt, rt->top, &go, &r));
+  }
+  if (o->log_path != NULL) PUSH(weft__logging_create(tr, rt, rt->top, o->log_path, NULL, NULL, &r));
+#undef PUSH
+  return WEFT_OK;
+fail:
+  destroy_stack(rt);
+  return st;
+}
+
+/* The public constructors: resolve the runtime handle, then the resource's own (lib/mem). */
+static weft__tracker_t *creating(weft_runtime_t *rt, const void *out, const char *who, weft_status_t *st) {
+  weft__tracker_t *tr = weft__runtime_tracker(rt, who, st);
+  if (tr != NULL && out == NULL) {
+    *st = weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: out is NULL", who);
+    return NULL;
+  }
+  if (tr != NULL && (*st = weft__tracker_bind(tr)) != WEFT_OK) return NULL;
+  return tr;
+}
+
+weft_status_t weft_direct_create(weft_runtime_t *rt, weft_resource_t **out) {
+  weft_status_t st;
+  weft__tracker_t *tr = creating(rt, out, "weft_direct_create", &st);
+  return tr ? weft__direct_create(tr, rt, out) : st;
+}
+
+weft_status_t weft_async_create(weft_runtime_t *rt, const weft_async_options_t *opts, weft_resource_t **out) {
+  weft_status_t st;
+  weft__tracker_t *tr = creating(rt, out, "weft_async_create", &st);
+  return tr ? weft__async_create(tr, rt, opts, out) : st;
+}
+
+weft_status_t weft_pool_create(weft_runtime_t *rt, weft_resource_t *upstream, const weft_pool_options_t *opts,
+                               weft_resource_t **out) {
+  weft_status_t st;
+  weft__tracker_t *tr = creating(rt, out, "weft_pool_create", &st);
+  return tr ? weft__pool_create(tr, rt, upstream, opts, out) : st;
+}
+
+weft_status_t weft_budget_create(weft_runtime_t *rt, weft_resource_t *upstream, uint64_t limit, const char *shared_key,
+                                 weft_resource_t **out) {
+  weft_status_t st;
+  weft__tracker_t *tr = creating(rt, out, "weft_budget_create", &st);
+  return tr ? weft__budget_create(tr, rt, upstream, limit, shared_key, out) : st;
+}
+
+weft_status_t weft_logging_create(weft_runtime_t *rt, weft_resource_t *upstream, const char *path,
+                                  weft_log_sink_fn sink, void *user, weft_resource_t **out) {
+  weft_status_t st;
+  weft__tracker_t *tr = creating(rt, out, "weft_logging_create", &st);
+  return tr ? weft__logging_create(tr, rt, upstream, path, sink, user, out) : st;
+}
+
+weft_status_t weft_stats_create(weft_runtime_t *rt, weft_resource_t *upstream, weft_resource_t **out) {
+  weft_status_t st;
+  weft__tracker_t *tr = creating(rt, out, "weft_stats_create", &st);
+  return tr ? weft__stats_create(tr, rt, upstream, out) : st;
+}
+
+weft_status_t weft_guard_create(weft_runtime_t *rt, weft_resource_t *upstream, const weft_guard_options_t *opts,
+                                weft_resource_t **out) {
+  weft_status_t st;
+  weft__tracker_t *tr = creating(rt, out, "weft_guard_create", &st);
+  return tr ? weft__guard_create(tr, rt, upstream, opts, out) : st;
+}
+
+/* ---- lifetime ------------------------------------------------------------------------------ */
+
+/* Gives every live block back to its resource (the streams were synchronised) and keeps the
+ * records. Returns the first failure; every block is dealt with regardless. */
+static weft_status_t free_all_blocks(weft_runtime_t *rt) {
+  pthread_mutex_lock(&rt->blocks_lock);
+  struct weft__block *b = rt->live;
+  rt->live = NULL;
+  rt->live_count = 0;
+  pthread_mutex_unlock(&rt->blocks_lock);
+  weft_stream_t *s0 = &rt->tracker.streams[0];
+  weft_status_t first = WEFT_OK;
+  while (b != NULL) {
+    struct weft__block *next = b->next;
+    if (b->resource != NULL && b->resource->ops->deallocate != NULL) {
+      weft_status_t st = weft__resource_deallocate(b->resource, b->ptr, b->bytes, s0, b->tag);
+      if (st != WEFT_OK && first == WEFT_OK) first = st;
+    }
+    atomic_store(&b->state, WEFT__BLOCK_FREED);
+    weft__block_retire(b);
+    b = next;
+  }
+  return first;
+}
+
+static weft_status_t create(weft_runtime_t *rt, int device, const weft_options_t *opts) {
+  weft_options_t o;
+  if (opts != NULL) {
+    o = *opts;
+  } else {
+    o = weft_options_default();
+    weft_status_t st = weft_options_from_env(&o);
+    if (st != WEFT_OK) return st;
+  }
+  weft_status_t st = weft_options_validate(&o);
+  if (st != WEFT_OK) return st;
+  const weft__driver_t *drv;
+  if ((st = weft__driver_get(&drv)) != WEFT_OK) return st;
+  if (device >= drv->info.device_count)
+    return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_runtime_get: device %d does not exist (%d devices)", device,
+                       drv->info.device_count);
+  /* Keep the slot's block records (FIFO) and their lock across lives; reset everything else. */
+  bool first_life = rt->drv == NULL;
+  memset(&rt->opts, 0, sizeof rt->opts);
+  rt->ordinal = device;
+  rt->opts = o;
+  if (o.log_path != NULL) {
+    snprintf(rt->log_path, sizeof rt->log_path, "%s", o.log_path);
+    rt->opts.log_path = rt->log_path;
+  }
+  if (o.budget_shared_key != NULL) {
+    snprintf(rt->shared_key, sizeof rt->shared_key, "%s", o.budget_shared_key);
+    rt->opts.budget_shared_key = rt->shared_key;
+  }
+  if (first_life) {
+    int e = pthread_mutex_init(&rt->blocks_lock, NULL);
+    if (e != 0) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_runtime_get: cannot create a lock (%s)", strerror(e));
+  }
+  rt->drv = drv;
+  rt->top = NULL;
+  rt->stack_n = 0;
+  atomic_store(&rt->allocs, 0);
+  atomic_store(&rt->frees, 0);
+  rt->live = NULL;
+  rt->live_count = 0;
+  st = weft__tracker_init(&rt->tracker, drv, device, o.stream_count, o.high_priority_streams, o.event_ring, rt);
+  if (st != WEFT_OK) return st;
+  if ((st = build_stack(rt)) != WEFT_OK) {
+    (void)weft__tracker_destroy(&rt->tracker);
+    return st;
+  }
+  rt->refs = 1;
+  atomic_store_explicit(&rt->alive, 1, memory_order_release);
+  return WEFT_OK;
+}
+
+/* Waits until no thread creates or tears down slot d (g_life held). */
+static void wait_idle(int d) {
+  while (g_busy[d]) pthread_cond_wait(&g_life_cv, &g_life);
+}
+
+weft_status_t weft_runtime_get(int device, const weft_options_t *opts, weft_runtime_t **out) {
+  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_runtime_get: out is NULL");
+  if (device < 0 || device >= WEFT__MAX_DEVICES)
+    return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_runtime_get: device %d is out of range", device);
+  weft_runtime_t *rt = &g_runtimes[device];
+  weft_status_t st = WEFT_OK;
+  pthread_mutex_lock(&g_life);
+  wait_idle(device);
+  if (atomic_load(&rt->alive)) {
+    rt->refs++;
+  } else {
+    g_busy[device] = true;
+    pthread_mutex_unlock(&g_life);
+    st = create(rt, device, opts);
+    pthread_mutex_lock(&g_life);
+    g_busy[device] = false;
+    pthread_cond_broadcast(&g_life_cv);
+  }
+  pthread_mutex_unlock(&g_life);
+  if (st == WEFT_OK) *out = rt;
+  return st;
+}
+
+weft_status_t weft_runtime_retain(weft_runtime_t *rt) {
+  if (weft__runtime_check(rt, "weft_runtime_retain") == NULL) return weft__runtime_check_status(rt);
+  pthread_mutex_lock(&g_life);
+  weft_status_t st = WEFT_OK;
+  if (atomic_load(&rt->alive)) rt->refs++;
+  else st = weft__error(WEFT_ERR_STALE_HANDLE, "weft_runtime_retain: the runtime was released");
+  pthread_mutex_unlock(&g_life);
+  return st;
+}
+
+/* The last reference: everything the runtime holds, in reverse order of creation. Finishes what
+ * it can and returns the first failure. */
+static weft_status_t teardown(weft_runtime_t *rt) {
+  weft__tracker_t *tr = &rt->tracker;
+  weft_status_t first = weft__tracker_bind(tr), st;
+  if ((st = weft__tracker_sync_all(tr)) != WEFT_OK && first == WEFT_OK) first = st;
+  if ((st = free_all_blocks(rt)) != WEFT_OK && first == WEFT_OK) first = st;
+  if ((st = weft__tracker_sync_all(tr)) != WEFT_OK && first == WEFT_OK) first = st;
+  destroy_stack(rt);
+  if ((st = weft__tracker_destroy(tr)) != WEFT_OK && first == WEFT_OK) first = st;
+  return first;
+}
+
+weft_status_t weft_runtime_release(weft_runtime_t *rt) {
+  if (weft__runtime_check(rt, "weft_runtime_release") == NULL) return weft__runtime_check_status(rt);
+  weft__runtime_refresh_captures(rt);
+  int d = (int)(rt - g_runtimes);
+  pthread_mutex_lock(&g_life);
+  weft_status_t st = WEFT_OK;
+  if (!atomic_load(&rt->alive)) {
+    st = weft__error(WEFT_ERR_STALE_HANDLE, "weft_runtime_release: the runtime was already released");
+  } else if (rt->refs > 1) {
+    rt->refs--;
+  } else if (atomic_load(&rt->tracker.captures) != 0) {
+    /* Captures keep a runtime from being released: their streams are not free. */
+    st = weft__error(WEFT_ERR_BUSY, "weft_runtime_release: %u captures are active on the runtime's streams",
+                     atomic_load(&rt->tracker.captures));
+  } else {
+    rt->refs = 0;
+    atomic_store_explicit(&rt->alive, 0, memory_order_release);
+    g_busy[d] = true;
+    pthread_mutex_unlock(&g_life);
+    st = teardown(rt);
+    pthread_mutex_lock(&g_life);
+    g_busy[d] = false;
+    pthread_cond_broadcast(&g_life_cv);
+  }
+  pthread_mutex_unlock(&g_life);
+  return st;
+}
+
+int weft_runtime_device(const weft_runtime_t *rt) {
+  return is_runtime_handle(rt) && atomic_load(&rt->alive) ? rt->ordinal : -1;
+}
+
+weft_status_t weft_runtime_options(const weft_runtime_t *rt, weft_options_t *out) {
+  if (weft__runtime_check((weft_runtime_t *)rt, "weft_runtime_options") == NULL) return weft__runtime_check_status(rt);
+  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_runtime_options: out is NULL");
+  *out = rt->opts;
+  return WEFT_OK;
+}
+
+weft_status_t weft_runtime_synchronize(weft_runtime_t *rt) {
+  if (weft__runtime_check(rt, "weft_runtime_synchronize") == NULL) return weft__runtime_check_status(rt);
+  weft_status_t st = weft__tracker_bind(&rt->tracker);
+  if (st != WEFT_OK) return st;
+  weft__runtime_refresh_captures(rt);
+  return weft__tracker_sync_all(&rt->tracker);
+}
+
+weft_status_t weft_runtime_counters(const weft_runtime_t *rt, weft_counters_t *out) {
+  if (weft__runtime_check((weft_runtime_t *)rt, "weft_runtime_counters") == NULL) return weft__runtime_check_status(rt);
+  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_runtime_counters: out is NULL");
+  weft__tracker_t *tr = (weft__tracker_t *)&rt->tracker;
+  pthread_mutex_lock(&tr->lock);
+  *out = tr->counters;
+  pthread_mutex_unlock(&tr->lock);
+  out->allocs = atomic_load(&rt->allocs);
+  out->frees = atomic_load(&rt->frees);
+  return WEFT_OK;
+}
+
+void weft_runtime_print(const weft_runtime_t *rt, FILE *out) {
+  weft_counters_t c;
+  if (out == NULL || weft_runtime_counters(rt, &c) != WEFT_OK) return;
+  weft_runtime_t *mrt = (weft_runtime_t *)rt;
+  pthread_mutex_lock(&mrt->blocks_lock);
+  size_t live = rt->live_count;
+  pthread_mutex_unlock(&mrt->blocks_lock);
+  fprintf(out, "weft runtime: device %d, %u streams (%u high priority), ring %u\n", rt->ordinal, rt->tracker.n,
+          rt->tracker.n_high, rt->tracker.ring_size);
+  fprintf(out, "  uses %" PRIu64 ", accesses %" PRIu64 ", waits issued %" PRIu64 ", skipped %" PRIu64
+               " (host-known %" PRIu64 "), events %" PRIu64 ", ring evictions %" PRIu64 "\n",
+          c.uses, c.accesses, c.waits_issued, c.waits_skipped, c.waits_host_known, c.events_recorded, c.ring_evictions);
+  fprintf(out, "  allocs %" PRIu64 ", frees %" PRIu64 ", live blocks %zu\n", c.allocs, c.frees, live);
+  for (unsigned i = rt->stack_n; i-- > 0;) {
+    weft_resource_stats_t s;
+    weft_resource_stats(rt->stack[i], &s);
+    fprintf(out, "  %-8s live %" PRIu64 " (peak %" PRIu64 "), reserved %" PRIu64 " (peak %" PRIu64 "), allocs %" PRIu64
+                 ", frees %" PRIu64 ", failures %" PRIu64 "\n",
+            rt->stack[i]->ops->name, s.live_bytes, s.live_peak, s.reserved_bytes, s.reserved_peak, s.allocs, s.frees,
+            s.failures);
+  }
+}
+
+weft_resource_t *weft_runtime_resource(weft_runtime_t *rt) {
+  return weft__runtime_check(rt, "weft_runtime_resource") ? rt->top : NULL;
+}
+
+weft_status_t weft_runtime_set_resource(weft_runtime_t *rt, weft_resource_t *r) {
+  if (weft__runtime_check(rt, "weft_runtime_set_resource") == NULL) return weft__runtime_check_status(rt);
+  if (r == NULL || r->ops == NULL || r->ops->allocate == NULL || r->ops->deallocate == NULL)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_runtime_set_resource: incomplete resource");
+  weft_status_t st = WEFT_OK;
+  pthread_mutex_lock(&rt->blocks_lock);
+  if (rt->live_count != 0)
+    st = weft__error(WEFT_ERR_BUSY, "weft_runtime_set_resource: %zu blocks are live", rt->live_count);
+  else
+    rt->top = r;
+  pthread_mutex_unlock(&rt->blocks_lock);
+  return st;
+}

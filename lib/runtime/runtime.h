@@ -1,0 +1,124 @@
+/* lib/runtime: the runtime object per device, block records, uses (internal header; layer 4).
+ *
+ * Runtimes live in a static table indexed by device ordinal, so a handle is never dangling: a
+ * released runtime is a slot marked dead, and calls on it return STALE_HANDLE. Block records are
+ * recycled (FIFO) within their runtime's slot and never returned to the host heap while the
+ * process runs, so a stale weft_block_t can always be checked by its generation.
+ *
+ * A block belongs to the resource that allocated it (NULL: wrapped memory weft does not own):
+ * weft_free gives it back there, whether that is the runtime's stack, a capture's graph memory
+ * or a graph's outputs. The runtime never calls graph/: a capture hands weft_alloc the resource
+ * to allocate from (weft__capture_t.alloc_to).
+ *
+ * Locks (ranks, see streams/tracker.h): a slot's life lock 5 < a runtime's block table 15 <
+ * resources 20 < tracker 30. No lock is held across a host synchronisation.
+ */
+#ifndef WEFT_LIB_RUNTIME_H
+#define WEFT_LIB_RUNTIME_H
+
+#include <stdatomic.h>
+
+#include "lib/core/driver.h"
+#include "lib/mem/mem.h"
+#include "streams/tracker.h"
+
+#define WEFT__MAX_DEVICES 64
+/* Freed records kept back from reuse, so that double frees are told from stale handles. */
+#define WEFT__FREED_KEPT 256
+
+typedef enum weft__block_state {
+  WEFT__BLOCK_UNUSED = 0,  /* record on the free list, never handed out or retired unpublished */
+  WEFT__BLOCK_LIVE = 1,
+  WEFT__BLOCK_FREEING = 2, /* weft_free in progress (guards against a concurrent double free) */
+  WEFT__BLOCK_FREED = 3,   /* freed; the record waits on the free list for reuse */
+} weft__block_state_t;
+
+/** One allocation's record. */
+struct weft__block {
+  weft_runtime_t *rt;
+  _Atomic uint64_t gen;       /* bumped when the record is published for a new block */
+  _Atomic int state;          /* weft__block_state_t */
+  CUdeviceptr ptr;
+  size_t bytes;
+  const char *tag;            /* interned */
+  weft_resource_t *resource;  /* what allocated it and takes it back; NULL: wrapped, not ours */
+  weft__access_state_t acc;   /* guarded by the tracker lock */
+  struct weft__block *next;   /* free list (FIFO) or live list link; blocks_lock */
+  struct weft__block *prev;   /* live list; blocks_lock */
+  unsigned reads_cap;         /* capacity of acc.reads */
+};
+
+/** The record a block's access history is embedded in. */
+#define WEFT__BLOCK_OF(state) ((struct weft__block *)((char *)(state) - offsetof(struct weft__block, acc)))
+
+struct weft_runtime {
+  int ordinal;
+  _Atomic int alive;          /* 1 between creation and the start of the last release */
+  int refs;                   /* guarded by the slot's life lock */
+  weft_options_t opts;
+  char log_path[512];         /* backing store of opts.log_path */
+  char shared_key[256];       /* backing store of opts.budget_shared_key */
+  const weft__driver_t *drv;
+  weft__tracker_t tracker;
+  weft_resource_t *top;       /* what weft_alloc uses outside captures */
+  weft_resource_t *stack[6];  /* resources the runtime built from its options, bottom first */
+  unsigned stack_n;
+  weft_resource_t *graph_nodes; /* graph memory nodes: what a capture allocates from by default */
+  _Atomic uint64_t allocs, frees;
+  pthread_mutex_t blocks_lock; /* rank 15: the lists below */
+  struct weft__block *free_head, *free_tail; /* FIFO of reusable records */
+  struct weft__block *live;    /* every LIVE or FREEING block */
+  size_t live_count;
+  size_t free_count;           /* records on the FIFO */
+};
+
+/* ---- runtime.c ------------------------------------------------------------------------------ */
+
+/** The runtime of a live handle, or NULL after recording STALE_HANDLE / INVALID_ARGUMENT. */
+weft_runtime_t *weft__runtime_check(weft_runtime_t *rt, const char *fn);
+/** The status weft__runtime_check() recorded for a handle it refused. */
+weft_status_t weft__runtime_check_status(const weft_runtime_t *rt);
+/** The tracker of a live runtime handle, or NULL with STALE_HANDLE / INVALID_ARGUMENT recorded
+ * for `fn` (the status in *st). */
+weft__tracker_t *weft__runtime_tracker(weft_runtime_t *rt, const char *fn, weft_status_t *st);
+
+/* ---- stream.c ----------------------------------------------------------------------------------- */
+
+/** Checks a stream handle: a pool stream of a live runtime. */
+weft_status_t weft__stream_check(const weft_stream_t *s, const char *fn);
+/** Readies s for a call: binds the context and brings its capture state up to date (adopting
+ * a capture that code outside weft began on it, dropping one that its owner ended). Costs one
+ * driver query for streams outside code can reach, nothing otherwise. */
+weft_status_t weft__stream_prepare(weft_stream_t *s);
+/** Ends the records of the blocks allocated inside capture c and not freed there: their memory
+ * went with c's graph (or with its owner's). Their handles become stale; their resource stops
+ * counting them. */
+void weft__runtime_forget_capture_blocks(weft__capture_t *c);
+/** Drops the runtime's foreign captures that their owners have ended (so that they stop
+ * holding back housekeeping). Call it before host synchronisations, without locks held. */
+void weft__runtime_refresh_captures(weft_runtime_t *rt);
+
+/* ---- block.c ------------------------------------------------------------------------------------ */
+
+/** Resolves a live block handle to its record. `fn` names the caller for messages.
+ * Errors: INVALID_ARGUMENT (null handle), STALE_HANDLE (freed or reused, runtime released). */
+weft_status_t weft__block_check(weft_block_t b, const char *fn, struct weft__block **out);
+/** The one block initialiser: a record for `bytes` tagged `tag` (interned) that `resource` owns,
+ * with an empty history and no address yet; not live until weft__block_publish(). NULL when out
+ * of host memory. */
+struct weft__block *weft__block_make(weft_runtime_t *rt, size_t bytes, const char *tag, weft_resource_t *resource);
+/** Publishes a made record as LIVE (a new generation); returns its handle. */
+weft_block_t weft__block_publish(struct weft__block *rec);
+/** Returns a made but never published record to the FIFO. */
+void weft__block_retire(struct weft__block *rec);
+/** Ends a LIVE block without calling its resource (its memory went with a graph). */
+void weft__block_forget(struct weft__block *rec);
+
+/* ---- use.c -------------------------------------------------------------------------------------- */
+
+/** Resolves accesses to tracker uses; checks every block belongs to s's runtime.
+ * `uses` has room for n. */
+weft_status_t weft__uses_from_accesses(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses,
+                                       const char *fn);
+
+#endif /* WEFT_LIB_RUNTIME_H */

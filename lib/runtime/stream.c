@@ -1,0 +1,166 @@
+/* Pool streams: the public stream calls, and keeping a stream's capture state true to the
+ * driver's: captures that code outside weft begins on a pool stream are adopted (weft's work on
+ * the stream is then recorded into them, allocations go to graph memory) and dropped once their
+ * owner ends them. */
+#include <string.h>
+
+#include "lib/core/error.h"
+#include "lib/core/meta.h"
+#include "lib/runtime/runtime.h"
+
+weft_status_t weft__stream_check(const weft_stream_t *s, const char *fn) {
+  if (s == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: stream is NULL", fn);
+  weft_runtime_t *rt = s->runtime;
+  if (weft__runtime_check(rt, fn) == NULL)
+    return weft__error(weft__runtime_check_status(rt), "%s: %s", fn,
+                       weft__runtime_check_status(rt) == WEFT_ERR_STALE_HANDLE ? "the stream's runtime was released"
+                                                                               : "not a weft stream");
+  if (s->tr != &rt->tracker || s->index >= rt->tracker.n || &rt->tracker.streams[s->index] != s)
+    return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the stream belongs to a released runtime", fn);
+  return WEFT_OK;
+}
+
+/* ---- foreign captures -------------------------------------------------------------------------- */
+
+void weft__runtime_forget_capture_blocks(weft__capture_t *c) {
+  for (size_t i = 0; i < c->blocks.len; i++) {
+    const weft__capture_block_t *b = &WEFT__VEC_AT(&c->blocks, weft__capture_block_t, i);
+    if (!b->internal || b->freed) continue;
+    struct weft__block *rec = WEFT__BLOCK_OF(b->live);
+    weft__resource_disown(rec->resource, rec->bytes);
+    weft__block_forget(rec);
+  }
+}
+
+/* The owner ended a foreign capture: blocks weft allocated inside belong to the owner's graph. */
+static void drop_foreign(weft__capture_t *c) {
+  if (!weft__capture_abandon(c)) return;
+  weft__runtime_forget_capture_blocks(c);
+  weft__capture_free(c);
+}
+
+/* Adopts a capture code outside weft began on s, or drops one its owner ended. Only code that
+ * had the raw stream can have begun a capture on it or forked it into one: other streams cost
+ * nothing here. */
+static weft_status_t sync_capture(weft_stream_t *s) {
+  weft__capture_t *c = atomic_load_explicit(&s->capture, memory_order_acquire);
+  if (!atomic_load_explicit(&s->exposed, memory_order_relaxed) && (c == NULL || !c->foreign)) return WEFT_OK;
+  bool active;
+  uint64_t id;
+  weft_status_t st = weft__capture_probe(s, &active, &id);
+  if (st != WEFT_OK) return st;
+  c = atomic_load_explicit(&s->capture, memory_order_acquire);
+  if (c != NULL && c->foreign && (!active || c->id != id)) {
+    drop_foreign(c);
+    c = NULL;
+  }
+  if (!active || c != NULL) return WEFT_OK; /* nothing, or a capture weft knows (its own, or adopted) */
+  weft__capture_t *nc;
+  weft_runtime_t *rt = s->runtime;
+  /* A foreign capture's mode is not visible; treat it as GLOBAL, the strictest. */
+  st = weft__capture_begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL, true, id, rt->graph_nodes, &nc);
+  if (st == WEFT_ERR_CAPTURE && atomic_load_explicit(&s->capture, memory_order_acquire) != NULL) return WEFT_OK;
+  return st;
+}
+
+weft_status_t weft__stream_prepare(weft_stream_t *s) {
+  weft_status_t st = weft__tracker_bind(s->tr);
+  return st == WEFT_OK ? sync_capture(s) : st;
+}
+
+void weft__runtime_refresh_captures(weft_runtime_t *rt) {
+  weft__tracker_t *tr = &rt->tracker;
+  if (atomic_load_explicit(&tr->captures, memory_order_acquire) == 0) return;
+  for (unsigned i = 0; i < tr->n; i++) {
+    weft__capture_t *c = atomic_load_explicit(&tr->streams[i].capture, memory_order_acquire);
+    if (c != NULL && c->foreign && c->origin == &tr->streams[i]) (void)sync_capture(&tr->streams[i]);
+  }
+}
+
+/* ---- the public stream calls ------------------------------------------------------------------ */
+
+weft_status_t weft_stream_get(weft_runtime_t *rt, unsigned index, weft_stream_t **out) {
+  if (weft__runtime_check(rt, "weft_stream_get") == NULL) return weft__runtime_check_status(rt);
+  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_get: out is NULL");
+  if (index >= rt->tracker.n)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_get: index %u >= stream_count %u", index, rt->tracker.n);
+  *out = &rt->tracker.streams[index];
+  return WEFT_OK;
+}
+
+weft_status_t weft_stream_next(weft_runtime_t *rt, weft_priority_t prio, weft_stream_t **out) {
+  if (weft__runtime_check(rt, "weft_stream_next") == NULL) return weft__runtime_check_status(rt);
+  if (out == NULL || (prio != WEFT_PRIORITY_NORMAL && prio != WEFT_PRIORITY_HIGH))
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_next: bad priority or NULL out");
+  weft__tracker_t *tr = &rt->tracker;
+  unsigned count = prio == WEFT_PRIORITY_HIGH ? tr->n_high : tr->n - tr->n_high;
+  if (count == 0)
+    return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_stream_next: the pool has no %s-priority stream",
+                       prio == WEFT_PRIORITY_HIGH ? "high" : "normal");
+  unsigned first = prio == WEFT_PRIORITY_HIGH ? tr->n - tr->n_high : 0;
+  pthread_mutex_lock(&tr->lock);
+  unsigned i = tr->rr[prio]++ % count;
+  pthread_mutex_unlock(&tr->lock);
+  *out = &tr->streams[first + i];
+  return WEFT_OK;
+}
+
+weft_status_t weft_stream_auto(weft_runtime_t *rt, weft_priority_t prio, const weft_access_t *accesses, size_t n,
+                               weft_stream_t **out) {
+  if (weft__runtime_check(rt, "weft_stream_auto") == NULL) return weft__runtime_check_status(rt);
+  if (out == NULL || (prio != WEFT_PRIORITY_NORMAL && prio != WEFT_PRIORITY_HIGH))
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_auto: bad priority or NULL out");
+  weft__tracker_t *tr = &rt->tracker;
+  if ((prio == WEFT_PRIORITY_HIGH ? tr->n_high : tr->n - tr->n_high) == 0)
+    return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_stream_auto: the pool has no stream of that priority");
+  weft__use_t small[16];
+  weft__use_t *uses = weft__small_alloc(small, 16, n, sizeof *uses);
+  if (uses == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_stream_auto: no host memory");
+  weft_status_t st = weft__uses_from_accesses(&tr->streams[0], accesses, n, uses, "weft_stream_auto");
+  if (st == WEFT_OK) *out = weft__tracker_auto(tr, prio == WEFT_PRIORITY_HIGH, uses, n);
+  weft__small_free(small, uses);
+  return st;
+}
+
+CUstream weft_stream_raw(const weft_stream_t *s) {
+  if (s == NULL) return NULL;
+  /* From now on code outside weft may begin a capture on it: weft watches for that. */
+  atomic_store_explicit(&((weft_stream_t *)s)->exposed, true, memory_order_relaxed);
+  return s->raw;
+}
+int weft_stream_index(const weft_stream_t *s) {
+  return weft__stream_check(s, "weft_stream_index") == WEFT_OK ? (int)s->index : -1;
+}
+weft_runtime_t *weft_stream_runtime(const weft_stream_t *s) {
+  return weft__stream_check(s, "weft_stream_runtime") == WEFT_OK ? s->runtime : NULL;
+}
+
+weft_status_t weft_stream_priority(const weft_stream_t *s, int *out) {
+  weft_status_t st = weft__stream_check(s, "weft_stream_priority");
+  if (st != WEFT_OK) return st;
+  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_priority: out is NULL");
+  WEFT__CU_TRY(s->tr->drv->cuStreamGetPriority(s->raw, out));
+  return WEFT_OK;
+}
+
+weft_status_t weft_stream_id(const weft_stream_t *s, unsigned long long *out) {
+  weft_status_t st = weft__stream_check(s, "weft_stream_id");
+  if (st != WEFT_OK) return st;
+  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_id: out is NULL");
+  if (s->tr->drv->cuStreamGetId == NULL)
+    return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_stream_id: the driver has no cuStreamGetId");
+  WEFT__CU_TRY(s->tr->drv->cuStreamGetId(s->raw, out));
+  return WEFT_OK;
+}
+
+/* Host waits: ended foreign captures must stop holding them back first. */
+static weft_status_t host_wait(weft_stream_t *s, bool blocking) {
+  weft_status_t st = weft__stream_check(s, blocking ? "weft_stream_synchronize" : "weft_stream_query");
+  if (st == WEFT_OK) st = weft__stream_prepare(s);
+  if (st != WEFT_OK) return st;
+  weft__runtime_refresh_captures(s->runtime);
+  return blocking ? weft__tracker_sync_stream(s) : weft__tracker_query_stream(s);
+}
+
+weft_status_t weft_stream_synchronize(weft_stream_t *s) { return host_wait(s, true); }
+weft_status_t weft_stream_query(weft_stream_t *s) { return host_wait(s, false); }

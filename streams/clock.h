@@ -1,0 +1,62 @@
+/* Clock domains (private to streams/): the two operations every tracker and capture function is
+ * built from, and the helpers around them. Every function here runs under the tracker lock
+ * (or on a domain nobody else can reach yet).
+ *
+ *   record: s's newest work gets a tick (a new one, or the pending one it joins) and the event
+ *           of that tick is recorded with s's clock as its snapshot;
+ *   wait:   s waits on the event of a tick of t (or the newer event standing in for an evicted
+ *           one) and merges that event's snapshot into its row.
+ */
+#ifndef WEFT_STREAMS_CLOCK_H
+#define WEFT_STREAMS_CLOCK_H
+
+#include "streams/tracker.h"
+
+#define WEFT__ROW(d, s) (&(d)->known[(size_t)(s) * (d)->n])
+
+static inline uint64_t weft__max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
+
+/** Work enqueued on s from now on is ordered after (t, k), or the host saw it complete. */
+static inline bool weft__clock_implied(const weft__domain_t *d, unsigned s, unsigned t, uint64_t k) {
+  return k == 0 || s == t || WEFT__ROW(d, s)[t] >= k || d->host_known[t] >= k;
+}
+
+/** The domain a use on s belongs to: its capture's, or the live one. */
+static inline weft__domain_t *weft__clock_domain(weft__tracker_t *tr, const weft_stream_t *s) {
+  weft__capture_t *c = atomic_load_explicit(&((weft_stream_t *)s)->capture, memory_order_relaxed);
+  return c != NULL ? &c->dom : &tr->live;
+}
+
+/** Allocates a domain's clocks for n streams (rings are created lazily). */
+weft_status_t weft__domain_init(weft__domain_t *d, unsigned n, unsigned ring_size, weft__capture_t *capture);
+/** Frees a domain's clocks and every lane's events. */
+void weft__domain_free(weft__tracker_t *tr, weft__domain_t *d);
+/** Creates a lane's events and ring if it has none yet. */
+weft_status_t weft__lane_init(weft__tracker_t *tr, weft__domain_t *d, weft__lane_t *l);
+
+/** Records the event of s's pending tick, if any, so that it sits at its point: called before
+ * weft enqueues anything else on s, and by whoever must wait for that tick. */
+weft_status_t weft__clock_flush(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s);
+/** Gives the work enqueued on s since its last tick a tick (joining a pending one) and records
+ * its event. The tick stays assigned (pending) when the record fails; *tick receives it. */
+weft_status_t weft__clock_record(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, uint64_t *tick);
+/** A tick covering everything enqueued on s so far, recorded lazily (see tracker.h). */
+uint64_t weft__clock_point(weft__domain_t *d, const weft_stream_t *s);
+/** The ring slot of the oldest recorded tick >= k of stream t (k <= tick), flushing t's pending
+ * tick first. With k evicted, a newer event stands in: waiting on it is later than needed but
+ * never wrong. */
+weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, unsigned *slot);
+/** Makes s wait for tick k of t and merges the event's clock into s's row. */
+weft_status_t weft__clock_wait(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, weft_stream_t *t, uint64_t k);
+
+
+
+/* ---- capture-local histories (capture.c), used by the tracker's uses ----------------------------- */
+
+/** The capture-local record of a block, created on first touch (`internal`: allocated inside
+ * the capture). NULL when out of host memory (nothing changed). */
+weft__capture_block_t *weft__capture_block(weft__capture_t *c, weft__access_state_t *live, bool internal);
+/** The capture-local record of a block, or NULL when the capture has not touched it. */
+weft__capture_block_t *weft__capture_find(const weft__capture_t *c, const weft__access_state_t *live);
+
+#endif /* WEFT_STREAMS_CLOCK_H */
