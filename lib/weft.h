@@ -11,6 +11,17 @@
  *   - All functions are thread-safe unless a comment says otherwise.
  *   - weft loads the CUDA driver at run time (WEFT_DRIVER, see weft_options_t); nothing links
  *     libcuda. Without a driver every call that needs the GPU returns WEFT_ERR_NO_DRIVER.
+ *
+ * Work that reached a stream stays ordered. A call either enqueues its work or fails before
+ * enqueuing any (then nothing changed; waits weft already issued for it may stay, which only
+ * orders more). Once a use's work is enqueued (a launch, a copy, a graph launch, the work between
+ * weft_use_begin and weft_use_end), the use is recorded and the call succeeds, even if the event
+ * that marks its completion cannot be recorded at once: that event stays pending and is recorded
+ * before anything else weft enqueues on that stream; any later use that must wait for the work
+ * records it first, and fails without enqueuing anything if it still cannot. So a driver error
+ * never leaves work running that a later free, reuse or read is not ordered after; at worst the
+ * stream's next calls report the error. weft_free and resource calls follow the same rule:
+ * WEFT_ERR_CORRUPTED from the guard means the block was freed (and its memory found damaged).
  */
 #ifndef WEFT_H
 #define WEFT_H
@@ -289,12 +300,16 @@ WEFT_API const char *weft_block_tag(weft_block_t b);
  * (by stream order, earlier waits, or the host having seen it complete). Then enqueue the work on
  * weft_stream_raw(s) and call weft_use_end() with the same accesses. A use takes effect at
  * weft_use_end: host threads that use one block concurrently must order those uses themselves.
- * The same block may appear more than once (the strongest kind counts).
+ * The same block may appear more than once (the strongest kind counts). One use may be open per
+ * stream; one-call operations (weft_launch, copies) on s may run while it is open.
  * Errors: STALE_HANDLE (a block or the runtime), WRONG_DEVICE (a block of another runtime),
- * INVALID_ARGUMENT (bad kind, NULL with n > 0), DRIVER (a wait failed; nothing recorded). */
+ * INVALID_ARGUMENT (bad kind, NULL with n > 0), BUSY (s already has an open use), DRIVER (a wait
+ * failed; nothing recorded). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_use_begin(weft_stream_t *s, const weft_access_t *accesses, size_t n);
-/** Records the work enqueued since weft_use_begin as the newest use of every block in `accesses`.
- * Errors: as weft_use_begin. */
+/** Records the work enqueued since weft_use_begin as the newest use of every block in `accesses`
+ * and closes the use (see "Work that reached a stream stays ordered" above).
+ * Errors: as weft_use_begin; INVALID_ARGUMENT when s has no open use or `accesses` differ from
+ * those given to weft_use_begin (the use then stays open). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_use_end(weft_stream_t *s, const weft_access_t *accesses, size_t n);
 
 /** A kernel launch as the driver takes it. */
