@@ -38,8 +38,9 @@ weft_status_t weft_capture_begin(weft_stream_t *s, const weft_capture_options_t 
   weft_graph_pool_t *drawn = weft__gpool_of(alloc_to);
   if (st == WEFT_OK && drawn != NULL && (st = weft__gpool_attach(drawn, cap)) != WEFT_OK) {
     CUgraph g;
-    if (weft__capture_end(cap, &g) == WEFT_OK && g != NULL) s->tr->drv->cuGraphDestroy(g);
-    weft__capture_free(cap);
+    weft__capture_t *ended;
+    if (weft__capture_end(s, &ended, &g) == WEFT_OK && g != NULL) s->tr->drv->cuGraphDestroy(g);
+    weft__capture_free(ended);
   }
   if (st != WEFT_OK && pool != NULL && pool->implicit) (void)weft_graph_pool_destroy(pool);
   return st;
@@ -49,11 +50,8 @@ weft_status_t weft_capture_join(weft_stream_t *origin, weft_stream_t *t) {
   weft_status_t st = weft__stream_check(origin, "weft_capture_join");
   if (st == WEFT_OK) st = weft__stream_check(t, "weft_capture_join");
   if (st != WEFT_OK) return st;
-  weft__capture_t *c = weft__tracker_capture_of(origin, NULL);
-  if (c == NULL || c->origin != origin)
-    return weft__error(WEFT_ERR_CAPTURE, "weft_capture_join: stream %u is not the origin of a capture", origin->index);
   if ((st = weft__stream_prepare(t)) != WEFT_OK) return st;
-  return weft__capture_join(c, t);
+  return weft__capture_join(origin, t);
 }
 
 /* The graph's access summary (blocks from outside, as handles of their current generation) and
@@ -81,18 +79,17 @@ weft_status_t weft_capture_end(weft_stream_t *s, weft_graph_t **out) {
   weft_status_t st = weft__stream_check(s, "weft_capture_end");
   if (st != WEFT_OK) return st;
   if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_capture_end: out is NULL");
-  weft__capture_t *cap = weft__tracker_capture_of(s, NULL);
-  if (cap == NULL || cap->origin != s || cap->foreign)
-    return weft__error(WEFT_ERR_CAPTURE, "weft_capture_end: stream %u is not the origin of a weft capture", s->index);
   if ((st = weft__tracker_bind(s->tr)) != WEFT_OK) return st;
   weft_runtime_t *rt = s->runtime;
-  weft_graph_pool_t *pool = weft__gpool_of(cap->alloc_to);
   CUgraph g = NULL;
+  weft__capture_t *cap = NULL;
+  st = weft__capture_end(s, &cap, &g);
+  if (cap == NULL) return st;
+  weft_graph_pool_t *pool = weft__gpool_of(cap->alloc_to);
   weft__gsummary_t *summary = NULL;
   weft__goutput_t *outputs = NULL;
   size_t ns = 0, no = 0;
   weft_graph_t *graph = NULL;
-  st = weft__capture_end(cap, &g);
   if (st == WEFT_OK) st = collect(cap, &summary, &ns, &outputs, &no);
   if (st == WEFT_OK)
     st = weft__graph_make(rt, g, pool ? WEFT_GRAPH_MEMORY_PRIVATE_POOL : WEFT_GRAPH_MEMORY_NODES, pool, summary, ns,

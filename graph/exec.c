@@ -20,18 +20,18 @@ static weft_status_t outputs_deallocate(weft_resource_t *self, CUdeviceptr p, si
   if (weft__tracker_capture_of(s, NULL) != NULL)
     return weft__error(WEFT_ERR_CAPTURE, "weft_free: output '%s' of a graph cannot be freed inside a capture", tag);
   if (g->memory == WEFT_GRAPH_MEMORY_NODES) {
-    CUresult r = drv->cuMemFreeAsync(p, s->raw);
+    CUresult r;
+    WEFT__RELAXED(drv, r = drv->cuMemFreeAsync(p, s->raw));
     if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemFreeAsync (graph output)");
     weft__tracker_touch(s);
   }
   weft__point_t at = weft__tracker_point(s);
   pthread_mutex_lock(&g->lock);
-  if (g->exec != NULL)
-    for (size_t i = 0; i < g->n_outputs; i++)
-      if (g->exec->outs[i].rec != NULL && g->exec->outs[i].rec->ptr == p) {
-        g->exec->outs[i] = (weft_block_t){0};
-        g->exec->freed[i] = at;
-      }
+  for (size_t i = 0; i < g->n_outputs; i++)
+    if (g->outs[i].rec != NULL && g->outs[i].rec->ptr == p) {
+      g->outs[i] = (weft_block_t){0};
+      g->freed[i] = at;
+    }
   g->live_outputs--;
   pthread_mutex_unlock(&g->lock);
   return WEFT_OK;
@@ -46,9 +46,17 @@ weft_status_t weft__graph_make(weft_runtime_t *rt, CUgraph g, weft_graph_memory_
                                weft__gsummary_t *summary, size_t n_summary, weft__goutput_t *outputs,
                                size_t n_outputs, weft_graph_t **out) {
   weft_graph_t *gr = weft__meta_calloc(1, sizeof *gr);
-  if (gr == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for a graph");
-  weft_status_t st = weft__mem_lock_init(&gr->lock, "weft: graph");
+  if (gr != NULL) {
+    gr->outs = weft__meta_calloc(n_outputs + 1, sizeof *gr->outs);
+    gr->freed = weft__meta_calloc(n_outputs + 1, sizeof *gr->freed);
+  }
+  weft_status_t st = gr && gr->outs && gr->freed ? weft__mem_lock_init(&gr->lock, "weft: graph")
+                                                 : weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for a graph");
   if (st != WEFT_OK) {
+    if (gr != NULL) {
+      weft__meta_free(gr->outs);
+      weft__meta_free(gr->freed);
+    }
     weft__meta_free(gr);
     return st;
   }
@@ -75,11 +83,13 @@ weft_status_t weft_graph_destroy(weft_graph_t *g) {
   if (has_exec) return weft__error(WEFT_ERR_BUSY, "weft_graph_destroy: the graph still has an exec");
   if (live != 0)
     return weft__error(WEFT_ERR_BUSY, "weft_graph_destroy: %zu outputs of its launches are still live", live);
-  if (atomic_load(&g->rt->alive)) g->rt->drv->cuGraphDestroy(g->g);
+  if (atomic_load(&g->rt->alive)) WEFT__RELAXED(g->rt->drv, g->rt->drv->cuGraphDestroy(g->g));
   if (g->pool != NULL) weft__gpool_unuse(g->pool);
   pthread_mutex_destroy(&g->lock);
   weft__meta_free(g->summary);
   weft__meta_free(g->outputs);
+  weft__meta_free(g->outs);
+  weft__meta_free(g->freed);
   weft__meta_free(g);
   return WEFT_OK;
 }
@@ -94,11 +104,6 @@ size_t weft_graph_summary(const weft_graph_t *g, weft_access_t *out, size_t max)
   return g->n_summary;
 }
 
-static void exec_free(weft_exec_t *e) {
-  weft__meta_free(e->outs);
-  weft__meta_free(e->freed);
-  weft__meta_free(e);
-}
 
 weft_status_t weft_graph_instantiate(weft_graph_t *g, weft_stream_t *upload, weft_exec_t **out) {
   if (g == NULL || out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_graph_instantiate: NULL argument");
@@ -108,14 +113,7 @@ weft_status_t weft_graph_instantiate(weft_graph_t *g, weft_stream_t *upload, wef
     return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_graph_instantiate: the stream belongs to another runtime");
   if ((st = weft__tracker_bind(upload->tr)) != WEFT_OK) return st;
   weft_exec_t *e = weft__meta_calloc(1, sizeof *e);
-  if (e != NULL) {
-    e->outs = weft__meta_calloc(g->n_outputs + 1, sizeof *e->outs);
-    e->freed = weft__meta_calloc(g->n_outputs + 1, sizeof *e->freed);
-  }
-  if (e == NULL || e->outs == NULL || e->freed == NULL) {
-    if (e != NULL) exec_free(e);
-    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_graph_instantiate: no host memory");
-  }
+  if (e == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_graph_instantiate: no host memory");
   e->graph = g;
   e->auto_free = g->rt->opts.output_policy == WEFT_OUTPUT_AUTO_FREE;
   pthread_mutex_lock(&g->lock);
@@ -123,21 +121,22 @@ weft_status_t weft_graph_instantiate(weft_graph_t *g, weft_stream_t *upload, wef
   else g->exec = e; /* claimed: a concurrent instantiate gets BUSY */
   pthread_mutex_unlock(&g->lock);
   if (st != WEFT_OK) {
-    exec_free(e);
+    weft__meta_free(e);
     return st;
   }
   /* Graph memory nodes: let the driver free the previous launch's outputs itself. */
   unsigned long long flags =
       e->auto_free && g->memory == WEFT_GRAPH_MEMORY_NODES ? CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH : 0;
   const weft__driver_t *d = g->rt->drv;
-  CUresult r = d->cuGraphInstantiateWithFlags(&e->x, g->g, flags);
-  if (r == CUDA_SUCCESS) r = d->cuGraphUpload(e->x, upload->raw);
+  CUresult r;
+  WEFT__RELAXED(d, if ((r = d->cuGraphInstantiateWithFlags(&e->x, g->g, flags)) == CUDA_SUCCESS)
+                       r = d->cuGraphUpload(e->x, upload->raw));
   if (r != CUDA_SUCCESS) {
     if (e->x != NULL) d->cuGraphExecDestroy(e->x);
     pthread_mutex_lock(&g->lock);
     g->exec = NULL;
     pthread_mutex_unlock(&g->lock);
-    exec_free(e);
+    weft__meta_free(e);
     return weft__driver_fail(r, "cuGraphInstantiateWithFlags / cuGraphUpload");
   }
   *out = e;
@@ -167,9 +166,8 @@ static weft_status_t launch_uses(weft_exec_t *e, weft__use_t *uses, size_t *k, s
                          g->summary[i].block.rec->tag);
     uses[(*k)++] = (weft__use_t){&rec->acc, g->summary[i].kind};
   }
-  /* The previous outputs (auto free): the launch frees them, so it waits for their uses. */
   for (size_t i = 0; i < g->n_outputs; i++)
-    if (e->outs[i].rec != NULL) uses[(*k)++] = (weft__use_t){&e->outs[i].rec->acc, WEFT_WRITE};
+    if (g->outs[i].rec != NULL) uses[(*k)++] = (weft__use_t){&g->outs[i].rec->acc, WEFT_WRITE};
   for (; *made < g->n_outputs; (*made)++) {
     const weft__goutput_t *o = &g->outputs[*made];
     struct weft__block *rec = weft__block_make(g->rt, o->bytes, o->tag, &g->out_res.base);
@@ -179,6 +177,79 @@ static weft_status_t launch_uses(weft_exec_t *e, weft__use_t *uses, size_t *k, s
     uses[(*k)++] = (weft__use_t){&rec->acc, WEFT_WRITE};
   }
   return WEFT_OK;
+}
+
+/* The previous launch's outputs that are still live. Under AUTO_FREE the launch frees them: they
+ * are claimed now (a concurrent weft_free then gets DOUBLE_FREE) and given back if the launch
+ * fails. An output whose free is in progress makes the launch BUSY either way. Graph lock held. */
+static weft_status_t claim_outputs(weft_exec_t *e, bool *claimed) {
+  weft_graph_t *g = e->graph;
+  size_t live = 0, freeing = 0;
+  for (size_t i = 0; i < g->n_outputs; i++) {
+    struct weft__block *rec = g->outs[i].rec;
+    if (rec == NULL) continue;
+    if (atomic_load(&rec->state) != WEFT__BLOCK_LIVE) freeing++;
+    else live++;
+  }
+  if (freeing != 0)
+    return weft__error(WEFT_ERR_BUSY, "weft_exec_launch: %zu outputs of the previous launch are being freed", freeing);
+  if (live != 0 && e->auto_free && g->outs_from != e)
+    return weft__error(WEFT_ERR_BUSY, "weft_exec_launch: %zu outputs of another exec of the graph are live (tag '%s'); "
+                       "free them first", live, g->outputs[0].tag);
+  if (live != 0 && !e->auto_free)
+    return weft__error(WEFT_ERR_BUSY,
+                       "weft_exec_launch: %zu outputs of the previous launch are live (tag '%s'); free them or use "
+                       "WEFT_OUTPUT_AUTO_FREE",
+                       live, g->outputs[0].tag);
+  for (size_t i = 0; i < g->n_outputs; i++) {
+    claimed[i] = g->outs[i].rec != NULL && weft__block_claim(g->outs[i].rec);
+    if (g->outs[i].rec != NULL && !claimed[i]) {
+      for (size_t j = 0; j < i; j++)
+        if (claimed[j]) weft__block_unclaim(g->outs[j].rec);
+      return weft__error(WEFT_ERR_BUSY, "weft_exec_launch: an output of the previous launch is being freed");
+    }
+  }
+  return WEFT_OK;
+}
+
+/* One launch under the graph lock (launches of one graph and frees of its outputs are serial). */
+static weft_status_t launch_locked(weft_exec_t *e, weft_stream_t *s) {
+  weft_graph_t *g = e->graph;
+  size_t n = g->n_summary + 2 * g->n_outputs, k = 0, made = 0;
+  weft__use_t *uses = weft__meta_calloc(n + 1, sizeof *uses);
+  struct weft__block **fresh = weft__meta_calloc(g->n_outputs + 1, sizeof *fresh);
+  bool *claimed = weft__meta_calloc(g->n_outputs + 1, sizeof *claimed);
+  weft_status_t st = uses && fresh && claimed ? WEFT_OK : weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_exec_launch: no host memory");
+  if (st == WEFT_OK) st = claim_outputs(e, claimed);
+  /* Outputs freed outside the graph: the launch reallocates their addresses after the frees. */
+  for (size_t i = 0; i < g->n_outputs && st == WEFT_OK; i++)
+    if (g->freed[i].tick != 0) st = weft__tracker_order(s, g->freed[i]);
+  if (st == WEFT_OK) st = launch_uses(e, uses, &k, fresh, &made);
+  launch_arg_t arg = {e->x};
+  if (st == WEFT_OK) st = weft__tracker_use(s, uses, k, do_launch, &arg);
+  if (st != WEFT_OK) {
+    for (size_t i = 0; i < made; i++) weft__block_retire(fresh[i]);
+    for (size_t i = 0; claimed != NULL && i < g->n_outputs; i++)
+      if (claimed[i]) weft__block_unclaim(g->outs[i].rec);
+  } else {
+    for (size_t i = 0; i < g->n_outputs; i++) {
+      g->freed[i] = (weft__point_t){0, 0};
+      if (claimed[i]) {
+        /* AUTO_FREE: the driver (memory nodes) or the launch (graph pool) reused its memory. */
+        weft__resource_disown(&g->out_res.base, g->outs[i].rec->bytes);
+        weft__block_end(g->outs[i].rec);
+        g->live_outputs--;
+      }
+      g->outs[i] = weft__block_publish(fresh[i]);
+      g->outs_from = e;
+      weft__resource_adopt(&g->out_res.base, fresh[i]->bytes);
+      g->live_outputs++;
+    }
+  }
+  weft__meta_free(uses);
+  weft__meta_free(fresh);
+  weft__meta_free(claimed);
+  return st;
 }
 
 weft_status_t weft_exec_launch(weft_exec_t *e, weft_stream_t *s) {
@@ -192,50 +263,8 @@ weft_status_t weft_exec_launch(weft_exec_t *e, weft_stream_t *s) {
     return weft__error(WEFT_ERR_CAPTURE, "weft_exec_launch: stream %u is capturing (graphs with memory nodes cannot "
                        "be launched into a capture)", s->index);
   pthread_mutex_lock(&g->lock);
-  size_t live_prev = 0;
-  for (size_t i = 0; i < g->n_outputs; i++) {
-    struct weft__block *rec;
-    if (e->outs[i].rec != NULL && weft__block_check(e->outs[i], "weft_exec_launch", &rec) == WEFT_OK) live_prev++;
-    else e->outs[i] = (weft_block_t){0};
-  }
+  st = launch_locked(e, s);
   pthread_mutex_unlock(&g->lock);
-  if (live_prev != 0 && !e->auto_free)
-    return weft__error(WEFT_ERR_BUSY,
-                       "weft_exec_launch: %zu outputs of the previous launch are live (tag '%s'); free them or use "
-                       "WEFT_OUTPUT_AUTO_FREE",
-                       live_prev, g->outputs[0].tag);
-  /* Outputs freed outside the graph: the launch reallocates their addresses after the frees. */
-  for (size_t i = 0; i < g->n_outputs; i++) {
-    if (e->freed[i].tick == 0) continue;
-    if ((st = weft__tracker_order(s, e->freed[i])) != WEFT_OK) return st;
-    e->freed[i] = (weft__point_t){0, 0};
-  }
-  size_t n = g->n_summary + 2 * g->n_outputs, k = 0, made = 0;
-  weft__use_t *uses = weft__meta_calloc(n + 1, sizeof *uses);
-  struct weft__block **fresh = weft__meta_calloc(g->n_outputs + 1, sizeof *fresh);
-  if (uses == NULL || fresh == NULL) st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_exec_launch: no host memory");
-  if (st == WEFT_OK) st = launch_uses(e, uses, &k, fresh, &made);
-  launch_arg_t arg = {e->x};
-  if (st == WEFT_OK) st = weft__tracker_use(s, uses, k, do_launch, &arg);
-  if (st != WEFT_OK) {
-    for (size_t i = 0; i < made; i++) weft__block_retire(fresh[i]);
-  } else {
-    pthread_mutex_lock(&g->lock);
-    for (size_t i = 0; i < g->n_outputs; i++) {
-      if (e->outs[i].rec != NULL) {
-        /* AUTO_FREE: the driver (memory nodes) or the launch (graph pool) reused its memory. */
-        weft__resource_disown(&g->out_res.base, e->outs[i].rec->bytes);
-        weft__block_forget(e->outs[i].rec);
-        g->live_outputs--;
-      }
-      e->outs[i] = weft__block_publish(fresh[i]);
-      weft__resource_adopt(&g->out_res.base, fresh[i]->bytes);
-      g->live_outputs++;
-    }
-    pthread_mutex_unlock(&g->lock);
-  }
-  weft__meta_free(uses);
-  weft__meta_free(fresh);
   return st;
 }
 
@@ -243,7 +272,7 @@ weft_status_t weft_exec_output(const weft_exec_t *e, size_t i, weft_block_t *out
   if (e == NULL || out == NULL || i >= e->graph->n_outputs)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_exec_output: NULL argument or index %zu out of range", i);
   pthread_mutex_lock(&e->graph->lock);
-  *out = e->outs[i];
+  *out = e->graph->outs[i];
   pthread_mutex_unlock(&e->graph->lock);
   return WEFT_OK;
 }
@@ -251,11 +280,12 @@ weft_status_t weft_exec_output(const weft_exec_t *e, size_t i, weft_block_t *out
 weft_status_t weft_exec_destroy(weft_exec_t *e) {
   if (e == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_exec_destroy: exec is NULL");
   weft_graph_t *g = e->graph;
-  if (atomic_load(&g->rt->alive)) g->rt->drv->cuGraphExecDestroy(e->x);
+  if (atomic_load(&g->rt->alive)) WEFT__RELAXED(g->rt->drv, g->rt->drv->cuGraphExecDestroy(e->x));
   pthread_mutex_lock(&g->lock);
   g->exec = NULL;
+  if (g->outs_from == e) g->outs_from = NULL;
   pthread_mutex_unlock(&g->lock);
-  exec_free(e);
+  weft__meta_free(e);
   return WEFT_OK;
 }
 
@@ -270,7 +300,9 @@ weft_status_t weft_graph_memory_stats(weft_runtime_t *rt, weft_graph_memory_stat
   cuuint64_t v[4];
   CUgraphMem_attribute a[4] = {CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH,
                                CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH};
-  for (int i = 0; i < 4; i++) WEFT__CU_TRY(d->cuDeviceGetGraphMemAttribute(tr->device, a[i], &v[i]));
+  CUresult r = CUDA_SUCCESS;
+  WEFT__RELAXED(d, for (int i = 0; i < 4 && r == CUDA_SUCCESS; i++) r = d->cuDeviceGetGraphMemAttribute(tr->device, a[i], &v[i]));
+  if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuDeviceGetGraphMemAttribute");
   *out = (weft_graph_memory_stats_t){v[0], v[1], v[2], v[3]};
   return WEFT_OK;
 }
@@ -279,11 +311,10 @@ weft_status_t weft_graph_memory_trim(weft_runtime_t *rt) {
   weft_status_t st;
   weft__tracker_t *tr = weft__runtime_tracker(rt, "weft_graph_memory_trim", &st);
   if (tr == NULL) return st;
-  if (weft__capture_blocks_housekeeping(tr))
-    return weft__error(WEFT_ERR_CAPTURE, "weft_graph_memory_trim: a capture that could see the trim is active");
   if (tr->drv->cuDeviceGraphMemTrim == NULL)
     return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_graph_memory_trim: the driver has no cuDeviceGraphMemTrim");
   if ((st = weft__tracker_bind(tr)) != WEFT_OK) return st;
-  WEFT__CU_TRY(tr->drv->cuDeviceGraphMemTrim(tr->device));
-  return WEFT_OK;
+  CUresult r;
+  WEFT__RELAXED(tr->drv, r = tr->drv->cuDeviceGraphMemTrim(tr->device));
+  return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuDeviceGraphMemTrim");
 }

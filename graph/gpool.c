@@ -7,8 +7,8 @@
  * again on stream s makes s wait (inside the capture) for the free's point first, as weft's pool
  * does for live streams; on t itself stream order suffices. When the capture ends its ranges
  * become free for anyone: graphs that share a pool must replay in the order they were captured
- * (as with PyTorch's graph pools). Chunks come from cuMemAlloc with the thread's capture mode
- * exchanged to RELAXED for that call (cuMemAlloc is unsafe under GLOBAL capture otherwise). */
+ * (as with PyTorch's graph pools). Chunks come from cuMemAlloc in RELAXED capture mode
+ * (cuMemAlloc is unsafe under capture otherwise). */
 #include <string.h>
 
 #include "graph/graph.h"
@@ -30,14 +30,12 @@ static weft_status_t grow(weft_graph_pool_t *p, uint64_t n, weft__tlsf_range_t *
   if (!weft__vec_reserve(&p->chunks, 1)) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "graph pool: no host memory");
   const weft__driver_t *drv = p->tr->drv;
   CUdeviceptr base = 0;
-  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  drv->cuThreadExchangeStreamCaptureMode(&mode);
-  CUresult r = drv->cuMemAlloc(&base, bytes);
-  drv->cuThreadExchangeStreamCaptureMode(&mode);
+  CUresult r;
+  WEFT__RELAXED(drv, r = drv->cuMemAlloc(&base, bytes));
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemAlloc (graph pool chunk)");
   weft__tlsf_range_t *range = weft__tlsf_add_chunk(&p->tlsf, base, bytes, NULL, p->idle, 0);
   if (range == NULL) {
-    drv->cuMemFree(base);
+    WEFT__RELAXED(drv, drv->cuMemFree(base));
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "graph pool: no host memory");
   }
   *(weft__gchunk_t *)weft__vec_push(&p->chunks) = (weft__gchunk_t){base, bytes};
@@ -203,7 +201,8 @@ weft_status_t weft_graph_pool_destroy(weft_graph_pool_t *p) {
     /* Launches may still run on the memory: every stream finishes first. */
     if ((first = weft__tracker_bind(p->tr)) == WEFT_OK) first = weft__tracker_sync_all(p->tr);
     for (size_t i = 0; i < p->chunks.len; i++) {
-      CUresult r = p->tr->drv->cuMemFree(WEFT__VEC_AT(&p->chunks, weft__gchunk_t, i).base);
+      CUresult r;
+      WEFT__RELAXED(p->tr->drv, r = p->tr->drv->cuMemFree(WEFT__VEC_AT(&p->chunks, weft__gchunk_t, i).base));
       if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuMemFree (graph pool chunk)");
     }
   }

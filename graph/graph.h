@@ -63,8 +63,14 @@ struct weft_graph {
   weft__goutput_t *outputs;
   size_t n_outputs;
   weft__goutputs_t out_res; /* resource of its launches' output blocks */
-  pthread_mutex_t lock;     /* rank 20; guards exec's outs/freed and live_outputs */
+  pthread_mutex_t lock;     /* rank 20; guards exec, outs, freed, live_outputs; held by launches */
   weft_exec_t *exec;        /* at most one */
+  /* Kept by the graph, not the exec: outputs outlive an exec, and the next exec of the graph
+   * reallocates the same addresses. */
+  weft_block_t *outs;       /* [n_outputs] handles of the latest launch ({0}: none, or freed) */
+  weft__point_t *freed;     /* [n_outputs] where an output was freed outside the graph: the next
+                               launch must follow that free ({0, 0}: nothing pending) */
+  weft_exec_t *outs_from;   /* the exec whose launch made outs (NULL once it is destroyed) */
   size_t live_outputs;      /* output blocks of launches not yet freed */
 };
 
@@ -72,10 +78,6 @@ struct weft_exec {
   weft_graph_t *graph;
   CUgraphExec x;
   bool auto_free;           /* the runtime's output_policy was AUTO_FREE at instantiation */
-  weft_block_t *outs;       /* [graph->n_outputs] handles of the latest launch ({0}: none) */
-  weft__point_t *freed;     /* [graph->n_outputs] where an output was freed outside the graph:
-                               the next launch reallocates the same address, so it must be
-                               ordered after that free ({0, 0}: nothing pending) */
 };
 
 /* gpool.c */

@@ -284,8 +284,10 @@ typedef struct weft_access {
 } weft_access_t;
 
 /** The stream of `prio` that needs the fewest waits for `accesses` (e.g. the last writer's),
- * ties going to the least recently used. n may be 0 (then: least recently used). Errors:
- * STALE_HANDLE (a block or the runtime), WRONG_DEVICE, NOT_SUPPORTED, INVALID_ARGUMENT. */
+ * ties going to the least recently used; streams taking part in a capture are not candidates.
+ * n may be 0 (then: least recently used). Errors: STALE_HANDLE (a block or the runtime),
+ * WRONG_DEVICE, NOT_SUPPORTED, INVALID_ARGUMENT, CAPTURE (every stream of that priority takes
+ * part in a capture). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_stream_auto(weft_runtime_t *rt, weft_priority_t prio, const weft_access_t *accesses, size_t n, weft_stream_t **out);
 
 /** Device address of a block. Errors: STALE_HANDLE, INVALID_ARGUMENT. */

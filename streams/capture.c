@@ -15,13 +15,6 @@
 /* Capture domains are short-lived and touch few streams: small rings, created on first use. */
 #define CAPTURE_RING 32
 
-/* How many captures this thread began in THREAD_LOCAL mode (they restrict only this thread). */
-static _Thread_local unsigned tls_thread_local_captures;
-
-bool weft__capture_blocks_housekeeping(weft__tracker_t *tr) {
-  return atomic_load_explicit(&tr->strict_captures, memory_order_acquire) > 0 || tls_thread_local_captures > 0;
-}
-
 weft__capture_block_t *weft__capture_find(const weft__capture_t *c, const weft__access_state_t *live) {
   const uint64_t *i = weft__map_find(&c->index, (uint64_t)(uintptr_t)live);
   return i != NULL ? &WEFT__VEC_AT(&c->blocks, weft__capture_block_t, *i - 1) : NULL;
@@ -47,12 +40,7 @@ static void lock(weft__tracker_t *tr) { pthread_mutex_lock(&tr->lock); }
 static void unlock(weft__tracker_t *tr) { pthread_mutex_unlock(&tr->lock); }
 
 static void count_capture(weft__capture_t *c, int delta) {
-  weft__tracker_t *tr = c->tr;
-  atomic_fetch_add_explicit(&tr->captures, (unsigned)delta, memory_order_release);
-  if (c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)
-    atomic_fetch_add_explicit(&tr->strict_captures, (unsigned)delta, memory_order_release);
-  if (c->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && pthread_equal(c->thread, pthread_self()))
-    tls_thread_local_captures += (unsigned)delta;
+  atomic_fetch_add_explicit(&c->tr->captures, (unsigned)delta, memory_order_release);
 }
 
 weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bool foreign, uint64_t id,
@@ -75,6 +63,7 @@ weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bo
   c->alloc_to = alloc_to;
   c->blocks = WEFT__VEC_INIT(weft__capture_block_t);
   lock(tr);
+  while (s->holds != 0) pthread_cond_wait(&tr->unheld, &tr->lock); /* host waits on s finish first */
   if (s->capture != NULL) {
     st = weft__error(WEFT_ERR_CAPTURE, "weft_capture_begin: stream %u already takes part in a capture", s->index);
   } else if (!foreign) {
@@ -100,12 +89,24 @@ weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bo
   return WEFT_OK;
 }
 
-weft_status_t weft__capture_join(weft__capture_t *c, weft_stream_t *t) {
-  weft__tracker_t *tr = c->tr;
+/* The weft capture whose origin is s, or NULL (lock held). */
+static weft__capture_t *own_capture(weft_stream_t *s) {
+  weft__capture_t *c = s->capture;
+  return c != NULL && c->origin == s && !c->foreign ? c : NULL;
+}
+
+weft_status_t weft__capture_join(weft_stream_t *origin, weft_stream_t *t) {
+  weft__tracker_t *tr = origin->tr;
   if (t->tr != tr) return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_capture_join: the stream belongs to another runtime");
   lock(tr);
   weft_status_t st = WEFT_OK;
   uint64_t fork;
+  weft__capture_t *c = own_capture(origin);
+  if (c == NULL) {
+    st = weft__error(WEFT_ERR_CAPTURE, "weft_capture_join: stream %u is not the origin of a weft capture", origin->index);
+    goto out;
+  }
+  while (t->holds != 0) pthread_cond_wait(&tr->unheld, &tr->lock); /* host waits on t finish first */
   if (t->capture == c) goto out;
   if (t->capture != NULL) {
     st = weft__error(WEFT_ERR_CAPTURE, "weft_capture_join: stream %u already takes part in another capture", t->index);
@@ -137,11 +138,16 @@ static void detach(weft__capture_t *c) {
   c->joined = 0;
 }
 
-weft_status_t weft__capture_end(weft__capture_t *c, CUgraph *graph) {
-  weft__tracker_t *tr = c->tr;
+weft_status_t weft__capture_end(weft_stream_t *s, weft__capture_t **out, CUgraph *graph) {
+  weft__tracker_t *tr = s->tr;
   *graph = NULL;
   weft_status_t st = WEFT_OK;
   lock(tr);
+  weft__capture_t *c = *out = own_capture(s);
+  if (c == NULL) {
+    unlock(tr);
+    return weft__error(WEFT_ERR_CAPTURE, "weft_capture_end: stream %u is not the origin of a weft capture", s->index);
+  }
   /* Rejoin: the origin waits on a recorded tick of every other stream that took part. */
   for (uint64_t m = c->joined & ~(1ull << c->origin->index); m != 0 && st == WEFT_OK; m &= m - 1) {
     weft_stream_t *t = &tr->streams[__builtin_ctzll(m)];
@@ -174,12 +180,22 @@ weft_status_t weft__capture_end(weft__capture_t *c, CUgraph *graph) {
   return WEFT_OK;
 }
 
-bool weft__capture_abandon(weft__capture_t *c) {
-  lock(c->tr);
-  bool mine = c->joined != 0;
-  detach(c);
-  unlock(c->tr);
-  return mine;
+bool weft__capture_foreign_of(weft_stream_t *s, uint64_t *id) {
+  lock(s->tr);
+  weft__capture_t *c = s->capture;
+  bool foreign = c != NULL && c->foreign && c->origin == s;
+  if (foreign) *id = c->id;
+  unlock(s->tr);
+  return foreign;
+}
+
+weft__capture_t *weft__capture_drop_foreign(weft_stream_t *s, uint64_t id) {
+  lock(s->tr);
+  weft__capture_t *c = s->capture;
+  if (c != NULL && c->foreign && c->origin == s && c->id == id) detach(c);
+  else c = NULL;
+  unlock(s->tr);
+  return c;
 }
 
 void weft__capture_free(weft__capture_t *c) {

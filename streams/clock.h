@@ -38,7 +38,9 @@ weft_status_t weft__lane_init(weft__tracker_t *tr, weft__domain_t *d, weft__lane
  * weft enqueues anything else on s, and by whoever must wait for that tick. */
 weft_status_t weft__clock_flush(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s);
 /** Gives the work enqueued on s since its last tick a tick (joining a pending one) and records
- * its event. The tick stays assigned (pending) when the record fails; *tick receives it. */
+ * its event. The tick stays assigned (pending) when the record fails; *tick receives it.
+ * Joining is sound because nothing can know a pending tick complete: waits record it first,
+ * and the host learns only recorded ticks. */
 weft_status_t weft__clock_record(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, uint64_t *tick);
 /** A tick covering everything enqueued on s so far, recorded lazily (see tracker.h). */
 uint64_t weft__clock_point(weft__domain_t *d, const weft_stream_t *s);

@@ -58,6 +58,10 @@ weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv,
   unsigned made = 0;
   int e = pthread_mutex_init(&tr->lock, NULL);
   if (e != 0) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: cannot create the tracker lock (%s)", strerror(e));
+  if ((e = pthread_cond_init(&tr->unheld, NULL)) != 0) {
+    pthread_mutex_destroy(&tr->lock);
+    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: cannot create the tracker condition (%s)", strerror(e));
+  }
   if ((r = drv->cuDeviceGet(&tr->device, ordinal)) != CUDA_SUCCESS) {
     weft__driver_fail(r, "cuDeviceGet");
     st = weft__error(WEFT_ERR_WRONG_DEVICE, "weft: device %d does not exist (%s)", ordinal, weft_driver_error_name(r));
@@ -107,6 +111,7 @@ fail_streams:
 fail_ctx:
   drv->cuDevicePrimaryCtxRelease(tr->device);
 fail_lock:
+  pthread_cond_destroy(&tr->unheld);
   pthread_mutex_destroy(&tr->lock);
   reset(tr);
   return st;
@@ -116,7 +121,8 @@ weft_status_t weft__tracker_destroy(weft__tracker_t *tr) {
   if (tr->live.known == NULL) return WEFT_OK;
   weft_status_t first = weft__tracker_bind(tr);
   for (unsigned i = 0; i < tr->n; i++) {
-    CUresult r = tr->drv->cuStreamSynchronize(tr->streams[i].raw);
+    CUresult r;
+    WEFT__RELAXED(tr->drv, r = tr->drv->cuStreamSynchronize(tr->streams[i].raw));
     if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuStreamSynchronize (release)");
   }
   weft__domain_free(tr, &tr->live);
@@ -126,6 +132,7 @@ weft_status_t weft__tracker_destroy(weft__tracker_t *tr) {
   }
   CUresult r = tr->drv->cuDevicePrimaryCtxRelease(tr->device);
   if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuDevicePrimaryCtxRelease (release)");
+  pthread_cond_destroy(&tr->unheld);
   pthread_mutex_destroy(&tr->lock);
   reset(tr);
   return first;
@@ -142,6 +149,9 @@ void weft__access_init(weft__access_state_t *st, uint64_t *reads) {
 /* The histories the uses of s act on: the live ones, or inside a capture their capture-local
  * records (created on first touch; that also builds the capture's access summary). */
 static weft_status_t translate(weft__capture_t *c, const weft__use_t *uses, size_t n, weft__use_t *out, bool note_kinds) {
+  /* Room first: out[] points into the capture's table, which must not move during the loop. */
+  if (!weft__vec_reserve(&c->blocks, n) || !weft__map_reserve(&c->index, n))
+    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for capture records");
   for (size_t i = 0; i < n; i++) {
     weft__capture_block_t *b = weft__capture_block(c, uses[i].state, false);
     if (b == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for a capture record");
@@ -356,6 +366,21 @@ void weft__tracker_free_block(weft_stream_t *s, weft__access_state_t *st) {
   unlock(s->tr);
 }
 
+weft_status_t weft__tracker_hold(weft_stream_t *s, const char *fn) {
+  weft_status_t st = WEFT_OK;
+  lock(s->tr);
+  if (s->capture != NULL) st = weft__error(WEFT_ERR_CAPTURE, "%s: stream %u is capturing", fn, s->index);
+  else s->holds++;
+  unlock(s->tr);
+  return st;
+}
+
+void weft__tracker_unhold(weft_stream_t *s) {
+  lock(s->tr);
+  if (--s->holds == 0) pthread_cond_broadcast(&s->tr->unheld);
+  unlock(s->tr);
+}
+
 weft__capture_t *weft__tracker_capture_of(weft_stream_t *s, weft_resource_t **alloc_to) {
   lock(s->tr);
   weft__capture_t *c = s->capture;
@@ -469,11 +494,12 @@ bool weft__tracker_poll(weft__tracker_t *tr, weft__point_t p) {
   weft__domain_t *d = &tr->live;
   if (p.stream < d->n && d->host_known[p.stream] >= p.tick) {
     done = true;
-  } else if (p.stream < d->n && !weft__capture_blocks_housekeeping(tr)) {
-    /* A query under a GLOBAL capture would invalidate it: then the answer is "not known". */
+  } else if (p.stream < d->n) {
     unsigned slot;
-    if (weft__clock_slot(tr, d, &tr->streams[p.stream], p.tick, &slot) == WEFT_OK &&
-        tr->drv->cuEventQuery(d->lane[p.stream].ring[slot]) == CUDA_SUCCESS) {
+    CUresult r = CUDA_ERROR_NOT_READY;
+    if (weft__clock_slot(tr, d, &tr->streams[p.stream], p.tick, &slot) == WEFT_OK)
+      WEFT__RELAXED(tr->drv, r = tr->drv->cuEventQuery(d->lane[p.stream].ring[slot]));
+    if (r == CUDA_SUCCESS) {
       const weft__lane_t *l = &d->lane[p.stream];
       learn_complete(tr, p.stream, &l->ring_clock[(size_t)slot * d->n], l->ring_tick[slot]);
       done = true;
@@ -481,10 +507,6 @@ bool weft__tracker_poll(weft__tracker_t *tr, weft__point_t p) {
   }
   unlock(tr);
   return done;
-}
-
-static weft_status_t refuse_under_capture(const char *what) {
-  return weft__error(WEFT_ERR_CAPTURE, "%s: not allowed while a capture that could see it is active", what);
 }
 
 /* Blocks on the points' events without the lock, then records the host's knowledge. */
@@ -499,10 +521,6 @@ weft_status_t weft__tracker_sync_points(weft__tracker_t *tr, const weft__point_t
       unlock(tr);
       continue;
     }
-    if (weft__capture_blocks_housekeeping(tr)) {
-      unlock(tr);
-      return refuse_under_capture("synchronising a block");
-    }
     unsigned slot;
     weft_status_t st = weft__clock_slot(tr, d, &tr->streams[p.stream], p.tick, &slot);
     if (st != WEFT_OK) {
@@ -516,7 +534,8 @@ weft_status_t weft__tracker_sync_points(weft__tracker_t *tr, const weft__point_t
     uint64_t tick = l->ring_tick[slot];
     CUevent ev = l->ring[slot];
     unlock(tr);
-    CUresult r = tr->drv->cuEventSynchronize(ev);
+    CUresult r;
+    WEFT__RELAXED(tr->drv, r = tr->drv->cuEventSynchronize(ev));
     if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuEventSynchronize");
     lock(tr);
     learn_complete(tr, p.stream, snap, tick);
@@ -531,15 +550,22 @@ static weft_status_t host_wait_stream(weft_stream_t *s, bool blocking) {
   weft__tracker_t *tr = s->tr;
   weft__domain_t *d = &tr->live;
   uint64_t snap[WEFT__MAX_STREAMS];
+  weft_status_t st = weft__tracker_hold(s, blocking ? "weft_stream_synchronize" : "weft_stream_query");
+  if (st != WEFT_OK) return st;
   lock(tr);
-  if (s->capture != NULL || weft__capture_blocks_housekeeping(tr)) {
-    unlock(tr);
-    return refuse_under_capture(blocking ? "weft_stream_synchronize" : "weft_stream_query");
-  }
+  /* The tick the host will know complete must be recorded: work enqueued later may not join it
+   * (clock.c), or it would count as complete too. */
+  st = weft__clock_flush(tr, d, s);
   memcpy(snap, WEFT__ROW(d, s->index), d->n * sizeof(uint64_t));
-  uint64_t tick = d->lane[s->index].tick;
+  uint64_t tick = d->lane[s->index].recorded;
   unlock(tr);
-  CUresult r = blocking ? tr->drv->cuStreamSynchronize(s->raw) : tr->drv->cuStreamQuery(s->raw);
+  if (st != WEFT_OK) {
+    weft__tracker_unhold(s);
+    return st;
+  }
+  CUresult r;
+  WEFT__RELAXED(tr->drv, r = blocking ? tr->drv->cuStreamSynchronize(s->raw) : tr->drv->cuStreamQuery(s->raw));
+  weft__tracker_unhold(s);
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, blocking ? "cuStreamSynchronize" : "cuStreamQuery");
   lock(tr);
   learn_complete(tr, s->index, snap, tick);

@@ -108,6 +108,7 @@ struct weft_stream {
    * it waited on an outside event): only then can a capture weft did not begin reach it, so only
    * then does the runtime ask the driver about it before each call. */
   _Atomic bool exposed;
+  unsigned holds;        /* host waits on the raw stream in progress (weft__tracker_hold) */
   bool use_open;         /* weft_use_begin without its weft_use_end yet */
   uint64_t use_print;    /* fingerprint of the open use's accesses (weft__tracker_fingerprint) */
 };
@@ -144,6 +145,7 @@ struct weft__capture {
 /** The tracker of one runtime: its device context, stream pool and live clocks. */
 struct weft__tracker {
   pthread_mutex_t lock;   /* rank 30 */
+  pthread_cond_t unheld;  /* signalled when a stream's holds drop to 0 (with lock) */
   const weft__driver_t *drv;
   CUdevice device;
   CUcontext ctx;          /* the device's primary context, retained */
@@ -157,9 +159,8 @@ struct weft__tracker {
   weft__domain_t live;
   uint64_t use_seq;       /* uses so far (LRU clock) */
   unsigned rr[2];         /* round-robin cursors per priority */
-  /* Active captures (any mode) on this runtime's streams, and of those the GLOBAL ones (driver
-   * housekeeping must wait). Written under the lock, read anywhere. */
-  _Atomic unsigned captures, strict_captures;
+  /* Active captures (any mode) on this runtime's streams. Written under the lock, read anywhere. */
+  _Atomic unsigned captures;
   bool no_waits;          /* testing: issue no waits at all (positive controls) */
   bool mem_ops64;         /* CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS */
   weft_counters_t counters;
@@ -213,14 +214,15 @@ weft__point_t weft__tracker_point(weft_stream_t *s);
 bool weft__tracker_is_ordered(weft_stream_t *s, weft__point_t p);
 /** Makes s wait for p unless already ordered (at most one cuStreamWaitEvent). */
 weft_status_t weft__tracker_order(weft_stream_t *s, weft__point_t p);
-/** Non-blocking: true if p (a live point) is complete (then the host knows it). Never queries
- * while a capture could see it: then only what the host already knows counts. */
+/** Non-blocking: true if p (a live point) is complete (then the host knows it). The query runs
+ * in RELAXED capture mode: it never disturbs a capture. */
 bool weft__tracker_poll(weft__tracker_t *tr, weft__point_t p);
 /** The points a new access of `kind` to a block with history st would wait for (<= n+1; the
  * last write, and for writes the reads since). */
 size_t weft__tracker_conflicts(weft__tracker_t *tr, const weft__access_state_t *st, unsigned kind, weft__point_t *out);
 
-/** Host synchronisation of live work, adding host knowledge. CAPTURE when a capture could see it. */
+/** Host synchronisation of live work, adding host knowledge (RELAXED: no capture is disturbed).
+ * CAPTURE for a stream that is capturing. */
 weft_status_t weft__tracker_sync_stream(weft_stream_t *s);
 weft_status_t weft__tracker_sync_all(weft__tracker_t *tr);
 weft_status_t weft__tracker_sync_points(weft__tracker_t *tr, const weft__point_t *pts, size_t n);
@@ -234,6 +236,11 @@ weft_stream_t *weft__tracker_auto(weft__tracker_t *tr, bool high, const weft__us
 void weft__tracker_touch(weft_stream_t *s);
 /** Makes s wait for an outside event; s becomes dirty (later points cover it). */
 weft_status_t weft__tracker_import_event(weft_stream_t *s, CUevent ev);
+/** Keeps s out of captures while the caller waits on its raw stream on the host (without the
+ * lock): a capture begun on s, or joining s, waits until weft__tracker_unhold. CAPTURE when s
+ * already takes part in a capture. */
+weft_status_t weft__tracker_hold(weft_stream_t *s, const char *fn);
+void weft__tracker_unhold(weft_stream_t *s);
 /** The capture s takes part in (NULL: none) and its allocation context, read under the lock. */
 weft__capture_t *weft__tracker_capture_of(weft_stream_t *s, weft_resource_t **alloc_to);
 
@@ -252,22 +259,25 @@ bool weft__tracker_is_valid(weft__tracker_t *tr);
  * Errors: CAPTURE (s already takes part in a capture), DRIVER, HOST_OUT_OF_MEMORY. */
 weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bool foreign, uint64_t id,
                                   weft_resource_t *alloc_to, weft__capture_t **out);
-/** Pulls pool stream t into c (t waits on a captured event of the origin: a fork). */
-weft_status_t weft__capture_join(weft__capture_t *c, weft_stream_t *t);
-/** Rejoins every forked stream to the origin, ends the capture (cuStreamEndCapture) and gives
- * the graph. The session stays readable (its blocks) until weft__capture_free(). On failure the
- * capture is ended anyway (no stream is left capturing) and *graph is NULL. */
-weft_status_t weft__capture_end(weft__capture_t *c, CUgraph *graph);
-/** Forgets a foreign capture that its owner ended (no driver calls on the graph). True for the
- * one caller that detached it (and must free it), false when another thread was first. */
-bool weft__capture_abandon(weft__capture_t *c);
+/** Pulls pool stream t into the weft capture whose origin is `origin` (t waits on a captured
+ * event of the origin: a fork). CAPTURE when origin is not the origin of a weft capture, or t
+ * takes part in another. */
+weft_status_t weft__capture_join(weft_stream_t *origin, weft_stream_t *t);
+/** Ends the weft capture whose origin is s: rejoins every forked stream to the origin, ends it
+ * (cuStreamEndCapture), detaches it and gives it (*out, to free with weft__capture_free; its
+ * blocks stay readable) and the graph. CAPTURE (and *out NULL) when s is not the origin of a weft
+ * capture. On any other failure the capture is ended anyway (no stream is left capturing), *out
+ * is set and *graph is NULL. */
+weft_status_t weft__capture_end(weft_stream_t *s, weft__capture_t **out, CUgraph *graph);
+/** Whether s is the origin of a foreign capture (adopted by weft), and its driver id. */
+bool weft__capture_foreign_of(weft_stream_t *s, uint64_t *id);
+/** Detaches the foreign capture with driver id `id` whose origin is s, which its owner ended (no
+ * driver calls on the graph), and gives it to the caller to free; NULL when s has no such capture
+ * any more (another thread dropped it first). */
+weft__capture_t *weft__capture_drop_foreign(weft_stream_t *s, uint64_t id);
 /** Frees the session's memory and events (after end or abandon). */
 void weft__capture_free(weft__capture_t *c);
 /** What the driver says of s: whether a capture is active on it, and its id. */
 weft_status_t weft__capture_probe(weft_stream_t *s, bool *active, uint64_t *id);
-/** True while a capture could see driver housekeeping done by this thread now (event queries,
- * pool attributes, synchronisations): any GLOBAL capture of the runtime, or a THREAD_LOCAL
- * one begun by this thread. */
-bool weft__capture_blocks_housekeeping(weft__tracker_t *tr);
 
 #endif /* WEFT_STREAMS_TRACKER_H */

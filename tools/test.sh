@@ -36,6 +36,17 @@ for c in $configs; do
   failed=$((failed + f))
   rm -f "$log"
 done
+# The scale gate: random programs of 10^6 operations with captures and replays, on the default
+# and the lazy simulator, in an optimised build (tests/scale/BUILD).
+echo "=== bazel test -c opt //tests/scale:scale_gate //tests/scale:scale_gate_lazy"
+log=$(mktemp)
+bazel test -c opt //tests/scale:scale_gate //tests/scale:scale_gate_lazy 2>&1 | tee "$log" | grep -E "^//|FAIL|ERROR|Executed" || true
+p=$(grep -cE "^//[^ ]+ +(\(cached\) )?PASSED" "$log")
+f=$(grep -cE "^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD|INCOMPLETE)" "$log")
+[ "$p" -eq 0 ] && [ "$f" -eq 0 ] && f=1
+passed=$((passed + p))
+failed=$((failed + f))
+rm -f "$log"
 # weft as an external repository: the consumer workspace builds and runs (on the simulator).
 echo "=== examples/consumer (weft through local_repository)"
 if BAZEL="bazel --output_base=${TMPDIR:-/tmp}/weft_consumer_ob" examples/consumer/run.sh; then

@@ -24,6 +24,20 @@ const char *weft_driver_error_name(CUresult r) {
   return "CUDA_ERROR_UNKNOWN_CODE";
 }
 
+/* How many RELAXED scopes the thread is in: only the outermost exchanges the mode. */
+static _Thread_local unsigned tls_relaxed;
+
+weft__relaxed_t weft__relax(const weft__driver_t *drv) {
+  weft__relaxed_t r = {false, CU_STREAM_CAPTURE_MODE_RELAXED};
+  if (tls_relaxed++ == 0 && drv->cuThreadExchangeStreamCaptureMode(&r.prev) == CUDA_SUCCESS) r.changed = true;
+  return r;
+}
+
+void weft__unrelax(const weft__driver_t *drv, weft__relaxed_t r) {
+  tls_relaxed--;
+  if (r.changed) drv->cuThreadExchangeStreamCaptureMode(&r.prev);
+}
+
 weft_status_t weft__driver_fail(CUresult r, const char *what) {
   weft__error_set_driver(r);
   weft_status_t s;

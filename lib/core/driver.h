@@ -12,6 +12,8 @@
 #ifndef WEFT_CORE_DRIVER_H
 #define WEFT_CORE_DRIVER_H
 
+#include <stdbool.h>
+
 #include "weft/weft.h"
 
 /* X(name, required). `name` is the cuda.h name; the struct member and the pointer type follow
@@ -140,6 +142,26 @@ void weft__driver_unload(weft__driver_t *drv);
  * WEFT_ERR_NOT_SUPPORTED, NOT_READY → WEFT_ERR_NOT_READY, anything else → WEFT_ERR_DRIVER.
  * `what` names the call for weft_last_error(). */
 weft_status_t weft__driver_fail(CUresult r, const char *what);
+
+/** weft's eager driver work runs in RELAXED capture mode (cuThreadExchangeStreamCaptureMode),
+ * as PyTorch does around its allocator's calls: a call the driver deems unsafe under capture
+ * (queries, synchronisations, stream-ordered and synchronous allocation, pool attributes) then
+ * never invalidates a capture that anyone began, in any mode, on any stream or thread. Use it only
+ * for work on streams that are not capturing and for host waits on live work: weft has already
+ * refused or captured whatever belongs to a capture. Scopes nest (one exchange at the outermost). */
+typedef struct weft__relaxed {
+  bool changed; /* this scope exchanged the mode (the outermost) */
+  CUstreamCaptureMode prev;
+} weft__relaxed_t;
+weft__relaxed_t weft__relax(const weft__driver_t *drv);
+void weft__unrelax(const weft__driver_t *drv, weft__relaxed_t r);
+/** `stmt` (driver calls) in a RELAXED scope. */
+#define WEFT__RELAXED(drv, stmt)                           \
+  do {                                                     \
+    weft__relaxed_t weft__rx_ = weft__relax(drv);          \
+    stmt;                                                  \
+    weft__unrelax((drv), weft__rx_);                       \
+  } while (0)
 
 /** Shorthand for the common pattern: on failure of the driver call `expr`, return its status. */
 #define WEFT__CU_TRY(expr)                                          \

@@ -34,7 +34,8 @@ static weft_status_t async_allocate(weft_resource_t *self, size_t bytes, weft_st
   async_t *a = (async_t *)self;
   weft_status_t st = weft__tracker_bind(a->tr);
   if (st != WEFT_OK) return st;
-  CUresult r = a->tr->drv->cuMemAllocFromPoolAsync(out, bytes, a->pool, s->raw);
+  CUresult r;
+  WEFT__RELAXED(a->tr->drv, r = a->tr->drv->cuMemAllocFromPoolAsync(out, bytes, a->pool, s->raw));
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemAllocFromPoolAsync");
   weft__tracker_touch(s); /* the allocation is work on s: later points of s must cover it */
   return WEFT_OK;
@@ -45,7 +46,8 @@ static weft_status_t async_deallocate(weft_resource_t *self, CUdeviceptr p, size
   async_t *a = (async_t *)self;
   weft_status_t st = weft__tracker_bind(a->tr);
   if (st != WEFT_OK) return st;
-  CUresult r = a->tr->drv->cuMemFreeAsync(p, s->raw);
+  CUresult r;
+  WEFT__RELAXED(a->tr->drv, r = a->tr->drv->cuMemFreeAsync(p, s->raw));
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemFreeAsync");
   weft__tracker_touch(s);
   return WEFT_OK;
@@ -54,16 +56,16 @@ static weft_status_t async_deallocate(weft_resource_t *self, CUdeviceptr p, size
 static weft_status_t async_trim(weft_resource_t *self, size_t keep) {
   async_t *a = (async_t *)self;
   weft_status_t st = weft__tracker_bind(a->tr);
-  if (st == WEFT_OK) st = weft__mem_check_no_capture("async trim", a->tr);
   if (st != WEFT_OK) return st;
-  WEFT__CU_TRY(a->tr->drv->cuMemPoolTrimTo(a->pool, keep));
-  return WEFT_OK;
+  CUresult r;
+  WEFT__RELAXED(a->tr->drv, r = a->tr->drv->cuMemPoolTrimTo(a->pool, keep));
+  return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuMemPoolTrimTo");
 }
 
 static void async_destroy(weft_resource_t *self) {
   async_t *a = (async_t *)self;
   /* With allocations still outstanding the driver releases the pool once they are freed. */
-  if (weft__tracker_bind(a->tr) == WEFT_OK) (void)a->tr->drv->cuMemPoolDestroy(a->pool);
+  if (weft__tracker_bind(a->tr) == WEFT_OK) WEFT__RELAXED(a->tr->drv, (void)a->tr->drv->cuMemPoolDestroy(a->pool));
   weft__meta_free(a);
 }
 
@@ -117,6 +119,8 @@ weft_status_t weft__async_create(weft__tracker_t *tr, weft_runtime_t *rt, const 
   if (a == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory", who);
   a->tr = tr;
   a->opt = o;
+  /* Pool creation and attributes are unsafe under capture: RELAXED until the end. */
+  weft__relaxed_t rx = weft__relax(drv);
   CUmemPoolProps props;
   memset(&props, 0, sizeof props);
   props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -144,6 +148,7 @@ weft_status_t weft__async_create(weft__tracker_t *tr, weft_runtime_t *rt, const 
   CUdeviceptr held = 0;
   if (st == WEFT_OK && o.initial_reserve != 0) st = reserve(a, o.initial_reserve, &held);
   if (st != WEFT_OK) goto fail_setup;
+  weft__unrelax(drv, rx);
   weft__resource_init(&a->base, &weft__async_ops, NULL, rt);
   *out = &a->base;
   return WEFT_OK;
@@ -151,6 +156,7 @@ fail_setup:
   if (held != 0) (void)drv->cuMemFreeAsync(held, tr->streams[0].raw);
   (void)drv->cuMemPoolDestroy(a->pool);
 fail_pool:
+  weft__unrelax(drv, rx);
   weft__meta_free(a);
   return st;
 }
@@ -179,10 +185,16 @@ static weft_status_t attr_prepare(const char *who, weft_resource_t *r, CUmemPool
   async_t *a = as_async(r);
   if (a == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: not an async resource", who);
   if (!attr_known(attr)) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: unknown pool attribute %d", who, (int)attr);
-  weft_status_t st = weft__tracker_bind(a->tr);
-  if (st == WEFT_OK) st = weft__mem_check_no_capture(who, a->tr);
   *out = a;
-  return st;
+  return weft__tracker_bind(a->tr);
+}
+
+/* Pool attributes are housekeeping the driver deems unsafe under capture: RELAXED. */
+static weft_status_t attr_call(async_t *a, bool set, CUmemPool_attribute attr, void *v, const char *what) {
+  CUresult r;
+  WEFT__RELAXED(a->tr->drv, r = set ? a->tr->drv->cuMemPoolSetAttribute(a->pool, attr, v)
+                                    : a->tr->drv->cuMemPoolGetAttribute(a->pool, attr, v));
+  return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, what);
 }
 
 weft_status_t weft_async_get_attribute(weft_resource_t *r, CUmemPool_attribute attr, uint64_t *value) {
@@ -190,16 +202,11 @@ weft_status_t weft_async_get_attribute(weft_resource_t *r, CUmemPool_attribute a
   if (value == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_async_get_attribute: value is NULL");
   weft_status_t st = attr_prepare("weft_async_get_attribute", r, attr, &a);
   if (st != WEFT_OK) return st;
-  if (attr_is_int(attr)) {
-    int v = 0;
-    WEFT__CU_TRY(a->tr->drv->cuMemPoolGetAttribute(a->pool, attr, &v));
-    *value = (uint64_t)v;
-  } else {
-    cuuint64_t v = 0;
-    WEFT__CU_TRY(a->tr->drv->cuMemPoolGetAttribute(a->pool, attr, &v));
-    *value = v;
-  }
-  return WEFT_OK;
+  int i = 0;
+  cuuint64_t u = 0;
+  st = attr_call(a, false, attr, attr_is_int(attr) ? (void *)&i : (void *)&u, "cuMemPoolGetAttribute");
+  if (st == WEFT_OK) *value = attr_is_int(attr) ? (uint64_t)i : u;
+  return st;
 }
 
 weft_status_t weft_async_set_attribute(weft_resource_t *r, CUmemPool_attribute attr, uint64_t value) {
@@ -210,14 +217,9 @@ weft_status_t weft_async_set_attribute(weft_resource_t *r, CUmemPool_attribute a
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_async_set_attribute: the *_CURRENT counters are read-only");
   if ((attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH || attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH) && value != 0)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_async_set_attribute: a *_HIGH counter can only be reset (0)");
-  if (attr_is_int(attr)) {
-    int v = value != 0;
-    WEFT__CU_TRY(a->tr->drv->cuMemPoolSetAttribute(a->pool, attr, &v));
-  } else {
-    cuuint64_t v = value;
-    WEFT__CU_TRY(a->tr->drv->cuMemPoolSetAttribute(a->pool, attr, &v));
-  }
-  return WEFT_OK;
+  int i = value != 0;
+  cuuint64_t u = value;
+  return attr_call(a, true, attr, attr_is_int(attr) ? (void *)&i : (void *)&u, "cuMemPoolSetAttribute");
 }
 
 weft_status_t weft_async_export(weft_resource_t *r, void *handle) {

@@ -10,7 +10,8 @@ static weft_status_t direct_allocate(weft_resource_t *self, size_t bytes, weft_s
   direct_t *d = (direct_t *)self;
   weft_status_t st = weft__tracker_bind(d->tr);
   if (st != WEFT_OK) return st;
-  CUresult r = d->tr->drv->cuMemAlloc(out, bytes);
+  CUresult r;
+  WEFT__RELAXED(d->tr->drv, r = d->tr->drv->cuMemAlloc(out, bytes));
   return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuMemAlloc");
 }
 
@@ -19,10 +20,12 @@ static weft_status_t direct_deallocate(weft_resource_t *self, CUdeviceptr p, siz
   direct_t *d = (direct_t *)self;
   weft_status_t st = weft__tracker_bind(d->tr);
   if (st != WEFT_OK) return st;
-  CUresult r = d->tr->drv->cuStreamSynchronize(s->raw);
+  if ((st = weft__tracker_hold(s, "direct deallocate")) != WEFT_OK) return st;
+  CUresult r, f = CUDA_ERROR_UNKNOWN;
+  WEFT__RELAXED(d->tr->drv, if ((r = d->tr->drv->cuStreamSynchronize(s->raw)) == CUDA_SUCCESS) f = d->tr->drv->cuMemFree(p));
+  weft__tracker_unhold(s);
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuStreamSynchronize (before cuMemFree)");
-  r = d->tr->drv->cuMemFree(p);
-  return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuMemFree");
+  return f == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(f, "cuMemFree");
 }
 
 const weft_resource_ops_t weft__direct_ops = {

@@ -13,7 +13,8 @@ static weft_status_t nodes_allocate(weft_resource_t *self, size_t bytes, weft_st
   graph_nodes_t *g = (graph_nodes_t *)self;
   if (g->tr->drv->cuMemAllocAsync == NULL)
     return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_alloc: the driver has no stream-ordered allocation (graph memory nodes)");
-  CUresult r = g->tr->drv->cuMemAllocAsync(out, bytes, s->raw);
+  CUresult r;
+  WEFT__RELAXED(g->tr->drv, r = g->tr->drv->cuMemAllocAsync(out, bytes, s->raw));
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemAllocAsync (graph memory)");
   weft__tracker_touch(s);
   return WEFT_OK;
@@ -22,7 +23,8 @@ static weft_status_t nodes_allocate(weft_resource_t *self, size_t bytes, weft_st
 static weft_status_t nodes_deallocate(weft_resource_t *self, CUdeviceptr p, size_t bytes, weft_stream_t *s,
                                       const char *tag) {
   graph_nodes_t *g = (graph_nodes_t *)self;
-  CUresult r = g->tr->drv->cuMemFreeAsync(p, s->raw);
+  CUresult r;
+  WEFT__RELAXED(g->tr->drv, r = g->tr->drv->cuMemFreeAsync(p, s->raw));
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemFreeAsync (graph memory)");
   weft__tracker_touch(s);
   return WEFT_OK;

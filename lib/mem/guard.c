@@ -122,8 +122,8 @@ static weft_status_t check_canaries(guard_t *g, CUdeviceptr p, uint64_t bytes, b
   unsigned char *buf = weft__meta_alloc(2 * c);
   if (buf == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "guard: no host memory to read canaries");
   const weft__driver_t *drv = g->tr->drv;
-  CUresult r = drv->cuMemcpyDtoH(buf, p - c, c);
-  if (r == CUDA_SUCCESS) r = drv->cuMemcpyDtoH(buf + c, p + bytes, c);
+  CUresult r;
+  WEFT__RELAXED(drv, if ((r = drv->cuMemcpyDtoH(buf, p - c, c)) == CUDA_SUCCESS) r = drv->cuMemcpyDtoH(buf + c, p + bytes, c));
   if (r != CUDA_SUCCESS) {
     weft__meta_free(buf);
     return weft__driver_fail(r, "cuMemcpyDtoH (guard canary)");
@@ -159,7 +159,11 @@ static weft_status_t guard_deallocate(weft_resource_t *self, CUdeviceptr p, size
   }
   if (st == WEFT_OK) st = weft__tracker_bind(g->tr);
   if (st == WEFT_OK) {
-    CUresult r = drv->cuStreamSynchronize(s->raw);
+    CUresult r = CUDA_SUCCESS;
+    if ((st = weft__tracker_hold(s, "guard deallocate")) == WEFT_OK) {
+      WEFT__RELAXED(drv, r = drv->cuStreamSynchronize(s->raw));
+      weft__tracker_unhold(s);
+    }
     if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuStreamSynchronize (guard check)");
   }
   if (st == WEFT_OK) st = check_canaries(g, p, bytes, &bad, &bad_offset);

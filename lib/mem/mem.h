@@ -71,9 +71,6 @@ weft_status_t weft__mem_check_bytes(const char *who, size_t bytes);
 weft_status_t weft__mem_check_upstream(const char *who, weft_runtime_t *rt, const weft_resource_t *up);
 /** Initialises a resource mutex (rank 20). */
 weft_status_t weft__mem_lock_init(pthread_mutex_t *m, const char *who);
-/** CAPTURE when any pool stream of `tr` is capturing (or DRIVER when the query fails): pool
- * housekeeping that a capture could see (attributes, trims) must not run then. */
-weft_status_t weft__mem_check_no_capture(const char *who, weft__tracker_t *tr);
 /** Adds `bytes` to a reserved counter and raises its peak (the caller holds its lock). */
 static inline void weft__mem_reserve(uint64_t *reserved, uint64_t *peak, uint64_t bytes) {
   *reserved += bytes;

@@ -21,7 +21,8 @@
  *      merge; then a fit in lane s;
  *   7. when growth failed and giving back wholly free chunks would make room (chunks never merge
  *      with each other, so a request larger than any free chunk needs them returned): the host
- *      waits for the newest free point of every lane (not under a capture that could see it),
+ *      waits for the newest free point of every lane (in RELAXED capture mode, so no capture is
+ *      disturbed),
  *      everything retires to the idle lane, idle chunks go back upstream and growth is tried
  *      once more. Only when this fails too: OUT_OF_MEMORY.
  * At the cap (max_bytes leaves no room for another chunk) steps 1-4 become: retire every lane as
@@ -228,15 +229,13 @@ static uint64_t whole_free_bytes(const pool_t *p) {
  * for the newest free point of every lane, everything retires to the idle lane (where all free
  * neighbours merge) and wholly free chunks go back upstream, so that growth can try once more.
  * Only worth it when giving chunks back would make room: pieces already merged in gather(), and
- * chunks never merge with each other. Never under a capture that could see the synchronisation
- * (then OUT_OF_MEMORY as before). Returns NULL with *st unchanged when it does nothing.
+ * chunks never merge with each other. Returns NULL with *st unchanged when it does nothing.
  *
  * Locks: the pool lock (rank 20) is dropped while the host blocks, so other threads keep using
- * the pool and nothing the awaited work or weft__tracker_sync_points does (host callbacks,
- * capture refresh taking blocks_lock, rank 15) can meet it. Points synced stay complete, so on
+ * the pool and nothing the awaited work does (host callbacks) can meet it. Points synced stay complete, so on
  * return each lane retires up to its synced point whatever changed meanwhile. */
 static weft__tlsf_range_t *settle(pool_t *p, weft_stream_t *s, uint64_t n, weft_status_t *st) {
-  if (!p->opt.release_empty_chunks || weft__capture_blocks_housekeeping(p->tr)) return NULL;
+  if (!p->opt.release_empty_chunks) return NULL;
   uint64_t whole = whole_free_bytes(p);
   if (whole == 0 || (*st == WEFT_ERR_OUT_OF_MEMORY && p->opt.max_bytes != 0 &&
                      p->reserved - whole + n > p->opt.max_bytes))

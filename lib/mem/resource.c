@@ -26,13 +26,16 @@ weft_status_t weft__resource_allocate(weft_resource_t *r, size_t bytes, weft_str
 
 weft_status_t weft__resource_deallocate(weft_resource_t *r, CUdeviceptr p, size_t bytes, weft_stream_t *s,
                                         const char *tag) {
+  /* Counted before the call: once a free succeeds, the resource's owner may destroy it (a graph
+   * whose last output was freed), so nothing may touch it afterwards. A failure undoes it. */
+  WEFT_ASSERT_INTERNAL(__atomic_load_n(&r->counts.live_bytes, __ATOMIC_RELAXED) >= bytes);
+  __atomic_sub_fetch(&r->counts.live_bytes, bytes, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&r->counts.frees, 1, __ATOMIC_RELAXED);
   weft_status_t st = r->ops->deallocate(r, p, bytes, s, tag);
   /* CORRUPTED: freed, but the memory around the block was damaged (the guard's report). */
-  if (st == WEFT_OK || st == WEFT_ERR_CORRUPTED) {
-    WEFT_ASSERT_INTERNAL(__atomic_load_n(&r->counts.live_bytes, __ATOMIC_RELAXED) >= bytes);
-    __atomic_sub_fetch(&r->counts.live_bytes, bytes, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&r->counts.frees, 1, __ATOMIC_RELAXED);
-  } else {
+  if (st != WEFT_OK && st != WEFT_ERR_CORRUPTED) {
+    __atomic_add_fetch(&r->counts.live_bytes, bytes, __ATOMIC_RELAXED);
+    __atomic_sub_fetch(&r->counts.frees, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&r->counts.failures, 1, __ATOMIC_RELAXED);
   }
   return st;
@@ -85,18 +88,6 @@ weft_status_t weft__mem_check_upstream(const char *who, weft_runtime_t *rt, cons
 weft_status_t weft__mem_lock_init(pthread_mutex_t *m, const char *who) {
   int e = pthread_mutex_init(m, NULL);
   if (e != 0) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: pthread_mutex_init failed: %s", who, strerror(e));
-  return WEFT_OK;
-}
-
-weft_status_t weft__mem_check_no_capture(const char *who, weft__tracker_t *tr) {
-  for (unsigned i = 0; i < tr->n; i++) {
-    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    CUresult r = tr->drv->cuStreamIsCapturing(tr->streams[i].raw, &cs);
-    if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuStreamIsCapturing");
-    if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
-      return weft__error(WEFT_ERR_CAPTURE, "%s: stream %u is capturing; pool housekeeping would be seen by the capture",
-                         who, i);
-  }
   return WEFT_OK;
 }
 

@@ -105,7 +105,7 @@ void weft__block_retire(struct weft__block *rec) {
 }
 
 /* A freed record leaves the live list and waits on the FIFO. */
-static void end_live(struct weft__block *rec) {
+void weft__block_end(struct weft__block *rec) {
   weft_runtime_t *rt = rec->rt;
   pthread_mutex_lock(&rt->blocks_lock);
   unlink_live(rt, rec);
@@ -114,10 +114,16 @@ static void end_live(struct weft__block *rec) {
   weft__block_retire(rec);
 }
 
-void weft__block_forget(struct weft__block *rec) {
+bool weft__block_claim(struct weft__block *rec) {
   int expected = WEFT__BLOCK_LIVE;
+  return atomic_compare_exchange_strong(&rec->state, &expected, WEFT__BLOCK_FREEING);
+}
+
+void weft__block_unclaim(struct weft__block *rec) { atomic_store(&rec->state, WEFT__BLOCK_LIVE); }
+
+void weft__block_forget(struct weft__block *rec) {
   /* Once: a block already freed (or being freed) by someone else is theirs to end. */
-  if (atomic_compare_exchange_strong(&rec->state, &expected, WEFT__BLOCK_FREEING)) end_live(rec);
+  if (weft__block_claim(rec)) weft__block_end(rec);
 }
 
 /* ---- weft_alloc / weft_free ------------------------------------------------------------------ */
@@ -171,7 +177,7 @@ weft_status_t weft_block_wrap(weft_runtime_t *rt, CUdeviceptr ptr, size_t bytes,
 
 /* Puts a block whose free did not happen back to LIVE and returns st. */
 static weft_status_t undo_free(struct weft__block *rec, weft_status_t st) {
-  atomic_store(&rec->state, WEFT__BLOCK_LIVE);
+  weft__block_unclaim(rec);
   return st;
 }
 
@@ -185,8 +191,7 @@ weft_status_t weft_free(weft_block_t b, weft_stream_t *s) {
   if (rec->rt != s->runtime)
     return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_free: the block belongs to another runtime than the stream");
   if ((st = weft__stream_prepare(s)) != WEFT_OK) return st;
-  int expected = WEFT__BLOCK_LIVE;
-  if (!atomic_compare_exchange_strong(&rec->state, &expected, WEFT__BLOCK_FREEING))
+  if (!weft__block_claim(rec))
     return weft__error(WEFT_ERR_DOUBLE_FREE, "weft_free: the block (tag '%s', %zu bytes) was already freed",
                        rec->tag, rec->bytes);
   weft_resource_t *r = rec->resource, *capture_to;
@@ -207,7 +212,7 @@ weft_status_t weft_free(weft_block_t b, weft_stream_t *s) {
   if (st == WEFT_OK && r != NULL) st = weft__resource_deallocate(r, rec->ptr, rec->bytes, s, rec->tag);
   if (st != WEFT_OK && st != WEFT_ERR_CORRUPTED) return undo_free(rec, st);
   if (c != NULL) weft__tracker_free_block(s, &rec->acc);
-  end_live(rec);
+  weft__block_end(rec);
   atomic_fetch_add_explicit(&((weft_runtime_t *)s->runtime)->frees, 1, memory_order_relaxed);
   return st;
 }

@@ -111,8 +111,14 @@ struct weft__block *weft__block_make(weft_runtime_t *rt, size_t bytes, const cha
 weft_block_t weft__block_publish(struct weft__block *rec);
 /** Returns a made but never published record to the FIFO. */
 void weft__block_retire(struct weft__block *rec);
-/** Ends a LIVE block without calling its resource (its memory went with a graph). */
+/** Ends a LIVE block without calling its resource (its memory went with a graph); does nothing
+ * when someone else is freeing it or freed it. */
 void weft__block_forget(struct weft__block *rec);
+/** Claims a LIVE block for ending it (a concurrent weft_free then gets DOUBLE_FREE); false when
+ * it is not live. Give it back with weft__block_unclaim, or end it with weft__block_end. */
+bool weft__block_claim(struct weft__block *rec);
+void weft__block_unclaim(struct weft__block *rec);
+void weft__block_end(struct weft__block *rec);
 
 /* ---- use.c -------------------------------------------------------------------------------------- */
 

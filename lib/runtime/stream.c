@@ -32,34 +32,29 @@ void weft__runtime_forget_capture_blocks(weft__capture_t *c) {
   }
 }
 
-/* The owner ended a foreign capture: blocks weft allocated inside belong to the owner's graph. */
-static void drop_foreign(weft__capture_t *c) {
-  if (!weft__capture_abandon(c)) return;
-  weft__runtime_forget_capture_blocks(c);
-  weft__capture_free(c);
-}
-
-/* Adopts a capture code outside weft began on s, or drops one its owner ended. Only code that
- * had the raw stream can have begun a capture on it or forked it into one: other streams cost
- * nothing here. */
+/* Adopts a capture code outside weft began on s, or drops one its owner ended (blocks weft
+ * allocated inside then belong to the owner's graph). Only code that had the raw stream can have
+ * begun a capture on it or forked it into one: other streams cost nothing here. */
 static weft_status_t sync_capture(weft_stream_t *s) {
-  weft__capture_t *c = atomic_load_explicit(&s->capture, memory_order_acquire);
-  if (!atomic_load_explicit(&s->exposed, memory_order_relaxed) && (c == NULL || !c->foreign)) return WEFT_OK;
+  uint64_t known = 0;
+  bool foreign = weft__capture_foreign_of(s, &known);
+  if (!foreign && !atomic_load_explicit(&s->exposed, memory_order_relaxed)) return WEFT_OK;
   bool active;
   uint64_t id;
   weft_status_t st = weft__capture_probe(s, &active, &id);
   if (st != WEFT_OK) return st;
-  c = atomic_load_explicit(&s->capture, memory_order_acquire);
-  if (c != NULL && c->foreign && (!active || c->id != id)) {
-    drop_foreign(c);
-    c = NULL;
+  weft__capture_t *ended = foreign && (!active || id != known) ? weft__capture_drop_foreign(s, known) : NULL;
+  if (ended != NULL) {
+    weft__runtime_forget_capture_blocks(ended);
+    weft__capture_free(ended);
   }
-  if (!active || c != NULL) return WEFT_OK; /* nothing, or a capture weft knows (its own, or adopted) */
+  if (!active || weft__tracker_capture_of(s, NULL) != NULL) return WEFT_OK; /* nothing, or known */
   weft__capture_t *nc;
   weft_runtime_t *rt = s->runtime;
   /* A foreign capture's mode is not visible; treat it as GLOBAL, the strictest. */
   st = weft__capture_begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL, true, id, rt->graph_nodes, &nc);
-  if (st == WEFT_ERR_CAPTURE && atomic_load_explicit(&s->capture, memory_order_acquire) != NULL) return WEFT_OK;
+  /* Another thread adopted it first. */
+  if (st == WEFT_ERR_CAPTURE && weft__tracker_capture_of(s, NULL) != NULL) return WEFT_OK;
   return st;
 }
 
@@ -71,10 +66,9 @@ weft_status_t weft__stream_prepare(weft_stream_t *s) {
 void weft__runtime_refresh_captures(weft_runtime_t *rt) {
   weft__tracker_t *tr = &rt->tracker;
   if (atomic_load_explicit(&tr->captures, memory_order_acquire) == 0) return;
-  for (unsigned i = 0; i < tr->n; i++) {
-    weft__capture_t *c = atomic_load_explicit(&tr->streams[i].capture, memory_order_acquire);
-    if (c != NULL && c->foreign && c->origin == &tr->streams[i]) (void)sync_capture(&tr->streams[i]);
-  }
+  uint64_t id;
+  for (unsigned i = 0; i < tr->n; i++)
+    if (weft__capture_foreign_of(&tr->streams[i], &id)) (void)sync_capture(&tr->streams[i]);
 }
 
 /* ---- the public stream calls ------------------------------------------------------------------ */
@@ -117,7 +111,10 @@ weft_status_t weft_stream_auto(weft_runtime_t *rt, weft_priority_t prio, const w
   weft__use_t *uses = weft__small_alloc(small, 16, n, sizeof *uses);
   if (uses == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_stream_auto: no host memory");
   weft_status_t st = weft__uses_from_accesses(&tr->streams[0], accesses, n, uses, "weft_stream_auto");
-  if (st == WEFT_OK) *out = weft__tracker_auto(tr, prio == WEFT_PRIORITY_HIGH, uses, n);
+  weft_stream_t *best = st == WEFT_OK ? weft__tracker_auto(tr, prio == WEFT_PRIORITY_HIGH, uses, n) : NULL;
+  if (st == WEFT_OK && best == NULL)
+    st = weft__error(WEFT_ERR_CAPTURE, "weft_stream_auto: every stream of that priority takes part in a capture");
+  if (st == WEFT_OK) *out = best;
   weft__small_free(small, uses);
   return st;
 }

@@ -61,6 +61,8 @@ weft_status_t weft_stats_create(weft_runtime_t *rt, weft_resource_t *upstream, w
 }
 
 weft_status_t weft__tracker_bind(weft__tracker_t *tr) { return WEFT_OK; }
+weft_status_t weft__tracker_hold(weft_stream_t *s, const char *fn) { return WEFT_OK; }
+void weft__tracker_unhold(weft_stream_t *s) { (void)s; }
 void weft__tracker_touch(weft_stream_t *s) { (void)s; }
 
 weft__point_t weft__tracker_point(weft_stream_t *s) {
@@ -101,8 +103,6 @@ weft_status_t weft__tracker_sync_points(weft__tracker_t *tr, const weft__point_t
   }
   return WEFT_OK;
 }
-
-bool weft__capture_blocks_housekeeping(weft__tracker_t *tr) { return fake.capture_blocks; }
 
 weft_status_t weft__tracker_sync_all(weft__tracker_t *tr) {
   for (unsigned i = 0; i < tr->n; i++) fake_complete(i);

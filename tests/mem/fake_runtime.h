@@ -19,7 +19,6 @@ typedef struct fake_runtime {
   weft_status_t fail_order;          /* non-OK: weft__tracker_order fails with it */
   int released;                      /* 1: weft__runtime_tracker says STALE */
   unsigned syncs;                    /* weft__tracker_sync_points calls (host waits) */
-  bool capture_blocks;               /* weft__capture_blocks_housekeeping answers this */
 } fake_runtime_t;
 
 extern fake_runtime_t fake;

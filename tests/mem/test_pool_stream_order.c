@@ -163,18 +163,6 @@ static void test_at_max_bytes_waits_on_the_host_for_pending_whole_chunks_before_
   drop_pool();
 }
 
-static void test_under_capture_pending_whole_chunks_are_not_awaited(void **state) {
-  (void)state;
-  pending_whole_chunks();
-  fake.capture_blocks = true; /* a host synchronisation would break the capture */
-  CUdeviceptr p = 0;
-  assert_int_equal(weft_resource_allocate(fx.pool, 1536 * KIB, fake_stream(0), "t", &p), WEFT_ERR_OUT_OF_MEMORY);
-  assert_non_null(strstr(weft_last_error(), "max_bytes"));
-  assert_int_equal(fake.syncs, 0);
-  fake.capture_blocks = false;
-  drop_pool();
-}
-
 static void test_full_pool_fails_cleanly_with_consistent_stats(void **state) {
   (void)state;
   make_pool(1 * MIB, 1 * MIB);
@@ -425,7 +413,6 @@ int main(void) {
       cmocka_unit_test(test_at_max_bytes_waits_once_for_the_freeing_point_only),
       cmocka_unit_test(test_fragments_freed_on_several_streams_are_gathered_before_failing),
       cmocka_unit_test(test_at_max_bytes_waits_on_the_host_for_pending_whole_chunks_before_failing),
-      cmocka_unit_test(test_under_capture_pending_whole_chunks_are_not_awaited),
       cmocka_unit_test(test_full_pool_fails_cleanly_with_consistent_stats),
       cmocka_unit_test(test_upstream_refusal_gives_its_error_and_changes_nothing),
       cmocka_unit_test(test_upstream_out_of_memory_releases_idle_chunks_and_retries),

@@ -574,6 +574,29 @@ static void test_second_async_alloc_keeps_first_allocation_point_waitable(void *
   report();
 }
 
+/* Found by the thread gate after a first fix of bug 2 (work joining a pending tick): the host
+ * learned a pending tick complete (weft_stream_synchronize read the lane's tick before its event
+ * was recorded), then a second allocation on the same stream joined that tick, so it counted as
+ * complete and the fill of B on s2 waited for nothing. Fixed: host waits record the pending tick
+ * first and learn only recorded ticks. Expected: 0 races, B holds its fill value. */
+static void test_allocation_after_a_host_sync_is_not_known_complete(void **state) {
+  (void)state;
+  for (unsigned round = 0; round < 8; round++) {
+    char name[64];
+    weft_block_t a = alloc_on(1, N * 4, "A");      /* s1 gets a pending tick */
+    ok(weft_stream_synchronize(stream(1)), "synchronize s1");
+    weft_block_t b = alloc_on(1, N * 4, "B");      /* enqueued after the synchronisation */
+    ok(tu_fill(&env, stream(2), b, N, 3000 + round), "fill(s2, B)");
+    snprintf(name, sizeof name, "round %u: B", round);
+    expect_all(2, b, 3000 + round, name);
+    snprintf(name, sizeof name, "round %u", round);
+    expect_no_races(name);
+    ok(weft_free(a, stream(1)), "free A");
+    ok(weft_free(b, stream(1)), "free B");
+  }
+  report();
+}
+
 /* The same inside a capture: two graph allocations in a row on the capturing stream, then the
  * first block written on a joined stream. The fill's captured wait is on a never-recorded event
  * of the capture's ring, so the graph has no edge from A's allocation node to the kernel. */
@@ -865,6 +888,7 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_second_async_alloc_keeps_first_allocation_point_waitable, setup_async,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_allocation_after_a_host_sync_is_not_known_complete, setup_async, teardown),
       cmocka_unit_test_setup_teardown(test_second_capture_alloc_keeps_first_allocation_point_waitable, setup_default,
                                       teardown),
   };
