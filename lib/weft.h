@@ -258,6 +258,10 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_stream_id(const weft_stream_t *s, uns
 WEFT_API WEFT_NODISCARD weft_status_t weft_stream_synchronize(weft_stream_t *s);
 /** Non-blocking: WEFT_OK if all work is complete (the host then knows it), NOT_READY if not. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_stream_query(weft_stream_t *s);
+/** Whether work enqueued on s now would be captured: *out is 1 while s takes part in a capture,
+ * weft's or one begun by code outside weft (asked of the driver for streams outside code can
+ * reach), 0 otherwise. Errors: STALE_HANDLE, INVALID_ARGUMENT, DRIVER. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_stream_is_capturing(weft_stream_t *s, int *out);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Blocks and uses                                                                             */

@@ -160,4 +160,12 @@ static weft_status_t host_wait(weft_stream_t *s, bool blocking) {
 }
 
 weft_status_t weft_stream_synchronize(weft_stream_t *s) { return host_wait(s, true); }
+
+weft_status_t weft_stream_is_capturing(weft_stream_t *s, int *out) {
+  weft_status_t st = weft__stream_check(s, "weft_stream_is_capturing");
+  if (st == WEFT_OK && out == NULL) st = weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_is_capturing: out is NULL");
+  if (st == WEFT_OK) st = weft__stream_prepare(s);
+  if (st == WEFT_OK) *out = weft__tracker_capture_of(s, NULL) != NULL;
+  return st;
+}
 weft_status_t weft_stream_query(weft_stream_t *s) { return host_wait(s, false); }

@@ -1097,11 +1097,13 @@ static size_t parse_list(const char *s, uint64_t *out, size_t max) {
   return n;
 }
 
-/* Runs one seed in a child process, so that the simulator starts fresh for every seed: its race
- * oracle keeps a clock entry per graph chain ever launched, and a long list of seeds in one
- * process would slow down seed after seed. Returns run_scale's answer (-1 if the child died). */
-static int run_isolated(const scale_cfg_t *c, scale_result_t *r) {
+/* Runs one seed in a child process on the simulator, so that it starts fresh for every seed: its
+ * race oracle keeps a clock entry per graph chain ever launched, and a long list of seeds in one
+ * process would slow down seed after seed. A real driver cannot be used in a child forked after
+ * cuInit: there the seed runs in this process. Returns run_scale's answer (-1: the child died). */
+static int run_isolated(const scale_cfg_t *c, scale_result_t *r, bool fork_ok) {
   memset(r, 0, sizeof *r);
+  if (!fork_ok) return run_scale(c, r);
   int fd[2];
   if (pipe(fd) != 0) return run_scale(c, r);
   fflush(stdout);
@@ -1188,7 +1190,7 @@ int main(void) {
     else if (strcmp(policy, "error") == 0) c.policy = WEFT_OUTPUT_ERROR;
     else c.policy = seeds[k] % 3 == 0 ? WEFT_OUTPUT_AUTO_FREE : WEFT_OUTPUT_ERROR;
     scale_result_t r;
-    int rc = run_isolated(&c, &r);
+    int rc = run_isolated(&c, &r, di.is_simulator != 0);
     run++;
     printf("seed %" PRIu64 " ring %u policy %s lazy %d: %s %ld ops in %.2f s (%.0f ops/s), races %" PRIu64
            " (first after op %ld), wrong words %ld (first at op %ld), unexpected statuses %ld; "
