@@ -53,7 +53,7 @@ static const weft_resource_ops_t builder_ops = {.name = "graph builder (free wit
 static weft_status_t oom(const char *fn) { return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory", fn); }
 
 weft_status_t weft_builder_create(weft_runtime_t *rt, weft_builder_t **out) {
-  if (weft__runtime_check(rt, "weft_builder_create") == NULL) return WEFT_ERR_STALE_HANDLE;
+  if (weft__runtime_check(rt, "weft_builder_create") == NULL) return weft__runtime_check_status(rt);
   if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_builder_create: out is NULL");
   weft_builder_t *b = weft__meta_calloc(1, sizeof *b);
   if (b == NULL) return oom("weft_builder_create");
@@ -62,10 +62,15 @@ weft_status_t weft_builder_create(weft_runtime_t *rt, weft_builder_t **out) {
   weft_status_t st = weft__tracker_bind(&rt->tracker);
   CUresult r = st == WEFT_OK ? rt->drv->cuGraphCreate(&b->g, 0) : CUDA_SUCCESS;
   if (st == WEFT_OK && r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuGraphCreate");
+  if (st == WEFT_OK && !weft__handle_add(b, WEFT__HANDLE_BUILDER)) {
+    rt->drv->cuGraphDestroy(b->g);
+    st = oom("weft_builder_create");
+  }
   if (st != WEFT_OK) {
     weft__meta_free(b);
     return st;
   }
+  weft__runtime_depend(rt, +1);
   *out = b;
   return WEFT_OK;
 }
@@ -246,7 +251,8 @@ static bool ensure_reader_room(bstate_t *s) {
 /* Resolves accesses, computes predecessors, adds the node, records the accesses. */
 static weft_status_t tracked_node(weft_builder_t *b, const weft_access_t *acc, size_t n, add_fn add, void *arg,
                                   CUgraphNode *out, const char *fn) {
-  if (b == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: builder is NULL", fn);
+  weft_status_t hs = weft__graph_handle(b, WEFT__HANDLE_BUILDER, fn);
+  if (hs != WEFT_OK) return hs;
   if (n > 0 && acc == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses is NULL", fn);
   bstate_t **st = weft__meta_alloc((n + 1) * sizeof *st);
   int *pred = weft__meta_alloc((2 * n + 1) * sizeof *pred);
@@ -398,8 +404,10 @@ static CUresult add_alloc(weft_builder_t *b, CUgraphNode *node, const CUgraphNod
 }
 
 weft_status_t weft_builder_alloc(weft_builder_t *b, size_t bytes, const char *tag, weft_block_t *out) {
-  if (b == NULL || out == NULL || bytes == 0)
-    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_builder_alloc: NULL argument or zero size");
+  weft_status_t hs = weft__graph_handle(b, WEFT__HANDLE_BUILDER, "weft_builder_alloc");
+  if (hs != WEFT_OK) return hs;
+  if (out == NULL || bytes == 0)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_builder_alloc: NULL out or zero size");
   if (b->rt->drv->cuGraphAddMemAllocNode == NULL)
     return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_builder_alloc: the driver has no graph memory nodes");
   const char *itag = weft__intern(tag);
@@ -416,6 +424,7 @@ weft_status_t weft_builder_alloc(weft_builder_t *b, size_t bytes, const char *ta
     return st;
   }
   rec->ptr = a.ptr;
+  rec->acc.graph = b; /* its memory exists only in the builder's graph */
   s->last_write = node; /* every use follows the allocation node */
   *out = weft__block_publish(rec);
   return WEFT_OK;
@@ -431,8 +440,9 @@ static CUresult add_free(weft_builder_t *b, CUgraphNode *node, const CUgraphNode
 
 weft_status_t weft_builder_free(weft_builder_t *b, weft_block_t blk) {
   struct weft__block *rec;
-  if (b == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_builder_free: builder is NULL");
-  weft_status_t st = weft__block_check(blk, "weft_builder_free", &rec);
+  weft_status_t st = weft__graph_handle(b, WEFT__HANDLE_BUILDER, "weft_builder_free");
+  if (st != WEFT_OK) return st;
+  st = weft__block_check(blk, "weft_builder_free", &rec);
   if (st != WEFT_OK) return st;
   if (rec->resource != &b->res)
     return weft__error(WEFT_ERR_CAPTURE, "weft_builder_free: block '%s' was not allocated in this builder", rec->tag);
@@ -461,7 +471,12 @@ static void free_states(weft_builder_t *b, bool forget_internal) {
 }
 
 weft_status_t weft_builder_finish(weft_builder_t *b, weft_graph_t **out) {
-  if (b == NULL || out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_builder_finish: NULL argument");
+  weft_status_t hs = weft__graph_handle(b, WEFT__HANDLE_BUILDER, "weft_builder_finish");
+  if (hs != WEFT_OK) return hs;
+  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_builder_finish: out is NULL");
+  if (!weft__handle_remove(b, WEFT__HANDLE_BUILDER))
+    return weft__error(WEFT_ERR_STALE_HANDLE, "weft_builder_finish: the builder was finished already");
+  weft__runtime_depend(b->rt, -1);
   weft__gsummary_t *summary = weft__meta_calloc(b->n_blocks + 1, sizeof *summary);
   weft__goutput_t *outputs = weft__meta_calloc(b->n_blocks + 1, sizeof *outputs);
   size_t ns = 0, no = 0;
@@ -488,9 +503,14 @@ weft_status_t weft_builder_finish(weft_builder_t *b, weft_graph_t **out) {
   return st;
 }
 
-void weft_builder_destroy(weft_builder_t *b) {
-  if (b == NULL) return;
-  b->rt->drv->cuGraphDestroy(b->g);
+weft_status_t weft_builder_destroy(weft_builder_t *b) {
+  weft_status_t st = weft__graph_handle(b, WEFT__HANDLE_BUILDER, "weft_builder_destroy");
+  if (st != WEFT_OK) return st;
+  if (!weft__handle_remove(b, WEFT__HANDLE_BUILDER))
+    return weft__error(WEFT_ERR_STALE_HANDLE, "weft_builder_destroy: the builder was destroyed already");
+  weft__runtime_depend(b->rt, -1);
+  WEFT__RELAXED(b->rt->drv, b->rt->drv->cuGraphDestroy(b->g));
   free_states(b, true);
   weft__meta_free(b);
+  return WEFT_OK;
 }

@@ -24,6 +24,8 @@ weft_status_t weft_capture_begin(weft_stream_t *s, const weft_capture_options_t 
   if (o.mode > WEFT_CAPTURE_RELAXED || o.memory > WEFT_GRAPH_MEMORY_PRIVATE_POOL)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_capture_begin: bad mode or memory policy");
   weft_runtime_t *rt = s->runtime;
+  if (o.pool != NULL && (st = weft__graph_handle(o.pool, WEFT__HANDLE_GRAPH_POOL, "weft_capture_begin")) != WEFT_OK)
+    return st;
   if (o.pool != NULL && o.pool->base.rt != rt)
     return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_capture_begin: the graph pool belongs to another runtime");
   if ((st = weft__stream_prepare(s)) != WEFT_OK) return st;

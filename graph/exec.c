@@ -42,6 +42,15 @@ static const weft_resource_ops_t outputs_ops = {
     .deallocate = outputs_deallocate,
 };
 
+static const char *const kind_name[] = {"", "graph", "exec", "graph pool", "builder", "resource"};
+
+weft_status_t weft__graph_handle(const void *p, weft__handle_kind_t kind, const char *fn) {
+  if (p == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: the %s is NULL", fn, kind_name[kind]);
+  if (!weft__handle_live(p, kind))
+    return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the %s was destroyed (or is not one)", fn, kind_name[kind]);
+  return WEFT_OK;
+}
+
 weft_status_t weft__graph_make(weft_runtime_t *rt, CUgraph g, weft_graph_memory_t memory, weft_graph_pool_t *pool,
                                weft__gsummary_t *summary, size_t n_summary, weft__goutput_t *outputs,
                                size_t n_outputs, weft_graph_t **out) {
@@ -70,12 +79,21 @@ weft_status_t weft__graph_make(weft_runtime_t *rt, CUgraph g, weft_graph_memory_
   gr->n_outputs = n_outputs;
   weft__resource_init(&gr->out_res.base, &outputs_ops, NULL, rt);
   gr->out_res.graph = gr;
+  if (!weft__handle_add(gr, WEFT__HANDLE_GRAPH)) {
+    pthread_mutex_destroy(&gr->lock);
+    weft__meta_free(gr->outs);
+    weft__meta_free(gr->freed);
+    weft__meta_free(gr);
+    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for a graph handle");
+  }
+  weft__runtime_depend(rt, +1);
   *out = gr;
   return WEFT_OK;
 }
 
 weft_status_t weft_graph_destroy(weft_graph_t *g) {
-  if (g == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_graph_destroy: graph is NULL");
+  weft_status_t st = weft__graph_handle(g, WEFT__HANDLE_GRAPH, "weft_graph_destroy");
+  if (st != WEFT_OK) return st;
   pthread_mutex_lock(&g->lock);
   bool has_exec = g->exec != NULL;
   size_t live = g->live_outputs;
@@ -83,6 +101,9 @@ weft_status_t weft_graph_destroy(weft_graph_t *g) {
   if (has_exec) return weft__error(WEFT_ERR_BUSY, "weft_graph_destroy: the graph still has an exec");
   if (live != 0)
     return weft__error(WEFT_ERR_BUSY, "weft_graph_destroy: %zu outputs of its launches are still live", live);
+  if (!weft__handle_remove(g, WEFT__HANDLE_GRAPH))
+    return weft__error(WEFT_ERR_STALE_HANDLE, "weft_graph_destroy: the graph was destroyed already");
+  weft__runtime_depend(g->rt, -1);
   if (atomic_load(&g->rt->alive)) WEFT__RELAXED(g->rt->drv, g->rt->drv->cuGraphDestroy(g->g));
   if (g->pool != NULL) weft__gpool_unuse(g->pool);
   pthread_mutex_destroy(&g->lock);
@@ -94,11 +115,15 @@ weft_status_t weft_graph_destroy(weft_graph_t *g) {
   return WEFT_OK;
 }
 
-CUgraph weft_graph_raw(const weft_graph_t *g) { return g ? g->g : NULL; }
-size_t weft_graph_output_count(const weft_graph_t *g) { return g ? g->n_outputs : 0; }
+CUgraph weft_graph_raw(const weft_graph_t *g) {
+  return weft__graph_handle(g, WEFT__HANDLE_GRAPH, "weft_graph_raw") == WEFT_OK ? g->g : NULL;
+}
+size_t weft_graph_output_count(const weft_graph_t *g) {
+  return weft__graph_handle(g, WEFT__HANDLE_GRAPH, "weft_graph_output_count") == WEFT_OK ? g->n_outputs : 0;
+}
 
 size_t weft_graph_summary(const weft_graph_t *g, weft_access_t *out, size_t max) {
-  if (g == NULL) return 0;
+  if (weft__graph_handle(g, WEFT__HANDLE_GRAPH, "weft_graph_summary") != WEFT_OK) return 0;
   for (size_t i = 0; i < g->n_summary && i < max; i++)
     out[i] = (weft_access_t){g->summary[i].block, (weft_access_kind_t)g->summary[i].kind};
   return g->n_summary;
@@ -106,8 +131,10 @@ size_t weft_graph_summary(const weft_graph_t *g, weft_access_t *out, size_t max)
 
 
 weft_status_t weft_graph_instantiate(weft_graph_t *g, weft_stream_t *upload, weft_exec_t **out) {
-  if (g == NULL || out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_graph_instantiate: NULL argument");
-  weft_status_t st = weft__stream_check(upload, "weft_graph_instantiate");
+  weft_status_t st = weft__graph_handle(g, WEFT__HANDLE_GRAPH, "weft_graph_instantiate");
+  if (st != WEFT_OK) return st;
+  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_graph_instantiate: out is NULL");
+  st = weft__stream_check(upload, "weft_graph_instantiate");
   if (st != WEFT_OK) return st;
   if (upload->runtime != g->rt)
     return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_graph_instantiate: the stream belongs to another runtime");
@@ -139,6 +166,14 @@ weft_status_t weft_graph_instantiate(weft_graph_t *g, weft_stream_t *upload, wef
     weft__meta_free(e);
     return weft__driver_fail(r, "cuGraphInstantiateWithFlags / cuGraphUpload");
   }
+  if (!weft__handle_add(e, WEFT__HANDLE_EXEC)) {
+    WEFT__RELAXED(d, d->cuGraphExecDestroy(e->x));
+    pthread_mutex_lock(&g->lock);
+    g->exec = NULL;
+    pthread_mutex_unlock(&g->lock);
+    weft__meta_free(e);
+    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_graph_instantiate: no host memory for an exec handle");
+  }
   *out = e;
   return WEFT_OK;
 }
@@ -168,6 +203,8 @@ static weft_status_t launch_uses(weft_exec_t *e, weft__use_t *uses, size_t *k, s
   }
   for (size_t i = 0; i < g->n_outputs; i++)
     if (g->outs[i].rec != NULL) uses[(*k)++] = (weft__use_t){&g->outs[i].rec->acc, WEFT_WRITE};
+  /* Graphs sharing a pool share memory: their launches are ordered. */
+  if (g->pool != NULL) uses[(*k)++] = (weft__use_t){&g->pool->acc, WEFT_WRITE};
   for (; *made < g->n_outputs; (*made)++) {
     const weft__goutput_t *o = &g->outputs[*made];
     struct weft__block *rec = weft__block_make(g->rt, o->bytes, o->tag, &g->out_res.base);
@@ -215,7 +252,7 @@ static weft_status_t claim_outputs(weft_exec_t *e, bool *claimed) {
 /* One launch under the graph lock (launches of one graph and frees of its outputs are serial). */
 static weft_status_t launch_locked(weft_exec_t *e, weft_stream_t *s) {
   weft_graph_t *g = e->graph;
-  size_t n = g->n_summary + 2 * g->n_outputs, k = 0, made = 0;
+  size_t n = g->n_summary + 2 * g->n_outputs + 1, k = 0, made = 0;
   weft__use_t *uses = weft__meta_calloc(n + 1, sizeof *uses);
   struct weft__block **fresh = weft__meta_calloc(g->n_outputs + 1, sizeof *fresh);
   bool *claimed = weft__meta_calloc(g->n_outputs + 1, sizeof *claimed);
@@ -253,9 +290,10 @@ static weft_status_t launch_locked(weft_exec_t *e, weft_stream_t *s) {
 }
 
 weft_status_t weft_exec_launch(weft_exec_t *e, weft_stream_t *s) {
-  if (e == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_exec_launch: exec is NULL");
+  weft_status_t st = weft__graph_handle(e, WEFT__HANDLE_EXEC, "weft_exec_launch");
+  if (st != WEFT_OK) return st;
   weft_graph_t *g = e->graph;
-  weft_status_t st = weft__stream_check(s, "weft_exec_launch");
+  st = weft__stream_check(s, "weft_exec_launch");
   if (st != WEFT_OK) return st;
   if (s->runtime != g->rt) return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_exec_launch: stream of another runtime");
   if ((st = weft__stream_prepare(s)) != WEFT_OK) return st;
@@ -269,8 +307,10 @@ weft_status_t weft_exec_launch(weft_exec_t *e, weft_stream_t *s) {
 }
 
 weft_status_t weft_exec_output(const weft_exec_t *e, size_t i, weft_block_t *out) {
-  if (e == NULL || out == NULL || i >= e->graph->n_outputs)
-    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_exec_output: NULL argument or index %zu out of range", i);
+  weft_status_t st = weft__graph_handle(e, WEFT__HANDLE_EXEC, "weft_exec_output");
+  if (st != WEFT_OK) return st;
+  if (out == NULL || i >= e->graph->n_outputs)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_exec_output: NULL out or index %zu out of range", i);
   pthread_mutex_lock(&e->graph->lock);
   *out = e->graph->outs[i];
   pthread_mutex_unlock(&e->graph->lock);
@@ -278,15 +318,19 @@ weft_status_t weft_exec_output(const weft_exec_t *e, size_t i, weft_block_t *out
 }
 
 weft_status_t weft_exec_destroy(weft_exec_t *e) {
-  if (e == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_exec_destroy: exec is NULL");
+  weft_status_t st = weft__graph_handle(e, WEFT__HANDLE_EXEC, "weft_exec_destroy");
+  if (st != WEFT_OK) return st;
+  if (!weft__handle_remove(e, WEFT__HANDLE_EXEC))
+    return weft__error(WEFT_ERR_STALE_HANDLE, "weft_exec_destroy: the exec was destroyed already");
   weft_graph_t *g = e->graph;
-  if (atomic_load(&g->rt->alive)) WEFT__RELAXED(g->rt->drv, g->rt->drv->cuGraphExecDestroy(e->x));
+  CUresult r = CUDA_SUCCESS;
+  if (atomic_load(&g->rt->alive)) WEFT__RELAXED(g->rt->drv, r = g->rt->drv->cuGraphExecDestroy(e->x));
   pthread_mutex_lock(&g->lock);
   g->exec = NULL;
   if (g->outs_from == e) g->outs_from = NULL;
   pthread_mutex_unlock(&g->lock);
   weft__meta_free(e);
-  return WEFT_OK;
+  return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuGraphExecDestroy");
 }
 
 weft_status_t weft_graph_memory_stats(weft_runtime_t *rt, weft_graph_memory_stats_t *out) {

@@ -7,7 +7,8 @@
  * again on stream s makes s wait (inside the capture) for the free's point first, as weft's pool
  * does for live streams; on t itself stream order suffices. When the capture ends its ranges
  * become free for anyone: graphs that share a pool must replay in the order they were captured
- * (as with PyTorch's graph pools). Chunks come from cuMemAlloc in RELAXED capture mode
+ * (as with PyTorch's graph pools), and weft orders their launches one after another whatever
+ * streams they run on (each launch writes the pool's `acc`). Chunks come from cuMemAlloc in RELAXED capture mode
  * (cuMemAlloc is unsafe under capture otherwise). */
 #include <string.h>
 
@@ -112,18 +113,32 @@ const weft_resource_ops_t weft__gpool_ops = {
 
 weft_status_t weft__gpool_new(weft__tracker_t *tr, weft_runtime_t *rt, weft_graph_pool_t **out) {
   weft_graph_pool_t *p = weft__meta_calloc(1, sizeof *p);
+  if (p != NULL && (p->acc_reads = weft__meta_calloc(tr->n, sizeof *p->acc_reads)) == NULL) {
+    weft__meta_free(p);
+    p = NULL;
+  }
   if (p == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_graph_pool_create: no host memory");
   weft_status_t st = weft__tlsf_init(&p->tlsf, tr->n + 1);
   if (st == WEFT_OK && (st = weft__mem_lock_init(&p->lock, "weft_graph_pool_create")) != WEFT_OK)
     weft__tlsf_destroy(&p->tlsf);
   if (st != WEFT_OK) {
+    weft__meta_free(p->acc_reads);
     weft__meta_free(p);
     return st;
   }
+  weft__access_init(&p->acc, p->acc_reads);
   weft__resource_init(&p->base, &weft__gpool_ops, NULL, rt);
   p->tr = tr;
   p->idle = tr->n;
   p->chunks = WEFT__VEC_INIT(weft__gchunk_t);
+  if (!weft__handle_add(p, WEFT__HANDLE_GRAPH_POOL)) {
+    pthread_mutex_destroy(&p->lock);
+    weft__tlsf_destroy(&p->tlsf);
+    weft__meta_free(p->acc_reads);
+    weft__meta_free(p);
+    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_graph_pool_create: no host memory for a handle");
+  }
+  weft__runtime_depend(rt, +1);
   *out = p;
   return WEFT_OK;
 }
@@ -182,7 +197,7 @@ weft_status_t weft_graph_pool_create(weft_runtime_t *rt, weft_graph_pool_t **out
 }
 
 uint64_t weft_graph_pool_reserved(const weft_graph_pool_t *p) {
-  if (p == NULL) return 0;
+  if (weft__graph_handle(p, WEFT__HANDLE_GRAPH_POOL, "weft_graph_pool_reserved") != WEFT_OK) return 0;
   pthread_mutex_lock((pthread_mutex_t *)&p->lock);
   uint64_t r = p->reserved;
   pthread_mutex_unlock((pthread_mutex_t *)&p->lock);
@@ -190,25 +205,33 @@ uint64_t weft_graph_pool_reserved(const weft_graph_pool_t *p) {
 }
 
 weft_status_t weft_graph_pool_destroy(weft_graph_pool_t *p) {
-  if (p == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_graph_pool_destroy: pool is NULL");
+  weft_status_t first = weft__graph_handle(p, WEFT__HANDLE_GRAPH_POOL, "weft_graph_pool_destroy");
+  if (first != WEFT_OK) return first;
   pthread_mutex_lock(&p->lock);
   unsigned users = p->users;
   pthread_mutex_unlock(&p->lock);
   if (users != 0) return weft__error(WEFT_ERR_BUSY, "weft_graph_pool_destroy: %u graphs still use the pool", users);
-  weft_status_t first = WEFT_OK;
+  if (!weft__handle_remove(p, WEFT__HANDLE_GRAPH_POOL))
+    return weft__error(WEFT_ERR_STALE_HANDLE, "weft_graph_pool_destroy: the graph pool was destroyed already");
   weft_runtime_t *rt = p->base.rt;
-  if (p->chunks.len != 0 && atomic_load(&rt->alive)) {
-    /* Launches may still run on the memory: every stream finishes first. */
-    if ((first = weft__tracker_bind(p->tr)) == WEFT_OK) first = weft__tracker_sync_all(p->tr);
-    for (size_t i = 0; i < p->chunks.len; i++) {
+  if (p->chunks.len != 0) {
+    /* Launches may still run on the memory: the last launch that wrote it (every launch of a
+     * graph drawing from the pool writes `acc`) finishes first. A chunk whose wait or free fails
+     * is reported and left allocated (its work may still run). */
+    weft__point_t pts[WEFT__MAX_STREAMS + 1];
+    size_t n = weft__tracker_conflicts(p->tr, &p->acc, WEFT_WRITE, pts);
+    if ((first = weft__tracker_bind(p->tr)) == WEFT_OK) first = weft__tracker_sync_points(p->tr, pts, n);
+    for (size_t i = 0; first == WEFT_OK && i < p->chunks.len; i++) {
       CUresult r;
       WEFT__RELAXED(p->tr->drv, r = p->tr->drv->cuMemFree(WEFT__VEC_AT(&p->chunks, weft__gchunk_t, i).base));
       if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuMemFree (graph pool chunk)");
     }
   }
+  weft__runtime_depend(rt, -1);
   weft__vec_free(&p->chunks);
   weft__tlsf_destroy(&p->tlsf);
   pthread_mutex_destroy(&p->lock);
+  weft__meta_free(p->acc_reads);
   weft__meta_free(p);
   return first;
 }

@@ -14,6 +14,7 @@
 #define WEFT_GRAPH_GRAPH_H
 
 #include "lib/core/container.h"
+#include "lib/core/handle.h"
 #include "lib/mem/tlsf.h"
 #include "lib/runtime/runtime.h"
 
@@ -45,6 +46,11 @@ struct weft_graph_pool {
   unsigned users;           /* graphs and captures drawing from it */
   weft__capture_t *active;  /* the capture drawing from it now (one at a time), or NULL */
   bool implicit;            /* made for one capture's graph: destroyed with it */
+  /* The pool's memory as one block for the tracker: every launch of a graph drawing from the pool
+   * writes it, so launches of graphs that share the pool are ordered whatever streams they run on
+   * (guarded by the tracker lock). */
+  weft__access_state_t acc;
+  uint64_t *acc_reads;      /* [stream count] */
 };
 
 /** The resource a graph's launch outputs belong to (embedded in the graph). */
@@ -96,6 +102,9 @@ weft_graph_pool_t *weft__gpool_of(weft_resource_t *alloc_to);
 void weft__gpool_unuse(weft_graph_pool_t *p);
 
 /* exec.c */
+/** OK when p is a live object of `kind` (a graph, exec, graph pool or builder); INVALID_ARGUMENT
+ * for NULL, STALE_HANDLE once destroyed, both naming `fn`. */
+weft_status_t weft__graph_handle(const void *p, weft__handle_kind_t kind, const char *fn);
 /** Makes a graph object from its parts (takes ownership of the arrays and of g). */
 weft_status_t weft__graph_make(weft_runtime_t *rt, CUgraph g, weft_graph_memory_t memory, weft_graph_pool_t *pool,
                                weft__gsummary_t *summary, size_t n_summary, weft__goutput_t *outputs,

@@ -439,7 +439,8 @@ typedef struct weft_resource weft_resource_t;
  *               is filled by weft before the call).
  *   trim:       may be NULL (then a trim passes to the upstream, if any); otherwise gives cached
  *               memory back to the upstream/driver, keeping at least `keep` bytes.
- *   destroy:    release everything the resource holds (its own memory only, never upstream).
+ *   destroy:    release everything the resource holds (its own memory only, never upstream),
+ *               finishing what it can and returning the first failure (may be NULL).
  * Adaptors call their upstream through weft_resource_allocate / weft_resource_deallocate so that
  * it is counted too. `tag` is the block's interned tag (never NULL; "" if none). */
 typedef struct weft_resource_ops {
@@ -448,7 +449,7 @@ typedef struct weft_resource_ops {
   weft_status_t (*deallocate)(weft_resource_t *self, CUdeviceptr p, size_t bytes, weft_stream_t *s, const char *tag);
   void (*stats)(const weft_resource_t *self, weft_resource_stats_t *out);
   weft_status_t (*trim)(weft_resource_t *self, size_t keep);
-  void (*destroy)(weft_resource_t *self);
+  weft_status_t (*destroy)(weft_resource_t *self);
 } weft_resource_ops_t;
 
 /** What weft counts for a resource (updated atomically by weft; never write it). */
@@ -472,8 +473,11 @@ WEFT_API void weft_resource_stats(const weft_resource_t *r, weft_resource_stats_
 /** Gives cached memory back (the resource's trim, else its upstream's). Errors: CAPTURE (a capture
  * that could see the driver calls is active), DRIVER. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_resource_trim(weft_resource_t *r, size_t keep);
-/** Destroys a resource the caller created (not one the runtime owns). */
-WEFT_API void weft_resource_destroy(weft_resource_t *r);
+/** Destroys a resource the caller created (not one the runtime owns): it gives back everything
+ * it holds, finishing what it can, and returns the first failure (the resource is gone either
+ * way). Errors: STALE_HANDLE (a resource made by weft_*_create that was destroyed already),
+ * INVALID_ARGUMENT (NULL), BUSY (it still backs the runtime's weft_alloc), DRIVER. */
+WEFT_API weft_status_t weft_resource_destroy(weft_resource_t *r);
 /** Runs weft's resource conformance suite against `r` (as RMM's mr_ref_test_basic): allocations
  * of many sizes on `s` and `other` (two streams of r's runtime, already ordered as the caller
  * likes), alignment to 256 bytes, no two live ranges overlapping, frees on the allocating and on
@@ -686,8 +690,9 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_builder_host(weft_builder_t *b, CUhos
 WEFT_API WEFT_NODISCARD weft_status_t weft_builder_empty(weft_builder_t *b, const weft_access_t *acc, size_t n, CUgraphNode *node);
 /** Turns the builder into a graph (the builder is consumed, also on failure). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_builder_finish(weft_builder_t *b, weft_graph_t **out);
-/** Abandons a builder and its graph. */
-WEFT_API void weft_builder_destroy(weft_builder_t *b);
+/** Abandons a builder and its graph. Errors: STALE_HANDLE (destroyed or finished already),
+ * INVALID_ARGUMENT (NULL). */
+WEFT_API weft_status_t weft_builder_destroy(weft_builder_t *b);
 
 /** Looks up `name` in the loaded driver library (for example the simulator's weft_sim_get_api,
  * see sim/weft_sim.h); NULL if absent or if no driver loads. */

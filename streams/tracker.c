@@ -144,6 +144,20 @@ void weft__access_init(weft__access_state_t *st, uint64_t *reads) {
   st->write = (weft__point_t){0, 0};
   st->reader_mask = 0;
   st->reads = reads;
+  st->graph = NULL;
+}
+
+/* A block allocated inside a capture (or a graph builder) has memory only in that graph: a use
+ * on a stream outside it would run on memory that does not exist yet. */
+static weft_status_t check_graph_memory(const weft__capture_t *c, const weft_stream_t *s, const weft__use_t *uses,
+                                        size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (uses[i].state->graph != NULL && uses[i].state->graph != c)
+      return weft__error(WEFT_ERR_CAPTURE,
+                         "weft: accesses[%zu] is a block allocated inside a capture or a graph builder; stream %u "
+                         "takes no part in it (join the stream to that capture with weft_capture_join)",
+                         i, s->index);
+  return WEFT_OK;
 }
 
 /* The histories the uses of s act on: the live ones, or inside a capture their capture-local
@@ -286,6 +300,7 @@ static weft_status_t run_use(weft_stream_t *s, const weft__use_t *uses, size_t n
   } else if ((what & DO_CLOSE) && s->use_print != print) {
     st = weft__error(WEFT_ERR_INVALID_ARGUMENT,
                      "weft_use_end: the accesses differ from those given to weft_use_begin on stream %u", s->index);
+  } else if ((st = check_graph_memory(c, s, uses, n)) != WEFT_OK) {
   } else if (c != NULL) {
     weft__use_t *t = weft__small_alloc(small, SMALL_USES, n, sizeof *t);
     st = t == NULL ? weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for %zu accesses", n)
@@ -353,6 +368,7 @@ weft_status_t weft__tracker_new_block(weft_stream_t *s, weft__access_state_t *st
     weft__capture_block_t *b = weft__capture_block(c, st, true);
     if (b == NULL) r = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_alloc: no host memory for a capture record");
     else b->local.write = at;
+    if (b != NULL) st->graph = c;
   }
   unlock(tr);
   return r;
@@ -373,6 +389,17 @@ weft_status_t weft__tracker_hold(weft_stream_t *s, const char *fn) {
   else s->holds++;
   unlock(s->tr);
   return st;
+}
+
+weft_stream_t *weft__tracker_hold_live(weft__tracker_t *tr, const char *fn) {
+  weft_stream_t *live = NULL;
+  lock(tr);
+  for (unsigned i = 0; i < tr->n && live == NULL; i++)
+    if (tr->streams[i].capture == NULL) live = &tr->streams[i];
+  if (live != NULL) live->holds++;
+  unlock(tr);
+  if (live == NULL) weft__error(WEFT_ERR_CAPTURE, "%s: every pool stream takes part in a capture", fn);
+  return live;
 }
 
 void weft__tracker_unhold(weft_stream_t *s) {

@@ -51,6 +51,9 @@ typedef struct weft__access_state {
   uint64_t reader_mask; /* bit t: stream t read since the write */
   uint64_t *reads;      /* [stream_count]: newest read tick per stream since the write; owned by
                            the record, valid where reader_mask has the bit */
+  const void *graph;    /* the capture (or graph builder) the block was allocated in: its memory
+                           exists only in that graph, so only streams taking part in that capture
+                           may use it; NULL for live memory */
 } weft__access_state_t;
 
 /** The conflict rule (read-after-write, write-after-read, write-after-write), the one definition
@@ -197,7 +200,7 @@ weft_status_t weft__tracker_use(weft_stream_t *s, const weft__use_t *uses, size_
 weft_status_t weft__tracker_open(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print);
 weft_status_t weft__tracker_close(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print);
 
-/** Zeroes a new block's history; `reads` must have room for tr->n ticks. */
+/** Zeroes a new block's history (live memory); `reads` must have room for tr->n ticks. */
 void weft__access_init(weft__access_state_t *st, uint64_t *reads);
 /** Starts the history of a block just allocated on s: its first users elsewhere wait for
  * everything s did up to now. Inside a capture the block becomes internal to it (allocated
@@ -241,6 +244,10 @@ weft_status_t weft__tracker_import_event(weft_stream_t *s, CUevent ev);
  * already takes part in a capture. */
 weft_status_t weft__tracker_hold(weft_stream_t *s, const char *fn);
 void weft__tracker_unhold(weft_stream_t *s);
+/** Holds a pool stream that takes part in no capture (as weft__tracker_hold), for driver work that
+ * belongs to no stream in particular (giving chunks back, teardown). NULL, with CAPTURE recorded
+ * for `fn`, when every stream takes part in a capture. */
+weft_stream_t *weft__tracker_hold_live(weft__tracker_t *tr, const char *fn);
 /** The capture s takes part in (NULL: none) and its allocation context, read under the lock. */
 weft__capture_t *weft__tracker_capture_of(weft_stream_t *s, weft_resource_t **alloc_to);
 

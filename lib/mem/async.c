@@ -62,11 +62,15 @@ static weft_status_t async_trim(weft_resource_t *self, size_t keep) {
   return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuMemPoolTrimTo");
 }
 
-static void async_destroy(weft_resource_t *self) {
+static weft_status_t async_destroy(weft_resource_t *self) {
   async_t *a = (async_t *)self;
   /* With allocations still outstanding the driver releases the pool once they are freed. */
-  if (weft__tracker_bind(a->tr) == WEFT_OK) WEFT__RELAXED(a->tr->drv, (void)a->tr->drv->cuMemPoolDestroy(a->pool));
+  weft_status_t st = weft__tracker_bind(a->tr);
+  CUresult r = CUDA_SUCCESS;
+  if (st == WEFT_OK) WEFT__RELAXED(a->tr->drv, r = a->tr->drv->cuMemPoolDestroy(a->pool));
+  if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuMemPoolDestroy");
   weft__meta_free(a);
+  return st;
 }
 
 const weft_resource_ops_t weft__async_ops = {

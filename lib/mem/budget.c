@@ -235,7 +235,7 @@ static weft_status_t budget_deallocate(weft_resource_t *self, CUdeviceptr p, siz
   return st;
 }
 
-static void budget_destroy(weft_resource_t *self) {
+static weft_status_t budget_destroy(weft_resource_t *self) {
   budget_t *b = (budget_t *)self;
   if (b->shm != NULL) {
     shm_table_t *t = b->shm;
@@ -249,6 +249,7 @@ static void budget_destroy(weft_resource_t *self) {
   }
   pthread_mutex_destroy(&b->lock);
   weft__meta_free(b);
+  return WEFT_OK;
 }
 
 const weft_resource_ops_t weft__budget_ops = {

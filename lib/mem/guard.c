@@ -217,14 +217,22 @@ static weft_status_t guard_trim(weft_resource_t *self, size_t keep) {
   return st == WEFT_OK ? weft__resource_trim(self->upstream, keep) : st;
 }
 
-static void guard_destroy(weft_resource_t *self) {
+static weft_status_t guard_destroy(weft_resource_t *self) {
   guard_t *g = (guard_t *)self;
-  while (g->q_count > 0 && evict_one(g) == WEFT_OK) {
+  /* Every quarantined block goes back; one that upstream refuses is reported and left behind. */
+  weft_status_t first = WEFT_OK;
+  while (g->q_count > 0) {
+    weft_status_t st = evict_one(g);
+    if (st == WEFT_OK) continue;
+    if (first == WEFT_OK) first = st;
+    g->q_head = (g->q_head + 1) % g->opt.quarantine_count;
+    g->q_count--;
   }
   weft__meta_free(g->q);
   weft__map_free(&g->live);
   pthread_mutex_destroy(&g->lock);
   weft__meta_free(g);
+  return first;
 }
 
 const weft_resource_ops_t weft__guard_ops = {

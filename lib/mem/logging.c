@@ -91,11 +91,14 @@ static weft_status_t logging_deallocate(weft_resource_t *self, CUdeviceptr p, si
   return st;
 }
 
-static void logging_destroy(weft_resource_t *self) {
+static weft_status_t logging_destroy(weft_resource_t *self) {
   logging_t *l = (logging_t *)self;
-  if (l->out != NULL) fclose(l->out);
+  weft_status_t st = WEFT_OK;
+  if (l->out != NULL && fclose(l->out) != 0)
+    st = weft__error(WEFT_ERR_DRIVER, "logging: closing the log failed: %s", strerror(errno));
   pthread_mutex_destroy(&l->lock);
   weft__meta_free(l);
+  return st;
 }
 
 const weft_resource_ops_t weft__logging_ops = {

@@ -41,6 +41,8 @@ weft_status_t weft__resource_deallocate(weft_resource_t *r, CUdeviceptr p, size_
  * a graph). */
 void weft__resource_adopt(weft_resource_t *r, uint64_t bytes);
 void weft__resource_disown(weft_resource_t *r, uint64_t bytes);
+/** r->ops->destroy (if any): the first failure, everything given back regardless. */
+weft_status_t weft__resource_destroy(weft_resource_t *r);
 /** The resource's trim, or its upstream's when it has none (OK at the bottom). */
 weft_status_t weft__resource_trim(weft_resource_t *r, size_t keep);
 
@@ -62,7 +64,7 @@ typedef struct weft__plain_resource {
 /** Makes a plain resource with `ops` (whose destroy is weft__plain_resource_destroy). */
 weft_status_t weft__plain_resource_create(weft__tracker_t *tr, weft_runtime_t *rt, const weft_resource_ops_t *ops,
                                           weft_resource_t **out);
-void weft__plain_resource_destroy(weft_resource_t *r);
+weft_status_t weft__plain_resource_destroy(weft_resource_t *r);
 
 /** Checks a request size: INVALID_ARGUMENT naming `who` for 0 and for more than
  * WEFT__MEM_MAX_BYTES. */

@@ -121,9 +121,10 @@ static void retire_all(pool_t *p) {
   }
 }
 
-/* Gives every wholly idle chunk back to upstream while more than `keep` bytes stay reserved.
- * A chunk whose release fails stays in the pool. Returns the first failure (or OK). */
-static weft_status_t release_idle_chunks(pool_t *p, uint64_t keep) {
+/* Gives every wholly idle chunk back to upstream, on stream s (one that takes part in no capture;
+ * the frees are complete), while more than `keep` bytes stay reserved. A chunk whose release
+ * fails stays in the pool. Returns the first failure (or OK). */
+static weft_status_t release_idle_chunks(pool_t *p, uint64_t keep, weft_stream_t *s) {
   weft_status_t first = WEFT_OK;
   weft__tlsf_range_t *r = weft__tlsf_oldest(&p->tlsf, p->idle);
   while (r != NULL) {
@@ -134,10 +135,9 @@ static weft_status_t release_idle_chunks(pool_t *p, uint64_t keep) {
         r = next;
         continue;
       }
-      weft_status_t s = weft__resource_deallocate(p->base.upstream, c->base, c->bytes, &p->tr->streams[0],
-                                                           chunk_tag);
-      if (s != WEFT_OK) {
-        if (first == WEFT_OK) first = s;
+      weft_status_t st = weft__resource_deallocate(p->base.upstream, c->base, c->bytes, s, chunk_tag);
+      if (st != WEFT_OK) {
+        if (first == WEFT_OK) first = st;
       } else {
         weft__tlsf_remove_chunk(&p->tlsf, r);
         p->reserved -= c->bytes;
@@ -151,7 +151,9 @@ static weft_status_t release_idle_chunks(pool_t *p, uint64_t keep) {
   return first;
 }
 
-/* Takes a new chunk able to hold n bytes from upstream into lane s. */
+/* Takes a new chunk able to hold n bytes from upstream into lane s. When upstream refuses a whole
+ * chunk for want of memory, smaller ones are tried (halving, down to n): a device with less free
+ * memory than chunk_bytes still serves small blocks. */
 static weft_status_t grow(pool_t *p, uint64_t n, weft_stream_t *s, bool dedicated, weft__tlsf_range_t **out) {
   uint64_t bytes = (dedicated || n > p->opt.chunk_bytes) ? n : p->opt.chunk_bytes;
   if (p->opt.max_bytes != 0 && p->reserved + bytes > p->opt.max_bytes) {
@@ -165,6 +167,10 @@ static weft_status_t grow(pool_t *p, uint64_t n, weft_stream_t *s, bool dedicate
   if (c == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "pool: no host memory for a chunk record");
   CUdeviceptr base = 0;
   weft_status_t st = weft__resource_allocate(p->base.upstream, bytes, s, chunk_tag, &base);
+  while ((st == WEFT_ERR_OUT_OF_MEMORY || st == WEFT_ERR_OVER_BUDGET) && bytes > n) {
+    bytes = bytes / 2 > n ? round_up(bytes / 2) : n;
+    st = weft__resource_allocate(p->base.upstream, bytes, s, chunk_tag, &base);
+  }
   if (st != WEFT_OK) {
     weft__meta_free(c);
     return st;
@@ -255,7 +261,7 @@ static weft__tlsf_range_t *settle(pool_t *p, weft_stream_t *s, uint64_t n, weft_
   }
   for (size_t i = 0; i < k; i++) retire(p, pts[i].stream, pts[i].tick);
   weft__tlsf_range_t *r = weft__tlsf_find(&p->tlsf, p->idle, n);
-  if (r == NULL && release_idle_chunks(p, 0) == WEFT_OK) *st = grow(p, n, s, false, &r);
+  if (r == NULL && release_idle_chunks(p, 0, s) == WEFT_OK) *st = grow(p, n, s, false, &r);
   return r;
 }
 
@@ -289,6 +295,22 @@ static weft__tlsf_range_t *find_ready(pool_t *p, weft_stream_t *s, uint64_t n) {
   return NULL;
 }
 
+/* The failure of an allocation that no free range, growth or wait could serve, with the sizes
+ * that explain it (the upstream's reason follows). Locked. */
+static weft_status_t out_of_memory(pool_t *p, size_t bytes, weft_status_t st) {
+  char why[256];
+  snprintf(why, sizeof why, "%s", weft_last_error());
+  uint64_t largest = 0;
+  for (unsigned t = 0; t <= p->idle; t++)
+    for (const weft__tlsf_range_t *r = weft__tlsf_oldest(&p->tlsf, t); r != NULL; r = r->next_age)
+      if (r->size > largest) largest = r->size;
+  return weft__error(st,
+                     "pool: no memory for %zu bytes: %llu bytes reserved (%llu free, largest free range %llu); "
+                     "upstream: %s",
+                     bytes, (unsigned long long)p->reserved, (unsigned long long)p->tlsf.free_bytes,
+                     (unsigned long long)largest, why);
+}
+
 static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_stream_t *s, const char *tag,
                                    CUdeviceptr *out) {
   pool_t *p = (pool_t *)self;
@@ -313,7 +335,7 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
     if ((st == WEFT_ERR_OUT_OF_MEMORY || st == WEFT_ERR_OVER_BUDGET) && p->opt.release_empty_chunks) {
       /* Idle chunks too small for n may be what keeps upstream from giving a bigger one. */
       retire_all(p);
-      if ((r = weft__tlsf_find(&p->tlsf, p->idle, n)) == NULL && release_idle_chunks(p, 0) == WEFT_OK)
+      if ((r = weft__tlsf_find(&p->tlsf, p->idle, n)) == NULL && release_idle_chunks(p, 0, s) == WEFT_OK)
         st = grow(p, n, s, false, &r);
     }
   }
@@ -334,6 +356,7 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
   }
   weft__tlsf_range_t *a = r ? weft__tlsf_alloc(&p->tlsf, r, n) : NULL;
   if (r != NULL && a == NULL) st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "pool: no host memory for a range record");
+  if (a == NULL && (st == WEFT_ERR_OUT_OF_MEMORY || st == WEFT_ERR_OVER_BUDGET)) st = out_of_memory(p, bytes, st);
   if (a == NULL) {
     pthread_mutex_unlock(&p->lock);
     return st;
@@ -387,34 +410,49 @@ static void pool_stats(const weft_resource_t *self, weft_resource_stats_t *out) 
   pthread_mutex_unlock(&p->lock);
 }
 
+/* Wholly idle chunks go back to upstream (on a stream that takes part in no capture), then the
+ * upstream trims what it caches (the driver's pool keeps freed memory until trimmed). */
 static weft_status_t pool_trim(weft_resource_t *self, size_t keep) {
   pool_t *p = (pool_t *)self;
+  weft_stream_t *on = weft__tracker_hold_live(p->tr, "pool trim");
+  if (on == NULL) return WEFT_ERR_CAPTURE;
   pthread_mutex_lock(&p->lock);
   retire_all(p);
-  weft_status_t st = p->opt.release_empty_chunks ? release_idle_chunks(p, keep) : WEFT_OK;
+  weft_status_t st = p->opt.release_empty_chunks ? release_idle_chunks(p, keep, on) : WEFT_OK;
   pthread_mutex_unlock(&p->lock);
-  return st;
+  weft__tracker_unhold(on);
+  return st == WEFT_OK ? weft__resource_trim(p->base.upstream, keep) : st;
 }
 
 /* Gives every chunk back. Work may still run on ranges freed on any stream (or on blocks the
  * caller never freed): stream 0 first waits for the newest free point of every lane. */
-static void pool_destroy(weft_resource_t *self) {
+/* Gives every chunk back, on a stream that takes part in no capture, after the newest free point
+ * of every lane (the host waits for a point it cannot order the stream after). Chunks upstream
+ * refuses are reported and left behind. */
+static weft_status_t pool_destroy(weft_resource_t *self) {
   pool_t *p = (pool_t *)self;
-  weft_stream_t *s0 = &p->tr->streams[0];
-  for (unsigned t = 1; t < p->idle; t++) {
+  weft_status_t first = WEFT_OK;
+  weft_stream_t *on = p->chunks != NULL ? weft__tracker_hold_live(p->tr, "pool destroy") : NULL;
+  if (p->chunks != NULL && on == NULL) first = WEFT_ERR_CAPTURE; /* the chunks stay allocated */
+  for (unsigned t = 0; on != NULL && t < p->idle; t++) {
     weft__tlsf_range_t *newest = weft__tlsf_newest(&p->tlsf, t);
-    if (newest == NULL) continue;
+    if (t == on->index || newest == NULL) continue;
     weft__point_t pt = {t, newest->stamp};
-    if (weft__tracker_order(s0, pt) != WEFT_OK) (void)weft__tracker_sync_all(p->tr);
+    weft_status_t st = weft__tracker_order(on, pt);
+    if (st != WEFT_OK) st = weft__tracker_sync_points(p->tr, &pt, 1);
+    if (st != WEFT_OK && first == WEFT_OK) first = st;
   }
   for (chunk_t *c = p->chunks, *next; c != NULL; c = next) {
     next = c->next;
-    (void)weft__resource_deallocate(p->base.upstream, c->base, c->bytes, s0, chunk_tag);
+    weft_status_t st = on != NULL ? weft__resource_deallocate(p->base.upstream, c->base, c->bytes, on, chunk_tag) : WEFT_OK;
+    if (st != WEFT_OK && first == WEFT_OK) first = st;
     weft__meta_free(c);
   }
+  if (on != NULL) weft__tracker_unhold(on);
   weft__tlsf_destroy(&p->tlsf);
   pthread_mutex_destroy(&p->lock);
   weft__meta_free(p);
+  return first;
 }
 
 const weft_resource_ops_t weft__pool_ops = {

@@ -66,7 +66,10 @@ weft_status_t weft__plain_resource_create(weft__tracker_t *tr, weft_runtime_t *r
   return WEFT_OK;
 }
 
-void weft__plain_resource_destroy(weft_resource_t *r) { weft__meta_free(r); }
+weft_status_t weft__plain_resource_destroy(weft_resource_t *r) {
+  weft__meta_free(r);
+  return WEFT_OK;
+}
 
 weft_status_t weft__mem_check_bytes(const char *who, size_t bytes) {
   if (bytes == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: bytes is 0", who);
@@ -102,6 +105,10 @@ static weft_status_t check_call(const char *who, const weft_resource_t *r, bool 
   if (r->rt != NULL && s->runtime != (void *)r->rt)
     return weft__error(WEFT_ERR_WRONG_DEVICE, "%s: stream %u belongs to another runtime than resource '%s'", who,
                        s->index, r->ops->name ? r->ops->name : "?");
+  /* Resources serve live streams; inside a capture weft_alloc allocates graph memory. */
+  if (weft__tracker_capture_of(s, NULL) != NULL)
+    return weft__error(WEFT_ERR_CAPTURE, "%s: stream %u takes part in a capture (use weft_alloc inside captures)", who,
+                       s->index);
   return weft__mem_check_bytes(who, bytes);
 }
 
@@ -143,6 +150,6 @@ weft_status_t weft_resource_trim(weft_resource_t *r, size_t keep) {
   return weft__resource_trim(r, keep);
 }
 
-void weft_resource_destroy(weft_resource_t *r) {
-  if (r != NULL && r->ops != NULL && r->ops->destroy != NULL) r->ops->destroy(r);
+weft_status_t weft__resource_destroy(weft_resource_t *r) {
+  return r->ops->destroy != NULL ? r->ops->destroy(r) : WEFT_OK;
 }

@@ -73,13 +73,14 @@ static weft_status_t stats_deallocate(weft_resource_t *self, CUdeviceptr p, size
   return WEFT_OK;
 }
 
-static void stats_destroy(weft_resource_t *self) {
+static weft_status_t stats_destroy(weft_resource_t *self) {
   stats_t *s = (stats_t *)self;
   for (size_t i = 0; i < s->entries.len; i++) weft__meta_free(WEFT__VEC_AT(&s->entries, tag_entry_t, i).name);
   weft__vec_free(&s->entries);
   weft__map_free(&s->by_tag);
   pthread_mutex_destroy(&s->lock);
   weft__meta_free(s);
+  return WEFT_OK;
 }
 
 const weft_resource_ops_t weft__stats_ops = {

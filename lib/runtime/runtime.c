@@ -5,6 +5,7 @@
 
 #include "lib/core/debug.h"
 #include "lib/core/error.h"
+#include "lib/core/handle.h"
 #include "lib/core/meta.h"
 #include "lib/runtime/runtime.h"
 
@@ -49,13 +50,21 @@ weft__tracker_t *weft__runtime_tracker(weft_runtime_t *rt, const char *fn, weft_
   return &rt->tracker;
 }
 
+void weft__runtime_depend(weft_runtime_t *rt, int delta) {
+  atomic_fetch_add_explicit(&rt->dependents, (unsigned)delta, memory_order_acq_rel);
+}
+
 /* ---- the resource stack ------------------------------------------------------------------ */
 
-static void destroy_stack(weft_runtime_t *rt) {
-  while (rt->stack_n > 0) weft_resource_destroy(rt->stack[--rt->stack_n]);
-  weft_resource_destroy(rt->graph_nodes);
+/* Returns the first failure; every resource is destroyed regardless. */
+static weft_status_t destroy_stack(weft_runtime_t *rt) {
+  weft_status_t first = WEFT_OK, st;
+  while (rt->stack_n > 0)
+    if ((st = weft__resource_destroy(rt->stack[--rt->stack_n])) != WEFT_OK && first == WEFT_OK) first = st;
+  if (rt->graph_nodes != NULL && (st = weft__resource_destroy(rt->graph_nodes)) != WEFT_OK && first == WEFT_OK) first = st;
   rt->graph_nodes = NULL;
   rt->top = NULL;
+  return first;
 }
 
 /* Builds bottom → pool → budget → guard → logging from the options, and the graph memory
@@ -93,11 +102,12 @@ static weft_status_t build_stack(weft_runtime_t *rt) {
 #undef PUSH
   return WEFT_OK;
 fail:
-  destroy_stack(rt);
+  (void)destroy_stack(rt);
   return st;
 }
 
-/* The public constructors: resolve the runtime handle, then the resource's own (lib/mem). */
+/* The public constructors: resolve the runtime handle, then the resource's own (lib/mem); what
+ * they make is a handle of its own (destroyed with weft_resource_destroy) the runtime waits for. */
 static weft__tracker_t *creating(weft_runtime_t *rt, const void *out, const char *who, weft_status_t *st) {
   weft__tracker_t *tr = weft__runtime_tracker(rt, who, st);
   if (tr != NULL && out == NULL) {
@@ -108,50 +118,77 @@ static weft__tracker_t *creating(weft_runtime_t *rt, const void *out, const char
   return tr;
 }
 
+static weft_status_t created(weft_runtime_t *rt, weft_status_t st, weft_resource_t **out) {
+  if (st != WEFT_OK) return st;
+  if (!weft__handle_add(*out, WEFT__HANDLE_RESOURCE)) {
+    (void)weft__resource_destroy(*out);
+    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for a resource handle");
+  }
+  weft__runtime_depend(rt, +1);
+  return WEFT_OK;
+}
+
 weft_status_t weft_direct_create(weft_runtime_t *rt, weft_resource_t **out) {
   weft_status_t st;
   weft__tracker_t *tr = creating(rt, out, "weft_direct_create", &st);
-  return tr ? weft__direct_create(tr, rt, out) : st;
+  return tr ? created(rt, weft__direct_create(tr, rt, out), out) : st;
 }
 
 weft_status_t weft_async_create(weft_runtime_t *rt, const weft_async_options_t *opts, weft_resource_t **out) {
   weft_status_t st;
   weft__tracker_t *tr = creating(rt, out, "weft_async_create", &st);
-  return tr ? weft__async_create(tr, rt, opts, out) : st;
+  return tr ? created(rt, weft__async_create(tr, rt, opts, out), out) : st;
 }
 
 weft_status_t weft_pool_create(weft_runtime_t *rt, weft_resource_t *upstream, const weft_pool_options_t *opts,
                                weft_resource_t **out) {
   weft_status_t st;
   weft__tracker_t *tr = creating(rt, out, "weft_pool_create", &st);
-  return tr ? weft__pool_create(tr, rt, upstream, opts, out) : st;
+  return tr ? created(rt, weft__pool_create(tr, rt, upstream, opts, out), out) : st;
 }
 
 weft_status_t weft_budget_create(weft_runtime_t *rt, weft_resource_t *upstream, uint64_t limit, const char *shared_key,
                                  weft_resource_t **out) {
   weft_status_t st;
   weft__tracker_t *tr = creating(rt, out, "weft_budget_create", &st);
-  return tr ? weft__budget_create(tr, rt, upstream, limit, shared_key, out) : st;
+  return tr ? created(rt, weft__budget_create(tr, rt, upstream, limit, shared_key, out), out) : st;
 }
 
 weft_status_t weft_logging_create(weft_runtime_t *rt, weft_resource_t *upstream, const char *path,
                                   weft_log_sink_fn sink, void *user, weft_resource_t **out) {
   weft_status_t st;
   weft__tracker_t *tr = creating(rt, out, "weft_logging_create", &st);
-  return tr ? weft__logging_create(tr, rt, upstream, path, sink, user, out) : st;
+  return tr ? created(rt, weft__logging_create(tr, rt, upstream, path, sink, user, out), out) : st;
 }
 
 weft_status_t weft_stats_create(weft_runtime_t *rt, weft_resource_t *upstream, weft_resource_t **out) {
   weft_status_t st;
   weft__tracker_t *tr = creating(rt, out, "weft_stats_create", &st);
-  return tr ? weft__stats_create(tr, rt, upstream, out) : st;
+  return tr ? created(rt, weft__stats_create(tr, rt, upstream, out), out) : st;
 }
 
 weft_status_t weft_guard_create(weft_runtime_t *rt, weft_resource_t *upstream, const weft_guard_options_t *opts,
                                 weft_resource_t **out) {
   weft_status_t st;
   weft__tracker_t *tr = creating(rt, out, "weft_guard_create", &st);
-  return tr ? weft__guard_create(tr, rt, upstream, opts, out) : st;
+  return tr ? created(rt, weft__guard_create(tr, rt, upstream, opts, out), out) : st;
+}
+
+weft_status_t weft_resource_destroy(weft_resource_t *r) {
+  static const char who[] = "weft_resource_destroy";
+  if (r == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: resource is NULL", who);
+  if (weft__handle_dead(r, WEFT__HANDLE_RESOURCE))
+    return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the resource was destroyed already", who);
+  if (r->ops == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: the resource has no ops", who);
+  weft_runtime_t *rt = r->rt;
+  bool ours = weft__handle_live(r, WEFT__HANDLE_RESOURCE);
+  if (ours && weft__runtime_check(rt, who) != NULL && rt->top == r)
+    return weft__error(WEFT_ERR_BUSY, "%s: the resource backs the runtime's weft_alloc (weft_runtime_set_resource)", who);
+  if (ours && !weft__handle_remove(r, WEFT__HANDLE_RESOURCE))
+    return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the resource was destroyed already", who);
+  weft_status_t st = weft__resource_destroy(r);
+  if (ours) weft__runtime_depend(rt, -1);
+  return st;
 }
 
 /* ---- lifetime ------------------------------------------------------------------------------ */
@@ -276,7 +313,7 @@ static weft_status_t teardown(weft_runtime_t *rt) {
   if ((st = weft__tracker_sync_all(tr)) != WEFT_OK && first == WEFT_OK) first = st;
   if ((st = free_all_blocks(rt)) != WEFT_OK && first == WEFT_OK) first = st;
   if ((st = weft__tracker_sync_all(tr)) != WEFT_OK && first == WEFT_OK) first = st;
-  destroy_stack(rt);
+  if ((st = destroy_stack(rt)) != WEFT_OK && first == WEFT_OK) first = st;
   if ((st = weft__tracker_destroy(tr)) != WEFT_OK && first == WEFT_OK) first = st;
   return first;
 }
@@ -295,6 +332,11 @@ weft_status_t weft_runtime_release(weft_runtime_t *rt) {
     /* Captures keep a runtime from being released: their streams are not free. */
     st = weft__error(WEFT_ERR_BUSY, "weft_runtime_release: %u captures are active on the runtime's streams",
                      atomic_load(&rt->tracker.captures));
+  } else if (atomic_load(&rt->dependents) != 0) {
+    st = weft__error(WEFT_ERR_BUSY,
+                     "weft_runtime_release: %u graphs, graph pools, builders or resources made for the runtime "
+                     "still exist: destroy them first",
+                     atomic_load(&rt->dependents));
   } else {
     rt->refs = 0;
     atomic_store_explicit(&rt->alive, 0, memory_order_release);

@@ -65,6 +65,9 @@ struct weft_runtime {
   unsigned stack_n;
   weft_resource_t *graph_nodes; /* graph memory nodes: what a capture allocates from by default */
   _Atomic uint64_t allocs, frees;
+  /* Objects made for this runtime that live on their own (graphs, graph pools, builders, the
+   * resources weft_*_create makes): the last release waits for none of them, it refuses (BUSY). */
+  _Atomic unsigned dependents;
   pthread_mutex_t blocks_lock; /* rank 15: the lists below */
   struct weft__block *free_head, *free_tail; /* FIFO of reusable records */
   struct weft__block *live;    /* every LIVE or FREEING block */
@@ -81,6 +84,8 @@ weft_status_t weft__runtime_check_status(const weft_runtime_t *rt);
 /** The tracker of a live runtime handle, or NULL with STALE_HANDLE / INVALID_ARGUMENT recorded
  * for `fn` (the status in *st). */
 weft__tracker_t *weft__runtime_tracker(weft_runtime_t *rt, const char *fn, weft_status_t *st);
+/** Counts an object that depends on rt into (+1) or out of (-1) rt->dependents. */
+void weft__runtime_depend(weft_runtime_t *rt, int delta);
 
 /* ---- stream.c ----------------------------------------------------------------------------------- */
 

@@ -54,6 +54,10 @@ weft_status_t weft_logging_create(weft_runtime_t *rt, weft_resource_t *upstream,
   return tr ? weft__logging_create(tr, rt, upstream, path, sink, user, out) : st;
 }
 
+weft_status_t weft_resource_destroy(weft_resource_t *r) {
+  return r != NULL && r->ops != NULL ? weft__resource_destroy(r) : WEFT_ERR_INVALID_ARGUMENT;
+}
+
 weft_status_t weft_stats_create(weft_runtime_t *rt, weft_resource_t *upstream, weft_resource_t **out) {
   weft_status_t st;
   weft__tracker_t *tr = resolve(rt, out, "weft_stats_create", &st);
@@ -63,6 +67,8 @@ weft_status_t weft_stats_create(weft_runtime_t *rt, weft_resource_t *upstream, w
 weft_status_t weft__tracker_bind(weft__tracker_t *tr) { return WEFT_OK; }
 weft_status_t weft__tracker_hold(weft_stream_t *s, const char *fn) { return WEFT_OK; }
 void weft__tracker_unhold(weft_stream_t *s) { (void)s; }
+weft_stream_t *weft__tracker_hold_live(weft__tracker_t *tr, const char *fn) { return &tr->streams[0]; }
+weft__capture_t *weft__tracker_capture_of(weft_stream_t *s, weft_resource_t **alloc_to) { return NULL; }
 void weft__tracker_touch(weft_stream_t *s) { (void)s; }
 
 weft__point_t weft__tracker_point(weft_stream_t *s) {

@@ -141,6 +141,8 @@ static void test_driver_resource_reuse_waits_for_reader(weft_memory_kind_t kind)
   print_message("%s: C %s the freed memory\n", kind == WEFT_MEMORY_ASYNC ? "async" : "direct",
                 reused ? "reused" : "did not reuse");
   tu_fini(&env);
+  /* The point is reuse while B still reads: without reuse nothing was tested. */
+  if (!reused) skip();
 }
 
 static void test_async_reuse_waits_for_the_reader_on_b(void **state) {

@@ -1,0 +1,32 @@
+/* Live handles of the heap objects weft gives out (graphs, execs, graph pools, builders, the
+ * resources weft_*_create makes): a call with a destroyed one, or a second destroy, is told from
+ * a live object (STALE_HANDLE) instead of touching freed memory. One set for the process, keyed
+ * by address, with the object's kind, under a reader-writer lock that is a leaf (nothing else is
+ * called while it is held, so it may be taken under any other lock).
+ * Destroyed objects stay in the set, marked dead, until a new object takes their address. An
+ * address reused by a new object of the same kind makes an old handle look live again: the set
+ * catches use after destroy until then, not forever. */
+#ifndef WEFT_CORE_HANDLE_H
+#define WEFT_CORE_HANDLE_H
+
+#include <stdbool.h>
+
+typedef enum weft__handle_kind {
+  WEFT__HANDLE_GRAPH = 1,
+  WEFT__HANDLE_EXEC = 2,
+  WEFT__HANDLE_GRAPH_POOL = 3,
+  WEFT__HANDLE_BUILDER = 4,
+  WEFT__HANDLE_RESOURCE = 5,
+} weft__handle_kind_t;
+
+/** Registers a new object; false when out of host memory. */
+bool weft__handle_add(const void *p, weft__handle_kind_t kind);
+/** True while p is a live object of that kind. */
+bool weft__handle_live(const void *p, weft__handle_kind_t kind);
+/** Marks p destroyed; false when it was not a live object of that kind (destroyed already). */
+bool weft__handle_remove(const void *p, weft__handle_kind_t kind);
+/** True when p was an object of that kind and was destroyed (and its address not reused since):
+ * what tells a destroyed weft resource from a resource a user wrote, which weft never saw. */
+bool weft__handle_dead(const void *p, weft__handle_kind_t kind);
+
+#endif /* WEFT_CORE_HANDLE_H */
