@@ -271,6 +271,40 @@ static void test_release_refuses_while_a_graph_lives(void **state) {
   assert_int_equal(weft_free(x, stream(0)), WEFT_OK);
 }
 
+/* ---- a block the guard finds corrupted is freed ----------------------------------------------- */
+
+static int setup_guard(void **state) {
+  (void)state;
+  weft_options_t o = weft_options_default();
+  o.high_priority_streams = 0;
+  o.guard = 1;
+  return tu_init(&env, &o);
+}
+
+static void test_corrupted_block_is_freed_all_the_same(void **state) {
+  (void)state;
+  weft_block_t b = alloc(0, "b");
+  CUdeviceptr p;
+  assert_int_equal(weft_block_ptr(b, &p), WEFT_OK);
+  typedef CUresult (*htod_fn)(CUdeviceptr, const void *, size_t);
+  htod_fn htod = (htod_fn)weft_driver_symbol("cuMemcpyHtoD_v2");
+  if (htod == NULL) htod = (htod_fn)weft_driver_symbol("cuMemcpyHtoD");
+  assert_non_null(htod);
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  static const unsigned char junk[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  assert_int_equal(htod(p + N * 4, junk, sizeof junk), CUDA_SUCCESS); /* past the end: the canary */
+  weft_counters_t c0, c1;
+  assert_int_equal(weft_runtime_counters(env.rt, &c0), WEFT_OK);
+  assert_int_equal(weft_free(b, stream(0)), WEFT_ERR_CORRUPTED);
+  assert_int_equal(weft_runtime_counters(env.rt, &c1), WEFT_OK);
+  assert_int_equal(c1.frees, c0.frees + 1);
+  assert_int_equal(weft_free(b, stream(0)), WEFT_ERR_DOUBLE_FREE);
+  assert_non_null(strstr(weft_last_error(), "weft_free"));
+  /* Nothing is live: the top resource can be swapped. */
+  weft_resource_t *top = weft_runtime_resource(env.rt);
+  assert_int_equal(weft_runtime_set_resource(env.rt, top), WEFT_OK);
+}
+
 /* ---- teardown reports what it could not do -------------------------------------------------- */
 
 static void test_release_reports_a_chunk_the_driver_would_not_free(void **state) {
@@ -299,6 +333,7 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_destroyed_handles_say_stale_and_release_waits_for_graphs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_release_refuses_while_a_graph_lives, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_corrupted_block_is_freed_all_the_same, setup_guard, teardown),
       cmocka_unit_test_setup_teardown(test_release_reports_a_chunk_the_driver_would_not_free, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
