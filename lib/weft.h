@@ -146,9 +146,12 @@ typedef struct weft_options {
 
 /** The built-in defaults, ignoring the environment. */
 WEFT_API weft_options_t weft_options_default(void);
-/** Overrides fields of *opts from WEFT_* environment variables that are set.
- * Errors: WEFT_ERR_INVALID_ARGUMENT naming the variable when one does not parse or is out of
- * range; *opts is unchanged then. */
+/** Overrides fields of *opts from WEFT_* environment variables that are set (an empty one counts
+ * as unset). A numeric variable is decimal digits, optionally followed by one K, M or G (2^10,
+ * 2^20, 2^30; either case): no sign, whitespace or 0x, and leading zeros are not octal ("010" is
+ * 10). Errors: WEFT_ERR_INVALID_ARGUMENT naming the variable when one does not parse, overflows
+ * 64 bits or is out of range, or when weft_options_validate() rejects the result; *opts is
+ * unchanged then. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_options_from_env(weft_options_t *opts);
 /** Checks every field. Errors: WEFT_ERR_INVALID_ARGUMENT naming the first bad field and its range
  * (weft_last_error()). */

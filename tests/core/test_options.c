@@ -91,6 +91,61 @@ static void test_bad_environment_leaves_options_unchanged(void **state) {
   }
 }
 
+/* Every numeric WEFT_* variable is plain decimal digits with at most one K, M or G suffix
+ * (binary multiples, either case): no sign, no whitespace, no hex, and a leading zero is not
+ * octal. Rejected values name the variable and the accepted form, and change nothing. */
+static void test_numbers_are_plain_decimal(void **state) {
+  (void)state;
+  const struct { const char *env, *value; uint64_t want; } good[] = {
+      {"WEFT_STREAM_COUNT", "010", 10},      {"WEFT_STREAM_COUNT", "08", 8},
+      {"WEFT_STREAM_COUNT", "0064", 64},     {"WEFT_POOL_CHUNK_BYTES", "2m", 2ull << 20},
+      {"WEFT_POOL_CHUNK_BYTES", "1G", 1ull << 30}, {"WEFT_BUDGET_BYTES", "16k", 16ull << 10},
+      {"WEFT_BUDGET_BYTES", "18446744073709551615", UINT64_MAX},
+      {"WEFT_BUDGET_BYTES", "17179869183G", 17179869183ull << 30},
+  };
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    weft_options_t o = weft_options_default();
+    setenv(good[i].env, good[i].value, 1);
+    weft_status_t st = weft_options_from_env(&o);
+    if (st != WEFT_OK) print_error("%s='%s': %s\n", good[i].env, good[i].value, weft_last_error());
+    assert_int_equal(st, WEFT_OK);
+    uint64_t got = strcmp(good[i].env, "WEFT_STREAM_COUNT") == 0       ? o.stream_count
+                   : strcmp(good[i].env, "WEFT_POOL_CHUNK_BYTES") == 0 ? o.pool_chunk_bytes
+                                                                       : o.budget_bytes;
+    assert_int_equal(got, good[i].want);
+    unsetenv(good[i].env);
+  }
+  const char *bad_budget[] = {" -1", "-1",  "+5",   " 5",  "5 ",   "\t5", "5\n", "0x10", "0X10", "1KK",
+                              "1KB", "1 K", "1T",   "K",   "1.5G", "1e3", "--1", "18446744073709551616",
+                              "99999999999999999999", "17179869184G", "16777216T", "0x", "1k1"};
+  for (size_t i = 0; i < sizeof bad_budget / sizeof bad_budget[0]; i++) {
+    weft_options_t o = weft_options_default();
+    o.budget_bytes = 7;
+    setenv("WEFT_BUDGET_BYTES", bad_budget[i], 1);
+    weft_status_t st = weft_options_from_env(&o);
+    if (st != WEFT_ERR_INVALID_ARGUMENT) print_error("WEFT_BUDGET_BYTES='%s' was accepted as %llu\n", bad_budget[i], (unsigned long long)o.budget_bytes);
+    assert_int_equal(st, WEFT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(weft_last_error(), "WEFT_BUDGET_BYTES"));
+    assert_non_null(strstr(weft_last_error(), "decimal"));
+    assert_int_equal(o.budget_bytes, 7);
+    unsetenv("WEFT_BUDGET_BYTES");
+  }
+  /* Every numeric variable follows the same rule. */
+#define X(field, type, env, def, lo, hi, doc)                                        \
+  {                                                                                  \
+    const char *bad[] = {" 1", "+1", "0x1", "1 "};                                   \
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {                        \
+      weft_options_t o = weft_options_default();                                     \
+      setenv(env, bad[i], 1);                                                        \
+      assert_int_equal(weft_options_from_env(&o), WEFT_ERR_INVALID_ARGUMENT);        \
+      assert_non_null(strstr(weft_last_error(), env));                               \
+      unsetenv(env);                                                                 \
+    }                                                                                \
+  }
+  WEFT_OPTIONS_MAP(X)
+#undef X
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults_are_valid),
@@ -98,6 +153,7 @@ int main(void) {
       cmocka_unit_test(test_cross_field_rules),
       cmocka_unit_test(test_environment_overrides),
       cmocka_unit_test(test_bad_environment_leaves_options_unchanged),
+      cmocka_unit_test(test_numbers_are_plain_decimal),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
