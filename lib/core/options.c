@@ -42,6 +42,9 @@ static number_t parse_u64(const char *s, uint64_t *out) {
   return NUMBER_OK;
 }
 
+/* The characters of a shared budget key (lib/mem/budget.c names a shared-memory object by it). */
+#define KEY_CHARS "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-"
+
 /* Power-of-two rule for the event ring, checked after the range. */
 static int is_pow2(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
 
@@ -92,10 +95,22 @@ weft_status_t weft_options_validate(const weft_options_t *o) {
   if (!is_pow2(o->event_ring))
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "options.event_ring = %u is not a power of two",
                        o->event_ring);
-  if (o->budget_shared_key != NULL && strlen(o->budget_shared_key) > 200)
-    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "options.budget_shared_key is longer than 200 bytes");
-  if (o->budget_shared_key != NULL && strchr(o->budget_shared_key, '/') != NULL)
-    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "options.budget_shared_key must not contain '/'");
+  /* The runtime copies both strings into buffers of these sizes: longer ones are refused here
+   * rather than cut short there. The key's characters are the ones weft_budget_create accepts,
+   * so that a key validated here cannot fail the runtime's creation later. */
+  if (o->log_path != NULL && strnlen(o->log_path, WEFT_LOG_PATH_MAX + 1) > WEFT_LOG_PATH_MAX)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "options.log_path (WEFT_LOG) is longer than %d bytes",
+                       WEFT_LOG_PATH_MAX);
+  if (o->budget_shared_key != NULL) {
+    const char *k = o->budget_shared_key;
+    if (strnlen(k, WEFT_BUDGET_KEY_MAX + 1) > WEFT_BUDGET_KEY_MAX)
+      return weft__error(WEFT_ERR_INVALID_ARGUMENT,
+                         "options.budget_shared_key (WEFT_BUDGET_SHARED) is longer than %d characters",
+                         WEFT_BUDGET_KEY_MAX);
+    if (k[strspn(k, KEY_CHARS)] != '\0')
+      return weft__error(WEFT_ERR_INVALID_ARGUMENT,
+                         "options.budget_shared_key (WEFT_BUDGET_SHARED) '%s' may only hold [A-Za-z0-9_.-]", k);
+  }
   return WEFT_OK;
 }
 

@@ -29,7 +29,7 @@
 #define SHM_MAGIC 0x77656674u /* "weft" */
 #define SHM_VERSION 1u
 #define SHM_SLOTS 128
-#define SHM_KEY_MAX 128
+#define SHM_KEY_MAX WEFT_BUDGET_KEY_MAX
 
 enum { SHM_NEW = 0, SHM_INITIALISING = 1, SHM_READY = 2 };
 

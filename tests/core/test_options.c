@@ -146,6 +146,69 @@ static void test_numbers_are_plain_decimal(void **state) {
 #undef X
 }
 
+/* The runtime keeps its own copies of the two strings (a 512-byte log path, a 256-byte key):
+ * validation admits exactly what fits, so nothing is ever cut short, and names the field. */
+static void test_long_strings_are_rejected(void **state) {
+  (void)state;
+  static char path[600], key[300];
+  memset(path, 'p', sizeof path - 1);
+  memset(key, 'k', sizeof key - 1);
+  weft_options_t o = weft_options_default();
+  path[511] = '\0';
+  o.log_path = path;
+  assert_int_equal(weft_options_validate(&o), WEFT_OK);
+  path[511] = 'p';
+  path[512] = '\0';
+  assert_int_equal(weft_options_validate(&o), WEFT_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(weft_last_error(), "options.log_path"));
+  path[512] = 'p';
+  assert_int_equal(weft_options_validate(&o), WEFT_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(weft_last_error(), "options.log_path"));
+  /* Through the environment: the error names the field and the variable; *opts is unchanged. */
+  o = weft_options_default();
+  setenv("WEFT_LOG", path, 1);
+  assert_int_equal(weft_options_from_env(&o), WEFT_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(weft_last_error(), "options.log_path"));
+  assert_non_null(strstr(weft_last_error(), "WEFT_LOG"));
+  assert_null(o.log_path);
+  path[511] = '\0';
+  setenv("WEFT_LOG", path, 1);
+  assert_int_equal(weft_options_from_env(&o), WEFT_OK);
+  assert_int_equal(strlen(o.log_path), 511);
+  unsetenv("WEFT_LOG");
+  /* The shared key: at most WEFT_BUDGET_KEY_MAX bytes, always < 256 with its NUL. */
+  assert_true(WEFT_BUDGET_KEY_MAX < 256);
+  o = weft_options_default();
+  key[WEFT_BUDGET_KEY_MAX] = '\0';
+  o.budget_shared_key = key;
+  assert_int_equal(weft_options_validate(&o), WEFT_OK);
+  key[WEFT_BUDGET_KEY_MAX] = 'k';
+  key[WEFT_BUDGET_KEY_MAX + 1] = '\0';
+  assert_int_equal(weft_options_validate(&o), WEFT_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(weft_last_error(), "options.budget_shared_key"));
+  key[WEFT_BUDGET_KEY_MAX + 1] = 'k';
+  key[255] = '\0';
+  assert_int_equal(weft_options_validate(&o), WEFT_ERR_INVALID_ARGUMENT);
+  key[255] = 'k';
+  assert_int_equal(weft_options_validate(&o), WEFT_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(weft_last_error(), "options.budget_shared_key"));
+  o = weft_options_default();
+  setenv("WEFT_BUDGET_SHARED", key, 1);
+  assert_int_equal(weft_options_from_env(&o), WEFT_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(weft_last_error(), "WEFT_BUDGET_SHARED"));
+  assert_null(o.budget_shared_key);
+  unsetenv("WEFT_BUDGET_SHARED");
+  /* The key names a shared-memory object: only what weft_budget_create accepts. */
+  o = weft_options_default();
+  o.budget_shared_key = "a b";
+  assert_int_equal(weft_options_validate(&o), WEFT_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(weft_last_error(), "options.budget_shared_key"));
+  o.budget_shared_key = "ci-run_7.gpu0";
+  assert_int_equal(weft_options_validate(&o), WEFT_OK);
+  o.budget_shared_key = "";
+  assert_int_equal(weft_options_validate(&o), WEFT_OK);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults_are_valid),
@@ -154,6 +217,7 @@ int main(void) {
       cmocka_unit_test(test_environment_overrides),
       cmocka_unit_test(test_bad_environment_leaves_options_unchanged),
       cmocka_unit_test(test_numbers_are_plain_decimal),
+      cmocka_unit_test(test_long_strings_are_rejected),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
