@@ -48,6 +48,9 @@ static weft_status_t grow(weft_graph_pool_t *p, uint64_t n, weft__tlsf_range_t *
 static weft_status_t gpool_allocate(weft_resource_t *self, size_t bytes, weft_stream_t *s, const char *tag,
                                     CUdeviceptr *out) {
   weft_graph_pool_t *p = (weft_graph_pool_t *)self;
+  /* As in lib/mem/pool.c: only a pile of adaptors could ask beyond the largest size class. */
+  if ((uint64_t)bytes > WEFT__TLSF_MAX_BYTES - WEFT__TLSF_GRANULE)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "graph pool: %zu bytes is beyond the largest size class", bytes);
   uint64_t n = round_up(bytes);
   weft_status_t st = WEFT_OK;
   pthread_mutex_lock(&p->lock);

@@ -138,20 +138,31 @@ typedef struct weft_options {
 #undef WEFT__OPTION_FIELD
   /** Budget shared by all processes that name the same key (POSIX shared memory "/weft-<key>"),
    * so parallel test processes on one GPU share one limit; NULL or "" means process-local.
-   * Environment: WEFT_BUDGET_SHARED. Default NULL. */
+   * At most WEFT_BUDGET_KEY_MAX characters of [A-Za-z0-9_.-]. Environment: WEFT_BUDGET_SHARED.
+   * Default NULL. */
   const char *budget_shared_key;
-  /** CSV allocation log: a path, or NULL for none. Environment: WEFT_LOG. Default NULL. */
+  /** CSV allocation log: a path of at most WEFT_LOG_PATH_MAX bytes, or NULL for none.
+   * Environment: WEFT_LOG. Default NULL. */
   const char *log_path;
 } weft_options_t;
 
+/** The longest options.log_path, in bytes without the terminating NUL (the runtime keeps a copy). */
+#define WEFT_LOG_PATH_MAX 511
+/** The longest shared budget key (options.budget_shared_key, weft_budget_create), in characters. */
+#define WEFT_BUDGET_KEY_MAX 128
+
 /** The built-in defaults, ignoring the environment. */
 WEFT_API weft_options_t weft_options_default(void);
-/** Overrides fields of *opts from WEFT_* environment variables that are set.
- * Errors: WEFT_ERR_INVALID_ARGUMENT naming the variable when one does not parse or is out of
- * range; *opts is unchanged then. */
+/** Overrides fields of *opts from WEFT_* environment variables that are set (an empty one counts
+ * as unset). A numeric variable is decimal digits, optionally followed by one K, M or G (2^10,
+ * 2^20, 2^30; either case): no sign, whitespace or 0x, and leading zeros are not octal ("010" is
+ * 10). Errors: WEFT_ERR_INVALID_ARGUMENT naming the variable when one does not parse, overflows
+ * 64 bits or is out of range, or when weft_options_validate() rejects the result; *opts is
+ * unchanged then. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_options_from_env(weft_options_t *opts);
-/** Checks every field. Errors: WEFT_ERR_INVALID_ARGUMENT naming the first bad field and its range
- * (weft_last_error()). */
+/** Checks every field: numeric ranges, the cross-field rules, the lengths of log_path and
+ * budget_shared_key and the key's characters. Errors: WEFT_ERR_INVALID_ARGUMENT naming the first
+ * bad field and its range (weft_last_error()). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_options_validate(const weft_options_t *opts);
 /** Writes one line per option (name, value, environment variable, meaning) to `out`. */
 WEFT_API void weft_options_print(const weft_options_t *opts, FILE *out);

@@ -104,28 +104,45 @@ static void *open_library(const char *spec, weft__driver_t *drv, int *is_sim) {
 typedef CUresult (*proc_address_fn)(const char *, void **, int, cuuint64_t,
                                     CUdriverProcAddressQueryResult *);
 
+/* Every failure below leaves *drv cleared (no handle) and names `asked`, the library the caller
+ * asked for, never a field of *drv. Once the library's cuInit has succeeded it is never dlclosed
+ * (see weft__driver_unload): the failure paths after that only forget the handle. */
 weft_status_t weft__driver_load(const char *spec, weft__driver_t *drv) {
   memset(drv, 0, sizeof *drv);
+  const char *asked = spec == NULL || *spec == '\0' ? "libcuda.so.1" : spec;
+  /* info.path must name what was opened, so a path it cannot hold is refused, not cut short. */
+  if (strlen(asked) >= sizeof drv->path) {
+    weft__error_set_driver(CUDA_ERROR_NOT_INITIALIZED);
+    return weft__error(WEFT_ERR_NO_DRIVER, "cannot load the CUDA driver '%.64s...': its path is longer than %zu bytes",
+                       asked, sizeof drv->path - 1);
+  }
   int is_sim = 0;
   void *h = open_library(spec, drv, &is_sim);
   if (h == NULL) {
     const char *why = dlerror();
+    memset(drv, 0, sizeof *drv);
     weft__error_set_driver(CUDA_ERROR_NOT_INITIALIZED);
-    return weft__error(WEFT_ERR_NO_DRIVER, "cannot load the CUDA driver '%s': %s%s", drv->path,
+    return weft__error(WEFT_ERR_NO_DRIVER, "cannot load the CUDA driver '%s': %s%s", asked,
                        why ? why : "not found",
                        is_sim ? " (put libweft_sim.so on the library path, next to the program, or in its Bazel data)" : "");
   }
   __typeof__(cuInit) *init = (__typeof__(cuInit) *)dlsym(h, "cuInit");
   if (init == NULL) {
+    /* No driver code has run: unloading it orphans nothing. */
     dlclose(h);
-    return weft__error(WEFT_ERR_NO_DRIVER, "'%s' is not a CUDA driver: it has no cuInit", drv->path);
+    memset(drv, 0, sizeof *drv);
+    return weft__error(WEFT_ERR_NO_DRIVER, "'%s' is not a CUDA driver: it has no cuInit", asked);
   }
   CUresult r = init(0);
   if (r != CUDA_SUCCESS) {
+    /* A failed cuInit set up nothing to orphan, and the library must go: the toolkit's stub has
+     * the soname libcuda.so.1, and kept mapped it would answer every later dlopen of the real
+     * driver in this process. */
     dlclose(h);
+    memset(drv, 0, sizeof *drv);
     weft__error_set_driver(r);
     const char *name = weft_driver_error_name(r);
-    return weft__error(WEFT_ERR_NO_DRIVER, "cuInit(0) from '%s' failed: %s (%d)%s", drv->path, name, (int)r,
+    return weft__error(WEFT_ERR_NO_DRIVER, "cuInit(0) from '%s' failed: %s (%d)%s", asked, name, (int)r,
                        r == CUDA_ERROR_STUB_LIBRARY ? ": this is the toolkit's stub, not a driver" : "");
   }
   proc_address_fn gpa = (proc_address_fn)dlsym(h, WEFT__XSTR(cuGetProcAddress));
@@ -143,9 +160,9 @@ weft_status_t weft__driver_load(const char *spec, weft__driver_t *drv) {
     }                                                                                            \
     if (p == NULL) p = dlsym(h, WEFT__XSTR(name));                                               \
     if (p == NULL && (required)) {                                                               \
-      dlclose(h);                                                                                \
+      weft__driver_unload(drv);                                                                  \
       return weft__error(WEFT_ERR_NO_DRIVER, "the driver '%s' lacks the required entry point %s", \
-                         drv->path, WEFT__XSTR(name));                                           \
+                         asked, WEFT__XSTR(name));                                               \
     }                                                                                            \
     if (p == NULL) missing_optional++;                                                           \
     drv->name = (__typeof__(name) *)p;                                                           \
@@ -161,7 +178,7 @@ weft_status_t weft__driver_load(const char *spec, weft__driver_t *drv) {
     weft__driver_unload(drv);
     weft__error_set_driver(r);
     return weft__error(WEFT_ERR_NO_DRIVER, "the driver '%s' answers no version or device count: %s",
-                       drv->path, weft_driver_error_name(r));
+                       asked, weft_driver_error_name(r));
   }
   return WEFT_OK;
 }

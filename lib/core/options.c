@@ -1,6 +1,5 @@
 /* Options: defaults, WEFT_* environment overrides and validation, all generated from
  * WEFT_OPTIONS_MAP in weft.h so that a new option is one line there. */
-#include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,22 +17,33 @@ weft_options_t weft_options_default(void) {
   return o;
 }
 
-/* Parses a whole unsigned decimal (or 0x hex) number with an optional K/M/G suffix (binary). */
-static int parse_u64(const char *s, uint64_t *out) {
-  if (s == NULL || *s == '\0' || *s == '-') return 0;
-  char *end = NULL;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 0);
-  if (errno != 0 || end == s) return 0;
+/* How every numeric WEFT_* variable is written, as errors quote it. */
+#define NUMBER_FORM "decimal digits, optionally followed by one K, M or G (binary multiples)"
+
+typedef enum { NUMBER_OK, NUMBER_MALFORMED, NUMBER_OVERFLOW } number_t;
+
+/* Parses NUMBER_FORM exactly. strtoull is not used: it skips leading whitespace, accepts a sign
+ * (" -1" wraps to UINT64_MAX) and, in base 0, reads "010" as octal 8 and rejects "08". */
+static number_t parse_u64(const char *s, uint64_t *out) {
+  if (s == NULL || !(*s >= '0' && *s <= '9')) return NUMBER_MALFORMED;
+  uint64_t v = 0;
+  for (; *s >= '0' && *s <= '9'; s++) {
+    unsigned d = (unsigned)(*s - '0');
+    if (v > (UINT64_MAX - d) / 10) return NUMBER_OVERFLOW;
+    v = v * 10 + d;
+  }
   unsigned shift = 0;
-  if (*end == 'K' || *end == 'k') shift = 10, end++;
-  else if (*end == 'M' || *end == 'm') shift = 20, end++;
-  else if (*end == 'G' || *end == 'g') shift = 30, end++;
-  if (*end != '\0') return 0;
-  if (shift && v > (UINT64_MAX >> shift)) return 0;
-  *out = (uint64_t)v << shift;
-  return 1;
+  if (*s == 'K' || *s == 'k') shift = 10, s++;
+  else if (*s == 'M' || *s == 'm') shift = 20, s++;
+  else if (*s == 'G' || *s == 'g') shift = 30, s++;
+  if (*s != '\0') return NUMBER_MALFORMED;
+  if (shift && v > (UINT64_MAX >> shift)) return NUMBER_OVERFLOW;
+  *out = v << shift;
+  return NUMBER_OK;
 }
+
+/* The characters of a shared budget key (lib/mem/budget.c names a shared-memory object by it). */
+#define KEY_CHARS "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-"
 
 /* Power-of-two rule for the event ring, checked after the range. */
 static int is_pow2(uint64_t v) { return v != 0 && (v & (v - 1)) == 0; }
@@ -44,10 +54,18 @@ weft_status_t weft_options_from_env(weft_options_t *opts) {
   const char *v;
 #define WEFT__OPTION_ENV(field, type, env, def, lo, hi, doc)                                      \
   if ((v = getenv(env)) != NULL && *v != '\0') {                                                  \
-    uint64_t x;                                                                                   \
-    if (!parse_u64(v, &x) || x < (uint64_t)(lo) || x > (uint64_t)(hi))                            \
+    uint64_t x = 0;                                                                               \
+    number_t n = parse_u64(v, &x);                                                                \
+    if (n != NUMBER_OK)                                                                           \
       return weft__error(WEFT_ERR_INVALID_ARGUMENT,                                               \
-                         "weft_options_from_env: %s='%s' is not a number in [%" PRIu64 ", %" PRIu64 "]", \
+                         "weft_options_from_env: %s='%s' %s; write " NUMBER_FORM ", in [%" PRIu64  \
+                         ", %" PRIu64 "]",                                                         \
+                         env, v, n == NUMBER_OVERFLOW ? "does not fit in 64 bits" : "is not a number", \
+                         (uint64_t)(lo), (uint64_t)(hi));                                          \
+    if (x < (uint64_t)(lo) || x > (uint64_t)(hi))                                                 \
+      return weft__error(WEFT_ERR_INVALID_ARGUMENT,                                               \
+                         "weft_options_from_env: %s='%s' is out of range [%" PRIu64 ", %" PRIu64  \
+                         "] (" NUMBER_FORM ")",                                                   \
                          env, v, (uint64_t)(lo), (uint64_t)(hi));                                  \
     o.field = (type)x;                                                                            \
   }
@@ -77,10 +95,22 @@ weft_status_t weft_options_validate(const weft_options_t *o) {
   if (!is_pow2(o->event_ring))
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "options.event_ring = %u is not a power of two",
                        o->event_ring);
-  if (o->budget_shared_key != NULL && strlen(o->budget_shared_key) > 200)
-    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "options.budget_shared_key is longer than 200 bytes");
-  if (o->budget_shared_key != NULL && strchr(o->budget_shared_key, '/') != NULL)
-    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "options.budget_shared_key must not contain '/'");
+  /* The runtime copies both strings into buffers of these sizes: longer ones are refused here
+   * rather than cut short there. The key's characters are the ones weft_budget_create accepts,
+   * so that a key validated here cannot fail the runtime's creation later. */
+  if (o->log_path != NULL && strnlen(o->log_path, WEFT_LOG_PATH_MAX + 1) > WEFT_LOG_PATH_MAX)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "options.log_path (WEFT_LOG) is longer than %d bytes",
+                       WEFT_LOG_PATH_MAX);
+  if (o->budget_shared_key != NULL) {
+    const char *k = o->budget_shared_key;
+    if (strnlen(k, WEFT_BUDGET_KEY_MAX + 1) > WEFT_BUDGET_KEY_MAX)
+      return weft__error(WEFT_ERR_INVALID_ARGUMENT,
+                         "options.budget_shared_key (WEFT_BUDGET_SHARED) is longer than %d characters",
+                         WEFT_BUDGET_KEY_MAX);
+    if (k[strspn(k, KEY_CHARS)] != '\0')
+      return weft__error(WEFT_ERR_INVALID_ARGUMENT,
+                         "options.budget_shared_key (WEFT_BUDGET_SHARED) '%s' may only hold [A-Za-z0-9_.-]", k);
+  }
   return WEFT_OK;
 }
 

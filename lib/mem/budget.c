@@ -29,7 +29,7 @@
 #define SHM_MAGIC 0x77656674u /* "weft" */
 #define SHM_VERSION 1u
 #define SHM_SLOTS 128
-#define SHM_KEY_MAX 128
+#define SHM_KEY_MAX WEFT_BUDGET_KEY_MAX
 
 enum { SHM_NEW = 0, SHM_INITIALISING = 1, SHM_READY = 2 };
 
@@ -119,16 +119,29 @@ static weft_status_t shm_setup(budget_t *b, const char *key, int device) {
   uint32_t expect = SHM_NEW;
   if (atomic_compare_exchange_strong_explicit(&t->state, &expect, SHM_INITIALISING, memory_order_acq_rel,
                                               memory_order_acquire)) {
+    /* Process-shared so that every process mapping the table locks the same mutex; robust so
+     * that one dying with it held does not wedge the others (shm_lock repairs it). A platform
+     * refusing either cannot share a budget: NOT_SUPPORTED. On any failure the table goes back
+     * to SHM_NEW, for the next process to initialise. */
     pthread_mutexattr_t a;
-    pthread_mutexattr_init(&a);
-    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-    int e = pthread_mutex_init(&t->lock, &a);
-    pthread_mutexattr_destroy(&a);
+    weft_status_t fail = WEFT_OK;
+    const char *what = NULL;
+    int e = pthread_mutexattr_init(&a);
     if (e != 0) {
+      fail = WEFT_ERR_HOST_OUT_OF_MEMORY, what = "pthread_mutexattr_init";
+    } else {
+      if ((e = pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED)) != 0)
+        fail = WEFT_ERR_NOT_SUPPORTED, what = "pthread_mutexattr_setpshared";
+      else if ((e = pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST)) != 0)
+        fail = WEFT_ERR_NOT_SUPPORTED, what = "pthread_mutexattr_setrobust";
+      else if ((e = pthread_mutex_init(&t->lock, &a)) != 0)
+        fail = WEFT_ERR_HOST_OUT_OF_MEMORY, what = "pthread_mutex_init";
+      pthread_mutexattr_destroy(&a);
+    }
+    if (fail != WEFT_OK) {
       atomic_store_explicit(&t->state, SHM_NEW, memory_order_release);
       munmap(m, sizeof *t);
-      return weft__error(WEFT_ERR_DRIVER, "%s: process-shared mutex in %s: %s", who, name, strerror(e));
+      return weft__error(fail, "%s: process-shared mutex in %s: %s failed: %s", who, name, what, strerror(e));
     }
     t->magic = SHM_MAGIC;
     t->version = SHM_VERSION;

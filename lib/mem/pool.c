@@ -58,6 +58,8 @@
 #include "lib/mem/tlsf.h"
 
 #define POOL_ALIGN WEFT__TLSF_GRANULE
+/* Every request a resource accepts, and what adaptors stacked above add to it, has a size class. */
+_Static_assert(WEFT__MEM_MAX_BYTES <= WEFT__TLSF_MAX_BYTES / 2, "the TLSF classes must cover twice WEFT__MEM_MAX_BYTES");
 /* Blocks of at least max(chunk_bytes / 16, 2 MiB) get a dedicated chunk. Measured on the random
  * workload of tests/mem/test_pool_stream_order.c (sizes 256 B .. 64 MiB log-uniform, 64 MiB
  * chunks): peak reserved / peak live is 2.0 with no dedicated chunks, 1.2 from chunk/4, 1.1 from
@@ -314,6 +316,10 @@ static weft_status_t out_of_memory(pool_t *p, size_t bytes, weft_status_t st) {
 static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_stream_t *s, const char *tag,
                                    CUdeviceptr *out) {
   pool_t *p = (pool_t *)self;
+  /* Only adaptors piled far beyond any real stack could ask for this much (each adds at most a
+   * few MiB to a request of at most 2^48); refused rather than classed out of bounds. */
+  if ((uint64_t)bytes > WEFT__TLSF_MAX_BYTES - POOL_ALIGN)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "pool: %zu bytes is beyond the pool's largest size class", bytes);
   uint64_t n = round_up(bytes);
   weft_status_t st = WEFT_OK;
   pthread_mutex_lock(&p->lock);

@@ -13,6 +13,7 @@ static inline unsigned clz64(uint64_t x) { return (unsigned)__builtin_clzll(x); 
 static inline unsigned ctz64(uint64_t x) { return (unsigned)__builtin_ctzll(x); }
 
 unsigned weft__tlsf_class(uint64_t size) {
+  WEFT_ASSERT(size < WEFT__TLSF_MAX_BYTES);
   uint64_t u = size >> WEFT__TLSF_GRANULE_LOG2;
   if (u < WEFT__TLSF_SL) return (unsigned)u;
   unsigned fl = 63u - clz64(u);
@@ -159,7 +160,8 @@ void weft__tlsf_destroy(weft__tlsf_t *t) {
 
 weft__tlsf_range_t *weft__tlsf_add_chunk(weft__tlsf_t *t, uint64_t addr, uint64_t size, void *chunk, unsigned lane,
                                          uint64_t stamp) {
-  WEFT_ASSERT(lane < t->lanes && size > 0 && size % WEFT__TLSF_GRANULE == 0 && addr % WEFT__TLSF_GRANULE == 0);
+  WEFT_ASSERT(lane < t->lanes && size > 0 && size < WEFT__TLSF_MAX_BYTES && size % WEFT__TLSF_GRANULE == 0 &&
+              addr % WEFT__TLSF_GRANULE == 0);
   if (!ensure_spare(t, 1)) return NULL;
   weft__tlsf_range_t *r = take_record(t);
   r->addr = addr;

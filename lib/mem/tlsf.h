@@ -37,7 +37,11 @@
 #define WEFT__TLSF_GRANULE_LOG2 8
 #define WEFT__TLSF_SL_LOG2 5                          /* 32 second-level classes */
 #define WEFT__TLSF_SL (1u << WEFT__TLSF_SL_LOG2)
-#define WEFT__TLSF_FL_MAX 40                          /* sizes below 2^40 granules (2^48 bytes) */
+/* Classes cover sizes below 2^41 granules: WEFT__TLSF_MAX_BYTES (2^49, exclusive). Requests go
+ * up to WEFT__MEM_MAX_BYTES (2^48) inclusive, and adaptors add a little on top (a guard's
+ * canaries), so the table reaches twice that; pool.c asserts the two agree and refuses more. */
+#define WEFT__TLSF_FL_MAX 41
+#define WEFT__TLSF_MAX_BYTES (1ull << (WEFT__TLSF_FL_MAX + WEFT__TLSF_GRANULE_LOG2))
 #define WEFT__TLSF_CLASSES (WEFT__TLSF_SL + (WEFT__TLSF_FL_MAX - WEFT__TLSF_SL_LOG2) * WEFT__TLSF_SL)
 #define WEFT__TLSF_WORDS ((WEFT__TLSF_CLASSES + 63) / 64)
 #define WEFT__TLSF_MAX_LANES 65                       /* 64 streams + idle */
@@ -86,7 +90,7 @@ weft_status_t weft__tlsf_init(weft__tlsf_t *t, unsigned lanes);
 /** Frees all metadata (chunks are the caller's; nothing is returned anywhere). */
 void weft__tlsf_destroy(weft__tlsf_t *t);
 
-/** Adds the chunk [addr, addr + size) (granule-aligned, size > 0) as one free range of `lane`
+/** Adds the chunk [addr, addr + size) (granule-aligned, 0 < size < WEFT__TLSF_MAX_BYTES) as one free range of `lane`
  * with `stamp`. Returns the range, or NULL when host memory is short (nothing changed). */
 weft__tlsf_range_t *weft__tlsf_add_chunk(weft__tlsf_t *t, uint64_t addr, uint64_t size, void *chunk, unsigned lane,
                                          uint64_t stamp);
@@ -97,7 +101,8 @@ static inline bool weft__tlsf_is_whole_chunk(const weft__tlsf_range_t *r) {
   return r->is_free && r->prev_phys == NULL && r->next_phys == NULL;
 }
 
-/** A free range of `lane` of at least `size` bytes (granule multiple), or NULL. O(1). */
+/** A free range of `lane` of at least `size` bytes (granule multiple, < WEFT__TLSF_MAX_BYTES), or
+ * NULL. O(1). */
 weft__tlsf_range_t *weft__tlsf_find(const weft__tlsf_t *t, unsigned lane, uint64_t size);
 /** Hands out the first `size` bytes of free range r (splitting off the rest, which stays free in
  * r's lane with r's stamp) and registers them by address. Returns the allocated range, or NULL
@@ -114,7 +119,7 @@ weft__tlsf_range_t *weft__tlsf_move(weft__tlsf_t *t, weft__tlsf_range_t *r, unsi
 static inline weft__tlsf_range_t *weft__tlsf_oldest(const weft__tlsf_t *t, unsigned lane) { return t->lane[lane].oldest; }
 static inline weft__tlsf_range_t *weft__tlsf_newest(const weft__tlsf_t *t, unsigned lane) { return t->lane[lane].newest; }
 
-/** The size class of `size` bytes (exposed for tests). */
+/** The size class of `size` bytes, < WEFT__TLSF_MAX_BYTES (exposed for tests). */
 unsigned weft__tlsf_class(uint64_t size);
 
 /** Walks every structure: lists match bitmaps, neighbours link both ways and tile their chunk,

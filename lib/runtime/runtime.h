@@ -56,8 +56,8 @@ struct weft_runtime {
   _Atomic int alive;          /* 1 between creation and the start of the last release */
   int refs;                   /* guarded by the slot's life lock */
   weft_options_t opts;
-  char log_path[512];         /* backing store of opts.log_path */
-  char shared_key[256];       /* backing store of opts.budget_shared_key */
+  char log_path[WEFT_LOG_PATH_MAX + 1];   /* backing store of opts.log_path (validated to fit) */
+  char shared_key[WEFT_BUDGET_KEY_MAX + 1]; /* backing store of opts.budget_shared_key (same) */
   const weft__driver_t *drv;
   weft__tracker_t tracker;
   weft_resource_t *top;       /* what weft_alloc uses outside captures */

@@ -2,6 +2,7 @@
  * driver all give a clean WEFT_ERR_NO_DRIVER with a message; the simulator loads; error names
  * work without any driver. Each case loads into its own table (weft__driver_load), so one
  * process can try them all; the process-wide table is tested with WEFT_DRIVER pointing nowhere. */
+#include <dlfcn.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,6 +12,7 @@
 #include <cmocka.h>
 
 #include "lib/core/driver.h"
+#include "sim/weft_sim.h"
 
 static void test_missing_library_is_no_driver(void **state) {
   (void)state;
@@ -30,6 +32,8 @@ static void test_stub_library_is_no_driver(void **state) {
   assert_non_null(strstr(weft_last_error(), "cuInit"));
   assert_int_equal(weft_last_driver_error(), CUDA_ERROR_STUB_LIBRARY);
   assert_non_null(strstr(weft_last_error(), "stub"));
+  assert_non_null(strstr(weft_last_error(), stub));
+  assert_null(d.handle);
 }
 
 static void test_non_driver_library_is_no_driver(void **state) {
@@ -37,6 +41,8 @@ static void test_non_driver_library_is_no_driver(void **state) {
   weft__driver_t d;
   assert_int_equal(weft__driver_load("libm.so.6", &d), WEFT_ERR_NO_DRIVER);
   assert_non_null(strstr(weft_last_error(), "cuInit"));
+  assert_non_null(strstr(weft_last_error(), "'libm.so.6'"));
+  assert_null(d.handle);
 }
 
 static void test_simulator_loads(void **state) {
@@ -81,12 +87,74 @@ static void test_driver_failures_map_to_statuses(void **state) {
   assert_non_null(strstr(weft_last_error(), "CUDA_ERROR_INVALID_VALUE"));
 }
 
+/* The simulator loaded into a table of its own, for its fault injection. */
+static weft__driver_t sim_table;
+static void *sim_lookup(const char *name) { return dlsym(sim_table.handle, name); }
+
+/* cuInit succeeds, then the driver cannot say how many devices it has: the load fails, and the
+ * message names the library that was asked for (the table it was loading into is cleared). */
+static void test_failed_device_count_names_the_library(void **state) {
+  (void)state;
+  assert_int_equal(weft__driver_load("sim", &sim_table), WEFT_OK);
+  const weft_sim_api_t *sim = weft_sim_api(sim_lookup);
+  assert_non_null(sim);
+  assert_int_equal((sim->fail)("cuDeviceGetCount:1:CUDA_ERROR_NO_DEVICE"), 0);
+  weft__driver_t d;
+  weft_status_t st = weft__driver_load("sim", &d);
+  assert_int_equal((sim->fail)(""), 0);
+  assert_int_equal(st, WEFT_ERR_NO_DRIVER);
+  assert_non_null(strstr(weft_last_error(), "'sim'"));
+  assert_non_null(strstr(weft_last_error(), "CUDA_ERROR_NO_DEVICE"));
+  assert_int_equal(weft_last_driver_error(), CUDA_ERROR_NO_DEVICE);
+  assert_null(d.handle);
+  assert_int_equal(d.path[0], '\0');
+  weft__driver_unload(&sim_table);
+}
+
+/* A library whose cuInit ran stays mapped after a failed load: drivers are never dlclosed. */
+static void test_library_stays_mapped_after_cuinit(void **state) {
+  (void)state;
+  const char *srcdir = getenv("TEST_SRCDIR");
+  char path[1024];
+  snprintf(path, sizeof path, "%s/weft/tests/core/libfake_driver.so", srcdir ? srcdir : ".");
+  weft__driver_t d;
+  assert_int_equal(weft__driver_load(path, &d), WEFT_ERR_NO_DRIVER);
+  assert_non_null(strstr(weft_last_error(), "required entry point"));
+  assert_non_null(strstr(weft_last_error(), path));
+  assert_null(d.handle);
+  void *h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+  if (h == NULL) print_error("%s was unloaded after its cuInit ran\n", path);
+  assert_non_null(h);
+  int *inits = dlsym(h, "fake_driver_inits");
+  assert_non_null(inits);
+  assert_int_equal(*inits, 1);
+  /* A second attempt finds the same library, initialised once more, never unmapped. */
+  assert_int_equal(weft__driver_load(path, &d), WEFT_ERR_NO_DRIVER);
+  assert_int_equal(*inits, 2);
+  dlclose(h); /* our own NOLOAD reference only */
+}
+
+/* A WEFT_DRIVER path longer than the table's record of it is refused, not cut short. */
+static void test_overlong_path_is_refused(void **state) {
+  (void)state;
+  static char path[400];
+  memset(path, 'x', sizeof path - 1);
+  path[0] = '/';
+  weft__driver_t d;
+  assert_int_equal(weft__driver_load(path, &d), WEFT_ERR_NO_DRIVER);
+  assert_non_null(strstr(weft_last_error(), "longer than"));
+  assert_null(d.handle);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_missing_library_is_no_driver),
       cmocka_unit_test(test_stub_library_is_no_driver),
       cmocka_unit_test(test_non_driver_library_is_no_driver),
       cmocka_unit_test(test_simulator_loads),
+      cmocka_unit_test(test_failed_device_count_names_the_library),
+      cmocka_unit_test(test_library_stays_mapped_after_cuinit),
+      cmocka_unit_test(test_overlong_path_is_refused),
       cmocka_unit_test(test_process_driver_missing_is_sticky_and_clean),
       cmocka_unit_test(test_driver_failures_map_to_statuses),
   };

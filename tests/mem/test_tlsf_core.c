@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include "lib/mem/tlsf.h"
+#include "tests/mem/fake_runtime.h"
 
 #define G WEFT__TLSF_GRANULE
 
@@ -189,6 +190,69 @@ static void test_bad_lane_counts_are_rejected(void **state) {
   assert_int_equal(weft__tlsf_init(&t, WEFT__TLSF_MAX_LANES + 1), WEFT_ERR_INVALID_ARGUMENT);
 }
 
+/* Every size a pool can be handed has a class: requests up to WEFT__MEM_MAX_BYTES (2^48) and
+ * what adaptors add on top (a guard's two canaries of up to 1 MiB each). */
+static void test_largest_sizes_have_classes(void **state) {
+  (void)state;
+  assert_true(weft__tlsf_class(WEFT__MEM_MAX_BYTES) < WEFT__TLSF_CLASSES);
+  unsigned prev = weft__tlsf_class(WEFT__MEM_MAX_BYTES - 64 * G);
+  for (uint64_t size = WEFT__MEM_MAX_BYTES - 64 * G; size <= WEFT__MEM_MAX_BYTES + (2u << 20); size += G) {
+    unsigned c = weft__tlsf_class(size);
+    assert_true(c < WEFT__TLSF_CLASSES);
+    assert_true(c >= prev);
+    prev = c;
+  }
+}
+
+/* A chunk of 2^48 bytes: added, found, handed out whole, freed, removed, with every invariant. */
+static void test_largest_chunk_round_trips(void **state) {
+  (void)state;
+  weft__tlsf_t t;
+  assert_int_equal(weft__tlsf_init(&t, 2), WEFT_OK);
+  int chunk;
+  weft__tlsf_range_t *r = weft__tlsf_add_chunk(&t, 1ull << 40, WEFT__MEM_MAX_BYTES, &chunk, 1, 0);
+  assert_non_null(r);
+  assert_true(weft__tlsf_is_valid(&t));
+  assert_ptr_equal(weft__tlsf_find(&t, 1, WEFT__MEM_MAX_BYTES), r);
+  assert_ptr_equal(weft__tlsf_find(&t, 1, WEFT__MEM_MAX_BYTES - G), r);
+  weft__tlsf_range_t *a = weft__tlsf_alloc(&t, r, WEFT__MEM_MAX_BYTES);
+  assert_non_null(a);
+  assert_true(weft__tlsf_is_valid(&t));
+  r = weft__tlsf_free(&t, a, 1, 1);
+  assert_true(weft__tlsf_is_whole_chunk(r));
+  assert_true(weft__tlsf_is_valid(&t));
+  weft__tlsf_remove_chunk(&t, r);
+  assert_true(weft__tlsf_is_valid(&t));
+  weft__tlsf_destroy(&t);
+}
+
+/* The pool over a fake upstream, asked for the largest request any resource accepts: it either
+ * gets it (the fake upstream hands out addresses, not memory) or says OUT_OF_MEMORY, and gives
+ * everything back. */
+static void test_pool_takes_the_largest_request(void **state) {
+  (void)state;
+  weft_runtime_t *rt = fake_init(2);
+  fake_upstream_t *up = fake_upstream_create(rt);
+  weft_resource_t *pool = NULL;
+  assert_int_equal(weft_pool_create(rt, &up->base, NULL, &pool), WEFT_OK);
+  for (int round = 0; round < 2; round++) {
+    CUdeviceptr p = 0;
+    weft_status_t st = weft_resource_allocate(pool, (size_t)WEFT__MEM_MAX_BYTES, fake_stream(0), "big", &p);
+    assert_true(st == WEFT_OK || st == WEFT_ERR_OUT_OF_MEMORY);
+    if (st == WEFT_OK) {
+      assert_true(p % G == 0);
+      assert_int_equal(weft_resource_deallocate(pool, p, (size_t)WEFT__MEM_MAX_BYTES, fake_stream(0), "big"), WEFT_OK);
+    }
+    /* Beyond the limit: refused before anything happens. */
+    assert_int_equal(weft_resource_allocate(pool, (size_t)WEFT__MEM_MAX_BYTES + 1, fake_stream(0), "big", &p),
+                     WEFT_ERR_INVALID_ARGUMENT);
+    up->capacity = 1ull << 30; /* the second round: upstream refuses */
+  }
+  weft_resource_destroy(pool);
+  assert_int_equal(up->live_bytes, 0);
+  fake_upstream_destroy(up);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_classes_are_monotonic_and_small_ones_exact),
@@ -198,6 +262,9 @@ int main(void) {
       cmocka_unit_test(test_find_prefers_a_good_fit),
       cmocka_unit_test(test_random_workload_keeps_every_invariant),
       cmocka_unit_test(test_bad_lane_counts_are_rejected),
+      cmocka_unit_test(test_largest_sizes_have_classes),
+      cmocka_unit_test(test_largest_chunk_round_trips),
+      cmocka_unit_test(test_pool_takes_the_largest_request),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
