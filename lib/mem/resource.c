@@ -28,8 +28,18 @@ weft_status_t weft__resource_deallocate(weft_resource_t *r, CUdeviceptr p, size_
                                         const char *tag) {
   /* Counted before the call: once a free succeeds, the resource's owner may destroy it (a graph
    * whose last output was freed), so nothing may touch it afterwards. A failure undoes it. */
-  WEFT_ASSERT_INTERNAL(__atomic_load_n(&r->counts.live_bytes, __ATOMIC_RELAXED) >= bytes);
-  __atomic_sub_fetch(&r->counts.live_bytes, bytes, __ATOMIC_RELAXED);
+  /* More bytes than are live cannot be a block of this resource (a double free, a wrong size):
+   * nothing is subtracted, and the resource says what is wrong. (A concurrent free of a wrong
+   * pointer, itself an error, may make a right one take this path: it still succeeds, and the
+   * counts are off by that block.) */
+  uint64_t live = __atomic_load_n(&r->counts.live_bytes, __ATOMIC_RELAXED);
+  do {
+    if (live < bytes) {
+      __atomic_add_fetch(&r->counts.failures, 1, __ATOMIC_RELAXED);
+      return r->ops->deallocate(r, p, bytes, s, tag);
+    }
+  } while (!__atomic_compare_exchange_n(&r->counts.live_bytes, &live, live - bytes, true, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED));
   __atomic_add_fetch(&r->counts.frees, 1, __ATOMIC_RELAXED);
   weft_status_t st = r->ops->deallocate(r, p, bytes, s, tag);
   /* CORRUPTED: freed, but the memory around the block was damaged (the guard's report). */
