@@ -186,6 +186,7 @@ typedef struct fs_verdict {
   char bad_msg[120];
   int calls;              /* weft calls W made */
   char current[48];       /* the weft call running (a crash happened in it if W did not complete) */
+  int mode_before, mode_after; /* the thread's stream capture mode around W */
 } fs_verdict_t;
 
 static tu_env_t env;
@@ -498,6 +499,15 @@ static const int g_crash_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGSYS};
 static struct sigaction g_crash_handlers[sizeof g_crash_signals / sizeof *g_crash_signals];
 
 /* Runs W with `spec` armed (NULL: no fault) and fills *v; in the child process. */
+/* The calling thread's stream capture mode (asked by exchanging it twice). */
+static int thread_capture_mode(void) {
+  CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  if (drv->cuThreadExchangeStreamCaptureMode(&m) != CUDA_SUCCESS) return -1;
+  CUstreamCaptureMode back = m;
+  drv->cuThreadExchangeStreamCaptureMode(&back);
+  return (int)m;
+}
+
 static void run_w(const fs_stack_t *stk, const char *spec, fs_verdict_t *v) {
   memset(v, 0, sizeof *v);
   V = v;
@@ -509,6 +519,7 @@ static void run_w(const fs_stack_t *stk, const char *spec, fs_verdict_t *v) {
   weft__meta_stats(&m0);
   fs_handles_t h0 = g_live;
   uint64_t races0 = env.sim->race_count();
+  v->mode_before = thread_capture_mode();
   if (spec != NULL && (env.sim->fail)(spec) != 0) {
     fprintf(stderr, "bad fault spec %s\n", spec);
     abort();
@@ -517,6 +528,7 @@ static void run_w(const fs_stack_t *stk, const char *spec, fs_verdict_t *v) {
   v->calls = g_seq;
   env.sim->stats(&s1);
   (env.sim->fail)("");
+  v->mode_after = thread_capture_mode();
   weft__meta_stats(&m1);
   v->fired = s1.faults_injected > s0.faults_injected;
   v->dev_delta = (int64_t)(s1.bytes_in_use - s0.bytes_in_use);
@@ -675,6 +687,8 @@ static bool classify(fs_cell_t *c, int wstatus, bool got, const char *log) {
   if (h->ctx || h->streams || h->events || h->graphs || h->execs || h->pools)
     add_reason(c, "driver objects left: ctx %+ld streams %+ld events %+ld graphs %+ld execs %+ld pools %+ld", h->ctx,
                h->streams, h->events, h->graphs, h->execs, h->pools);
+  if (v->mode_after != v->mode_before)
+    add_reason(c, "the thread's stream capture mode changed from %d to %d (0 GLOBAL, 2 RELAXED)", v->mode_before, v->mode_after);
   if (v->races != 0) add_reason(c, "%" PRIu64 " races reported by the oracle", v->races);
   if (v->checks_bad != 0) add_reason(c, "wrong data after success: %s", v->bad_msg);
   if (v->got_runtime && v->release_status == WEFT_ERR_BUSY) add_reason(c, "weft_runtime_release: BUSY");
@@ -732,7 +746,7 @@ static unsigned sweep(const fs_stack_t *stk) {
   bool got = collect(&gj, &golden);
   if (!got || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0 || golden.errors != 0 || golden.dev_delta != 0 ||
       golden.meta_delta != 0 || golden.races != 0 || golden.checks_bad != 0 || golden.checks_run != 6 ||
-      golden.release_status != WEFT_OK || golden.fired) {
+      golden.release_status != WEFT_OK || golden.fired || golden.mode_after != golden.mode_before) {
     print_message("unfaulted run of W on %s is not clean (status 0x%x, %d errors, %d/%d checks bad: %s, device %+" PRId64
                   ", metadata %+" PRId64 ", races %" PRIu64 "); log %s:\n",
                   stk->name, ws, golden.errors, golden.checks_bad, golden.checks_run, golden.bad_msg, golden.dev_delta,
@@ -832,35 +846,46 @@ static unsigned sweep(const fs_stack_t *stk) {
         print_message("     %s #%s in %s\n", g_funcs[f], cells, c->v.fired_in);
       }
   }
-  /* FAILED cells, grouped by reason and the call the fault fired in. */
+  /* FAILED cells, grouped by reason. */
   if (failed) {
     print_message("   FAILED:\n");
     for (size_t f = 0; f < NFUNCS; f++)
       for (unsigned n = 1; n <= g_max_n; n++) {
         fs_cell_t *c = &g_cells[f][n];
         if (c->mark != 'F' || c->reason[0] == '\0') continue;
-        char reason[200], where[48];
+        char reason[200], where[300] = "", cells[1500] = "";
         snprintf(reason, sizeof reason, "%s", c->reason);
-        snprintf(where, sizeof where, "%s", c->v.fired_in);
-        char cells[1500];
-        int len = snprintf(cells, sizeof cells, "%s#%u", g_funcs[f], n);
-        unsigned count = 1;
-        for (size_t f2 = f; f2 < NFUNCS; f2++)
-          for (unsigned m = f2 == f ? n + 1 : 1; m <= g_max_n; m++) {
-            fs_cell_t *o = &g_cells[f2][m];
-            if (o->mark == 'F' && strcmp(o->reason, reason) == 0 && strcmp(o->v.fired_in, where) == 0) {
-              if (len < (int)sizeof cells - 40)
-                len += snprintf(cells + len, sizeof cells - (size_t)len, " %s#%u", g_funcs[f2], m);
+        unsigned count = 0;
+        size_t wl = 0, cl = 0;
+        for (size_t f2 = f; f2 < NFUNCS; f2++) {
+          unsigned run_from = 0, run_to = 0;
+          for (unsigned m = 1; m <= g_max_n + 1; m++) {
+            fs_cell_t *o = m <= g_max_n ? &g_cells[f2][m] : NULL;
+            bool in = o != NULL && o->mark == 'F' && strcmp(o->reason, reason) == 0 && (f2 > f || m >= n);
+            if (in) {
               count++;
+              const char *w = o->v.fired_in[0] ? o->v.fired_in : "-";
+              char key[64];
+              snprintf(key, sizeof key, "%s,", w);
+              if (strstr(where, key) == NULL && wl + strlen(key) + 2 < sizeof where) wl += (size_t)snprintf(where + wl, sizeof where - wl, "%s", key);
               o->reason[0] = '\0';
+              if (run_from == 0) run_from = m;
+              run_to = m;
+            } else if (run_from != 0) {
+              if (cl + 64 < sizeof cells)
+                cl += (size_t)(run_from == run_to ? snprintf(cells + cl, sizeof cells - cl, " %s#%u", g_funcs[f2], run_from)
+                                                  : snprintf(cells + cl, sizeof cells - cl, " %s#%u-%u", g_funcs[f2], run_from, run_to));
+              run_from = 0;
             }
           }
-        print_message("   - %s (fault fired in %s; %s returned %s%s%s) [%u cells]: %s\n", reason, where[0] ? where : "-",
-                      c->v.first_err[0] ? c->v.first_err : "no call", c->v.first_err[0] ? weft_status_name(c->v.first_err_status) : "an error",
-                      c->v.first_err_msg[0] ? ": " : "", c->v.first_err_msg, count, cells);
+        }
+        if (wl > 0) where[wl - 1] = '\0';
+        print_message("   - %s\n     fault fired in: %s; first error after it: %s%s%s%s%s\n     %u cells:%s\n", reason, where,
+                      c->v.first_err[0] ? c->v.first_err : "none", c->v.first_err[0] ? " returned " : "",
+                      c->v.first_err[0] ? weft_status_name(c->v.first_err_status) : "", c->v.first_err_msg[0] ? ": " : "",
+                      c->v.first_err_msg, count, cells);
         print_message("     reproduce: WEFT_FAULT_SWEEP_CELL=%s:%s:%u\n", stk->name, g_funcs[f], n);
         print_file_head(c->errpath, 12);
-        c->reason[0] = '\0';
       }
   }
   return failed;
