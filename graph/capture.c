@@ -105,7 +105,7 @@ weft_status_t weft_capture_end(weft_stream_t *s, weft_graph_t **out) {
   if (pool != NULL) weft__gpool_detach(pool, cap, st == WEFT_OK);
   weft__runtime_forget_capture_blocks(cap);
   /* The capture's use of the pool passes to its graph; without a graph it ends. */
-  if (pool != NULL && st != WEFT_OK) weft__gpool_unuse(pool);
+  if (pool != NULL && st != WEFT_OK) (void)weft__gpool_unuse(pool); /* st says what went wrong first */
   weft__capture_free(cap);
   if (st == WEFT_OK) *out = graph;
   return st;

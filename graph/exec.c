@@ -103,16 +103,22 @@ weft_status_t weft_graph_destroy(weft_graph_t *g) {
     return weft__error(WEFT_ERR_BUSY, "weft_graph_destroy: %zu outputs of its launches are still live", live);
   if (!weft__handle_remove(g, WEFT__HANDLE_GRAPH))
     return weft__error(WEFT_ERR_STALE_HANDLE, "weft_graph_destroy: the graph was destroyed already");
+  CUresult r = CUDA_SUCCESS;
+  if (atomic_load(&g->rt->alive)) WEFT__RELAXED(g->rt->drv, r = g->rt->drv->cuGraphDestroy(g->g));
+  if (r != CUDA_SUCCESS) {
+    weft__handle_restore(g, WEFT__HANDLE_GRAPH);
+    return weft__driver_fail(r, "cuGraphDestroy");
+  }
   weft__runtime_depend(g->rt, -1);
-  if (atomic_load(&g->rt->alive)) WEFT__RELAXED(g->rt->drv, g->rt->drv->cuGraphDestroy(g->g));
-  if (g->pool != NULL) weft__gpool_unuse(g->pool);
+  /* The graph is gone whatever its private pool's destroy says (the pool then stays, reported). */
+  if (g->pool != NULL) st = weft__gpool_unuse(g->pool);
   pthread_mutex_destroy(&g->lock);
   weft__meta_free(g->summary);
   weft__meta_free(g->outputs);
   weft__meta_free(g->outs);
   weft__meta_free(g->freed);
   weft__meta_free(g);
-  return WEFT_OK;
+  return st;
 }
 
 CUgraph weft_graph_raw(const weft_graph_t *g) {
@@ -325,12 +331,16 @@ weft_status_t weft_exec_destroy(weft_exec_t *e) {
   weft_graph_t *g = e->graph;
   CUresult r = CUDA_SUCCESS;
   if (atomic_load(&g->rt->alive)) WEFT__RELAXED(g->rt->drv, r = g->rt->drv->cuGraphExecDestroy(e->x));
+  if (r != CUDA_SUCCESS) {
+    weft__handle_restore(e, WEFT__HANDLE_EXEC);
+    return weft__driver_fail(r, "cuGraphExecDestroy");
+  }
   pthread_mutex_lock(&g->lock);
   g->exec = NULL;
   if (g->outs_from == e) g->outs_from = NULL;
   pthread_mutex_unlock(&g->lock);
   weft__meta_free(e);
-  return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuGraphExecDestroy");
+  return WEFT_OK;
 }
 
 weft_status_t weft_graph_memory_stats(weft_runtime_t *rt, weft_graph_memory_stats_t *out) {

@@ -153,7 +153,10 @@ weft_graph_pool_t *weft__gpool_of(weft_resource_t *alloc_to) {
 weft_status_t weft__gpool_attach(weft_graph_pool_t *p, weft__capture_t *c) {
   weft_status_t st = WEFT_OK;
   pthread_mutex_lock(&p->lock);
-  if (p->active != NULL && p->active != c)
+  if (p->doomed)
+    st = weft__error(WEFT_ERR_INVALID_ARGUMENT,
+                     "weft_capture_begin: the graph pool's destroy failed part way; destroy it again");
+  else if (p->active != NULL && p->active != c)
     st = weft__error(WEFT_ERR_BUSY, "weft_capture_begin: another capture is drawing from the graph pool");
   else {
     p->active = c;
@@ -184,11 +187,11 @@ void weft__gpool_detach(weft_graph_pool_t *p, weft__capture_t *c, bool made) {
   pthread_mutex_unlock(&p->lock);
 }
 
-void weft__gpool_unuse(weft_graph_pool_t *p) {
+weft_status_t weft__gpool_unuse(weft_graph_pool_t *p) {
   pthread_mutex_lock(&p->lock);
   bool last = --p->users == 0 && p->implicit;
   pthread_mutex_unlock(&p->lock);
-  if (last) (void)weft_graph_pool_destroy(p);
+  return last ? weft_graph_pool_destroy(p) : WEFT_OK;
 }
 
 weft_status_t weft_graph_pool_create(weft_runtime_t *rt, weft_graph_pool_t **out) {
@@ -219,15 +222,32 @@ weft_status_t weft_graph_pool_destroy(weft_graph_pool_t *p) {
   weft_runtime_t *rt = p->base.rt;
   if (p->chunks.len != 0) {
     /* Launches may still run on the memory: the last launch that wrote it (every launch of a
-     * graph drawing from the pool writes `acc`) finishes first. A chunk whose wait or free fails
-     * is reported and left allocated (its work may still run). */
+     * graph drawing from the pool writes `acc`) finishes first. Chunks are freed last first
+     * (ranges graphs kept are only records now: no graph uses the pool). On a failure the pool
+     * stays with the chunks not yet freed, doomed (no capture may draw from it: its records
+     * still name freed chunks), and a retry frees the rest. */
     weft__point_t pts[WEFT__MAX_STREAMS + 1];
     size_t n = weft__tracker_conflicts(p->tr, &p->acc, WEFT_WRITE, pts);
     if ((first = weft__tracker_bind(p->tr)) == WEFT_OK) first = weft__tracker_sync_points(p->tr, pts, n);
-    for (size_t i = 0; first == WEFT_OK && i < p->chunks.len; i++) {
-      CUresult r;
-      WEFT__RELAXED(p->tr->drv, r = p->tr->drv->cuMemFree(WEFT__VEC_AT(&p->chunks, weft__gchunk_t, i).base));
-      if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuMemFree (graph pool chunk)");
+    pthread_mutex_lock(&p->lock);
+    bool freed_any = false;
+    while (first == WEFT_OK && p->chunks.len != 0) {
+      const weft__gchunk_t c = WEFT__VEC_AT(&p->chunks, weft__gchunk_t, p->chunks.len - 1);
+      CUresult cr;
+      WEFT__RELAXED(p->tr->drv, cr = p->tr->drv->cuMemFree(c.base));
+      if (cr != CUDA_SUCCESS) {
+        first = weft__driver_fail(cr, "cuMemFree (graph pool chunk)");
+        p->doomed = p->doomed || freed_any; /* a failure on the first changes nothing */
+        break;
+      }
+      freed_any = true;
+      p->reserved -= c.bytes;
+      p->chunks.len--;
+    }
+    pthread_mutex_unlock(&p->lock);
+    if (first != WEFT_OK) {
+      weft__handle_restore(p, WEFT__HANDLE_GRAPH_POOL);
+      return first;
     }
   }
   weft__runtime_depend(rt, -1);

@@ -46,6 +46,7 @@ struct weft_graph_pool {
   unsigned users;           /* graphs and captures drawing from it */
   weft__capture_t *active;  /* the capture drawing from it now (one at a time), or NULL */
   bool implicit;            /* made for one capture's graph: destroyed with it */
+  bool doomed;              /* a destroy failed part way: no capture may draw from it again */
   /* The pool's memory as one block for the tracker: every launch of a graph drawing from the pool
    * writes it, so launches of graphs that share the pool are ordered whatever streams they run on
    * (guarded by the tracker lock). */
@@ -98,8 +99,10 @@ weft_status_t weft__gpool_attach(weft_graph_pool_t *p, weft__capture_t *c);
 void weft__gpool_detach(weft_graph_pool_t *p, weft__capture_t *c, bool made);
 /** The graph pool behind a capture's allocation context, or NULL (graph memory nodes). */
 weft_graph_pool_t *weft__gpool_of(weft_resource_t *alloc_to);
-/** Drops a use of p by a graph or a capture; an implicit pool goes with its last user. */
-void weft__gpool_unuse(weft_graph_pool_t *p);
+/** Drops a use of p by a graph or a capture; an implicit pool goes with its last user (its
+ * destroy's status; after a failed one the unused pool stays among the runtime's dependents,
+ * so the runtime's last release says BUSY rather than free memory the driver may still use). */
+weft_status_t weft__gpool_unuse(weft_graph_pool_t *p);
 
 /* exec.c */
 /** OK when p is a live object of `kind` (a graph, exec, graph pool or builder); INVALID_ARGUMENT

@@ -210,7 +210,11 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_retain(weft_runtime_t *rt);
 /** Drops a reference; the last one synchronises the runtime's streams, frees every live block,
  * destroys streams, events and resources. A later weft_runtime_get() creates it anew; a call on a
  * handle of the released runtime (or any of its streams and blocks) returns STALE_HANDLE.
- * Errors: STALE_HANDLE (already released), BUSY (a capture on one of its streams is active). */
+ * Errors: STALE_HANDLE (already released), BUSY (a capture on one of its streams is active, or
+ * graphs, graph pools, builders or resources made from it still exist; nothing changed),
+ * DRIVER (the last release: a teardown call failed; the first failure is reported, and the
+ * runtime is released all the same, as close(2) closes: the rest is torn down, what the driver
+ * refused to destroy is left to it, and a retry says STALE_HANDLE). */
 WEFT_API weft_status_t weft_runtime_release(weft_runtime_t *rt);
 /** The device ordinal, or -1 for a released runtime. */
 WEFT_API int weft_runtime_device(const weft_runtime_t *rt);

@@ -6,19 +6,32 @@
 #include "lib/core/meta.h"
 #include "streams/clock.h"
 
-static void lane_free(weft__tracker_t *tr, weft__domain_t *d, weft__lane_t *l) {
+/* A lane's events go back: a capture's to the tracker's spares (the caller holds the tracker
+ * lock; capacity was reserved when they were made), the live domain's to the driver (the first
+ * failure is returned). */
+static weft_status_t lane_free(weft__tracker_t *tr, weft__domain_t *d, weft__lane_t *l) {
+  weft_status_t first = WEFT_OK;
   if (l->ring != NULL)
-    for (unsigned i = 0; i < d->ring_size; i++)
-      if (l->ring[i] != NULL) tr->drv->cuEventDestroy(l->ring[i]);
+    for (unsigned i = 0; i < d->ring_size; i++) {
+      if (l->ring[i] == NULL) continue;
+      if (d->capture != NULL) {
+        *(CUevent *)weft__vec_push(&tr->spare_events) = l->ring[i];
+        continue;
+      }
+      CUresult r = tr->drv->cuEventDestroy(l->ring[i]);
+      if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuEventDestroy");
+    }
   weft__meta_free(l->ring);
   weft__meta_free(l->ring_tick);
   weft__meta_free(l->ring_clock);
   l->ring = NULL;
   l->ring_tick = NULL;
   l->ring_clock = NULL;
+  return first;
 }
 
-/* Capture domains create their events on first use: most captures touch few streams. */
+/* Capture domains create their events on first use: most captures touch few streams. They take
+ * the tracker's spare events first (the caller holds the tracker lock). */
 weft_status_t weft__lane_init(weft__tracker_t *tr, weft__domain_t *d, weft__lane_t *l) {
   if (l->ring != NULL) return WEFT_OK;
   size_t clocks;
@@ -26,17 +39,29 @@ weft_status_t weft__lane_init(weft__tracker_t *tr, weft__domain_t *d, weft__lane
   l->ring = weft__meta_calloc(d->ring_size, sizeof *l->ring);
   l->ring_tick = weft__meta_calloc(d->ring_size, sizeof *l->ring_tick);
   l->ring_clock = weft__meta_calloc(clocks, sizeof *l->ring_clock);
+  weft__vec_t *spare = &tr->spare_events;
+  unsigned taken = 0;
+  if (l->ring != NULL && d->capture != NULL) {
+    while (taken < d->ring_size && spare->len != 0) l->ring[taken++] = WEFT__VEC_AT(spare, CUevent, --spare->len);
+    /* Room to take back every event captures will then have made. */
+    size_t made = tr->capture_events + (d->ring_size - taken);
+    if (!weft__vec_reserve(spare, made - spare->len)) {
+      (void)lane_free(tr, d, l);
+      return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for an event ring");
+    }
+  }
   if (l->ring == NULL || l->ring_tick == NULL || l->ring_clock == NULL) {
-    lane_free(tr, d, l);
+    (void)lane_free(tr, d, l); /* the live domain has no events yet; a capture's go back */
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for an event ring");
   }
-  for (unsigned i = 0; i < d->ring_size; i++) {
+  for (unsigned i = taken; i < d->ring_size; i++) {
     CUresult r = tr->drv->cuEventCreate(&l->ring[i], CU_EVENT_DISABLE_TIMING);
     if (r != CUDA_SUCCESS) {
       l->ring[i] = NULL;
-      lane_free(tr, d, l);
+      (void)lane_free(tr, d, l); /* only the live domain destroys, and its failure is not this one */
       return weft__driver_fail(r, "cuEventCreate");
     }
+    if (d->capture != NULL) tr->capture_events++;
   }
   return WEFT_OK;
 }
@@ -57,11 +82,18 @@ weft_status_t weft__domain_init(weft__domain_t *d, unsigned n, unsigned ring_siz
   return WEFT_OK;
 }
 
-void weft__domain_free(weft__tracker_t *tr, weft__domain_t *d) {
-  for (unsigned i = 0; i < d->n; i++) lane_free(tr, d, &d->lane[i]);
+weft_status_t weft__domain_free(weft__tracker_t *tr, weft__domain_t *d) {
+  weft_status_t first = WEFT_OK;
+  if (d->capture != NULL) pthread_mutex_lock(&tr->lock);
+  for (unsigned i = 0; i < d->n; i++) {
+    weft_status_t st = lane_free(tr, d, &d->lane[i]);
+    if (first == WEFT_OK) first = st;
+  }
+  if (d->capture != NULL) pthread_mutex_unlock(&tr->lock);
   weft__meta_free(d->known);
   weft__meta_free(d->host_known);
   memset(d, 0, sizeof *d);
+  return first;
 }
 
 weft_status_t weft__clock_flush(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s) {

@@ -29,9 +29,12 @@ static inline weft__domain_t *weft__clock_domain(weft__tracker_t *tr, const weft
 
 /** Allocates a domain's clocks for n streams (rings are created lazily). */
 weft_status_t weft__domain_init(weft__domain_t *d, unsigned n, unsigned ring_size, weft__capture_t *capture);
-/** Frees a domain's clocks and every lane's events. */
-void weft__domain_free(weft__tracker_t *tr, weft__domain_t *d);
-/** Creates a lane's events and ring if it has none yet. */
+/** Frees a domain's clocks and every lane's events: a capture's go to the tracker's spares
+ * (never fails; takes the tracker lock), the live domain's are destroyed (the first driver failure
+ * is returned; everything is freed regardless). */
+weft_status_t weft__domain_free(weft__tracker_t *tr, weft__domain_t *d);
+/** Creates a lane's events and ring if it has none yet (a capture's lane: with the tracker lock
+ * held, from the spares first). */
 weft_status_t weft__lane_init(weft__tracker_t *tr, weft__domain_t *d, weft__lane_t *l);
 
 /** Records the event of s's pending tick, if any, so that it sits at its point: called before

@@ -53,6 +53,7 @@ weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv,
   tr->n = n;
   tr->n_high = n_high;
   tr->ring_size = ring_size;
+  tr->spare_events = WEFT__VEC_INIT(CUevent);
   weft_status_t st;
   CUresult r;
   unsigned made = 0;
@@ -107,7 +108,7 @@ fail_streams:
     drv->cuStreamDestroy(tr->streams[made].raw);
     tr->streams[made].raw = NULL;
   }
-  weft__domain_free(tr, &tr->live);
+  (void)weft__domain_free(tr, &tr->live); /* st says what failed first */
 fail_ctx:
   drv->cuDevicePrimaryCtxRelease(tr->device);
 fail_lock:
@@ -125,7 +126,13 @@ weft_status_t weft__tracker_destroy(weft__tracker_t *tr) {
     WEFT__RELAXED(tr->drv, r = tr->drv->cuStreamSynchronize(tr->streams[i].raw));
     if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuStreamSynchronize (release)");
   }
-  weft__domain_free(tr, &tr->live);
+  weft_status_t st = weft__domain_free(tr, &tr->live);
+  if (first == WEFT_OK) first = st;
+  for (size_t i = 0; i < tr->spare_events.len; i++) {
+    CUresult r = tr->drv->cuEventDestroy(WEFT__VEC_AT(&tr->spare_events, CUevent, i));
+    if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuEventDestroy (release)");
+  }
+  weft__vec_free(&tr->spare_events);
   for (unsigned i = 0; i < tr->n; i++) {
     CUresult r = tr->drv->cuStreamDestroy(tr->streams[i].raw);
     if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuStreamDestroy (release)");

@@ -160,6 +160,12 @@ struct weft__tracker {
    * reported stale instead of dangling. Entries [0, n) are live. */
   weft_stream_t streams[WEFT__MAX_STREAMS];
   weft__domain_t live;
+  /* Events of ended captures (CUevent), under the lock: the next captures' rings take them, so a
+   * capture creates events only beyond what earlier ones made, and ending one destroys nothing
+   * (what cannot fail cannot leak). Capacity for every event captures made, which is
+   * `capture_events`. Destroyed with the tracker. */
+  weft__vec_t spare_events;
+  size_t capture_events;
   uint64_t use_seq;       /* uses so far (LRU clock) */
   unsigned rr[2];         /* round-robin cursors per priority */
   /* Active captures (any mode) on this runtime's streams. Written under the lock, read anywhere. */
@@ -176,7 +182,8 @@ struct weft__tracker {
 weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv, int ordinal, unsigned n,
                                  unsigned n_high, unsigned ring_size, void *runtime);
 /** Synchronises and destroys streams and events; releases the context. Returns the first driver
- * failure (everything is torn down regardless). */
+ * failure (everything is torn down regardless: a failed destroy leaves that driver object to the
+ * driver, which frees it with the context). */
 weft_status_t weft__tracker_destroy(weft__tracker_t *tr);
 /** Makes the tracker's context current on the calling thread (cheap when it already is). */
 weft_status_t weft__tracker_bind(weft__tracker_t *tr);

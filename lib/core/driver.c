@@ -26,16 +26,30 @@ const char *weft_driver_error_name(CUresult r) {
 
 /* How many RELAXED scopes the thread is in: only the outermost exchanges the mode. */
 static _Thread_local unsigned tls_relaxed;
+/* The mode the thread had before a scope whose restore failed twice: the next outermost scope
+ * restores it (the thread is then RELAXED, so what that scope reads back is not the caller's). */
+static _Thread_local bool tls_owed;
+static _Thread_local CUstreamCaptureMode tls_owed_mode;
 
 weft__relaxed_t weft__relax(const weft__driver_t *drv) {
   weft__relaxed_t r = {false, CU_STREAM_CAPTURE_MODE_RELAXED};
-  if (tls_relaxed++ == 0 && drv->cuThreadExchangeStreamCaptureMode(&r.prev) == CUDA_SUCCESS) r.changed = true;
+  if (tls_relaxed++ == 0 && drv->cuThreadExchangeStreamCaptureMode(&r.prev) == CUDA_SUCCESS) {
+    r.changed = true;
+    if (tls_owed) r.prev = tls_owed_mode;
+    tls_owed = false;
+  }
   return r;
 }
 
 void weft__unrelax(const weft__driver_t *drv, weft__relaxed_t r) {
   tls_relaxed--;
-  if (r.changed) drv->cuThreadExchangeStreamCaptureMode(&r.prev);
+  if (!r.changed) return;
+  for (int attempt = 0; attempt < 2; attempt++) {
+    CUstreamCaptureMode m = r.prev;
+    if (drv->cuThreadExchangeStreamCaptureMode(&m) == CUDA_SUCCESS) return;
+  }
+  tls_owed = true;
+  tls_owed_mode = r.prev;
 }
 
 weft_status_t weft__driver_fail(CUresult r, const char *what) {

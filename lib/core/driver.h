@@ -148,7 +148,10 @@ weft_status_t weft__driver_fail(CUresult r, const char *what);
  * (queries, synchronisations, stream-ordered and synchronous allocation, pool attributes) then
  * never invalidates a capture that anyone began, in any mode, on any stream or thread. Use it only
  * for work on streams that are not capturing and for host waits on live work: weft has already
- * refused or captured whatever belongs to a capture. Scopes nest (one exchange at the outermost). */
+ * refused or captured whatever belongs to a capture. Scopes nest (one exchange at the outermost).
+ * The scope's own work stands whatever the exchanges return: a failed restore is tried once more,
+ * and if that fails too the thread owes its mode, which the next scope on the thread restores (a
+ * failed entry leaves the scope in the thread's own mode). */
 typedef struct weft__relaxed {
   bool changed; /* this scope exchanged the mode (the outermost) */
   CUstreamCaptureMode prev;

@@ -37,6 +37,13 @@ bool weft__handle_remove(const void *p, weft__handle_kind_t kind) {
   return live;
 }
 
+void weft__handle_restore(const void *p, weft__handle_kind_t kind) {
+  pthread_rwlock_wrlock(&g_lock);
+  uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
+  if (v != NULL && *v == (kind | DEAD)) *v = kind;
+  pthread_rwlock_unlock(&g_lock);
+}
+
 bool weft__handle_dead(const void *p, weft__handle_kind_t kind) {
   if (p == NULL) return false;
   pthread_rwlock_rdlock(&g_lock);

@@ -25,6 +25,9 @@ bool weft__handle_add(const void *p, weft__handle_kind_t kind);
 bool weft__handle_live(const void *p, weft__handle_kind_t kind);
 /** Marks p destroyed; false when it was not a live object of that kind (destroyed already). */
 bool weft__handle_remove(const void *p, weft__handle_kind_t kind);
+/** Marks p live again after weft__handle_remove, for a destroy that failed and changed nothing
+ * (no allocation: the entry stayed in the set). Meanwhile calls with p saw STALE_HANDLE. */
+void weft__handle_restore(const void *p, weft__handle_kind_t kind);
 /** True when p was an object of that kind and was destroyed (and its address not reused since):
  * what tells a destroyed weft resource from a resource a user wrote, which weft never saw. */
 bool weft__handle_dead(const void *p, weft__handle_kind_t kind);

@@ -20,7 +20,9 @@
  *   - weft metadata records live after release != before (weft keeps its records in a private
  *     jemalloc arena that LeakSanitizer cannot see; lib/core/meta.h counts them),
  *   - driver objects (contexts, streams, events, graphs, execs, pools) created != destroyed
- *     (counted by wrapping those entries of weft's driver table in this process),
+ *     (counted by wrapping those entries of weft's driver table in this process), except the one
+ *     object whose destroy failed in the last weft_runtime_release, which then returned DRIVER
+ *     (weft.h: the runtime is released all the same and that object is left to the driver),
  *   - a race reported by the simulator's oracle, or wrong data in a step that reported success,
  *   - weft_runtime_release returning BUSY (a capture left active),
  *   - a swallowed failure: the fault fired inside a teardown call (weft_runtime_release, a
@@ -684,7 +686,14 @@ static bool classify(fs_cell_t *c, int wstatus, bool got, const char *log) {
   if (v->dev_delta != 0) add_reason(c, "device bytes %+" PRId64 " after release", v->dev_delta);
   if (v->meta_delta != 0) add_reason(c, "weft metadata records %+" PRId64 " after release", v->meta_delta);
   const fs_handles_t *h = &v->handles;
-  if (h->ctx || h->streams || h->events || h->graphs || h->execs || h->pools)
+  /* weft.h: a teardown call failing in the last release is reported (DRIVER) and the runtime is
+   * released all the same, the object the driver refused to destroy left to it: one object, no
+   * more, and only then. */
+  long left = h->ctx + h->streams + h->events + h->graphs + h->execs + h->pools;
+  bool refused_in_release = strcmp(v->fired_in, "weft_runtime_release") == 0 && v->fired_status == WEFT_ERR_DRIVER &&
+                            left == 1 && h->ctx >= 0 && h->streams >= 0 && h->events >= 0 && h->graphs >= 0 &&
+                            h->execs >= 0 && h->pools >= 0;
+  if (!refused_in_release && (h->ctx || h->streams || h->events || h->graphs || h->execs || h->pools))
     add_reason(c, "driver objects left: ctx %+ld streams %+ld events %+ld graphs %+ld execs %+ld pools %+ld", h->ctx,
                h->streams, h->events, h->graphs, h->execs, h->pools);
   if (v->mode_after != v->mode_before)
@@ -1029,6 +1038,12 @@ static bool run_one_cell(const fs_stack_t *stk) {
 }
 
 static void sweep_stack(size_t i) {
+#if defined(__SANITIZE_THREAD__)
+  /* Under TSan the forks fail inside TSan itself: jemalloc's fork handlers hold more locks than
+   * its deadlock detector tracks (64). W is single-threaded; the sweep runs in the default and
+   * asan configs. */
+  skip();
+#endif
   const fs_stack_t *stk = &g_stacks[i];
   if (!wanted_stack(stk->name)) skip();
   if (run_one_cell(stk)) return;
