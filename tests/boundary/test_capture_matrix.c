@@ -1025,6 +1025,10 @@ static void report_early(const outcome_t *o) { send_msg(o, 0); }
 
 static void run_cell_isolated(const call_t *k, int col, outcome_t *o) {
   const char *nofork = getenv("WEFT_MATRIX_NOFORK");
+#if defined(__SANITIZE_THREAD__)
+  /* TSan's deadlock detector fails on fork here (jemalloc's prefork handler takes > 64 locks). */
+  nofork = "1";
+#endif
   if (env.sim == NULL || (nofork != NULL && nofork[0] == '1')) {
     run_cell(k, col, o, NULL);
     return;
