@@ -10,6 +10,9 @@
  *   - otherwise fresh memory is mapped, so no reuse can ever be a race of the pool's making.
  * At every synchronisation each pool keeps at most its release threshold (default 0) of freed
  * memory and unmaps the rest. Captured allocations become graph allocations (graph.c).
+ * A pool's reserved memory stays within CUmemPoolProps.maxSize (0: no limit), else the allocation
+ * is CUDA_ERROR_OUT_OF_MEMORY. Allocation and free on a stream that is not capturing are unsafe
+ * calls (sim__capture_unsafe), as on an H200.
  */
 #include <fcntl.h>
 #include <stdlib.h>
@@ -207,7 +210,21 @@ static sim__region_t *take_free(sim__pool_t *p, size_t size, const sim__stream_t
   return NULL;
 }
 
+/* Whether mapping `size` more bytes keeps the pool within CUmemPoolProps.maxSize (0: no limit).
+ * The driver's pool is capped at maxSize and an allocation that would take it beyond fails with
+ * CUDA_ERROR_OUT_OF_MEMORY [doc: cuMemPoolCreate; tests/conformance]. Freed memory of this pool
+ * whose free ran is given back first, as the device-wide limit does below. */
+static int within_max_size(sim__pool_t *p, size_t size) {
+  uint64_t max = p->props.maxSize;
+  if (max == 0) return 1;
+  if (size > max) return 0;
+  if (p->reserved + size > max) pool_trim(p, max - size);
+  return p->reserved + size <= max;
+}
+
 static sim__region_t *map_new(sim__pool_t *p, size_t size) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  if (!within_max_size(p, (size + page - 1) & ~(page - 1))) return NULL;
   sim__region_t *r = sim__region_new(size);
   if (r == NULL) return NULL;
   if (sim__reserve(r->size) != 0) {
@@ -229,6 +246,13 @@ static CUresult alloc_async(CUdeviceptr *out, size_t bytes, sim__pool_t *p, CUst
   if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
   CUresult r = sim__need_ctx();
   if (r != CUDA_SUCCESS) return r;
+  /* On a stream that is not capturing, stream-ordered allocation is unsafe under capture: while
+   * another stream is in a GLOBAL capture (begun by this or another thread), or this thread's own
+   * capture is not RELAXED, it fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates
+   * that capture, unless this thread's mode is RELAXED (cuThreadExchangeStreamCaptureMode)
+   * [H200, shared/CUDA_SEMANTICS.md "What may run while another stream is in a GLOBAL capture";
+   * tests/conformance]. Checked before the 0-byte case, which was not measured under capture. */
+  if (s->cap == NULL && (r = sim__capture_unsafe()) != CUDA_SUCCESS) return r;
   if (bytes == 0) { /* succeeds with no memory (measured, H200) */
     *out = 0;
     return CUDA_SUCCESS;
@@ -295,6 +319,12 @@ static CUresult free_async(CUdeviceptr ptr, CUstream hs) {
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
   sim__alloc_t *a = sim__addr_exact(ptr);
   if (a == NULL) return CUDA_ERROR_INVALID_VALUE;
+  /* A free on a stream that is not capturing is unsafe under capture, as allocation is above
+   * [H200, shared/CUDA_SEMANTICS.md; tests/conformance]. */
+  if (s->cap == NULL) {
+    CUresult r = sim__capture_unsafe();
+    if (r != CUDA_SUCCESS) return r;
+  }
   if (a->kind == SIM_ALLOC_GRAPH) {
     if (s->cap != NULL) {
       sim__action_t act = {.kind = SIM_ACT_MEM_FREE};

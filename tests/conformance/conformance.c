@@ -135,17 +135,20 @@ static size_t count_type(CUgraph g, CUgraphNodeType type) {
   return k;
 }
 
-static CUmemoryPool new_pool(CUmemAllocationHandleType handles) {
+static CUmemoryPool new_pool_max(CUmemAllocationHandleType handles, size_t max_size) {
   CUmemPoolProps props;
   memset(&props, 0, sizeof props);
   props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
   props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   props.location.id = 0;
   props.handleTypes = handles;
+  props.maxSize = max_size;
   CUmemoryPool pool;
   OK(d->cuMemPoolCreate(&pool, &props));
   return pool;
 }
+
+static CUmemoryPool new_pool(CUmemAllocationHandleType handles) { return new_pool_max(handles, 0); }
 
 /* ---- stream capture ---- */
 
@@ -382,6 +385,84 @@ static void test_capture_modes_across_threads(void **state) {
   OK(d->cuStreamEndCapture(o.s, &g));
   OK(d->cuGraphDestroy(g));
   PASS("GLOBAL capture forbids unsafe calls on other threads; THREAD_LOCAL does not");
+}
+
+typedef struct pool_call {
+  CUmemoryPool pool;
+  CUstream s;
+  int relaxed;
+  CUresult alloc;
+} pool_call_t;
+
+static void *other_pool_alloc(void *arg) {
+  pool_call_t *o = arg;
+  d->cuCtxSetCurrent(g_ctx);
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (o->relaxed) d->cuThreadExchangeStreamCaptureMode(&mode);
+  CUdeviceptr p = 0;
+  o->alloc = d->cuMemAllocFromPoolAsync(&p, 4096, o->pool, o->s);
+  if (o->alloc == CUDA_SUCCESS) d->cuMemFreeAsync(p, o->s);
+  if (o->relaxed) d->cuThreadExchangeStreamCaptureMode(&mode);
+  return NULL;
+}
+
+static void in_pool_thread(pool_call_t *o) {
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, other_pool_alloc, o), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+}
+
+/* Measured on an H200 (driver 580, shared/CUDA_SEMANTICS.md, "What may run while another stream
+ * is in a GLOBAL capture"): stream-ordered allocation and free on a stream that is NOT capturing,
+ * while another stream is in a GLOBAL capture, fail with 900 and invalidate that capture, from
+ * this thread or another; with the calling thread's mode exchanged to RELAXED they succeed. */
+static void test_stream_ordered_alloc_free_off_capture_are_unsafe_under_global_capture(void **state) {
+  (void)state;
+  CUstream c = new_stream(), a = new_stream();
+  CUmemoryPool pool = new_pool(CU_MEM_HANDLE_TYPE_NONE);
+  CUdeviceptr p, q;
+  OK(d->cuMemAllocAsync(&q, 4096, a)); /* to free under capture */
+  OK(d->cuStreamSynchronize(a));
+  OK(d->cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, d->cuMemAllocFromPoolAsync(&p, 4096, pool, a));
+  end_invalidated(c);
+  OK(d->cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, d->cuMemAllocAsync(&p, 4096, a));
+  end_invalidated(c);
+  OK(d->cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, d->cuMemFreeAsync(q, a));
+  end_invalidated(c);
+  /* the same calls with this thread's mode exchanged to RELAXED: fine, and nothing is captured */
+  OK(d->cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  OK(d->cuThreadExchangeStreamCaptureMode(&mode));
+  OK(d->cuMemAllocFromPoolAsync(&p, 4096, pool, a));
+  OK(d->cuMemFreeAsync(p, a));
+  OK(d->cuMemAllocAsync(&p, 4096, a));
+  OK(d->cuMemFreeAsync(p, a));
+  OK(d->cuMemFreeAsync(q, a));
+  OK(d->cuThreadExchangeStreamCaptureMode(&mode));
+  assert_int_equal(mode, CU_STREAM_CAPTURE_MODE_RELAXED);
+  CUgraph g;
+  OK(d->cuStreamEndCapture(c, &g));
+  assert_int_equal(count_type(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC), 0);
+  OK(d->cuGraphDestroy(g));
+  /* from another thread: plain invalidates, RELAXED on that thread is fine */
+  pool_call_t o = {pool, a, 0, CUDA_SUCCESS};
+  OK(d->cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  in_pool_thread(&o);
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, o.alloc);
+  end_invalidated(c);
+  o.relaxed = 1;
+  OK(d->cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  in_pool_thread(&o);
+  OK(o.alloc);
+  OK(d->cuStreamEndCapture(c, &g));
+  OK(d->cuGraphDestroy(g));
+  OK(d->cuStreamSynchronize(a));
+  OK(d->cuMemPoolDestroy(pool));
+  PASS("cuMemAllocFromPoolAsync / cuMemAllocAsync / cuMemFreeAsync on a stream outside a GLOBAL capture fail (UNSUPPORTED) "
+       "and invalidate it, from this thread or another; RELAXED on the calling thread permits them");
 }
 
 static void test_non_relaxed_capture_must_end_on_its_thread(void **state) {
@@ -727,6 +808,29 @@ static void test_pool_defaults_threshold_and_reuse(void **state) {
   PASS("pool release threshold defaults to 0, reuse policies default on, counters and trim work");
 }
 
+/* [doc] cuMemPoolCreate: "Applications can control the maximum size of the pool by specifying a
+ * non-zero value for CUmemPoolProps::maxSize"; an allocation that would take the pool beyond it
+ * fails with CUDA_ERROR_OUT_OF_MEMORY (run this case on a GPU to confirm: tools/run_gpu.sh). */
+static void test_pool_max_size_limits_allocations(void **state) {
+  (void)state;
+  const size_t mib = 1 << 20;
+  CUmemoryPool pool = new_pool_max(CU_MEM_HANDLE_TYPE_NONE, 64 * mib);
+  CUstream s = new_stream();
+  CUdeviceptr p1, p2, p3;
+  OK(d->cuMemAllocFromPoolAsync(&p1, 32 * mib, pool, s));
+  OK(d->cuMemAllocFromPoolAsync(&p2, 16 * mib, pool, s));
+  IS(CUDA_ERROR_OUT_OF_MEMORY, d->cuMemAllocFromPoolAsync(&p3, 32 * mib, pool, s)); /* 80 MiB > 64 */
+  IS(CUDA_ERROR_OUT_OF_MEMORY, d->cuMemAllocFromPoolAsync(&p3, 65 * mib, pool, s)); /* alone > 64 */
+  OK(d->cuMemFreeAsync(p1, s));
+  OK(d->cuStreamSynchronize(s));
+  OK(d->cuMemAllocFromPoolAsync(&p3, 32 * mib, pool, s)); /* the freed 32 MiB can be had again */
+  OK(d->cuMemFreeAsync(p3, s));
+  OK(d->cuMemFreeAsync(p2, s));
+  OK(d->cuStreamSynchronize(s));
+  OK(d->cuMemPoolDestroy(pool));
+  PASS("a pool created with CUmemPoolProps.maxSize refuses allocations beyond it (OUT_OF_MEMORY)");
+}
+
 static void test_pool_ipc_needs_a_handle_type(void **state) {
   (void)state;
   CUmemoryPool plain = new_pool(CU_MEM_HANDLE_TYPE_NONE);
@@ -817,6 +921,7 @@ int main(void) {
       CASE(test_unsafe_calls_under_global_capture_fail_and_invalidate),
       CASE(test_relaxed_capture_permits_unsafe_calls),
       CASE(test_capture_modes_across_threads),
+      CASE(test_stream_ordered_alloc_free_off_capture_are_unsafe_under_global_capture),
       CASE(test_non_relaxed_capture_must_end_on_its_thread),
       CASE(test_legacy_stream_cannot_be_captured),
       CASE(test_capture_info_and_dependency_updates),
@@ -830,6 +935,7 @@ int main(void) {
       CASE(test_destroy_frees_no_live_allocation),
       CASE(test_graph_memory_attributes_and_trim),
       CASE(test_pool_defaults_threshold_and_reuse),
+      CASE(test_pool_max_size_limits_allocations),
       CASE(test_pool_ipc_needs_a_handle_type),
       CASE(test_stream_priority_range_and_events),
       CASE(test_cuMemAlloc_memory_can_be_freed_in_stream_order),
