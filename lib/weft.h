@@ -494,9 +494,9 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_resource_trim(weft_resource_t *r, siz
  * INVALID_ARGUMENT (NULL), BUSY (it still backs the runtime's weft_alloc), DRIVER. */
 WEFT_API weft_status_t weft_resource_destroy(weft_resource_t *r);
 /** Runs weft's resource conformance suite against `r` (as RMM's mr_ref_test_basic): allocations
- * of many sizes on `s` and `other` (two streams of r's runtime, already ordered as the caller
- * likes), alignment to 256 bytes, no two live ranges overlapping, frees on the allocating and on
- * another stream, a trim, and statistics that add up. Every block it allocates is freed again;
+ * of many sizes on `s` and `other` (two streams of r's runtime), alignment to 256 bytes, no two
+ * live ranges overlapping, frees on the allocating and on another stream (each stream made to
+ * wait for the other's allocations first, as the contract asks of every free), a trim, and statistics that add up. Every block it allocates is freed again;
  * the resource's counts grow. Writes one line per failed check to `report` (if not NULL) and
  * returns the number of failed checks (0: conforming). weft's own resources all pass it. */
 WEFT_API unsigned weft_resource_conformance(weft_resource_t *r, weft_stream_t *s, weft_stream_t *other, FILE *report);

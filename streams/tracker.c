@@ -399,14 +399,27 @@ weft_status_t weft__tracker_hold(weft_stream_t *s, const char *fn) {
 }
 
 weft_stream_t *weft__tracker_hold_live(weft__tracker_t *tr, const char *fn) {
-  weft_stream_t *live = NULL;
-  lock(tr);
-  for (unsigned i = 0; i < tr->n && live == NULL; i++)
-    if (tr->streams[i].capture == NULL) live = &tr->streams[i];
-  if (live != NULL) live->holds++;
-  unlock(tr);
-  if (live == NULL) weft__error(WEFT_ERR_CAPTURE, "%s: every pool stream takes part in a capture", fn);
-  return live;
+  /* Streams nobody outside weft has seen first (weft knows all their captures); an exposed one
+   * only after asking the driver, as code outside weft may have begun a capture on it. */
+  for (int pass = 0; pass < 2; pass++)
+    for (unsigned i = 0; i < tr->n; i++) {
+      weft_stream_t *s = &tr->streams[i];
+      if (atomic_load_explicit(&s->exposed, memory_order_relaxed) != (pass == 1)) continue;
+      lock(tr);
+      bool free_of_captures = s->capture == NULL;
+      if (free_of_captures) s->holds++;
+      unlock(tr);
+      if (!free_of_captures) continue;
+      bool active = false;
+      uint64_t id;
+      if (pass == 1 && (weft__capture_probe(s, &active, &id) != WEFT_OK || active)) {
+        weft__tracker_unhold(s);
+        continue;
+      }
+      return s;
+    }
+  weft__error(WEFT_ERR_CAPTURE, "%s: every pool stream takes part in a capture", fn);
+  return NULL;
 }
 
 void weft__tracker_unhold(weft_stream_t *s) {

@@ -252,8 +252,10 @@ weft_status_t weft__tracker_import_event(weft_stream_t *s, CUevent ev);
 weft_status_t weft__tracker_hold(weft_stream_t *s, const char *fn);
 void weft__tracker_unhold(weft_stream_t *s);
 /** Holds a pool stream that takes part in no capture (as weft__tracker_hold), for driver work that
- * belongs to no stream in particular (giving chunks back, teardown). NULL, with CAPTURE recorded
- * for `fn`, when every stream takes part in a capture. */
+ * belongs to no stream in particular (giving chunks back, reserving, teardown): one weft knows
+ * no capture of, and, if it was exposed (weft_stream_raw), one the driver says is not capturing
+ * either. NULL, with CAPTURE recorded for `fn`, when every stream takes part in a capture. (Code
+ * outside weft may begin a capture on an exposed stream at any moment; weft can only ask.) */
 weft_stream_t *weft__tracker_hold_live(weft__tracker_t *tr, const char *fn);
 /** The capture s takes part in (NULL: none) and its allocation context, read under the lock. */
 weft__capture_t *weft__tracker_capture_of(weft_stream_t *s, weft_resource_t **alloc_to);

@@ -91,12 +91,13 @@ static weft_status_t set_int(const weft__driver_t *drv, CUmemoryPool pool, CUmem
  * keeps the memory reserved). If the free fails, the unwinding of weft_async_create tries it once
  * more before destroying the pool: a pool destroyed with an outstanding allocation keeps its
  * memory until that allocation is freed, i.e. forever. */
-static weft_status_t reserve(async_t *a, uint64_t bytes, CUdeviceptr *held) {
+/* The initial reserve: one allocation and its free on a held live stream (never one a capture
+ * would record them into). A free that fails leaves the block in *held, to free on *on. */
+static weft_status_t reserve(async_t *a, uint64_t bytes, weft_stream_t *on, CUdeviceptr *held) {
   CUdeviceptr p = 0;
-  CUstream s0 = a->tr->streams[0].raw;
-  CUresult r = a->tr->drv->cuMemAllocFromPoolAsync(&p, (size_t)bytes, a->pool, s0);
+  CUresult r = a->tr->drv->cuMemAllocFromPoolAsync(&p, (size_t)bytes, a->pool, on->raw);
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemAllocFromPoolAsync (initial reserve)");
-  r = a->tr->drv->cuMemFreeAsync(p, s0);
+  r = a->tr->drv->cuMemFreeAsync(p, on->raw);
   if (r != CUDA_SUCCESS) {
     *held = p;
     return weft__driver_fail(r, "cuMemFreeAsync (initial reserve)");
@@ -150,14 +151,20 @@ weft_status_t weft__async_create(weft__tracker_t *tr, weft_runtime_t *rt, const 
     st = set_int(drv, a->pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
                  o.reuse_allow_internal_dependencies != 0, "cuMemPoolSetAttribute(REUSE_ALLOW_INTERNAL_DEPENDENCIES)");
   CUdeviceptr held = 0;
-  if (st == WEFT_OK && o.initial_reserve != 0) st = reserve(a, o.initial_reserve, &held);
+  weft_stream_t *on = NULL;
+  if (st == WEFT_OK && o.initial_reserve != 0) {
+    on = weft__tracker_hold_live(tr, who);
+    st = on != NULL ? reserve(a, o.initial_reserve, on, &held) : WEFT_ERR_CAPTURE;
+  }
   if (st != WEFT_OK) goto fail_setup;
+  if (on != NULL) weft__tracker_unhold(on);
   weft__unrelax(drv, rx);
   weft__resource_init(&a->base, &weft__async_ops, NULL, rt);
   *out = &a->base;
   return WEFT_OK;
 fail_setup:
-  if (held != 0) (void)drv->cuMemFreeAsync(held, tr->streams[0].raw);
+  if (held != 0) (void)drv->cuMemFreeAsync(held, on->raw);
+  if (on != NULL) weft__tracker_unhold(on);
   (void)drv->cuMemPoolDestroy(a->pool);
 fail_pool:
   weft__unrelax(drv, rx);

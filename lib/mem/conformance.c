@@ -82,6 +82,11 @@ unsigned weft_resource_conformance(weft_resource_t *r, weft_stream_t *s, weft_st
       fail(&t, "allocs %" PRIu64 ", expected %" PRIu64, now.allocs, before.allocs + made + (uint64_t)round * BLOCKS);
     if (now.live_peak < now.live_bytes || now.reserved_peak < now.reserved_bytes) fail(&t, "a peak below its current value");
     if (now.reserved_bytes < now.live_bytes) fail(&t, "reserved_bytes below live_bytes");
+    /* A free's stream already waits for every use of its block (the contract): each stream
+     * waits for the other's allocations first. */
+    if (weft__tracker_order(s, weft__tracker_point(other)) != WEFT_OK ||
+        weft__tracker_order(other, weft__tracker_point(s)) != WEFT_OK)
+      fail(&t, "ordering the two streams: %s", weft_last_error());
     /* Free in an order unlike the allocation's, on the other stream for every third block. */
     for (unsigned k = 0; k < made; k++) {
       unsigned i = (k * 7) % made;

@@ -99,8 +99,9 @@ weft_status_t weft__stream_prepare(weft_stream_t *s);
  * went with c's graph (or with its owner's). Their handles become stale; their resource stops
  * counting them. */
 void weft__runtime_forget_capture_blocks(weft__capture_t *c);
-/** Drops the runtime's foreign captures that their owners have ended (so that they stop
- * holding back housekeeping). Call it before host synchronisations, without locks held. */
+/** Brings the runtime's view of foreign captures up to date on every exposed stream: adopts the
+ * ones code outside weft began, drops the ones their owners ended (so that they stop holding back
+ * housekeeping). Call it before host synchronisations, without locks held. */
 void weft__runtime_refresh_captures(weft_runtime_t *rt);
 
 /* ---- block.c ------------------------------------------------------------------------------------ */

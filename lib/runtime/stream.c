@@ -64,11 +64,9 @@ weft_status_t weft__stream_prepare(weft_stream_t *s) {
 }
 
 void weft__runtime_refresh_captures(weft_runtime_t *rt) {
+  /* Every exposed stream: a capture begun outside weft is unknown until asked about. */
   weft__tracker_t *tr = &rt->tracker;
-  if (atomic_load_explicit(&tr->captures, memory_order_acquire) == 0) return;
-  uint64_t id;
-  for (unsigned i = 0; i < tr->n; i++)
-    if (weft__capture_foreign_of(&tr->streams[i], &id)) (void)sync_capture(&tr->streams[i]);
+  for (unsigned i = 0; i < tr->n; i++) (void)sync_capture(&tr->streams[i]);
 }
 
 /* ---- the public stream calls ------------------------------------------------------------------ */

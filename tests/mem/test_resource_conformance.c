@@ -13,9 +13,18 @@
 
 #include "tests/mem/mem_env.h"
 
+/* Conforming, and (on the simulator) without a race: the suite's frees on the stream other than
+ * the allocating one are ordered after the allocation. */
 static void expect_conforming(weft_resource_t *r) {
+  if (sim != NULL) sim->reset_races();
   unsigned failed = weft_resource_conformance(r, s0, s1, stderr);
   if (failed != 0) fail_msg("resource '%s' failed %u conformance checks", r->ops->name, failed);
+  if (sim != NULL && weft_stream_synchronize(s0) == WEFT_OK && weft_stream_synchronize(s1) == WEFT_OK &&
+      sim->race_count() != 0) {
+    sim->print_report();
+    fail_msg("resource '%s': the conformance suite raced (%llu races)", r->ops->name,
+             (unsigned long long)sim->race_count());
+  }
 }
 
 static void test_direct_conforms(void **state) {
