@@ -405,6 +405,8 @@ static CUresult get_nodes(CUgraph hg, CUgraphNode *nodes, size_t *num) {
     *num = g->n;
     return CUDA_SUCCESS;
   }
+  /* An array with room for no node: CUDA_ERROR_INVALID_VALUE, even for an empty graph (H200). */
+  if (*num == 0) return CUDA_ERROR_INVALID_VALUE;
   size_t k = *num < g->n ? *num : g->n;
   for (size_t i = 0; i < *num; i++) nodes[i] = i < k ? (CUgraphNode)g->nodes[i] : NULL;
   *num = k;

@@ -174,6 +174,8 @@ static CUresult pool_export(void *out, CUmemoryPool h, CUmemAllocationHandleType
   /* A pool created without handle types cannot export: CUDA_ERROR_INVALID_VALUE (measured, H200). */
   if ((p->props.handleTypes & type) == 0) return CUDA_ERROR_INVALID_VALUE;
   if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return sim__unimplemented();
+  CUresult r = sim__capture_unsafe(); /* measured on an H200 (the capture matrix) */
+  if (r != CUDA_SUCCESS) return r;
   /* A real descriptor (of /dev/null) so the caller can close it like the driver's. */
   int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (fd < 0) return CUDA_ERROR_OPERATING_SYSTEM;

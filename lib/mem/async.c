@@ -244,6 +244,8 @@ weft_status_t weft_async_export(weft_resource_t *r, void *handle) {
     return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_async_export: the driver has no cuMemPoolExportToShareableHandle");
   weft_status_t st = weft__tracker_bind(a->tr);
   if (st != WEFT_OK) return st;
-  WEFT__CU_TRY(a->tr->drv->cuMemPoolExportToShareableHandle(handle, a->pool, a->opt.handle_type, 0));
-  return WEFT_OK;
+  /* Unsafe under anyone's capture (CUDA_SEMANTICS.md): RELAXED, as it belongs to no stream. */
+  CUresult cr;
+  WEFT__RELAXED(a->tr->drv, cr = a->tr->drv->cuMemPoolExportToShareableHandle(handle, a->pool, a->opt.handle_type, 0));
+  return cr == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(cr, "cuMemPoolExportToShareableHandle");
 }

@@ -123,6 +123,7 @@ static unsigned read_at(CUdeviceptr p, unsigned i) {
 static size_t count_type(CUgraph g, CUgraphNodeType type) {
   size_t n = 0;
   OK(d->cuGraphGetNodes(g, NULL, &n));
+  if (n == 0) return 0; /* an array with room for no node is INVALID_VALUE (test_graph_get_nodes_needs_room) */
   CUgraphNode nodes[32];
   assert_true(n <= 32);
   OK(d->cuGraphGetNodes(g, nodes, &n));
@@ -841,8 +842,43 @@ static void test_pool_ipc_needs_a_handle_type(void **state) {
   OK(d->cuMemPoolExportToShareableHandle(&fd, ipc, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
   assert_true(fd >= 0);
   close(fd);
+  /* Under a GLOBAL capture of another stream the export is an unsafe call; RELAXED permits it. */
+  CUstream c = new_stream();
+  OK(d->cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, d->cuMemPoolExportToShareableHandle(&fd, ipc, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  end_invalidated(c);
+  OK(d->cuStreamBeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  OK(d->cuThreadExchangeStreamCaptureMode(&mode));
+  fd = -1;
+  OK(d->cuMemPoolExportToShareableHandle(&fd, ipc, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  OK(d->cuThreadExchangeStreamCaptureMode(&mode));
+  assert_true(fd >= 0);
+  close(fd);
+  CUgraph g;
+  OK(d->cuStreamEndCapture(c, &g));
+  OK(d->cuGraphDestroy(g));
   OK(d->cuMemPoolDestroy(ipc));
-  PASS("IPC export needs a handle type at pool creation (else INVALID_VALUE)");
+  PASS("IPC export needs a handle type at pool creation (else INVALID_VALUE); under another stream's GLOBAL capture "
+       "it fails (UNSUPPORTED) and invalidates it, unless the thread is RELAXED");
+}
+
+static void test_graph_get_nodes_needs_room(void **state) {
+  (void)state;
+  CUgraph g;
+  OK(d->cuGraphCreate(&g, 0));
+  size_t n = 7;
+  OK(d->cuGraphGetNodes(g, NULL, &n));
+  assert_int_equal(n, 0);
+  CUgraphNode nodes[2];
+  n = 0;
+  IS(CUDA_ERROR_INVALID_VALUE, d->cuGraphGetNodes(g, nodes, &n));
+  n = 2;
+  OK(d->cuGraphGetNodes(g, nodes, &n));
+  assert_int_equal(n, 0);
+  OK(d->cuGraphDestroy(g));
+  PASS("cuGraphGetNodes with an array and *numNodes = 0 is INVALID_VALUE, even for an empty graph; with room it "
+       "answers 0 nodes");
 }
 
 static void test_stream_priority_range_and_events(void **state) {
@@ -937,6 +973,7 @@ int main(void) {
       CASE(test_pool_defaults_threshold_and_reuse),
       CASE(test_pool_max_size_limits_allocations),
       CASE(test_pool_ipc_needs_a_handle_type),
+      CASE(test_graph_get_nodes_needs_room),
       CASE(test_stream_priority_range_and_events),
       CASE(test_cuMemAlloc_memory_can_be_freed_in_stream_order),
       CASE(test_stream_memory_operations_need_cuMemAlloc_memory),
