@@ -643,7 +643,11 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_capture_run(weft_stream_t *s, const w
                                                        weft_status_t (*fn)(weft_stream_t *s, void *user), void *user,
                                                        weft_graph_t **out);
 
-/** Destroys a graph. Errors: BUSY (an exec of it still exists). */
+/** Destroys a graph (and, with it, a private graph pool made for it alone).
+ * Errors: STALE_HANDLE (destroyed already), BUSY (an exec of it still exists, or outputs of its
+ * launches are still live), DRIVER (cuGraphDestroy failed: nothing changed, destroy it again; or
+ * its own graph pool could not be freed: the graph is gone, the pool stays counted against the
+ * runtime). */
 WEFT_API weft_status_t weft_graph_destroy(weft_graph_t *g);
 /** The driver's graph (owned by weft). */
 WEFT_API CUgraph weft_graph_raw(const weft_graph_t *g);
@@ -666,14 +670,19 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_exec_launch(weft_exec_t *e, weft_stre
 /** Output i of the latest launch ({0} before the first launch or once freed).
  * Errors: INVALID_ARGUMENT (i out of range). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_exec_output(const weft_exec_t *e, size_t i, weft_block_t *out);
-/** Destroys an exec (after its launches complete). Live outputs stay live blocks until freed. */
+/** Destroys an exec (the driver frees it after its launches complete). Live outputs stay live
+ * blocks until freed, and keep the graph (weft_graph_destroy says BUSY until then).
+ * Errors: STALE_HANDLE (destroyed already), DRIVER (cuGraphExecDestroy failed: nothing changed). */
 WEFT_API weft_status_t weft_exec_destroy(weft_exec_t *e);
 
 /** A pool for WEFT_GRAPH_MEMORY_PRIVATE_POOL captures. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_graph_pool_create(weft_runtime_t *rt, weft_graph_pool_t **out);
 /** Bytes the pool holds from the device. */
 WEFT_API uint64_t weft_graph_pool_reserved(const weft_graph_pool_t *p);
-/** Errors: BUSY (graphs still use it). */
+/** Waits for the last launch that used the pool's memory, then frees it.
+ * Errors: STALE_HANDLE (destroyed already), BUSY (graphs still use it), CAPTURE / DRIVER (the
+ * wait or a cuMemFree failed: the pool stays with the chunks not yet freed, no capture may draw
+ * from it any more, and a second destroy frees the rest). */
 WEFT_API weft_status_t weft_graph_pool_destroy(weft_graph_pool_t *p);
 
 /** The device's graph memory counters (cuDeviceGetGraphMemAttribute). */
