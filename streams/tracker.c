@@ -429,6 +429,9 @@ void weft__tracker_unhold(weft_stream_t *s) {
 }
 
 weft__capture_t *weft__tracker_capture_of(weft_stream_t *s, weft_resource_t **alloc_to) {
+  /* The pointer alone needs no lock (it is written under the lock, atomically): the hot check of
+   * every resource call. */
+  if (alloc_to == NULL) return atomic_load_explicit(&s->capture, memory_order_acquire);
   lock(s->tr);
   weft__capture_t *c = s->capture;
   if (alloc_to != NULL) *alloc_to = c != NULL ? c->alloc_to : NULL;
