@@ -352,12 +352,13 @@ weft_status_t weft__tracker_close(weft_stream_t *s, const weft__use_t *uses, siz
 }
 
 uint64_t weft__tracker_fingerprint(const weft__use_t *uses, size_t n) {
+  /* Order-independent: a sum of each access mixed on its own (block records are 8-aligned, so
+   * the kind sits in the low bits; the xor-shift keeps swapped kinds apart). It catches mistakes,
+   * not adversaries. */
   uint64_t sum = n;
   for (size_t i = 0; i < n; i++) {
-    uint64_t x = (uint64_t)(uintptr_t)uses[i].state * 0x9E3779B97F4A7C15ull ^ uses[i].kind;
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    sum += x ^ (x >> 29);
+    uint64_t x = ((uint64_t)(uintptr_t)uses[i].state | (uint64_t)uses[i].kind) * 0x9E3779B97F4A7C15ull;
+    sum += x ^ (x >> 32);
   }
   return sum;
 }

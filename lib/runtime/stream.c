@@ -36,6 +36,11 @@ void weft__runtime_forget_capture_blocks(weft__capture_t *c) {
  * allocated inside then belong to the owner's graph). Only code that had the raw stream can have
  * begun a capture on it or forked it into one: other streams cost nothing here. */
 static weft_status_t sync_capture(weft_stream_t *s) {
+  /* The common case without the tracker lock: a stream no outside code has seen, taking part in
+   * no capture (a foreign capture needs one or the other). */
+  if (!atomic_load_explicit(&s->exposed, memory_order_relaxed) &&
+      atomic_load_explicit(&s->capture, memory_order_acquire) == NULL)
+    return WEFT_OK;
   uint64_t known = 0;
   bool foreign = weft__capture_foreign_of(s, &known);
   if (!foreign && !atomic_load_explicit(&s->exposed, memory_order_relaxed)) return WEFT_OK;

@@ -86,7 +86,8 @@
  *      ends with WEFT_OK and counts one use (today: WEFT_OK and a wait is issued).
  *    test_use_end_with_other_accesses_is_invalid_and_keeps_use_open: after
  *      weft_use_begin(s1, {X write, Y read}), weft_use_end with another block ({X write, Z
- *      read}), another kind ({X read, Y read}) or another count ({X write}) returns
+ *      read}), another kind ({X read, Y read}), the kinds swapped ({X read, Y write}) or another
+ *      count ({X write}) returns
  *      WEFT_ERR_INVALID_ARGUMENT each time with counters unchanged, and the use stays open: the
  *      matching weft_use_end then returns WEFT_OK and counts one use (today every end records).
  */
@@ -843,12 +844,13 @@ static void test_use_end_with_other_accesses_is_invalid_and_keeps_use_open(void 
     const char *what;
     weft_access_t acc[2];
     size_t n;
-  } wrong[3] = {
+  } wrong[4] = {
       {"another block", {{x, WEFT_WRITE}, {z, WEFT_READ}}, 2},
       {"another kind", {{x, WEFT_READ}, {y, WEFT_READ}}, 2},
+      {"the kinds swapped", {{x, WEFT_READ}, {y, WEFT_WRITE}}, 2},
       {"another count", {{x, WEFT_WRITE}, {y, WEFT_READ}}, 1},
   };
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 4; i++) {
     weft_counters_t c0 = counters();
     weft_status_t st = weft_use_end(stream(1), wrong[i].acc, wrong[i].n);
     weft_counters_t c1 = counters();
