@@ -8,7 +8,8 @@
  * output resource, so weft_free gives them back to the graph.
  *
  * Locks: a graph pool's and a graph's lock rank 20 (like resources) and are never nested; graph/
- * takes the tracker lock (30) only through streams/ functions.
+ * takes the tracker lock (30) only through streams/ functions. exec.c's graph_driver_lock is a
+ * leaf around the driver's graph-memory calls (taken under any of them, nothing taken under it).
  */
 #ifndef WEFT_GRAPH_GRAPH_H
 #define WEFT_GRAPH_GRAPH_H
