@@ -23,8 +23,6 @@ typedef struct weft__gchunk {
   uint64_t bytes;
 } weft__gchunk_t;
 
-static inline uint64_t round_up(uint64_t x) { return (x + WEFT__TLSF_GRANULE - 1) & ~(uint64_t)(WEFT__TLSF_GRANULE - 1); }
-
 /* A new chunk able to hold n bytes, in the idle lane. Locked. */
 static weft_status_t grow(weft_graph_pool_t *p, uint64_t n, weft__tlsf_range_t **out) {
   uint64_t bytes = n > MIN_CHUNK ? n : MIN_CHUNK;
@@ -51,7 +49,7 @@ static weft_status_t gpool_allocate(weft_resource_t *self, size_t bytes, weft_st
   /* As in lib/mem/pool.c: only a pile of adaptors could ask beyond the largest size class. */
   if ((uint64_t)bytes > WEFT__TLSF_MAX_BYTES - WEFT__TLSF_GRANULE)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "graph pool: %zu bytes is beyond the largest size class", bytes);
-  uint64_t n = round_up(bytes);
+  uint64_t n = weft__tlsf_round_up(bytes);
   weft_status_t st = WEFT_OK;
   pthread_mutex_lock(&p->lock);
   if (p->active == NULL || weft__tracker_capture_of(s, NULL) != p->active) {
@@ -87,7 +85,7 @@ static weft_status_t gpool_deallocate(weft_resource_t *self, CUdeviceptr ptr, si
   weft_graph_pool_t *p = (weft_graph_pool_t *)self;
   pthread_mutex_lock(&p->lock);
   weft__tlsf_range_t *r = weft__tlsf_lookup(&p->tlsf, ptr);
-  if (r == NULL || r->size != round_up(bytes) || p->active == NULL) {
+  if (r == NULL || r->size != weft__tlsf_round_up(bytes) || p->active == NULL) {
     pthread_mutex_unlock(&p->lock);
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "graph pool: 0x%llx is not a range of the active capture",
                        (unsigned long long)ptr);

@@ -41,16 +41,13 @@ weft_status_t weft__lane_init(weft__tracker_t *tr, weft__domain_t *d, weft__lane
   l->ring_clock = weft__meta_calloc(clocks, sizeof *l->ring_clock);
   weft__vec_t *spare = &tr->spare_events;
   unsigned taken = 0;
-  if (l->ring != NULL && d->capture != NULL) {
+  bool ok = l->ring != NULL && l->ring_tick != NULL && l->ring_clock != NULL;
+  if (ok && d->capture != NULL) {
     while (taken < d->ring_size && spare->len != 0) l->ring[taken++] = WEFT__VEC_AT(spare, CUevent, --spare->len);
     /* Room to take back every event captures will then have made. */
-    size_t made = tr->capture_events + (d->ring_size - taken);
-    if (!weft__vec_reserve(spare, made - spare->len)) {
-      (void)lane_free(tr, d, l);
-      return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for an event ring");
-    }
+    ok = weft__vec_reserve(spare, tr->capture_events + (d->ring_size - taken) - spare->len);
   }
-  if (l->ring == NULL || l->ring_tick == NULL || l->ring_clock == NULL) {
+  if (!ok) {
     (void)lane_free(tr, d, l); /* the live domain has no events yet; a capture's go back */
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for an event ring");
   }

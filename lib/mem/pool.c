@@ -87,8 +87,6 @@ typedef struct pool {
   uint64_t reserved, reserved_peak; /* chunk bytes held from upstream */
 } pool_t;
 
-static inline uint64_t round_up(uint64_t x) { return (x + POOL_ALIGN - 1) & ~(uint64_t)(POOL_ALIGN - 1); }
-
 weft_pool_options_t weft_pool_options_default(void) {
   weft_pool_options_t o;
   o.chunk_bytes = weft_options_default().pool_chunk_bytes;
@@ -170,14 +168,14 @@ static weft_status_t grow(pool_t *p, uint64_t n, weft_stream_t *s, bool dedicate
   CUdeviceptr base = 0;
   weft_status_t st = weft__resource_allocate(p->base.upstream, bytes, s, chunk_tag, &base);
   while ((st == WEFT_ERR_OUT_OF_MEMORY || st == WEFT_ERR_OVER_BUDGET) && bytes > n) {
-    bytes = bytes / 2 > n ? round_up(bytes / 2) : n;
+    bytes = bytes / 2 > n ? weft__tlsf_round_up(bytes / 2) : n;
     st = weft__resource_allocate(p->base.upstream, bytes, s, chunk_tag, &base);
   }
   if (st != WEFT_OK) {
     weft__meta_free(c);
     return st;
   }
-  uint64_t lo = round_up(base), hi = (base + bytes) & ~(uint64_t)(POOL_ALIGN - 1);
+  uint64_t lo = weft__tlsf_round_up(base), hi = (base + bytes) & ~(uint64_t)(POOL_ALIGN - 1);
   weft__tlsf_range_t *r = NULL;
   if (hi > lo && hi - lo >= n) {
     weft__point_t pt = weft__tracker_point(s);
@@ -320,7 +318,7 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
    * few MiB to a request of at most 2^48); refused rather than classed out of bounds. */
   if ((uint64_t)bytes > WEFT__TLSF_MAX_BYTES - POOL_ALIGN)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "pool: %zu bytes is beyond the pool's largest size class", bytes);
-  uint64_t n = round_up(bytes);
+  uint64_t n = weft__tlsf_round_up(bytes);
   weft_status_t st = WEFT_OK;
   pthread_mutex_lock(&p->lock);
   weft__tlsf_range_t *r = NULL;
@@ -378,7 +376,7 @@ static weft_status_t pool_deallocate(weft_resource_t *self, CUdeviceptr ptr, siz
   pool_t *p = (pool_t *)self;
   pthread_mutex_lock(&p->lock);
   weft__tlsf_range_t *r = weft__tlsf_lookup(&p->tlsf, ptr);
-  if (r == NULL || r->size != round_up(bytes)) {
+  if (r == NULL || r->size != weft__tlsf_round_up(bytes)) {
     pthread_mutex_unlock(&p->lock);
     if (r == NULL)
       return weft__error(WEFT_ERR_INVALID_ARGUMENT, "pool: 0x%llx was not allocated from this pool (or was freed)",
@@ -482,7 +480,7 @@ weft_status_t weft__pool_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_re
   if (o.max_bytes != 0 && o.max_bytes < o.chunk_bytes)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: max_bytes %llu is below chunk_bytes %llu", who,
                        (unsigned long long)o.max_bytes, (unsigned long long)o.chunk_bytes);
-  o.chunk_bytes = round_up(o.chunk_bytes);
+  o.chunk_bytes = weft__tlsf_round_up(o.chunk_bytes);
   if (tr->n == 0 || tr->n + 1 > WEFT__TLSF_MAX_LANES)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: %u streams (1..%d)", who, tr->n, WEFT__TLSF_MAX_LANES - 1);
   pool_t *p = weft__meta_calloc(1, sizeof *p);

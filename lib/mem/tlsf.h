@@ -46,6 +46,11 @@
 #define WEFT__TLSF_WORDS ((WEFT__TLSF_CLASSES + 63) / 64)
 #define WEFT__TLSF_MAX_LANES 65                       /* 64 streams + idle */
 
+/** x rounded up to the granule: the size a range of x bytes takes. */
+static inline uint64_t weft__tlsf_round_up(uint64_t x) {
+  return (x + WEFT__TLSF_GRANULE - 1) & ~(uint64_t)(WEFT__TLSF_GRANULE - 1);
+}
+
 /** One range of a chunk: free (in a lane's class list and age list) or allocated (in the address table). */
 typedef struct weft__tlsf_range {
   uint64_t addr;                          /* first byte; multiple of the granule */

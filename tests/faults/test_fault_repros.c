@@ -14,7 +14,7 @@
 #include <cmocka.h>
 
 #include "lib/core/driver.h"
-#include "tests/util/testutil.h"
+#include "tests/util/cmocka_env.h"
 
 static tu_env_t env;
 static const weft__driver_t *drv;
@@ -41,14 +41,9 @@ static uint64_t device_bytes(void) {
   env.sim->stats(&s);
   return s.bytes_in_use;
 }
-static weft_stream_t *stream(unsigned i) {
-  weft_stream_t *s;
-  assert_int_equal(weft_stream_get(env.rt, i, &s), WEFT_OK);
-  return s;
-}
 /* A one-node graph (a memset of *blk, allocated here). */
 static weft_graph_t *small_graph(weft_block_t *blk) {
-  assert_int_equal(weft_alloc(env.rt, 1024, stream(0), "b", blk), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, 1024, tu_stream(&env, 0), "b", blk), WEFT_OK);
   weft_builder_t *bd;
   assert_int_equal(weft_builder_create(env.rt, &bd), WEFT_OK);
   assert_int_equal(weft_builder_memset32(bd, *blk, 0, 1, 1024, NULL), WEFT_OK);
@@ -70,7 +65,7 @@ static void test_graph_destroy_reports_cuGraphDestroy(void **state) {
   uint64_t f1 = fired();
   arm("");
   weft_status_t again = st == WEFT_OK ? WEFT_OK : weft_graph_destroy(g); /* nothing changed: the retry works */
-  assert_int_equal(weft_free(b, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(b, tu_stream(&env, 0)), WEFT_OK);
   stop();
   assert_true(f1 > f0);
   if (st == WEFT_OK) fail_msg("cuGraphDestroy failed, the CUgraph is still alive, and weft_graph_destroy returned WEFT_OK");
@@ -84,7 +79,7 @@ static void test_exec_destroy_reports_cuGraphExecDestroy(void **state) {
   weft_block_t b;
   weft_graph_t *g = small_graph(&b);
   weft_exec_t *e;
-  assert_int_equal(weft_graph_instantiate(g, stream(0), &e), WEFT_OK);
+  assert_int_equal(weft_graph_instantiate(g, tu_stream(&env, 0), &e), WEFT_OK);
   uint64_t f0 = fired();
   arm("cuGraphExecDestroy:1:CUDA_ERROR_UNKNOWN");
   weft_status_t st = weft_exec_destroy(e);
@@ -92,7 +87,7 @@ static void test_exec_destroy_reports_cuGraphExecDestroy(void **state) {
   arm("");
   weft_status_t again = st == WEFT_OK ? WEFT_OK : weft_exec_destroy(e);
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
-  assert_int_equal(weft_free(b, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(b, tu_stream(&env, 0)), WEFT_OK);
   stop();
   assert_true(f1 > f0);
   if (st == WEFT_OK) fail_msg("cuGraphExecDestroy failed, the CUgraphExec is still alive, and weft_exec_destroy returned WEFT_OK");
@@ -107,17 +102,17 @@ static void test_capture_end_destroys_no_events(void **state) {
   (void)state;
   start(WEFT_MEMORY_POOL);
   weft_block_t b;
-  assert_int_equal(weft_alloc(env.rt, 1024, stream(0), "b", &b), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, 1024, tu_stream(&env, 0), "b", &b), WEFT_OK);
   for (int round = 0; round < 2; round++) {
-    assert_int_equal(weft_capture_begin(stream(0), NULL), WEFT_OK);
-    assert_int_equal(weft_capture_join(stream(0), stream(1)), WEFT_OK);
-    assert_int_equal(tu_fill(&env, stream(1), b, 256, 7), WEFT_OK);
-    assert_int_equal(tu_fill(&env, stream(0), b, 256, 8), WEFT_OK); /* waits for stream 1 inside */
+    assert_int_equal(weft_capture_begin(tu_stream(&env, 0), NULL), WEFT_OK);
+    assert_int_equal(weft_capture_join(tu_stream(&env, 0), tu_stream(&env, 1)), WEFT_OK);
+    assert_int_equal(tu_fill(&env, tu_stream(&env, 1), b, 256, 7), WEFT_OK);
+    assert_int_equal(tu_fill(&env, tu_stream(&env, 0), b, 256, 8), WEFT_OK); /* waits for stream 1 inside */
     uint64_t f0 = fired();
     /* Round 0 makes the events; round 1 must find them all among the spares. */
     arm(round == 0 ? "cuEventDestroy:1+:CUDA_ERROR_UNKNOWN" : "cuEventDestroy:1+:CUDA_ERROR_UNKNOWN;cuEventCreate:1+:CUDA_ERROR_UNKNOWN");
     weft_graph_t *g = NULL;
-    weft_status_t st = weft_capture_end(stream(0), &g);
+    weft_status_t st = weft_capture_end(tu_stream(&env, 0), &g);
     uint64_t f1 = fired();
     arm("");
     assert_int_equal(st, WEFT_OK);
@@ -126,16 +121,16 @@ static void test_capture_end_destroys_no_events(void **state) {
     if (round == 1) break;
     /* The next capture's rings come from the spares: no cuEventCreate may succeed. */
     arm("cuEventCreate:1+:CUDA_ERROR_UNKNOWN");
-    assert_int_equal(weft_capture_begin(stream(0), NULL), WEFT_OK);
-    assert_int_equal(weft_capture_join(stream(0), stream(1)), WEFT_OK);
-    assert_int_equal(tu_fill(&env, stream(1), b, 256, 7), WEFT_OK);
-    assert_int_equal(tu_fill(&env, stream(0), b, 256, 8), WEFT_OK);
+    assert_int_equal(weft_capture_begin(tu_stream(&env, 0), NULL), WEFT_OK);
+    assert_int_equal(weft_capture_join(tu_stream(&env, 0), tu_stream(&env, 1)), WEFT_OK);
+    assert_int_equal(tu_fill(&env, tu_stream(&env, 1), b, 256, 7), WEFT_OK);
+    assert_int_equal(tu_fill(&env, tu_stream(&env, 0), b, 256, 8), WEFT_OK);
     assert_int_equal(fired(), f1);
     arm("");
-    assert_int_equal(weft_capture_end(stream(0), &g), WEFT_OK);
+    assert_int_equal(weft_capture_end(tu_stream(&env, 0), &g), WEFT_OK);
     assert_int_equal(weft_graph_destroy(g), WEFT_OK);
   }
-  assert_int_equal(weft_free(b, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(b, tu_stream(&env, 0)), WEFT_OK);
   stop();
 }
 
@@ -235,12 +230,12 @@ static void test_failed_graph_pool_destroy_changes_nothing(void **state) {
   weft_capture_options_t co = weft_capture_options_default();
   co.memory = WEFT_GRAPH_MEMORY_PRIVATE_POOL;
   co.pool = gp;
-  assert_int_equal(weft_capture_begin(stream(0), &co), WEFT_OK);
+  assert_int_equal(weft_capture_begin(tu_stream(&env, 0), &co), WEFT_OK);
   weft_block_t t;
-  assert_int_equal(weft_alloc(env.rt, 1024, stream(0), "t", &t), WEFT_OK);
-  assert_int_equal(weft_free(t, stream(0)), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, 1024, tu_stream(&env, 0), "t", &t), WEFT_OK);
+  assert_int_equal(weft_free(t, tu_stream(&env, 0)), WEFT_OK);
   weft_graph_t *g;
-  assert_int_equal(weft_capture_end(stream(0), &g), WEFT_OK);
+  assert_int_equal(weft_capture_end(tu_stream(&env, 0), &g), WEFT_OK);
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
   assert_true(weft_graph_pool_reserved(gp) > 0);
   arm("cuMemFree:1:CUDA_ERROR_UNKNOWN");

@@ -21,7 +21,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "tests/util/testutil.h"
+#include "tests/util/cmocka_env.h"
 
 #define N 256
 static tu_env_t env;
@@ -39,20 +39,9 @@ static int teardown(void **state) {
   tu_fini(&env);
   return 0;
 }
-static weft_stream_t *stream(unsigned i) {
-  weft_stream_t *s;
-  assert_int_equal(weft_stream_get(env.rt, i, &s), WEFT_OK);
-  return s;
-}
-static weft_block_t alloc(unsigned i, const char *tag) {
-  weft_block_t b;
-  weft_status_t r = weft_alloc(env.rt, N * 4, stream(i), tag, &b);
-  if (r != WEFT_OK) fail_msg("weft_alloc: %s: %s", weft_status_name(r), weft_last_error());
-  return b;
-}
 static void expect_all(weft_block_t b, unsigned v, const char *what) {
   static unsigned host[N];
-  assert_int_equal(tu_read(stream(7), b, host, sizeof host), WEFT_OK);
+  assert_int_equal(tu_read(tu_stream(&env, 7), b, host, sizeof host), WEFT_OK);
   for (unsigned i = 0; i < N; i++)
     if (host[i] != v) fail_msg("%s: element %u is %u, not %u", what, i, host[i], v);
 }
@@ -68,34 +57,34 @@ static void same_counters(const weft_counters_t *a, const weft_counters_t *b) {
 static void test_stream_outside_a_capture_cannot_touch_its_blocks(void **state) {
   (void)state;
   tu_reset_races(&env);
-  weft_block_t x = alloc(2, "x");
-  assert_int_equal(tu_fill(&env, stream(2), x, N, 3), WEFT_OK);
-  assert_int_equal(weft_capture_begin(stream(0), NULL), WEFT_OK);
+  weft_block_t x = tu_alloc(&env, N * 4, 2, "x");
+  assert_int_equal(tu_fill(&env, tu_stream(&env, 2), x, N, 3), WEFT_OK);
+  assert_int_equal(weft_capture_begin(tu_stream(&env, 0), NULL), WEFT_OK);
   weft_block_t t;
-  assert_int_equal(weft_alloc(env.rt, N * 4, stream(0), "t", &t), WEFT_OK);
-  assert_int_equal(tu_fill(&env, stream(0), t, N, 5), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, N * 4, tu_stream(&env, 0), "t", &t), WEFT_OK);
+  assert_int_equal(tu_fill(&env, tu_stream(&env, 0), t, N, 5), WEFT_OK);
   weft_counters_t c0, c1;
   assert_int_equal(weft_runtime_counters(env.rt, &c0), WEFT_OK);
   /* Write, read and free from stream 1, which takes no part in the capture. */
-  assert_int_equal(tu_fill(&env, stream(1), t, N, 6), WEFT_ERR_CAPTURE);
+  assert_int_equal(tu_fill(&env, tu_stream(&env, 1), t, N, 6), WEFT_ERR_CAPTURE);
   assert_non_null(strstr(weft_last_error(), "weft_capture_join"));
-  assert_int_equal(tu_combine(&env, stream(1), x, none, t, none, none, N, 1), WEFT_ERR_CAPTURE);
-  assert_int_equal(weft_free(t, stream(1)), WEFT_ERR_CAPTURE);
+  assert_int_equal(tu_combine(&env, tu_stream(&env, 1), x, none, t, none, none, N, 1), WEFT_ERR_CAPTURE);
+  assert_int_equal(weft_free(t, tu_stream(&env, 1)), WEFT_ERR_CAPTURE);
   assert_int_equal(weft_runtime_counters(env.rt, &c1), WEFT_OK);
   same_counters(&c0, &c1);
   /* Joined, stream 1 may. */
-  assert_int_equal(weft_capture_join(stream(0), stream(1)), WEFT_OK);
-  assert_int_equal(tu_combine(&env, stream(1), x, none, t, none, none, N, 1), WEFT_OK); /* x = 1 + 7 * 5 */
-  assert_int_equal(weft_free(t, stream(1)), WEFT_OK);
+  assert_int_equal(weft_capture_join(tu_stream(&env, 0), tu_stream(&env, 1)), WEFT_OK);
+  assert_int_equal(tu_combine(&env, tu_stream(&env, 1), x, none, t, none, none, N, 1), WEFT_OK); /* x = 1 + 7 * 5 */
+  assert_int_equal(weft_free(t, tu_stream(&env, 1)), WEFT_OK);
   weft_graph_t *g;
-  assert_int_equal(weft_capture_end(stream(0), &g), WEFT_OK);
+  assert_int_equal(weft_capture_end(tu_stream(&env, 0), &g), WEFT_OK);
   weft_exec_t *e;
-  assert_int_equal(weft_graph_instantiate(g, stream(0), &e), WEFT_OK);
-  assert_int_equal(weft_exec_launch(e, stream(3)), WEFT_OK);
+  assert_int_equal(weft_graph_instantiate(g, tu_stream(&env, 0), &e), WEFT_OK);
+  assert_int_equal(weft_exec_launch(e, tu_stream(&env, 3)), WEFT_OK);
   expect_all(x, 36, "x after the replay");
   assert_int_equal(weft_exec_destroy(e), WEFT_OK);
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
-  assert_int_equal(weft_free(x, stream(2)), WEFT_OK);
+  assert_int_equal(weft_free(x, tu_stream(&env, 2)), WEFT_OK);
   assert_int_equal(tu_races(&env), 0);
 }
 
@@ -126,19 +115,20 @@ static void test_graphs_sharing_a_pool_are_ordered_on_any_stream(void **state) {
   weft_capture_options_t o = weft_capture_options_default();
   o.memory = WEFT_GRAPH_MEMORY_PRIVATE_POOL;
   o.pool = pool;
-  pool_step_t a = {alloc(0, "in a"), alloc(0, "out a"), 10}, b = {alloc(0, "in b"), alloc(0, "out b"), 20};
-  assert_int_equal(tu_fill(&env, stream(0), a.in, N, 1), WEFT_OK);
-  assert_int_equal(tu_fill(&env, stream(0), b.in, N, 2), WEFT_OK);
+  pool_step_t a = {tu_alloc(&env, N * 4, 0, "in a"), tu_alloc(&env, N * 4, 0, "out a"), 10};
+  pool_step_t b = {tu_alloc(&env, N * 4, 0, "in b"), tu_alloc(&env, N * 4, 0, "out b"), 20};
+  assert_int_equal(tu_fill(&env, tu_stream(&env, 0), a.in, N, 1), WEFT_OK);
+  assert_int_equal(tu_fill(&env, tu_stream(&env, 0), b.in, N, 2), WEFT_OK);
   weft_graph_t *ga, *gb;
-  assert_int_equal(weft_capture_run(stream(0), &o, pool_body, &a, &ga), WEFT_OK);
-  assert_int_equal(weft_capture_run(stream(0), &o, pool_body, &b, &gb), WEFT_OK);
+  assert_int_equal(weft_capture_run(tu_stream(&env, 0), &o, pool_body, &a, &ga), WEFT_OK);
+  assert_int_equal(weft_capture_run(tu_stream(&env, 0), &o, pool_body, &b, &gb), WEFT_OK);
   weft_exec_t *ea, *eb;
-  assert_int_equal(weft_graph_instantiate(ga, stream(0), &ea), WEFT_OK);
-  assert_int_equal(weft_graph_instantiate(gb, stream(0), &eb), WEFT_OK);
+  assert_int_equal(weft_graph_instantiate(ga, tu_stream(&env, 0), &ea), WEFT_OK);
+  assert_int_equal(weft_graph_instantiate(gb, tu_stream(&env, 0), &eb), WEFT_OK);
   for (unsigned it = 0; it < 20; it++) {
     /* a then b, on different streams, without anything else ordering them. */
-    assert_int_equal(weft_exec_launch(ea, stream(1 + it % 3)), WEFT_OK);
-    assert_int_equal(weft_exec_launch(eb, stream(4 + it % 3)), WEFT_OK);
+    assert_int_equal(weft_exec_launch(ea, tu_stream(&env, 1 + it % 3)), WEFT_OK);
+    assert_int_equal(weft_exec_launch(eb, tu_stream(&env, 4 + it % 3)), WEFT_OK);
   }
   expect_all(a.out, 1 + 7 * (10 + 7 * 1), "a's output");
   expect_all(b.out, 1 + 7 * (20 + 7 * 2), "b's output");
@@ -150,7 +140,7 @@ static void test_graphs_sharing_a_pool_are_ordered_on_any_stream(void **state) {
   assert_int_equal(weft_graph_destroy(gb), WEFT_OK);
   assert_int_equal(weft_graph_pool_destroy(pool), WEFT_OK);
   weft_block_t all[] = {a.in, a.out, b.in, b.out};
-  for (int i = 0; i < 4; i++) assert_int_equal(weft_free(all[i], stream(0)), WEFT_OK);
+  for (int i = 0; i < 4; i++) assert_int_equal(weft_free(all[i], tu_stream(&env, 0)), WEFT_OK);
 }
 
 /* ---- exporting a block's event while its writer's stream captures ----------------------------- */
@@ -158,24 +148,24 @@ static void test_graphs_sharing_a_pool_are_ordered_on_any_stream(void **state) {
 static void test_export_event_while_the_writer_captures(void **state) {
   (void)state;
   tu_reset_races(&env);
-  weft_block_t b = alloc(2, "b"), c = alloc(2, "c");
-  assert_int_equal(tu_fill(&env, stream(2), b, N, 9), WEFT_OK);
-  assert_int_equal(tu_combine(&env, stream(1), c, none, b, none, none, N, 0), WEFT_OK);
-  assert_int_equal(weft_capture_begin(stream(2), NULL), WEFT_OK);
+  weft_block_t b = tu_alloc(&env, N * 4, 2, "b"), c = tu_alloc(&env, N * 4, 2, "c");
+  assert_int_equal(tu_fill(&env, tu_stream(&env, 2), b, N, 9), WEFT_OK);
+  assert_int_equal(tu_combine(&env, tu_stream(&env, 1), c, none, b, none, none, N, 0), WEFT_OK);
+  assert_int_equal(weft_capture_begin(tu_stream(&env, 2), NULL), WEFT_OK);
   CUevent ev = NULL;
   assert_int_equal(weft_block_export_event(b, WEFT_WRITE, &ev), WEFT_OK);
   /* The event is live: stream 3 waits for it, then writes b. */
-  assert_int_equal(weft_stream_import_event(stream(3), ev), WEFT_OK);
+  assert_int_equal(weft_stream_import_event(tu_stream(&env, 3), ev), WEFT_OK);
   CUresult (*destroy)(CUevent) = (CUresult(*)(CUevent))weft_driver_symbol("cuEventDestroy_v2");
   if (destroy == NULL) destroy = (CUresult(*)(CUevent))weft_driver_symbol("cuEventDestroy");
   assert_non_null(destroy);
   assert_int_equal(destroy(ev), CUDA_SUCCESS);
   weft_graph_t *g;
-  assert_int_equal(weft_capture_end(stream(2), &g), WEFT_OK);
+  assert_int_equal(weft_capture_end(tu_stream(&env, 2), &g), WEFT_OK);
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
-  assert_int_equal(weft_free(b, stream(3)), WEFT_OK);
+  assert_int_equal(weft_free(b, tu_stream(&env, 3)), WEFT_OK);
   expect_all(c, 7 * 9, "c");
-  assert_int_equal(weft_free(c, stream(2)), WEFT_OK);
+  assert_int_equal(weft_free(c, tu_stream(&env, 2)), WEFT_OK);
   assert_int_equal(tu_races(&env), 0);
 }
 
@@ -186,10 +176,10 @@ static void test_pool_gives_chunks_back_on_a_live_stream_while_stream_0_captures
   if (env.sim == NULL) skip(); /* fault injection */
   weft_block_t small;
   /* A wholly idle chunk in the pool (1 MiB lives in a shared chunk). */
-  assert_int_equal(weft_alloc(env.rt, 1 << 20, stream(1), "small", &small), WEFT_OK);
-  assert_int_equal(weft_free(small, stream(1)), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, 1 << 20, tu_stream(&env, 1), "small", &small), WEFT_OK);
+  assert_int_equal(weft_free(small, tu_stream(&env, 1)), WEFT_OK);
   assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
-  assert_int_equal(weft_capture_begin(stream(0), NULL), WEFT_OK);
+  assert_int_equal(weft_capture_begin(tu_stream(&env, 0), NULL), WEFT_OK);
   weft_resource_stats_t before, after;
   weft_resource_stats(weft_runtime_resource(env.rt), &before);
   /* The pool's next two requests upstream are refused (a chunk of the block's own size, then a
@@ -197,7 +187,7 @@ static void test_pool_gives_chunks_back_on_a_live_stream_while_stream_0_captures
    * again. */
   (env.sim->fail)("cuMemAllocFromPoolAsync:1:2;cuMemAllocFromPoolAsync:2:2");
   weft_block_t large;
-  weft_status_t st = weft_alloc(env.rt, 96ull << 20, stream(1), "large", &large);
+  weft_status_t st = weft_alloc(env.rt, 96ull << 20, tu_stream(&env, 1), "large", &large);
   (env.sim->fail)("");
   if (st != WEFT_OK) fail_msg("weft_alloc: %s: %s", weft_status_name(st), weft_last_error());
   weft_resource_stats(weft_runtime_resource(env.rt), &after);
@@ -208,10 +198,10 @@ static void test_pool_gives_chunks_back_on_a_live_stream_while_stream_0_captures
              (unsigned long long)before.reserved_bytes);
   assert_int_equal(weft_resource_trim(weft_runtime_resource(env.rt), 0), WEFT_OK);
   weft_graph_t *g;
-  st = weft_capture_end(stream(0), &g);
+  st = weft_capture_end(tu_stream(&env, 0), &g);
   if (st != WEFT_OK) fail_msg("weft_capture_end: %s: %s", weft_status_name(st), weft_last_error()); /* still valid */
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
-  assert_int_equal(weft_free(large, stream(1)), WEFT_OK);
+  assert_int_equal(weft_free(large, tu_stream(&env, 1)), WEFT_OK);
 }
 
 /* ---- handles ------------------------------------------------------------------------------------ */
@@ -223,20 +213,20 @@ static weft_status_t fill_body(weft_stream_t *s, void *arg) {
 
 static void test_destroyed_handles_say_stale_and_release_waits_for_graphs(void **state) {
   (void)state;
-  weft_block_t x = alloc(0, "x");
+  weft_block_t x = tu_alloc(&env, N * 4, 0, "x");
   weft_graph_t *g;
-  assert_int_equal(weft_capture_run(stream(0), NULL, fill_body, &x, &g), WEFT_OK);
+  assert_int_equal(weft_capture_run(tu_stream(&env, 0), NULL, fill_body, &x, &g), WEFT_OK);
   weft_exec_t *e;
-  assert_int_equal(weft_graph_instantiate(g, stream(0), &e), WEFT_OK);
+  assert_int_equal(weft_graph_instantiate(g, tu_stream(&env, 0), &e), WEFT_OK);
   /* The runtime refuses to go while a graph made for it lives. */
   assert_int_equal(weft_runtime_retain(env.rt), WEFT_OK);
   assert_int_equal(weft_runtime_release(env.rt), WEFT_OK); /* one of two references */
   assert_int_equal(weft_exec_destroy(e), WEFT_OK);
   assert_int_equal(weft_exec_destroy(e), WEFT_ERR_STALE_HANDLE);
-  assert_int_equal(weft_exec_launch(e, stream(0)), WEFT_ERR_STALE_HANDLE);
+  assert_int_equal(weft_exec_launch(e, tu_stream(&env, 0)), WEFT_ERR_STALE_HANDLE);
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
   assert_int_equal(weft_graph_destroy(g), WEFT_ERR_STALE_HANDLE);
-  assert_int_equal(weft_graph_instantiate(g, stream(0), &e), WEFT_ERR_STALE_HANDLE);
+  assert_int_equal(weft_graph_instantiate(g, tu_stream(&env, 0), &e), WEFT_ERR_STALE_HANDLE);
   weft_graph_pool_t *p;
   assert_int_equal(weft_graph_pool_create(env.rt, &p), WEFT_OK);
   assert_int_equal(weft_graph_pool_destroy(p), WEFT_OK);
@@ -257,18 +247,18 @@ static void test_destroyed_handles_say_stale_and_release_waits_for_graphs(void *
   assert_int_equal(weft_graph_memory_stats(NULL, &ms), WEFT_ERR_INVALID_ARGUMENT);
   assert_int_equal(weft_graph_memory_trim((weft_runtime_t *)&not_a_runtime), WEFT_ERR_INVALID_ARGUMENT);
   assert_non_null(strstr(weft_last_error(), "not a weft runtime"));
-  assert_int_equal(weft_free(x, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(x, tu_stream(&env, 0)), WEFT_OK);
 }
 
 static void test_release_refuses_while_a_graph_lives(void **state) {
   (void)state;
-  weft_block_t x = alloc(0, "x");
+  weft_block_t x = tu_alloc(&env, N * 4, 0, "x");
   weft_graph_t *g;
-  assert_int_equal(weft_capture_run(stream(0), NULL, fill_body, &x, &g), WEFT_OK);
+  assert_int_equal(weft_capture_run(tu_stream(&env, 0), NULL, fill_body, &x, &g), WEFT_OK);
   assert_int_equal(weft_runtime_release(env.rt), WEFT_ERR_BUSY);
   assert_non_null(strstr(weft_last_error(), "destroy them first"));
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
-  assert_int_equal(weft_free(x, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(x, tu_stream(&env, 0)), WEFT_OK);
 }
 
 /* ---- a block the guard finds corrupted is freed ----------------------------------------------- */
@@ -283,7 +273,7 @@ static int setup_guard(void **state) {
 
 static void test_corrupted_block_is_freed_all_the_same(void **state) {
   (void)state;
-  weft_block_t b = alloc(0, "b");
+  weft_block_t b = tu_alloc(&env, N * 4, 0, "b");
   CUdeviceptr p;
   assert_int_equal(weft_block_ptr(b, &p), WEFT_OK);
   typedef CUresult (*htod_fn)(CUdeviceptr, const void *, size_t);
@@ -295,10 +285,10 @@ static void test_corrupted_block_is_freed_all_the_same(void **state) {
   assert_int_equal(htod(p + N * 4, junk, sizeof junk), CUDA_SUCCESS); /* past the end: the canary */
   weft_counters_t c0, c1;
   assert_int_equal(weft_runtime_counters(env.rt, &c0), WEFT_OK);
-  assert_int_equal(weft_free(b, stream(0)), WEFT_ERR_CORRUPTED);
+  assert_int_equal(weft_free(b, tu_stream(&env, 0)), WEFT_ERR_CORRUPTED);
   assert_int_equal(weft_runtime_counters(env.rt, &c1), WEFT_OK);
   assert_int_equal(c1.frees, c0.frees + 1);
-  assert_int_equal(weft_free(b, stream(0)), WEFT_ERR_DOUBLE_FREE);
+  assert_int_equal(weft_free(b, tu_stream(&env, 0)), WEFT_ERR_DOUBLE_FREE);
   assert_non_null(strstr(weft_last_error(), "weft_free"));
   /* Nothing is live: the top resource can be swapped. */
   weft_resource_t *top = weft_runtime_resource(env.rt);
@@ -312,8 +302,8 @@ static void test_release_reports_a_chunk_the_driver_would_not_free(void **state)
   if (env.sim == NULL) skip(); /* fault injection */
   weft_block_t small;
   /* 1 MiB: it lives in a shared chunk, which the pool keeps until it is destroyed at release. */
-  assert_int_equal(weft_alloc(env.rt, 1 << 20, stream(1), "small", &small), WEFT_OK);
-  assert_int_equal(weft_free(small, stream(1)), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, 1 << 20, tu_stream(&env, 1), "small", &small), WEFT_OK);
+  assert_int_equal(weft_free(small, tu_stream(&env, 1)), WEFT_OK);
   (env.sim->fail)("cuMemFreeAsync:1:999"); /* the pool's chunk, given back at release */
   weft_status_t st = weft_runtime_release(env.rt);
   (env.sim->fail)("");

@@ -15,7 +15,7 @@
 #include <cmocka.h>
 
 #include "lib/core/driver.h"
-#include "tests/util/testutil.h"
+#include "tests/util/cmocka_env.h"
 
 #define N 64
 #define MAXN 512
@@ -35,12 +35,6 @@ static int teardown(void **state) {
   tu_fini(&env);
   return 0;
 }
-static weft_stream_t *stream(unsigned i) {
-  weft_stream_t *s;
-  assert_int_equal(weft_stream_get(env.rt, i, &s), WEFT_OK);
-  return s;
-}
-
 static uint64_t rng(uint64_t *s) {
   uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -127,8 +121,8 @@ static void test_random_programs_have_exactly_the_needed_edges(void **state) {
     weft_block_t blk[OUTSIDE + INSIDE];
     unsigned model[OUTSIDE + INSIDE][N];
     for (int b = 0; b < OUTSIDE; b++) {
-      assert_int_equal(weft_alloc(env.rt, N * 4, stream(0), "outside", &blk[b]), WEFT_OK);
-      assert_int_equal(tu_fill(&env, stream(0), blk[b], N, (unsigned)b * 3), WEFT_OK);
+      assert_int_equal(weft_alloc(env.rt, N * 4, tu_stream(&env, 0), "outside", &blk[b]), WEFT_OK);
+      assert_int_equal(tu_fill(&env, tu_stream(&env, 0), blk[b], N, (unsigned)b * 3), WEFT_OK);
       for (int i = 0; i < N; i++) model[b][i] = (unsigned)b * 3;
     }
     weft_builder_t *bd;
@@ -213,26 +207,26 @@ static void test_random_programs_have_exactly_the_needed_edges(void **state) {
 
     /* Replay twice and check the outside blocks and the output against the model. */
     weft_exec_t *e;
-    assert_int_equal(weft_graph_instantiate(g, stream(1), &e), WEFT_OK);
-    assert_int_equal(weft_exec_launch(e, stream(1)), WEFT_OK);
+    assert_int_equal(weft_graph_instantiate(g, tu_stream(&env, 1), &e), WEFT_OK);
+    assert_int_equal(weft_exec_launch(e, tu_stream(&env, 1)), WEFT_OK);
     unsigned got[N];
     for (int b = 0; b < OUTSIDE; b++) {
-      assert_int_equal(tu_read(stream(2), blk[b], got, sizeof got), WEFT_OK);
+      assert_int_equal(tu_read(tu_stream(&env, 2), blk[b], got, sizeof got), WEFT_OK);
       for (int i = 0; i < N; i++)
         if (got[i] != model[b][i]) fail_msg("run %llu block %d elem %d: %u != %u", (unsigned long long)run, b, i, got[i], model[b][i]);
     }
     weft_block_t out;
     assert_int_equal(weft_exec_output(e, 0, &out), WEFT_OK);
-    assert_int_equal(tu_read(stream(2), out, got, sizeof got), WEFT_OK);
+    assert_int_equal(tu_read(tu_stream(&env, 2), out, got, sizeof got), WEFT_OK);
     for (int i = 0; i < N; i++) assert_int_equal(got[i], model[OUTSIDE + INSIDE - 1][i]);
-    assert_int_equal(weft_free(out, stream(3)), WEFT_OK);
-    assert_int_equal(weft_exec_launch(e, stream(4)), WEFT_OK); /* relaunch after the free */
+    assert_int_equal(weft_free(out, tu_stream(&env, 3)), WEFT_OK);
+    assert_int_equal(weft_exec_launch(e, tu_stream(&env, 4)), WEFT_OK); /* relaunch after the free */
     assert_int_equal(weft_exec_output(e, 0, &out), WEFT_OK);
-    assert_int_equal(weft_free(out, stream(4)), WEFT_OK);
+    assert_int_equal(weft_free(out, tu_stream(&env, 4)), WEFT_OK);
     assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
     assert_int_equal(weft_exec_destroy(e), WEFT_OK);
     assert_int_equal(weft_graph_destroy(g), WEFT_OK);
-    for (int b = 0; b < OUTSIDE; b++) assert_int_equal(weft_free(blk[b], stream(0)), WEFT_OK);
+    for (int b = 0; b < OUTSIDE; b++) assert_int_equal(weft_free(blk[b], tu_stream(&env, 0)), WEFT_OK);
     if (tu_races(&env) != 0) tu_print_races(&env);
     assert_int_equal(tu_races(&env), 0);
   }
@@ -243,7 +237,7 @@ static void test_readers_before_writers_share_one_join_node(void **state) {
   (void)state;
   enum { K = 6, M = 5 };
   weft_block_t a[M];
-  for (int j = 0; j < M; j++) assert_int_equal(weft_alloc(env.rt, N * 4, stream(0), "a", &a[j]), WEFT_OK);
+  for (int j = 0; j < M; j++) assert_int_equal(weft_alloc(env.rt, N * 4, tu_stream(&env, 0), "a", &a[j]), WEFT_OK);
   weft_builder_t *bd;
   assert_int_equal(weft_builder_create(env.rt, &bd), WEFT_OK);
   CUgraphNode readers[K], writers[M];
@@ -259,7 +253,7 @@ static void test_readers_before_writers_share_one_join_node(void **state) {
   assert_int_equal(d.ne, K + M);     /* each reader -> join, join -> each writer */
   assert_int_equal(redundant_edges(&d), 0);
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
-  for (int j = 0; j < M; j++) assert_int_equal(weft_free(a[j], stream(0)), WEFT_OK);
+  for (int j = 0; j < M; j++) assert_int_equal(weft_free(a[j], tu_stream(&env, 0)), WEFT_OK);
 }
 
 static void test_builder_misuse(void **state) {
@@ -267,7 +261,7 @@ static void test_builder_misuse(void **state) {
   weft_builder_t *bd;
   assert_int_equal(weft_builder_create(env.rt, &bd), WEFT_OK);
   weft_block_t outside, inside;
-  assert_int_equal(weft_alloc(env.rt, 64, stream(0), "o", &outside), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, 64, tu_stream(&env, 0), "o", &outside), WEFT_OK);
   assert_int_equal(weft_builder_alloc(bd, 64, "i", &inside), WEFT_OK);
   assert_int_equal(weft_builder_free(bd, outside), WEFT_ERR_CAPTURE);
   assert_int_equal(weft_builder_alloc(bd, 0, "z", &inside), WEFT_ERR_INVALID_ARGUMENT);
@@ -276,7 +270,7 @@ static void test_builder_misuse(void **state) {
   weft_access_t use = {inside, WEFT_READ};
   assert_int_equal(weft_builder_empty(bd, &use, 1, NULL), WEFT_ERR_STALE_HANDLE);
   weft_builder_destroy(bd);
-  assert_int_equal(weft_free(outside, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(outside, tu_stream(&env, 0)), WEFT_OK);
 }
 
 int main(void) {

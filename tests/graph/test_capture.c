@@ -14,7 +14,7 @@
 
 #include "lib/core/driver.h"
 #include "lib/core/error.h"
-#include "tests/util/testutil.h"
+#include "tests/util/cmocka_env.h"
 
 #define N 256
 static tu_env_t env;
@@ -35,18 +35,9 @@ static int teardown(void **state) {
   tu_fini(&env);
   return 0;
 }
-static weft_stream_t *stream(unsigned i) {
-  weft_stream_t *s;
-  assert_int_equal(weft_stream_get(env.rt, i, &s), WEFT_OK);
-  return s;
+static void read_all(weft_block_t b, unsigned *host) {
+  assert_int_equal(tu_read(tu_stream(&env, 7), b, host, N * 4), WEFT_OK);
 }
-static weft_block_t alloc(unsigned i, const char *tag) {
-  weft_block_t b;
-  weft_status_t r = weft_alloc(env.rt, N * 4, stream(i), tag, &b);
-  if (r != WEFT_OK) fail_msg("weft_alloc: %s: %s", weft_status_name(r), weft_last_error());
-  return b;
-}
-static void read_all(weft_block_t b, unsigned *host) { assert_int_equal(tu_read(stream(7), b, host, N * 4), WEFT_OK); }
 
 /* The step: tmp1 = 1 + 7x + 13w (s0); tmp2 = 2 + 7 tmp1 (s1); out = 3 + 7 tmp1 + 13 tmp2 (s2);
  * w = 4 + 7w + 13 tmp2 (s0); tmp1, tmp2 freed inside. */
@@ -56,7 +47,7 @@ typedef struct step {
 
 static weft_status_t capture_step(weft_stream_t *s0, void *arg) {
   step_t *st = arg;
-  weft_stream_t *s1 = stream(1), *s2 = stream(2);
+  weft_stream_t *s1 = tu_stream(&env, 1), *s2 = tu_stream(&env, 2);
   weft_status_t r;
   if ((r = weft_capture_join(s0, s1)) != WEFT_OK || (r = weft_capture_join(s0, s2)) != WEFT_OK) return r;
   weft_block_t tmp1, tmp2, out;
@@ -82,10 +73,10 @@ static void model_step(unsigned x, unsigned *w, unsigned *out) {
 static void test_three_stream_step_replays_a_thousand_times(void **state) {
   (void)state;
   tu_reset_races(&env);
-  step_t st = {alloc(0, "x"), alloc(0, "w")};
-  assert_int_equal(tu_fill(&env, stream(3), st.w, N, 5), WEFT_OK);
+  step_t st = {tu_alloc(&env, N * 4, 0, "x"), tu_alloc(&env, N * 4, 0, "w")};
+  assert_int_equal(tu_fill(&env, tu_stream(&env, 3), st.w, N, 5), WEFT_OK);
   weft_graph_t *g;
-  weft_status_t r = weft_capture_run(stream(0), NULL, capture_step, &st, &g);
+  weft_status_t r = weft_capture_run(tu_stream(&env, 0), NULL, capture_step, &st, &g);
   if (r != WEFT_OK) fail_msg("capture: %s: %s", weft_status_name(r), weft_last_error());
   assert_int_equal(weft_graph_output_count(g), 1);
   weft_access_t sum[4];
@@ -95,15 +86,15 @@ static void test_three_stream_step_replays_a_thousand_times(void **state) {
     else assert_int_equal(sum[i].kind, WEFT_READ_WRITE);
   }
   weft_exec_t *e;
-  assert_int_equal(weft_graph_instantiate(g, stream(0), &e), WEFT_OK);
+  assert_int_equal(weft_graph_instantiate(g, tu_stream(&env, 0), &e), WEFT_OK);
   unsigned w[N], out[N], got[N];
   for (unsigned i = 0; i < N; i++) w[i] = 5;
   CUdeviceptr first = 0;
   for (unsigned it = 0; it < 1000; it++) {
     /* Eager work around each launch: rewrite the input on one stream, launch on another, read
      * the output on a third, free it on a fourth. */
-    assert_int_equal(tu_fill(&env, stream(3 + it % 2), st.x, N, it), WEFT_OK);
-    r = weft_exec_launch(e, stream(it % 3 == 0 ? 0 : 5));
+    assert_int_equal(tu_fill(&env, tu_stream(&env, 3 + it % 2), st.x, N, it), WEFT_OK);
+    r = weft_exec_launch(e, tu_stream(&env, it % 3 == 0 ? 0 : 5));
     if (r != WEFT_OK) fail_msg("launch %u: %s: %s", it, weft_status_name(r), weft_last_error());
     model_step(it, w, out);
     weft_block_t o;
@@ -117,11 +108,11 @@ static void test_three_stream_step_replays_a_thousand_times(void **state) {
       for (unsigned i = 0; i < N; i++)
         if (got[i] != out[i]) fail_msg("launch %u element %u: %u != %u", it, i, got[i], out[i]);
     } else {
-      weft_block_t sink = alloc(6, "sink");
-      assert_int_equal(tu_combine(&env, stream(6), sink, none, o, none, none, N, 0), WEFT_OK);
-      assert_int_equal(weft_free(sink, stream(6)), WEFT_OK);
+      weft_block_t sink = tu_alloc(&env, N * 4, 6, "sink");
+      assert_int_equal(tu_combine(&env, tu_stream(&env, 6), sink, none, o, none, none, N, 0), WEFT_OK);
+      assert_int_equal(weft_free(sink, tu_stream(&env, 6)), WEFT_OK);
     }
-    assert_int_equal(weft_free(o, stream(2 + it % 5)), WEFT_OK);
+    assert_int_equal(weft_free(o, tu_stream(&env, 2 + it % 5)), WEFT_OK);
     assert_int_equal(weft_block_ptr(o, &p), WEFT_ERR_STALE_HANDLE);
   }
   read_all(st.w, got);
@@ -131,8 +122,8 @@ static void test_three_stream_step_replays_a_thousand_times(void **state) {
   assert_int_equal(weft_graph_destroy(g), WEFT_ERR_BUSY); /* the exec still exists */
   assert_int_equal(weft_exec_destroy(e), WEFT_OK);
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
-  assert_int_equal(weft_free(st.x, stream(0)), WEFT_OK);
-  assert_int_equal(weft_free(st.w, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(st.x, tu_stream(&env, 0)), WEFT_OK);
+  assert_int_equal(weft_free(st.w, tu_stream(&env, 0)), WEFT_OK);
 }
 
 typedef struct one_out {
@@ -149,23 +140,23 @@ static weft_status_t capture_one_output(weft_stream_t *s, void *arg) {
 
 static void test_relaunch_with_live_output_is_busy_until_freed(void **state) {
   (void)state;
-  one_out_t o = {alloc(0, "in")};
-  assert_int_equal(tu_fill(&env, stream(0), o.in, N, 1), WEFT_OK);
+  one_out_t o = {tu_alloc(&env, N * 4, 0, "in")};
+  assert_int_equal(tu_fill(&env, tu_stream(&env, 0), o.in, N, 1), WEFT_OK);
   weft_graph_t *g;
   weft_exec_t *e;
-  assert_int_equal(weft_capture_run(stream(0), NULL, capture_one_output, &o, &g), WEFT_OK);
-  assert_int_equal(weft_graph_instantiate(g, stream(0), &e), WEFT_OK);
-  assert_int_equal(weft_graph_instantiate(g, stream(0), &e), WEFT_ERR_BUSY);
-  assert_int_equal(weft_exec_launch(e, stream(1)), WEFT_OK);
+  assert_int_equal(weft_capture_run(tu_stream(&env, 0), NULL, capture_one_output, &o, &g), WEFT_OK);
+  assert_int_equal(weft_graph_instantiate(g, tu_stream(&env, 0), &e), WEFT_OK);
+  assert_int_equal(weft_graph_instantiate(g, tu_stream(&env, 0), &e), WEFT_ERR_BUSY);
+  assert_int_equal(weft_exec_launch(e, tu_stream(&env, 1)), WEFT_OK);
   weft_block_t a, b;
   assert_int_equal(weft_exec_output(e, 0, &a), WEFT_OK);
-  assert_int_equal(weft_exec_launch(e, stream(1)), WEFT_ERR_BUSY);
+  assert_int_equal(weft_exec_launch(e, tu_stream(&env, 1)), WEFT_ERR_BUSY);
   assert_non_null(strstr(weft_last_error(), "out"));
   CUdeviceptr pa, pb;
   assert_int_equal(weft_block_ptr(a, &pa), WEFT_OK);
-  assert_int_equal(weft_free(a, stream(2)), WEFT_OK);
-  assert_int_equal(weft_free(a, stream(2)), WEFT_ERR_DOUBLE_FREE);
-  assert_int_equal(weft_exec_launch(e, stream(1)), WEFT_OK);
+  assert_int_equal(weft_free(a, tu_stream(&env, 2)), WEFT_OK);
+  assert_int_equal(weft_free(a, tu_stream(&env, 2)), WEFT_ERR_DOUBLE_FREE);
+  assert_int_equal(weft_exec_launch(e, tu_stream(&env, 1)), WEFT_OK);
   assert_int_equal(weft_exec_output(e, 0, &b), WEFT_OK);
   assert_int_equal(weft_block_ptr(b, &pb), WEFT_OK);
   assert_true(pa == pb);             /* same address after the free */
@@ -174,10 +165,10 @@ static void test_relaunch_with_live_output_is_busy_until_freed(void **state) {
   unsigned got[N];
   read_all(b, got);
   for (unsigned i = 0; i < N; i++) assert_int_equal(got[i], 16);
-  assert_int_equal(weft_free(b, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(b, tu_stream(&env, 0)), WEFT_OK);
   assert_int_equal(weft_exec_destroy(e), WEFT_OK);
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
-  assert_int_equal(weft_free(o.in, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(o.in, tu_stream(&env, 0)), WEFT_OK);
   assert_int_equal(tu_races(&env), 0);
 }
 
@@ -185,15 +176,15 @@ static void test_auto_free_policy_frees_outputs_at_relaunch(void **state) {
   (void)state;
   tu_fini(&env);
   assert_int_equal(start(WEFT_OUTPUT_AUTO_FREE), 0);
-  one_out_t o = {alloc(0, "in")};
-  assert_int_equal(tu_fill(&env, stream(0), o.in, N, 2), WEFT_OK);
+  one_out_t o = {tu_alloc(&env, N * 4, 0, "in")};
+  assert_int_equal(tu_fill(&env, tu_stream(&env, 0), o.in, N, 2), WEFT_OK);
   weft_graph_t *g;
   weft_exec_t *e;
-  assert_int_equal(weft_capture_run(stream(0), NULL, capture_one_output, &o, &g), WEFT_OK);
-  assert_int_equal(weft_graph_instantiate(g, stream(0), &e), WEFT_OK);
+  assert_int_equal(weft_capture_run(tu_stream(&env, 0), NULL, capture_one_output, &o, &g), WEFT_OK);
+  assert_int_equal(weft_graph_instantiate(g, tu_stream(&env, 0), &e), WEFT_OK);
   weft_block_t prev = {0};
   for (unsigned it = 0; it < 20; it++) {
-    assert_int_equal(weft_exec_launch(e, stream(it % 4)), WEFT_OK);
+    assert_int_equal(weft_exec_launch(e, tu_stream(&env, it % 4)), WEFT_OK);
     weft_block_t cur;
     assert_int_equal(weft_exec_output(e, 0, &cur), WEFT_OK);
     if (prev.rec != NULL) {
@@ -201,9 +192,9 @@ static void test_auto_free_policy_frees_outputs_at_relaunch(void **state) {
       assert_int_equal(weft_block_ptr(prev, &p), WEFT_ERR_STALE_HANDLE); /* freed by the launch */
     }
     /* A reader of the output on another stream: the next launch must wait for it. */
-    weft_block_t sink = alloc(5, "sink");
-    assert_int_equal(tu_combine(&env, stream(5), sink, none, cur, none, none, N, 0), WEFT_OK);
-    assert_int_equal(weft_free(sink, stream(5)), WEFT_OK);
+    weft_block_t sink = tu_alloc(&env, N * 4, 5, "sink");
+    assert_int_equal(tu_combine(&env, tu_stream(&env, 5), sink, none, cur, none, none, N, 0), WEFT_OK);
+    assert_int_equal(weft_free(sink, tu_stream(&env, 5)), WEFT_OK);
     prev = cur;
   }
   unsigned got[N];
@@ -212,9 +203,9 @@ static void test_auto_free_policy_frees_outputs_at_relaunch(void **state) {
   assert_int_equal(tu_races(&env), 0);
   assert_int_equal(weft_exec_destroy(e), WEFT_OK);
   assert_int_equal(weft_graph_destroy(g), WEFT_ERR_BUSY); /* its output is live */
-  assert_int_equal(weft_free(prev, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(prev, tu_stream(&env, 0)), WEFT_OK);
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
-  assert_int_equal(weft_free(o.in, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(o.in, tu_stream(&env, 0)), WEFT_OK);
   tu_fini(&env);
   assert_int_equal(start(WEFT_OUTPUT_ERROR), 0);
 }
@@ -229,13 +220,13 @@ static weft_status_t free_outside_block(weft_stream_t *s, void *arg) {
 
 static void test_free_of_a_block_from_before_the_capture_is_refused(void **state) {
   (void)state;
-  weft_block_t b = alloc(0, "outside");
-  assert_int_equal(tu_fill(&env, stream(0), b, N, 0), WEFT_OK);
+  weft_block_t b = tu_alloc(&env, N * 4, 0, "outside");
+  assert_int_equal(tu_fill(&env, tu_stream(&env, 0), b, N, 0), WEFT_OK);
   weft_graph_t *g;
-  assert_int_equal(weft_capture_run(stream(0), NULL, free_outside_block, &b, &g), WEFT_OK);
+  assert_int_equal(weft_capture_run(tu_stream(&env, 0), NULL, free_outside_block, &b, &g), WEFT_OK);
   assert_int_equal(weft_graph_output_count(g), 0);
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
-  assert_int_equal(weft_free(b, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(b, tu_stream(&env, 0)), WEFT_OK);
 }
 
 static weft_status_t failing_body(weft_stream_t *s, void *arg) {
@@ -251,21 +242,21 @@ static void test_capture_run_always_ends_the_capture(void **state) {
   weft_graph_t *g = NULL;
   weft_counters_t c0;
   assert_int_equal(weft_runtime_counters(env.rt, &c0), WEFT_OK);
-  assert_int_equal(weft_capture_run(stream(0), NULL, failing_body, NULL, &g), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_capture_run(tu_stream(&env, 0), NULL, failing_body, NULL, &g), WEFT_ERR_INVALID_ARGUMENT);
   assert_non_null(strstr(weft_last_error(), "on purpose"));
   assert_null(g);
   /* The stream is free again: eager work and a new capture work. */
-  weft_block_t b = alloc(0, "after");
-  assert_int_equal(tu_fill(&env, stream(0), b, N, 3), WEFT_OK);
-  assert_int_equal(weft_stream_synchronize(stream(0)), WEFT_OK);
-  assert_int_equal(weft_capture_begin(stream(0), NULL), WEFT_OK);
-  assert_int_equal(weft_capture_begin(stream(0), NULL), WEFT_ERR_CAPTURE);
+  weft_block_t b = tu_alloc(&env, N * 4, 0, "after");
+  assert_int_equal(tu_fill(&env, tu_stream(&env, 0), b, N, 3), WEFT_OK);
+  assert_int_equal(weft_stream_synchronize(tu_stream(&env, 0)), WEFT_OK);
+  assert_int_equal(weft_capture_begin(tu_stream(&env, 0), NULL), WEFT_OK);
+  assert_int_equal(weft_capture_begin(tu_stream(&env, 0), NULL), WEFT_ERR_CAPTURE);
   assert_int_equal(weft_runtime_release(env.rt), WEFT_ERR_BUSY); /* not while capturing */
-  assert_int_equal(weft_stream_synchronize(stream(0)), WEFT_ERR_CAPTURE);
-  assert_int_equal(weft_capture_end(stream(0), &g), WEFT_OK);
+  assert_int_equal(weft_stream_synchronize(tu_stream(&env, 0)), WEFT_ERR_CAPTURE);
+  assert_int_equal(weft_capture_end(tu_stream(&env, 0), &g), WEFT_OK);
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
-  assert_int_equal(weft_capture_end(stream(0), &g), WEFT_ERR_CAPTURE);
-  assert_int_equal(weft_free(b, stream(0)), WEFT_OK);
+  assert_int_equal(weft_capture_end(tu_stream(&env, 0), &g), WEFT_ERR_CAPTURE);
+  assert_int_equal(weft_free(b, tu_stream(&env, 0)), WEFT_OK);
 }
 
 /* Eager allocations and frees on other streams during a GLOBAL capture must not run anything
@@ -274,9 +265,9 @@ static weft_status_t eager_churn_during_capture(weft_stream_t *s, void *arg) {
   (void)arg;
   for (int i = 0; i < 50; i++) {
     weft_block_t b;
-    weft_status_t r = weft_alloc(env.rt, 4096u << (i % 8), stream(3 + i % 3), "eager", &b);
-    if (r == WEFT_OK) r = tu_fill(&env, stream(3 + i % 3), b, 16, (unsigned)i);
-    if (r == WEFT_OK) r = weft_free(b, stream(4));
+    weft_status_t r = weft_alloc(env.rt, 4096u << (i % 8), tu_stream(&env, 3 + i % 3), "eager", &b);
+    if (r == WEFT_OK) r = tu_fill(&env, tu_stream(&env, 3 + i % 3), b, 16, (unsigned)i);
+    if (r == WEFT_OK) r = weft_free(b, tu_stream(&env, 4));
     if (r != WEFT_OK) return r;
   }
   weft_block_t t;
@@ -289,7 +280,7 @@ static weft_status_t eager_churn_during_capture(weft_stream_t *s, void *arg) {
 static void test_eager_memory_churn_does_not_break_a_global_capture(void **state) {
   (void)state;
   weft_graph_t *g;
-  weft_status_t r = weft_capture_run(stream(0), NULL, eager_churn_during_capture, NULL, &g);
+  weft_status_t r = weft_capture_run(tu_stream(&env, 0), NULL, eager_churn_during_capture, NULL, &g);
   if (r != WEFT_OK) fail_msg("%s: %s", weft_status_name(r), weft_last_error());
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
   assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
@@ -301,17 +292,18 @@ static void test_foreign_capture_works(void **state) {
   (void)state;
   const weft__driver_t *d;
   assert_int_equal(weft__driver_get(&d), WEFT_OK);
-  weft_block_t y = alloc(1, "y"), x = alloc(1, "x");
-  assert_int_equal(tu_fill(&env, stream(1), x, N, 6), WEFT_OK); /* last touched on stream 1 */
+  weft_block_t y = tu_alloc(&env, N * 4, 1, "y"), x = tu_alloc(&env, N * 4, 1, "x");
+  assert_int_equal(tu_fill(&env, tu_stream(&env, 1), x, N, 6), WEFT_OK); /* last touched on stream 1 */
   assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
-  CUstream raw = weft_stream_raw(stream(0));
+  CUstream raw = weft_stream_raw(tu_stream(&env, 0));
   assert_int_equal(d->cuStreamBeginCapture(raw, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
   weft_block_t t;
-  assert_int_equal(weft_alloc(env.rt, N * 4, stream(0), "t", &t), WEFT_OK);   /* a memory node */
-  assert_int_equal(tu_combine(&env, stream(0), t, none, x, none, none, N, 1), WEFT_OK); /* no isolation error */
-  assert_int_equal(tu_combine(&env, stream(0), y, none, t, none, none, N, 2), WEFT_OK);
-  assert_int_equal(weft_free(t, stream(0)), WEFT_OK);
-  assert_int_equal(weft_free(x, stream(0)), WEFT_ERR_CAPTURE);
+  assert_int_equal(weft_alloc(env.rt, N * 4, tu_stream(&env, 0), "t", &t), WEFT_OK);   /* a memory node */
+  /* no isolation error */
+  assert_int_equal(tu_combine(&env, tu_stream(&env, 0), t, none, x, none, none, N, 1), WEFT_OK);
+  assert_int_equal(tu_combine(&env, tu_stream(&env, 0), y, none, t, none, none, N, 2), WEFT_OK);
+  assert_int_equal(weft_free(t, tu_stream(&env, 0)), WEFT_OK);
+  assert_int_equal(weft_free(x, tu_stream(&env, 0)), WEFT_ERR_CAPTURE);
   CUgraph g;
   assert_int_equal(d->cuStreamEndCapture(raw, &g), CUDA_SUCCESS);
   CUgraphExec ge;
@@ -324,11 +316,11 @@ static void test_foreign_capture_works(void **state) {
   for (unsigned i = 0; i < N; i++) assert_int_equal(got[i], 2 + 7u * (1 + 7u * 6));
   CUdeviceptr p;
   assert_int_equal(weft_block_ptr(t, &p), WEFT_ERR_STALE_HANDLE);
-  assert_int_equal(tu_fill(&env, stream(0), y, N, 0), WEFT_OK);
+  assert_int_equal(tu_fill(&env, tu_stream(&env, 0), y, N, 0), WEFT_OK);
   assert_int_equal(d->cuGraphExecDestroy(ge), CUDA_SUCCESS);
   assert_int_equal(d->cuGraphDestroy(g), CUDA_SUCCESS);
-  assert_int_equal(weft_free(x, stream(0)), WEFT_OK);
-  assert_int_equal(weft_free(y, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(x, tu_stream(&env, 0)), WEFT_OK);
+  assert_int_equal(weft_free(y, tu_stream(&env, 0)), WEFT_OK);
 }
 
 /* Faults injected inside the capture and at instantiation (simulator only): clear errors, the
@@ -336,39 +328,39 @@ static void test_foreign_capture_works(void **state) {
 static void test_faults_in_capture_and_instantiate(void **state) {
   (void)state;
   if (env.sim == NULL) skip(); /* fault injection needs the simulator */
-  one_out_t o = {alloc(0, "in")};
+  one_out_t o = {tu_alloc(&env, N * 4, 0, "in")};
   weft_graph_t *g = NULL;
   weft_counters_t c0, c1;
   assert_int_equal(weft_runtime_counters(env.rt, &c0), WEFT_OK);
   /* The graph allocation fails inside the capture. */
   assert_int_equal((env.sim->fail)("cuMemAllocAsync:1:2"), 0);
-  weft_status_t r = weft_capture_run(stream(0), NULL, capture_one_output, &o, &g);
+  weft_status_t r = weft_capture_run(tu_stream(&env, 0), NULL, capture_one_output, &o, &g);
   if (r != WEFT_ERR_OUT_OF_MEMORY) fail_msg("%s: %s", weft_status_name(r), weft_last_error());
   assert_null(g);
   /* The capture's end fails. */
   assert_int_equal((env.sim->fail)("cuStreamEndCapture:1:901"), 0);
-  assert_int_equal(weft_capture_run(stream(0), NULL, capture_one_output, &o, &g), WEFT_ERR_CAPTURE);
+  assert_int_equal(weft_capture_run(tu_stream(&env, 0), NULL, capture_one_output, &o, &g), WEFT_ERR_CAPTURE);
   assert_null(g);
   assert_int_equal((env.sim->fail)(NULL), 0);
   /* Instantiation fails: the graph stays usable. */
-  assert_int_equal(weft_capture_run(stream(0), NULL, capture_one_output, &o, &g), WEFT_OK);
+  assert_int_equal(weft_capture_run(tu_stream(&env, 0), NULL, capture_one_output, &o, &g), WEFT_OK);
   weft_exec_t *e;
   assert_int_equal((env.sim->fail)("cuGraphInstantiateWithFlags:1:1"), 0);
-  assert_int_equal(weft_graph_instantiate(g, stream(0), &e), WEFT_ERR_DRIVER);
+  assert_int_equal(weft_graph_instantiate(g, tu_stream(&env, 0), &e), WEFT_ERR_DRIVER);
   assert_int_equal(weft_last_driver_error(), CUDA_ERROR_INVALID_VALUE);
   assert_int_equal((env.sim->fail)("cuGraphLaunch:1:1"), 0);
-  assert_int_equal(weft_graph_instantiate(g, stream(0), &e), WEFT_OK);
-  assert_int_equal(weft_exec_launch(e, stream(0)), WEFT_ERR_DRIVER);
+  assert_int_equal(weft_graph_instantiate(g, tu_stream(&env, 0), &e), WEFT_OK);
+  assert_int_equal(weft_exec_launch(e, tu_stream(&env, 0)), WEFT_ERR_DRIVER);
   weft_block_t out;
   assert_int_equal(weft_exec_output(e, 0, &out), WEFT_OK);
   assert_null(out.rec); /* a failed launch publishes nothing */
   assert_int_equal((env.sim->fail)(NULL), 0);
-  assert_int_equal(weft_exec_launch(e, stream(0)), WEFT_OK);
+  assert_int_equal(weft_exec_launch(e, tu_stream(&env, 0)), WEFT_OK);
   assert_int_equal(weft_exec_output(e, 0, &out), WEFT_OK);
-  assert_int_equal(weft_free(out, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(out, tu_stream(&env, 0)), WEFT_OK);
   assert_int_equal(weft_exec_destroy(e), WEFT_OK);
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
-  assert_int_equal(weft_free(o.in, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(o.in, tu_stream(&env, 0)), WEFT_OK);
   assert_int_equal(weft_runtime_counters(env.rt, &c1), WEFT_OK);
   assert_int_equal(c1.allocs - c0.allocs, c1.frees - c0.frees); /* every block accounted for */
 }

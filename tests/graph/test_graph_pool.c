@@ -10,7 +10,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "tests/util/testutil.h"
+#include "tests/util/cmocka_env.h"
 
 #define N 4096
 static tu_env_t env;
@@ -27,12 +27,6 @@ static int teardown(void **state) {
   tu_fini(&env);
   return 0;
 }
-static weft_stream_t *stream(unsigned i) {
-  weft_stream_t *s;
-  assert_int_equal(weft_stream_get(env.rt, i, &s), WEFT_OK);
-  return s;
-}
-
 typedef struct step {
   weft_block_t x;
   CUdeviceptr tmp_ptr[4];
@@ -42,7 +36,7 @@ typedef struct step {
  * so later temporaries can take earlier ones' memory, on the other stream. */
 static weft_status_t body(weft_stream_t *s0, void *arg) {
   step_t *st = arg;
-  weft_stream_t *s1 = stream(1);
+  weft_stream_t *s1 = tu_stream(&env, 1);
   weft_status_t r = weft_capture_join(s0, s1);
   weft_block_t t1, t2, t3, out;
   if (r == WEFT_OK) r = weft_alloc(env.rt, N * 4, s0, "t1", &t1);
@@ -68,18 +62,18 @@ static unsigned expect(unsigned x) {
 
 static void run_replays(weft_graph_t *g, step_t *st, unsigned base) {
   weft_exec_t *e;
-  assert_int_equal(weft_graph_instantiate(g, stream(0), &e), WEFT_OK);
+  assert_int_equal(weft_graph_instantiate(g, tu_stream(&env, 0), &e), WEFT_OK);
   for (unsigned it = 0; it < 50; it++) {
-    assert_int_equal(tu_fill(&env, stream(2), st->x, N, base + it), WEFT_OK);
-    assert_int_equal(weft_exec_launch(e, stream(it % 2 ? 3 : 0)), WEFT_OK);
+    assert_int_equal(tu_fill(&env, tu_stream(&env, 2), st->x, N, base + it), WEFT_OK);
+    assert_int_equal(weft_exec_launch(e, tu_stream(&env, it % 2 ? 3 : 0)), WEFT_OK);
     weft_block_t out;
     assert_int_equal(weft_exec_output(e, 0, &out), WEFT_OK);
-    assert_int_equal(weft_exec_launch(e, stream(0)), WEFT_ERR_BUSY);
+    assert_int_equal(weft_exec_launch(e, tu_stream(&env, 0)), WEFT_ERR_BUSY);
     static unsigned got[N];
-    assert_int_equal(tu_read(stream(4), out, got, sizeof got), WEFT_OK);
+    assert_int_equal(tu_read(tu_stream(&env, 4), out, got, sizeof got), WEFT_OK);
     for (unsigned i = 0; i < N; i++)
       if (got[i] != expect(base + it)) fail_msg("replay %u element %u: %u != %u", it, i, got[i], expect(base + it));
-    assert_int_equal(weft_free(out, stream(5)), WEFT_OK);
+    assert_int_equal(weft_free(out, tu_stream(&env, 5)), WEFT_OK);
   }
   assert_int_equal(weft_exec_destroy(e), WEFT_OK);
 }
@@ -88,16 +82,16 @@ static void test_private_pool_reuses_temporaries_with_captured_waits(void **stat
   (void)state;
   tu_reset_races(&env);
   step_t st;
-  assert_int_equal(weft_alloc(env.rt, N * 4, stream(0), "x", &st.x), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, N * 4, tu_stream(&env, 0), "x", &st.x), WEFT_OK);
   weft_capture_options_t o = weft_capture_options_default();
   o.memory = WEFT_GRAPH_MEMORY_PRIVATE_POOL;
   weft_graph_t *g;
-  weft_status_t r = weft_capture_run(stream(0), &o, body, &st, &g);
+  weft_status_t r = weft_capture_run(tu_stream(&env, 0), &o, body, &st, &g);
   if (r != WEFT_OK) fail_msg("%s: %s", weft_status_name(r), weft_last_error());
   assert_true(st.tmp_ptr[2] == st.tmp_ptr[0]); /* t3 took t1's memory (freed on the other stream) */
   run_replays(g, &st, 10);
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
-  assert_int_equal(weft_free(st.x, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(st.x, tu_stream(&env, 0)), WEFT_OK);
   if (tu_races(&env) != 0) tu_print_races(&env);
   assert_int_equal(tu_races(&env), 0);
 }
@@ -108,38 +102,38 @@ static void test_graphs_sharing_a_pool_reuse_each_others_temporaries(void **stat
   weft_graph_pool_t *pool;
   assert_int_equal(weft_graph_pool_create(env.rt, &pool), WEFT_OK);
   step_t a, b;
-  assert_int_equal(weft_alloc(env.rt, N * 4, stream(0), "xa", &a.x), WEFT_OK);
-  assert_int_equal(weft_alloc(env.rt, N * 4, stream(0), "xb", &b.x), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, N * 4, tu_stream(&env, 0), "xa", &a.x), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, N * 4, tu_stream(&env, 0), "xb", &b.x), WEFT_OK);
   weft_capture_options_t o = weft_capture_options_default();
   o.memory = WEFT_GRAPH_MEMORY_PRIVATE_POOL;
   o.pool = pool;
   weft_graph_t *ga, *gb;
-  assert_int_equal(weft_capture_run(stream(0), &o, body, &a, &ga), WEFT_OK);
+  assert_int_equal(weft_capture_run(tu_stream(&env, 0), &o, body, &a, &ga), WEFT_OK);
   uint64_t after_a = weft_graph_pool_reserved(pool);
-  assert_int_equal(weft_capture_run(stream(0), &o, body, &b, &gb), WEFT_OK);
+  assert_int_equal(weft_capture_run(tu_stream(&env, 0), &o, body, &b, &gb), WEFT_OK);
   assert_true(b.tmp_ptr[0] == a.tmp_ptr[0]); /* b's first temporary reuses a's */
   assert_int_equal(weft_graph_pool_reserved(pool), after_a); /* nothing new reserved */
   assert_int_equal(weft_graph_pool_destroy(pool), WEFT_ERR_BUSY);
   /* Replayed in capture order (a then b, each time). */
   weft_exec_t *ea, *eb;
-  assert_int_equal(weft_graph_instantiate(ga, stream(0), &ea), WEFT_OK);
-  assert_int_equal(weft_graph_instantiate(gb, stream(0), &eb), WEFT_OK);
+  assert_int_equal(weft_graph_instantiate(ga, tu_stream(&env, 0), &ea), WEFT_OK);
+  assert_int_equal(weft_graph_instantiate(gb, tu_stream(&env, 0), &eb), WEFT_OK);
   for (unsigned it = 0; it < 30; it++) {
-    assert_int_equal(tu_fill(&env, stream(2), a.x, N, it), WEFT_OK);
-    assert_int_equal(tu_fill(&env, stream(2), b.x, N, 1000 + it), WEFT_OK);
-    assert_int_equal(weft_exec_launch(ea, stream(0)), WEFT_OK);
-    assert_int_equal(weft_exec_launch(eb, stream(0)), WEFT_OK);
+    assert_int_equal(tu_fill(&env, tu_stream(&env, 2), a.x, N, it), WEFT_OK);
+    assert_int_equal(tu_fill(&env, tu_stream(&env, 2), b.x, N, 1000 + it), WEFT_OK);
+    assert_int_equal(weft_exec_launch(ea, tu_stream(&env, 0)), WEFT_OK);
+    assert_int_equal(weft_exec_launch(eb, tu_stream(&env, 0)), WEFT_OK);
     weft_block_t oa, ob;
     assert_int_equal(weft_exec_output(ea, 0, &oa), WEFT_OK);
     assert_int_equal(weft_exec_output(eb, 0, &ob), WEFT_OK);
     unsigned va, vb;
-    assert_int_equal(weft_copy_from_block(stream(4), &va, oa, 0, 4), WEFT_OK);
-    assert_int_equal(weft_copy_from_block(stream(4), &vb, ob, 0, 4), WEFT_OK);
-    assert_int_equal(weft_stream_synchronize(stream(4)), WEFT_OK);
+    assert_int_equal(weft_copy_from_block(tu_stream(&env, 4), &va, oa, 0, 4), WEFT_OK);
+    assert_int_equal(weft_copy_from_block(tu_stream(&env, 4), &vb, ob, 0, 4), WEFT_OK);
+    assert_int_equal(weft_stream_synchronize(tu_stream(&env, 4)), WEFT_OK);
     assert_int_equal(va, expect(it));
     assert_int_equal(vb, expect(1000 + it));
-    assert_int_equal(weft_free(oa, stream(1)), WEFT_OK);
-    assert_int_equal(weft_free(ob, stream(1)), WEFT_OK);
+    assert_int_equal(weft_free(oa, tu_stream(&env, 1)), WEFT_OK);
+    assert_int_equal(weft_free(ob, tu_stream(&env, 1)), WEFT_OK);
   }
   assert_int_equal(weft_exec_destroy(ea), WEFT_OK);
   assert_int_equal(weft_exec_destroy(eb), WEFT_OK);
@@ -148,8 +142,8 @@ static void test_graphs_sharing_a_pool_reuse_each_others_temporaries(void **stat
   printf("shared graph pool: %llu bytes reserved for two graphs of 4 x %u-byte blocks each\n",
          (unsigned long long)weft_graph_pool_reserved(pool), N * 4);
   assert_int_equal(weft_graph_pool_destroy(pool), WEFT_OK);
-  assert_int_equal(weft_free(a.x, stream(0)), WEFT_OK);
-  assert_int_equal(weft_free(b.x, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(a.x, tu_stream(&env, 0)), WEFT_OK);
+  assert_int_equal(weft_free(b.x, tu_stream(&env, 0)), WEFT_OK);
   if (tu_races(&env) != 0) tu_print_races(&env);
   assert_int_equal(tu_races(&env), 0);
 }
@@ -158,9 +152,9 @@ static void test_graphs_sharing_a_pool_reuse_each_others_temporaries(void **stat
 static void test_memory_nodes_policy_runs_the_same_step(void **state) {
   (void)state;
   step_t st;
-  assert_int_equal(weft_alloc(env.rt, N * 4, stream(0), "x", &st.x), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, N * 4, tu_stream(&env, 0), "x", &st.x), WEFT_OK);
   weft_graph_t *g;
-  assert_int_equal(weft_capture_run(stream(0), NULL, body, &st, &g), WEFT_OK);
+  assert_int_equal(weft_capture_run(tu_stream(&env, 0), NULL, body, &st, &g), WEFT_OK);
   run_replays(g, &st, 77);
   weft_graph_memory_stats_t m;
   weft_status_t r = weft_graph_memory_stats(env.rt, &m);
@@ -170,7 +164,7 @@ static void test_memory_nodes_policy_runs_the_same_step(void **state) {
            (unsigned long long)m.reserved_high);
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
   assert_int_equal(weft_graph_memory_trim(env.rt), WEFT_OK);
-  assert_int_equal(weft_free(st.x, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(st.x, tu_stream(&env, 0)), WEFT_OK);
 }
 
 int main(void) {

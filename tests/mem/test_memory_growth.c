@@ -14,7 +14,7 @@
 #include <string.h>
 #include <cmocka.h>
 
-#include "tests/util/testutil.h"
+#include "tests/util/cmocka_env.h"
 
 static tu_env_t env;
 
@@ -27,20 +27,14 @@ static int teardown(void **state) {
   tu_fini(&env);
   return 0;
 }
-static weft_stream_t *stream(unsigned i) {
-  weft_stream_t *s;
-  assert_int_equal(weft_stream_get(env.rt, i, &s), WEFT_OK);
-  return s;
-}
-
 static void test_small_device_still_serves_small_blocks(void **state) {
   (void)state;
   if (env.sim == NULL) skip();
   weft_block_t b;
-  weft_status_t st = weft_alloc(env.rt, 4096, stream(0), "small", &b);
+  weft_status_t st = weft_alloc(env.rt, 4096, tu_stream(&env, 0), "small", &b);
   if (st != WEFT_OK) fail_msg("weft_alloc(4 KiB): %s: %s", weft_status_name(st), weft_last_error());
-  assert_int_equal(tu_fill(&env, stream(0), b, 1024, 7), WEFT_OK);
-  assert_int_equal(weft_free(b, stream(0)), WEFT_OK);
+  assert_int_equal(tu_fill(&env, tu_stream(&env, 0), b, 1024, 7), WEFT_OK);
+  assert_int_equal(weft_free(b, tu_stream(&env, 0)), WEFT_OK);
 }
 
 static weft_status_t graph_body(weft_stream_t *s, void *arg) {
@@ -56,16 +50,16 @@ static void test_trim_gives_memory_back_to_the_driver(void **state) {
   (void)state;
   if (env.sim == NULL) skip();
   weft_block_t b;
-  assert_int_equal(weft_alloc(env.rt, 40u << 20, stream(0), "big", &b), WEFT_OK);
-  assert_int_equal(weft_free(b, stream(0)), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, 40u << 20, tu_stream(&env, 0), "big", &b), WEFT_OK);
+  assert_int_equal(weft_free(b, tu_stream(&env, 0)), WEFT_OK);
   assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
   assert_int_equal(weft_resource_trim(weft_runtime_resource(env.rt), 0), WEFT_OK);
   weft_graph_t *g;
-  assert_int_equal(weft_capture_run(stream(0), NULL, graph_body, NULL, &g), WEFT_OK);
+  assert_int_equal(weft_capture_run(tu_stream(&env, 0), NULL, graph_body, NULL, &g), WEFT_OK);
   weft_exec_t *e;
-  weft_status_t st = weft_graph_instantiate(g, stream(0), &e);
+  weft_status_t st = weft_graph_instantiate(g, tu_stream(&env, 0), &e);
   if (st != WEFT_OK) fail_msg("weft_graph_instantiate: %s: %s", weft_status_name(st), weft_last_error());
-  assert_int_equal(weft_exec_launch(e, stream(0)), WEFT_OK);
+  assert_int_equal(weft_exec_launch(e, tu_stream(&env, 0)), WEFT_OK);
   assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
   assert_int_equal(weft_exec_destroy(e), WEFT_OK);
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
@@ -76,7 +70,7 @@ static void test_out_of_memory_says_the_sizes(void **state) {
   (void)state;
   if (env.sim == NULL) skip();
   weft_block_t b;
-  assert_int_equal(weft_alloc(env.rt, 100u << 20, stream(0), "too big", &b), WEFT_ERR_OUT_OF_MEMORY);
+  assert_int_equal(weft_alloc(env.rt, 100u << 20, tu_stream(&env, 0), "too big", &b), WEFT_ERR_OUT_OF_MEMORY);
   const char *m = weft_last_error();
   if (strstr(m, "104857600 bytes") == NULL || strstr(m, "reserved") == NULL || strstr(m, "largest free range") == NULL)
     fail_msg("the message does not give the sizes: %s", m);

@@ -10,7 +10,7 @@
 #include <cmocka.h>
 
 #include "lib/core/driver.h"
-#include "tests/util/testutil.h"
+#include "tests/util/cmocka_env.h"
 
 #define N 1024
 static tu_env_t env;
@@ -28,36 +28,30 @@ static int teardown(void **state) {
   tu_fini(&env);
   return 0;
 }
-static weft_stream_t *stream(unsigned i) {
-  weft_stream_t *s;
-  assert_int_equal(weft_stream_get(env.rt, i, &s), WEFT_OK);
-  return s;
-}
-
 static void test_copies_and_memsets_across_streams(void **state) {
   (void)state;
   tu_reset_races(&env);
   static unsigned src[N], dst[N];
   for (unsigned i = 0; i < N; i++) src[i] = i * 3;
   weft_block_t a, b;
-  assert_int_equal(weft_alloc(env.rt, N * 4, stream(0), "a", &a), WEFT_OK);
-  assert_int_equal(weft_alloc(env.rt, N * 4, stream(0), "b", &b), WEFT_OK);
-  assert_int_equal(weft_copy_to_block(stream(1), a, 0, src, sizeof src), WEFT_OK);
-  assert_int_equal(weft_copy_block(stream(2), b, 0, a, 0, N * 4), WEFT_OK);
-  assert_int_equal(weft_memset32(stream(3), a, 0, 0xabcdu, 16 * 4), WEFT_OK);
-  assert_int_equal(weft_memset8(stream(4), b, 4 * 10, 0x11, 4), WEFT_OK);
-  assert_int_equal(weft_copy_from_block(stream(5), dst, b, 0, sizeof dst), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, N * 4, tu_stream(&env, 0), "a", &a), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, N * 4, tu_stream(&env, 0), "b", &b), WEFT_OK);
+  assert_int_equal(weft_copy_to_block(tu_stream(&env, 1), a, 0, src, sizeof src), WEFT_OK);
+  assert_int_equal(weft_copy_block(tu_stream(&env, 2), b, 0, a, 0, N * 4), WEFT_OK);
+  assert_int_equal(weft_memset32(tu_stream(&env, 3), a, 0, 0xabcdu, 16 * 4), WEFT_OK);
+  assert_int_equal(weft_memset8(tu_stream(&env, 4), b, 4 * 10, 0x11, 4), WEFT_OK);
+  assert_int_equal(weft_copy_from_block(tu_stream(&env, 5), dst, b, 0, sizeof dst), WEFT_OK);
   assert_int_equal(weft_block_synchronize(b), WEFT_OK);
   for (unsigned i = 0; i < N; i++) assert_int_equal(dst[i], i == 10 ? 0x11111111u : i * 3);
-  assert_int_equal(tu_read(stream(6), a, dst, sizeof dst), WEFT_OK);
+  assert_int_equal(tu_read(tu_stream(&env, 6), a, dst, sizeof dst), WEFT_OK);
   for (unsigned i = 0; i < N; i++) assert_int_equal(dst[i], i < 16 ? 0xabcdu : i * 3);
   assert_int_equal(tu_races(&env), 0);
   /* Ranges are checked. */
-  assert_int_equal(weft_copy_to_block(stream(1), a, N * 4 - 2, src, 4), WEFT_ERR_INVALID_ARGUMENT);
-  assert_int_equal(weft_memset32(stream(1), a, 2, 0, 4), WEFT_ERR_INVALID_ARGUMENT);
-  assert_int_equal(weft_copy_from_block(stream(1), NULL, a, 0, 4), WEFT_ERR_INVALID_ARGUMENT);
-  assert_int_equal(weft_free(a, stream(0)), WEFT_OK);
-  assert_int_equal(weft_free(b, stream(0)), WEFT_OK);
+  assert_int_equal(weft_copy_to_block(tu_stream(&env, 1), a, N * 4 - 2, src, 4), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_memset32(tu_stream(&env, 1), a, 2, 0, 4), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_copy_from_block(tu_stream(&env, 1), NULL, a, 0, 4), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_free(a, tu_stream(&env, 0)), WEFT_OK);
+  assert_int_equal(weft_free(b, tu_stream(&env, 0)), WEFT_OK);
 }
 
 static void host_fn(void *user) { (*(int *)user)++; }
@@ -66,18 +60,18 @@ static void test_host_callback_runs_after_the_writer(void **state) {
   (void)state;
   int calls = 0;
   weft_block_t a;
-  assert_int_equal(weft_alloc(env.rt, N * 4, stream(0), "a", &a), WEFT_OK);
-  assert_int_equal(tu_fill(&env, stream(0), a, N, 1), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, N * 4, tu_stream(&env, 0), "a", &a), WEFT_OK);
+  assert_int_equal(tu_fill(&env, tu_stream(&env, 0), a, N, 1), WEFT_OK);
   weft_access_t r = {a, WEFT_READ};
   weft_counters_t c0, c1;
   assert_int_equal(weft_runtime_counters(env.rt, &c0), WEFT_OK);
-  assert_int_equal(weft_host_func(stream(1), host_fn, &calls, &r, 1), WEFT_OK);
+  assert_int_equal(weft_host_func(tu_stream(&env, 1), host_fn, &calls, &r, 1), WEFT_OK);
   assert_int_equal(weft_runtime_counters(env.rt, &c1), WEFT_OK);
   assert_int_equal(c1.waits_issued - c0.waits_issued, 1);
-  assert_int_equal(weft_stream_synchronize(stream(1)), WEFT_OK);
+  assert_int_equal(weft_stream_synchronize(tu_stream(&env, 1)), WEFT_OK);
   assert_int_equal(calls, 1);
-  assert_int_equal(weft_host_func(stream(1), NULL, NULL, NULL, 0), WEFT_ERR_INVALID_ARGUMENT);
-  assert_int_equal(weft_free(a, stream(0)), WEFT_OK);
+  assert_int_equal(weft_host_func(tu_stream(&env, 1), NULL, NULL, NULL, 0), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_free(a, tu_stream(&env, 0)), WEFT_OK);
 }
 
 static void test_write_value_then_wait_value_orders_streams(void **state) {
@@ -85,18 +79,18 @@ static void test_write_value_then_wait_value_orders_streams(void **state) {
   tu_reset_races(&env);
   /* Stream memory operations need cuMemAlloc memory: a pool block is refused clearly... */
   weft_block_t pooled;
-  assert_int_equal(weft_alloc(env.rt, 64, stream(0), "pooled", &pooled), WEFT_OK);
-  assert_int_equal(weft_write_value32(stream(1), pooled, 0, 7), WEFT_ERR_NOT_SUPPORTED);
+  assert_int_equal(weft_alloc(env.rt, 64, tu_stream(&env, 0), "pooled", &pooled), WEFT_OK);
+  assert_int_equal(weft_write_value32(tu_stream(&env, 1), pooled, 0, 7), WEFT_ERR_NOT_SUPPORTED);
   assert_non_null(strstr(weft_last_error(), "weft_direct_create"));
-  assert_int_equal(weft_free(pooled, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(pooled, tu_stream(&env, 0)), WEFT_OK);
   /* ... and memory from a direct resource, wrapped as a block, works. */
   weft_resource_t *direct;
   assert_int_equal(weft_direct_create(env.rt, &direct), WEFT_OK);
   CUdeviceptr raw_flag;
-  assert_int_equal(weft_resource_allocate(direct, 64, stream(0), "flag", &raw_flag), WEFT_OK);
+  assert_int_equal(weft_resource_allocate(direct, 64, tu_stream(&env, 0), "flag", &raw_flag), WEFT_OK);
   weft_block_t flag;
   assert_int_equal(weft_block_wrap(env.rt, raw_flag, 64, "flag", &flag), WEFT_OK);
-  assert_int_equal(weft_memset32(stream(0), flag, 0, 0, 64), WEFT_OK);
+  assert_int_equal(weft_memset32(tu_stream(&env, 0), flag, 0, 0, 64), WEFT_OK);
   /* 64-bit operations exist only where the device says so; elsewhere they are NOT_SUPPORTED. */
   CUdevice dev;
   int ops64 = 0;
@@ -109,33 +103,33 @@ static void test_write_value_then_wait_value_orders_streams(void **state) {
     weft_status_t r_ = (call);                                                                  \
     if (r_ != (want)) fail_msg("%s: %s: %s", #call, weft_status_name(r_), weft_last_error());  \
   } while (0)
-  EXPECT(weft_write_value32(stream(1), flag, 0, 7), WEFT_OK);
-  EXPECT(weft_write_value64(stream(1), flag, 8, 0x1122334455667788ull), want64);
-  EXPECT(weft_wait_value32(stream(2), flag, 0, 7, CU_STREAM_WAIT_VALUE_EQ), WEFT_OK);
-  EXPECT(weft_wait_value64(stream(2), flag, 8, 0x1122334455667788ull, CU_STREAM_WAIT_VALUE_GEQ), want64);
-  assert_int_equal(weft_stream_synchronize(stream(2)), WEFT_OK);
+  EXPECT(weft_write_value32(tu_stream(&env, 1), flag, 0, 7), WEFT_OK);
+  EXPECT(weft_write_value64(tu_stream(&env, 1), flag, 8, 0x1122334455667788ull), want64);
+  EXPECT(weft_wait_value32(tu_stream(&env, 2), flag, 0, 7, CU_STREAM_WAIT_VALUE_EQ), WEFT_OK);
+  EXPECT(weft_wait_value64(tu_stream(&env, 2), flag, 8, 0x1122334455667788ull, CU_STREAM_WAIT_VALUE_GEQ), want64);
+  assert_int_equal(weft_stream_synchronize(tu_stream(&env, 2)), WEFT_OK);
   uint64_t host[2];
-  assert_int_equal(tu_read(stream(3), flag, host, 16), WEFT_OK);
+  assert_int_equal(tu_read(tu_stream(&env, 3), flag, host, 16), WEFT_OK);
   assert_int_equal(host[0] & 0xffffffffu, 7);
   if (ops64) assert_int_equal(host[1], 0x1122334455667788ull);
   else assert_int_equal(host[1], 0);
-  assert_int_equal(weft_write_value32(stream(1), flag, 2, 7), WEFT_ERR_INVALID_ARGUMENT);
-  assert_int_equal(weft_write_value64(stream(1), flag, 60, 7), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_write_value32(tu_stream(&env, 1), flag, 2, 7), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_write_value64(tu_stream(&env, 1), flag, 60, 7), WEFT_ERR_INVALID_ARGUMENT);
   assert_int_equal(tu_races(&env), 0);
-  assert_int_equal(weft_free(flag, stream(0)), WEFT_OK); /* forgets the wrapped block, after its uses */
-  assert_int_equal(weft_resource_deallocate(direct, raw_flag, 64, stream(0), "flag"), WEFT_OK);
+  assert_int_equal(weft_free(flag, tu_stream(&env, 0)), WEFT_OK); /* forgets the wrapped block, after its uses */
+  assert_int_equal(weft_resource_deallocate(direct, raw_flag, 64, tu_stream(&env, 0), "flag"), WEFT_OK);
   weft_resource_destroy(direct);
 }
 
 static void test_hot_block_window(void **state) {
   (void)state;
   weft_block_t a;
-  assert_int_equal(weft_alloc(env.rt, 1 << 20, stream(0), "hot", &a), WEFT_OK);
-  assert_int_equal(weft_stream_set_hot_block(stream(0), a, 0.6f), WEFT_OK);
-  assert_int_equal(weft_stream_set_hot_block(stream(0), a, 1.5f), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_alloc(env.rt, 1 << 20, tu_stream(&env, 0), "hot", &a), WEFT_OK);
+  assert_int_equal(weft_stream_set_hot_block(tu_stream(&env, 0), a, 0.6f), WEFT_OK);
+  assert_int_equal(weft_stream_set_hot_block(tu_stream(&env, 0), a, 1.5f), WEFT_ERR_INVALID_ARGUMENT);
   weft_block_t nul = {0};
-  assert_int_equal(weft_stream_set_hot_block(stream(0), nul, 0.0f), WEFT_OK);
-  assert_int_equal(weft_free(a, stream(0)), WEFT_OK);
+  assert_int_equal(weft_stream_set_hot_block(tu_stream(&env, 0), nul, 0.0f), WEFT_OK);
+  assert_int_equal(weft_free(a, tu_stream(&env, 0)), WEFT_OK);
 }
 
 /* Work weft does not see: an outside stream writes, weft imports it; weft exports a ready event
@@ -144,17 +138,17 @@ static void test_import_and_export(void **state) {
   (void)state;
   tu_reset_races(&env);
   weft_block_t a, out;
-  assert_int_equal(weft_alloc(env.rt, N * 4, stream(0), "a", &a), WEFT_OK);
-  assert_int_equal(weft_alloc(env.rt, N * 4, stream(0), "out", &out), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, N * 4, tu_stream(&env, 0), "a", &a), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, N * 4, tu_stream(&env, 0), "out", &out), WEFT_OK);
   assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
   CUstream outside;
   assert_int_equal(drv->cuStreamCreateWithPriority(&outside, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);
   CUdeviceptr pa;
   assert_int_equal(weft_block_ptr(a, &pa), WEFT_OK);
   assert_int_equal(drv->cuMemsetD32Async(pa, 5, N, outside), CUDA_SUCCESS);
-  assert_int_equal(weft_stream_import_stream(stream(1), outside), WEFT_OK);
+  assert_int_equal(weft_stream_import_stream(tu_stream(&env, 1), outside), WEFT_OK);
   const weft_block_t none = {0};
-  assert_int_equal(tu_combine(&env, stream(1), out, none, a, none, none, N, 1), WEFT_OK);
+  assert_int_equal(tu_combine(&env, tu_stream(&env, 1), out, none, a, none, none, N, 1), WEFT_OK);
   /* Export: outside code waits for out's writer before reading it. */
   CUevent ready;
   assert_int_equal(weft_block_export_event(out, WEFT_READ, &ready), WEFT_OK);
@@ -171,18 +165,18 @@ static void test_import_and_export(void **state) {
   assert_int_equal(drv->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
   assert_int_equal(drv->cuMemsetD32Async(pa, 9, N, outside), CUDA_SUCCESS);
   assert_int_equal(drv->cuEventRecord(ev, outside), CUDA_SUCCESS);
-  assert_int_equal(weft_stream_import_event(stream(2), ev), WEFT_OK);
-  assert_int_equal(tu_combine(&env, stream(2), out, none, a, none, none, N, 0), WEFT_OK);
-  assert_int_equal(tu_read(stream(2), out, host, sizeof host), WEFT_OK);
+  assert_int_equal(weft_stream_import_event(tu_stream(&env, 2), ev), WEFT_OK);
+  assert_int_equal(tu_combine(&env, tu_stream(&env, 2), out, none, a, none, none, N, 0), WEFT_OK);
+  assert_int_equal(tu_read(tu_stream(&env, 2), out, host, sizeof host), WEFT_OK);
   for (unsigned i = 0; i < N; i++) assert_int_equal(host[i], 63);
   assert_int_equal(tu_races(&env), 0);
-  assert_int_equal(weft_stream_import_event(stream(2), NULL), WEFT_ERR_INVALID_ARGUMENT);
-  assert_int_equal(weft_stream_import_stream(stream(2), NULL), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_stream_import_event(tu_stream(&env, 2), NULL), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_stream_import_stream(tu_stream(&env, 2), NULL), WEFT_ERR_INVALID_ARGUMENT);
   assert_int_equal(drv->cuEventDestroy(ev), CUDA_SUCCESS);
   assert_int_equal(drv->cuStreamSynchronize(outside), CUDA_SUCCESS);
   assert_int_equal(drv->cuStreamDestroy(outside), CUDA_SUCCESS);
-  assert_int_equal(weft_free(a, stream(0)), WEFT_OK);
-  assert_int_equal(weft_free(out, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(a, tu_stream(&env, 0)), WEFT_OK);
+  assert_int_equal(weft_free(out, tu_stream(&env, 0)), WEFT_OK);
 }
 
 int main(void) {
