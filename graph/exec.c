@@ -7,18 +7,6 @@
 #include "lib/core/error.h"
 #include "lib/core/meta.h"
 
-/* The driver's graph-memory calls, one at a time in the process: instantiate (with its upload),
- * launch, the free of an output, exec and graph destroy. Run at once from several threads they
- * crashed libcuda (580.159.04, H200: a SIGSEGV inside cuMemFreeAsync of a graph output about once
- * in ten runs of tests/threads; none in 115 runs with this lock). A leaf: nothing else is taken
- * while it is held. */
-static pthread_mutex_t graph_driver_lock = PTHREAD_MUTEX_INITIALIZER;
-#define GRAPH_DRIVER(stmt)                    \
-  do {                                        \
-    pthread_mutex_lock(&graph_driver_lock);   \
-    stmt;                                     \
-    pthread_mutex_unlock(&graph_driver_lock); \
-  } while (0)
 
 /* ---- outputs: the graph's resource ------------------------------------------------------------ */
 
@@ -34,7 +22,7 @@ static weft_status_t outputs_deallocate(weft_resource_t *self, CUdeviceptr p, si
     return weft__error(WEFT_ERR_CAPTURE, "weft_free: output '%s' of a graph cannot be freed inside a capture", tag);
   if (g->memory == WEFT_GRAPH_MEMORY_NODES) {
     CUresult r;
-    GRAPH_DRIVER(WEFT__RELAXED(drv, r = drv->cuMemFreeAsync(p, s->raw)));
+    WEFT__GRAPH_MEMORY(WEFT__RELAXED(drv, r = drv->cuMemFreeAsync(p, s->raw)));
     if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemFreeAsync (graph output)");
     weft__tracker_touch(s);
   }
@@ -112,7 +100,7 @@ weft_status_t weft_graph_destroy(weft_graph_t *g) {
   if (!weft__handle_remove(g, WEFT__HANDLE_GRAPH))
     return weft__error(WEFT_ERR_STALE_HANDLE, "weft_graph_destroy: the graph was destroyed already");
   CUresult r = CUDA_SUCCESS;
-  if (atomic_load(&g->rt->alive)) GRAPH_DRIVER(WEFT__RELAXED(g->rt->drv, r = g->rt->drv->cuGraphDestroy(g->g)));
+  if (atomic_load(&g->rt->alive)) WEFT__GRAPH_MEMORY(WEFT__RELAXED(g->rt->drv, r = g->rt->drv->cuGraphDestroy(g->g)));
   if (r != CUDA_SUCCESS) {
     weft__handle_restore(g, WEFT__HANDLE_GRAPH);
     return weft__driver_fail(r, "cuGraphDestroy");
@@ -169,14 +157,14 @@ weft_status_t weft_graph_instantiate(weft_graph_t *g, weft_stream_t *upload, wef
       e->auto_free && g->memory == WEFT_GRAPH_MEMORY_NODES ? CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH : 0;
   const weft__driver_t *d = g->rt->drv;
   CUresult r;
-  GRAPH_DRIVER(WEFT__RELAXED(d, if ((r = d->cuGraphInstantiateWithFlags(&e->x, g->g, flags)) == CUDA_SUCCESS)
+  WEFT__GRAPH_MEMORY(WEFT__RELAXED(d, if ((r = d->cuGraphInstantiateWithFlags(&e->x, g->g, flags)) == CUDA_SUCCESS)
                                     r = d->cuGraphUpload(e->x, upload->raw)));
   if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuGraphInstantiateWithFlags / cuGraphUpload");
   else if (!weft__handle_add(e, WEFT__HANDLE_EXEC))
     st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_graph_instantiate: no host memory for an exec handle");
   if (st != WEFT_OK) {
     /* Unclaimed: the graph is as it was. */
-    if (e->x != NULL) GRAPH_DRIVER(WEFT__RELAXED(d, d->cuGraphExecDestroy(e->x)));
+    if (e->x != NULL) WEFT__GRAPH_MEMORY(WEFT__RELAXED(d, d->cuGraphExecDestroy(e->x)));
     pthread_mutex_lock(&g->lock);
     g->exec = NULL;
     pthread_mutex_unlock(&g->lock);
@@ -194,7 +182,7 @@ typedef struct launch_arg {
 static weft_status_t do_launch(weft_stream_t *s, void *arg) {
   const launch_arg_t *a = arg;
   CUresult r;
-  GRAPH_DRIVER(r = s->tr->drv->cuGraphLaunch(a->x, s->raw));
+  WEFT__GRAPH_MEMORY(r = s->tr->drv->cuGraphLaunch(a->x, s->raw));
   return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuGraphLaunch");
 }
 
@@ -334,7 +322,7 @@ weft_status_t weft_exec_destroy(weft_exec_t *e) {
     return weft__error(WEFT_ERR_STALE_HANDLE, "weft_exec_destroy: the exec was destroyed already");
   weft_graph_t *g = e->graph;
   CUresult r = CUDA_SUCCESS;
-  if (atomic_load(&g->rt->alive)) GRAPH_DRIVER(WEFT__RELAXED(g->rt->drv, r = g->rt->drv->cuGraphExecDestroy(e->x)));
+  if (atomic_load(&g->rt->alive)) WEFT__GRAPH_MEMORY(WEFT__RELAXED(g->rt->drv, r = g->rt->drv->cuGraphExecDestroy(e->x)));
   if (r != CUDA_SUCCESS) {
     weft__handle_restore(e, WEFT__HANDLE_EXEC);
     return weft__driver_fail(r, "cuGraphExecDestroy");
@@ -372,7 +360,5 @@ weft_status_t weft_graph_memory_trim(weft_runtime_t *rt) {
   if (tr->drv->cuDeviceGraphMemTrim == NULL)
     return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_graph_memory_trim: the driver has no cuDeviceGraphMemTrim");
   if ((st = weft__tracker_bind(tr)) != WEFT_OK) return st;
-  CUresult r;
-  GRAPH_DRIVER(WEFT__RELAXED(tr->drv, r = tr->drv->cuDeviceGraphMemTrim(tr->device)));
-  return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuDeviceGraphMemTrim");
+  return weft__graph_memory_trim(tr);
 }

@@ -4,7 +4,20 @@
  * the same address, CUDA_SEMANTICS.md). The driver owns the memory (graph memory counters,
  * cuDeviceGraphMemTrim): nothing is reserved here. Both calls are work on the stream, so later
  * points of the stream cover them. */
+#include <pthread.h>
+
 #include "lib/mem/mem.h"
+
+static pthread_mutex_t graph_memory_lock = PTHREAD_MUTEX_INITIALIZER;
+
+void weft__graph_memory_lock(void) { pthread_mutex_lock(&graph_memory_lock); }
+void weft__graph_memory_unlock(void) { pthread_mutex_unlock(&graph_memory_lock); }
+
+weft_status_t weft__graph_memory_trim(weft__tracker_t *tr) {
+  CUresult r;
+  WEFT__GRAPH_MEMORY(WEFT__RELAXED(tr->drv, r = tr->drv->cuDeviceGraphMemTrim(tr->device)));
+  return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuDeviceGraphMemTrim");
+}
 
 typedef weft__plain_resource_t graph_nodes_t;
 
@@ -14,7 +27,7 @@ static weft_status_t nodes_allocate(weft_resource_t *self, size_t bytes, weft_st
   if (g->tr->drv->cuMemAllocAsync == NULL)
     return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_alloc: the driver has no stream-ordered allocation (graph memory nodes)");
   CUresult r;
-  WEFT__RELAXED(g->tr->drv, r = g->tr->drv->cuMemAllocAsync(out, bytes, s->raw));
+  WEFT__GRAPH_MEMORY(WEFT__RELAXED(g->tr->drv, r = g->tr->drv->cuMemAllocAsync(out, bytes, s->raw)));
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemAllocAsync (graph memory)");
   weft__tracker_touch(s);
   return WEFT_OK;
@@ -24,7 +37,7 @@ static weft_status_t nodes_deallocate(weft_resource_t *self, CUdeviceptr p, size
                                       const char *tag) {
   graph_nodes_t *g = (graph_nodes_t *)self;
   CUresult r;
-  WEFT__RELAXED(g->tr->drv, r = g->tr->drv->cuMemFreeAsync(p, s->raw));
+  WEFT__GRAPH_MEMORY(WEFT__RELAXED(g->tr->drv, r = g->tr->drv->cuMemFreeAsync(p, s->raw)));
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemFreeAsync (graph memory)");
   weft__tracker_touch(s);
   return WEFT_OK;

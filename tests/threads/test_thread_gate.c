@@ -29,7 +29,9 @@
  * thread's graph pool replay on one stream: graph pools require replay in capture order.
  *
  * Every failing weft call and data mismatch is counted (a table of distinct messages is printed
- * at the end of each test); SIGABRT (weft assertions) and SIGSEGV in a worker print a stack.
+ * at the end of each test), with how many elements differ; a failed check of an own block prints
+ * that block's last operations (trace). SIGABRT (weft assertions) and SIGSEGV in a worker print a
+ * stack.
  *
  * Knobs (environment): THREAD_GATE_ITERS (iterations per thread), THREAD_GATE_SEED,
  * THREAD_GATE_ONLY=<part of a test name>, and to isolate a failure: THREAD_GATE_HANDOFF=0 (graph
@@ -64,6 +66,7 @@
 #define BYTES (ELEMS * 4u)
 #define MBOX 8
 #define SPIN_LIMIT 200000ul
+#define TRACE 16 /* operations remembered per own block */
 
 enum { MODE_GATE, MODE_SHARED, MODE_CONTEND };
 
@@ -102,6 +105,15 @@ typedef struct job {
   unsigned long uses, checks, syncs, refused, captures, capture_runs, joins, launches, sent, received, busy_spins,
       contended, auto_null, replaced;
   unsigned long errors, mismatches;
+  /* The last TRACE operations on each own block, printed when a check of it fails. */
+  struct {
+    unsigned it;      /* iteration */
+    char op;          /* f fill, c combine, x replaced, t temporary, g graph launch, o graph output read, k check */
+    unsigned char s;  /* stream index (255: none) */
+    unsigned short x; /* what op says (inputs, the other stream, graph kind, launch) */
+    unsigned m0;      /* element 0 of the model after it */
+  } trace[NB][TRACE];
+  unsigned traced[NB], it;
 } job_t;
 static job_t jobs[THREADS];
 
@@ -250,10 +262,37 @@ static void model_combine(unsigned *out, const unsigned *in0, const unsigned *in
   memcpy(out, t, sizeof t);
 }
 
+/* Notes an operation on own block r (after its model changed). */
+static void note(job_t *j, int r, char op, weft_stream_t *s, unsigned x) {
+  if (r < 0 || r >= NB) return;
+  unsigned k = j->traced[r]++ % TRACE;
+  j->trace[r][k].it = j->it;
+  j->trace[r][k].op = op;
+  j->trace[r][k].s = s ? (unsigned char)s->index : 255;
+  j->trace[r][k].x = (unsigned short)x;
+  j->trace[r][k].m0 = j->model[r][0];
+}
+
+/* Prints own block r's trace; "<= read" marks a model state equal to what the check read (a lost
+ * or reordered write), none marked means the last writes computed from wrong inputs. */
+static void print_trace(job_t *j, int r, unsigned got0) {
+  if (r < 0 || r >= NB) return;
+  unsigned n = j->traced[r] < TRACE ? j->traced[r] : TRACE;
+  for (unsigned i = 0; i < n; i++) {
+    unsigned k = (j->traced[r] - n + i) % TRACE;
+    fprintf(stderr, "  thread %u own block %d: iteration %u op %c stream %u x %u model[0] %u%s\n", j->id, r,
+            j->trace[r][k].it, j->trace[r][k].op, j->trace[r][k].s, j->trace[r][k].x, j->trace[r][k].m0,
+            j->trace[r][k].m0 == got0 ? "  <= read" : "");
+  }
+}
+
 static bool same(job_t *j, const unsigned *got, const unsigned *want, const char *what, int idx) {
   for (unsigned i = 0; i < ELEMS; i++)
     if (got[i] != want[i]) {
-      bad(j, true, "data: %s %d element %u: %u, model %u", what, idx, i, got[i], want[i]);
+      unsigned nw = 0;
+      for (unsigned q = 0; q < ELEMS; q++) nw += got[q] != want[q];
+      bad(j, true, "data: %s %d element %u: %u, model %u (%u of %u elements differ)", what, idx, i, got[i], want[i], nw,
+          ELEMS);
       return false;
     }
   return true;
@@ -297,8 +336,10 @@ static bool read_block(job_t *j, weft_block_t b) {
 static void check_ref(job_t *j, int r) {
   if (!read_block(j, blk(j, r)) || !kn(j, r)) return;
   if (!same(j, j->host, mref(j, r), r < NB ? "own block" : "shared block", r)) {
+    print_trace(j, r, j->host[0]);
     memcpy(mref(j, r), j->host, BYTES); /* resynchronise the model: report each divergence once */
   }
+  note(j, r, 'k', NULL, 0);
 }
 
 /* ---- eager operations ---------------------------------------------------------------------- */
@@ -320,6 +361,7 @@ static void e_combine(job_t *j, int out, int in0, int in1, int in2, unsigned sal
   j->uses++;
   model_combine(mref(j, out), mref(j, in0), mref(j, in1), mref(j, in2), salt);
   *kref(j, out) = kn(j, in0) && kn(j, in1) && kn(j, in2);
+  note(j, out, 'c', s, (unsigned)((in0 + 1) * 100 + (in1 + 1) * 10 + (in2 + 1)));
 }
 
 static void e_fill(job_t *j, int r, unsigned value) {
@@ -335,6 +377,7 @@ static void e_fill(job_t *j, int r, unsigned value) {
   j->uses++;
   for (unsigned i = 0; i < ELEMS; i++) mref(j, r)[i] = value;
   *kref(j, r) = true;
+  note(j, r, 'f', s, 0);
 }
 
 /* Frees block r on one stream, allocates it anew on another (sometimes the same), writes it. */
@@ -358,6 +401,7 @@ static void e_replace(job_t *j, int r, int src) {
   }
   j->replaced++;
   *kref(j, r) = false;
+  note(j, r, 'x', s, s2->index);
   if (src < 0) e_fill(j, r, (unsigned)rnd(j));
   else e_combine(j, r, src, RO(rn(j, NSH)), -1, (unsigned)rnd(j));
 }
@@ -389,6 +433,7 @@ static void e_temp(job_t *j) {
     if (call_ok(j, st, "tu_combine (read tmp)")) {
       model_combine(j->model[b], j->model[b], tm, NULL, salt2);
       j->known[b] = j->known[a] && j->known[b];
+      note(j, b, 't', s, (unsigned)a);
       j->uses += 2;
     } else {
       j->known[b] = false;
@@ -491,6 +536,7 @@ typedef struct body {
   int a, b, c;      /* b < 0: no write of an own block */
   bool out_on_t, w_on_t, free_on_t;
   bool shared_pool; /* captured into the thread's graph pool */
+  int mem, mode;    /* 0 memory nodes, 1 own graph pool, 2 the thread's pool; weft_capture_mode_t */
   unsigned salt[4];
 } body_t;
 
@@ -588,6 +634,7 @@ static void replay(job_t *j, weft_graph_t *g, body_t *B) {
       j->launches++;
       msg_t m;
       model_launch(j, B, m.expect, &m.known);
+      note(j, B->b, 'g', s, (unsigned)(B->a * 1000 + B->mem * 100 + B->mode * 10 + (B->t != NULL)));
       if (!CALL(j, weft_exec_output(e, 0, &m.b)) || m.b.rec == NULL) {
         bad(j, false, "no output after a launch");
         break;
@@ -599,7 +646,10 @@ static void replay(job_t *j, weft_graph_t *g, body_t *B) {
         continue;
       }
       if (what == 0) {
-        if (read_block(j, m.b) && m.known) (void)same(j, j->host, m.expect, "graph output", (int)l);
+        char what[128];
+        snprintf(what, sizeof what, "graph output (memory %d, mode %d, second stream %d, %u launches): launch",
+                 B->mem, B->mode, B->t != NULL, launches);
+        if (read_block(j, m.b) && m.known) (void)same(j, j->host, m.expect, what, (int)l);
       } else {
         int x = (int)rn(j, NB);
         unsigned salt = (unsigned)rnd(j);
@@ -611,6 +661,7 @@ static void replay(job_t *j, weft_graph_t *g, body_t *B) {
         if (call_ok(j, st, "tu_combine (read graph output)")) {
           model_combine(j->model[x], m.expect, j->model[x], NULL, salt);
           j->known[x] = j->known[x] && m.known;
+          note(j, x, 'o', s, l);
         } else {
           j->known[x] = false;
         }
@@ -676,6 +727,8 @@ static void e_capture(job_t *j) {
   B.join = true;
   weft_capture_options_t o = random_options(j);
   B.shared_pool = o.pool != NULL;
+  B.mem = o.memory == WEFT_GRAPH_MEMORY_PRIVATE_POOL ? (o.pool ? 2 : 1) : 0;
+  B.mode = (int)o.mode;
   weft_graph_t *g = NULL;
   weft_status_t st = capture(j, s, &o, &B, &g);
   if (t) pthread_rwlock_unlock(&gate[k]);
@@ -710,6 +763,8 @@ static void c_capture(job_t *j) {
   body_t B;
   random_body(j, &B, t);
   B.shared_pool = o.pool != NULL;
+  B.mem = o.memory == WEFT_GRAPH_MEMORY_PRIVATE_POOL ? (o.pool ? 2 : 1) : 0;
+  B.mode = (int)o.mode;
   weft_status_t body = capture_body(s, &B);
   snprintf(what, sizeof what, "capture body [%s]", mode_name(o.mode));
   (void)call_ok(j, body, what);
@@ -795,6 +850,7 @@ static void *worker(void *arg) {
   }
   if (!j->fatal && mode != MODE_SHARED && !CALL(j, weft_graph_pool_create(env.rt, &j->gpool))) j->fatal = 1;
   for (unsigned v = 0; v < iters && !j->fatal; v++) {
+    j->it = v;
     drain(j);
     if (mode == MODE_SHARED) step_shared(j);
     else step_gate(j);
