@@ -48,6 +48,35 @@ weft_status_t weft_capture_begin(weft_stream_t *s, const weft_capture_options_t 
   return st;
 }
 
+/* A foreign capture drawing from a graph pool was ended by its owner: the ranges it freed become
+ * free for anyone, those it kept stay with the pool (the owner's graph uses them). */
+static void pool_dropped(weft__capture_t *c) {
+  weft_graph_pool_t *p = weft__gpool_of(c->alloc_to);
+  weft__gpool_detach(p, c, true);
+  (void)weft__gpool_unuse(p);
+}
+
+weft_status_t weft_capture_allocate_to(weft_stream_t *s, weft_graph_pool_t *p) {
+  weft_status_t st = weft__stream_check(s, "weft_capture_allocate_to");
+  if (st != WEFT_OK) return st;
+  if ((st = weft__graph_handle(p, WEFT__HANDLE_GRAPH_POOL, "weft_capture_allocate_to")) != WEFT_OK) return st;
+  if (p->base.rt != s->runtime)
+    return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_capture_allocate_to: the graph pool belongs to another runtime");
+  if ((st = weft__stream_prepare(s)) != WEFT_OK) return st;
+  weft__capture_t *c = weft__capture_foreign(s);
+  if (c == NULL)
+    return weft__error(WEFT_ERR_CAPTURE, "weft_capture_allocate_to: no capture begun outside weft is active on stream %u",
+                       s->index);
+  weft_resource_t *now = NULL;
+  if (weft__tracker_capture_of(s, &now) == c && now == &p->base) return WEFT_OK; /* said before */
+  if ((st = weft__gpool_attach(p, c)) != WEFT_OK) return st;
+  if ((st = weft__capture_redirect(s, c, &p->base, pool_dropped)) != WEFT_OK) {
+    weft__gpool_detach(p, c, false);
+    (void)weft__gpool_unuse(p);
+  }
+  return st;
+}
+
 weft_status_t weft_capture_join(weft_stream_t *origin, weft_stream_t *t) {
   weft_status_t st = weft__stream_check(origin, "weft_capture_join");
   if (st == WEFT_OK) st = weft__stream_check(t, "weft_capture_join");

@@ -200,6 +200,18 @@ weft_status_t weft_graph_pool_create(weft_runtime_t *rt, weft_graph_pool_t **out
   return weft__gpool_new(tr, rt, out);
 }
 
+int weft_graph_pool_owns(const weft_graph_pool_t *p, CUdeviceptr ptr) {
+  if (weft__graph_handle(p, WEFT__HANDLE_GRAPH_POOL, "weft_graph_pool_owns") != WEFT_OK) return 0;
+  pthread_mutex_lock((pthread_mutex_t *)&p->lock);
+  bool owns = false;
+  for (size_t i = 0; i < p->chunks.len && !owns; i++) {
+    const weft__gchunk_t *c = &WEFT__VEC_AT(&p->chunks, weft__gchunk_t, i);
+    owns = ptr >= c->base && ptr - c->base < c->bytes;
+  }
+  pthread_mutex_unlock((pthread_mutex_t *)&p->lock);
+  return owns;
+}
+
 uint64_t weft_graph_pool_reserved(const weft_graph_pool_t *p) {
   if (weft__graph_handle(p, WEFT__HANDLE_GRAPH_POOL, "weft_graph_pool_reserved") != WEFT_OK) return 0;
   pthread_mutex_lock((pthread_mutex_t *)&p->lock);

@@ -117,6 +117,8 @@ typedef enum weft_output_policy {
     "pool streams per runtime (all CU_STREAM_NON_BLOCKING)")                                    \
   X(high_priority_streams, unsigned, "WEFT_HIGH_PRIORITY_STREAMS", 2, 0, 64,                    \
     "how many of the pool streams get the device's highest priority; must be <= stream_count")  \
+  X(adopt_streams, unsigned, "WEFT_ADOPT_STREAMS", 8, 0, 63,                                    \
+    "streams weft did not create that weft_stream_adopt can take in (at most 64 - stream_count)") \
   X(event_ring, unsigned, "WEFT_EVENT_RING", 64, 4, 4096,                                       \
     "events per stream ring, a power of two; an evicted tick is waited on conservatively")      \
   X(memory, unsigned, "WEFT_MEMORY", WEFT_MEMORY_POOL, 0, 2,                                    \
@@ -273,6 +275,21 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_stream_id(const weft_stream_t *s, uns
 WEFT_API WEFT_NODISCARD weft_status_t weft_stream_synchronize(weft_stream_t *s);
 /** Non-blocking: WEFT_OK if all work is complete (the host then knows it), NOT_READY if not. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_stream_query(weft_stream_t *s);
+/** The weft stream for `raw`, a CUstream weft did not create: another library's stream (of the
+ * runtime's device), the legacy default stream (NULL or CU_STREAM_LEGACY), or the calling
+ * thread's per-thread default stream (CU_STREAM_PER_THREAD; that weft stream is then usable on
+ * this thread only, others get INVALID_ARGUMENT and adopt their own). Work on it is tracked like
+ * on a pool stream: uses there wait for, and are waited for by, conflicting uses on other streams
+ * with the same minimal-wait rules, and weft_alloc on it hands out memory usable there with no
+ * wait (stream order), as a framework's caching allocator does. Adopting the same handle again
+ * gives the same weft stream; an adoption lasts as long as the runtime and takes one of
+ * options.adopt_streams slots; weft never destroys the stream (keep it alive while weft may use
+ * it: until the runtime is released). Code outside weft may enqueue on it and capture it:
+ * weft asks the driver about its capture state before each call on it. weft_stream_index gives
+ * stream_count and above for adopted streams; weft_stream_raw gives `raw` back.
+ * Errors: STALE_HANDLE, INVALID_ARGUMENT (NULL out, or one of weft's own pool streams), BUSY
+ * (every slot is taken), DRIVER. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_stream_adopt(weft_runtime_t *rt, CUstream raw, weft_stream_t **out);
 /** Whether work enqueued on s now would be captured: *out is 1 while s takes part in a capture,
  * weft's or one begun by code outside weft (asked of the driver for streams outside code can
  * reach), 0 otherwise. Errors: STALE_HANDLE, INVALID_ARGUMENT, DRIVER. */
@@ -419,6 +436,13 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_alloc(weft_runtime_t *rt, size_t byte
  * WRONG_DEVICE (s belongs to another runtime), CAPTURE (the block was allocated outside the
  * capture now active on s), DRIVER. On error the block is still live. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_free(weft_block_t b, weft_stream_t *s);
+/** The live block whose memory starts at `ptr` (a hash lookup), or else the one that contains it
+ * (a walk of the live blocks): for code that knows memory only by its address, as frameworks
+ * do. Errors: STALE_HANDLE, INVALID_ARGUMENT (no live block there, null ptr or out). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_block_find(weft_runtime_t *rt, CUdeviceptr ptr, weft_block_t *out);
+/** weft_free of the live block that starts at `ptr` (the free-by-pointer of a framework's
+ * allocator). Errors: those of weft_free; INVALID_ARGUMENT when no live block starts at ptr. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_free_ptr(weft_runtime_t *rt, CUdeviceptr ptr, weft_stream_t *s);
 /** Wraps memory weft did not allocate as a tracked block (never freed by weft; weft_free only
  * forgets it, after ordering as usual). Errors: INVALID_ARGUMENT, STALE_HANDLE. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_block_wrap(weft_runtime_t *rt, CUdeviceptr ptr, size_t bytes, const char *tag, weft_block_t *out);
@@ -679,6 +703,20 @@ WEFT_API weft_status_t weft_exec_destroy(weft_exec_t *e);
 WEFT_API WEFT_NODISCARD weft_status_t weft_graph_pool_create(weft_runtime_t *rt, weft_graph_pool_t **out);
 /** Bytes the pool holds from the device. */
 WEFT_API uint64_t weft_graph_pool_reserved(const weft_graph_pool_t *p);
+/** Whether ptr lies in memory of pool p (for an allocator that must tell a graph's memory from
+ * its own when the framework frees by pointer): 1 or 0 (0 for a stale handle). */
+WEFT_API int weft_graph_pool_owns(const weft_graph_pool_t *p, CUdeviceptr ptr);
+/** For a capture that code outside weft began on s (or forked s into), e.g. torch.cuda.graph:
+ * weft_alloc on s inside it takes memory from graph pool p instead of graph memory nodes, as
+ * PyTorch's beginAllocateToPool tells its allocator. Addresses are fixed for the graph; a free
+ * inside the capture makes its range reusable later in the same capture, in stream order; what
+ * is still allocated when the owner ends the capture belongs to the owner's graph (handles
+ * become stale, weft_graph_pool_owns says yes) and stays reserved until p is destroyed. Calling
+ * it again for the same capture and pool does nothing. Streams forked into the capture are
+ * separate weft sessions: one pool serves one of them at a time.
+ * Errors: CAPTURE (no outside capture is active on s), BUSY (p serves another capture, or this
+ * capture allocates to another pool already), WRONG_DEVICE, STALE_HANDLE. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_capture_allocate_to(weft_stream_t *s, weft_graph_pool_t *p);
 /** Waits for the last launch that used the pool's memory, then frees it.
  * Errors: STALE_HANDLE (destroyed already), BUSY (graphs still use it), CAPTURE / DRIVER (the
  * wait or a cuMemFree failed: the pool stays with the chunks not yet freed, no capture may draw

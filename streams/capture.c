@@ -189,6 +189,31 @@ bool weft__capture_foreign_of(weft_stream_t *s, uint64_t *id) {
   return foreign;
 }
 
+weft__capture_t *weft__capture_foreign(weft_stream_t *s) {
+  lock(s->tr);
+  weft__capture_t *c = s->capture;
+  if (c != NULL && !c->foreign) c = NULL;
+  unlock(s->tr);
+  return c;
+}
+
+weft_status_t weft__capture_redirect(weft_stream_t *s, weft__capture_t *c, weft_resource_t *to,
+                                     void (*on_drop)(weft__capture_t *c)) {
+  weft_status_t st = WEFT_OK;
+  lock(s->tr);
+  if (s->capture != c)
+    st = weft__error(WEFT_ERR_CAPTURE, "weft_capture_allocate_to: the capture on stream %u ended meanwhile", s->index);
+  else if (c->on_drop != NULL && c->alloc_to != to)
+    st = weft__error(WEFT_ERR_BUSY, "weft_capture_allocate_to: the capture on stream %u allocates to another graph "
+                     "pool already", s->index);
+  else if (c->on_drop == NULL) {
+    c->alloc_to = to;
+    c->on_drop = on_drop;
+  }
+  unlock(s->tr);
+  return st;
+}
+
 weft__capture_t *weft__capture_drop_foreign(weft_stream_t *s, uint64_t id) {
   lock(s->tr);
   weft__capture_t *c = s->capture;

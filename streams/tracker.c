@@ -44,13 +44,14 @@ static void reset(weft__tracker_t *tr) {
 
 /* Creation unwinds in reverse order on any failure (libuv's ladder). */
 weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv, int ordinal, unsigned n,
-                                 unsigned n_high, unsigned ring_size, void *runtime) {
-  WEFT_ASSERT(n >= 1 && n <= WEFT__MAX_STREAMS && n_high <= n);
+                                 unsigned n_high, unsigned n_adopt, unsigned ring_size, void *runtime) {
+  WEFT_ASSERT(n >= 1 && n + n_adopt <= WEFT__MAX_STREAMS && n_high <= n);
   WEFT_ASSERT(ring_size >= 2 && (ring_size & (ring_size - 1)) == 0);
   reset(tr);
   tr->drv = drv;
   tr->ordinal = ordinal;
-  tr->n = n;
+  tr->n = n + n_adopt;
+  tr->n_pool = n;
   tr->n_high = n_high;
   tr->ring_size = ring_size;
   tr->spare_events = WEFT__VEC_INIT(CUevent);
@@ -80,7 +81,12 @@ weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv,
   }
   if (drv->cuDeviceGetAttribute(&ops64, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, tr->device) == CUDA_SUCCESS)
     tr->mem_ops64 = ops64 != 0;
-  if ((st = weft__domain_init(&tr->live, n, ring_size, NULL)) != WEFT_OK) goto fail_ctx;
+  if ((st = weft__domain_init(&tr->live, tr->n, ring_size, NULL)) != WEFT_OK) goto fail_ctx;
+  for (unsigned i = n; i < tr->n; i++) {
+    tr->streams[i].tr = tr;
+    tr->streams[i].runtime = runtime;
+    tr->streams[i].index = i;
+  }
   for (; made < n; made++) {
     weft_stream_t *s = &tr->streams[made];
     bool high = made >= n - n_high;
@@ -118,13 +124,59 @@ fail_lock:
   return st;
 }
 
+weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream_t **out) {
+  if (raw == CU_STREAM_LEGACY) raw = NULL; /* two names of one stream */
+  bool per_thread = raw == CU_STREAM_PER_THREAD;
+  pthread_t self = pthread_self();
+  for (unsigned i = 0; i < tr->n_pool; i++)
+    if (raw != NULL && tr->streams[i].raw == raw)
+      return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_adopt: the stream is weft's pool stream %u (use it as it is)", i);
+  weft_status_t st = WEFT_OK;
+  lock(tr);
+  unsigned n = atomic_load_explicit(&tr->n_adopted, memory_order_relaxed), i = tr->n_pool;
+  for (; i < tr->n_pool + n; i++) {
+    weft_stream_t *s = &tr->streams[i];
+    if (s->raw == raw && (!per_thread || pthread_equal(s->owner, self))) break;
+  }
+  if (i == tr->n_pool + n) {
+    if (i == tr->n) {
+      st = weft__error(WEFT_ERR_BUSY, "weft_stream_adopt: all %u adoption slots are taken (options.adopt_streams)",
+                       tr->n - tr->n_pool);
+    } else if ((st = weft__lane_init(tr, &tr->live, &tr->live.lane[i])) == WEFT_OK) {
+      weft_stream_t *s = &tr->streams[i];
+      int prio = 0;
+      s->raw = raw;
+      s->adopted = true;
+      s->per_thread = per_thread;
+      s->owner = self;
+      s->high = false;
+      s->priority = tr->drv->cuStreamGetPriority(raw, &prio) == CUDA_SUCCESS ? prio : 0;
+      atomic_store_explicit(&s->exposed, true, memory_order_relaxed); /* outside code owns it */
+      atomic_store_explicit(&tr->n_adopted, n + 1, memory_order_release);
+    }
+  }
+  unlock(tr);
+  if (st == WEFT_OK) *out = &tr->streams[i];
+  return st;
+}
+
 weft_status_t weft__tracker_destroy(weft__tracker_t *tr) {
   if (tr->live.known == NULL) return WEFT_OK;
   weft_status_t first = weft__tracker_bind(tr);
+  /* Adopted streams are someone else's: their work is waited for through weft's own events (an
+   * adopted CU_STREAM_PER_THREAD could not be named from this thread anyway). */
   for (unsigned i = 0; i < tr->n; i++) {
+    if (!weft__tracker_lane_used(tr, i)) continue;
     CUresult r;
-    WEFT__RELAXED(tr->drv, r = tr->drv->cuStreamSynchronize(tr->streams[i].raw));
-    if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuStreamSynchronize (release)");
+    if (!tr->streams[i].adopted) {
+      WEFT__RELAXED(tr->drv, r = tr->drv->cuStreamSynchronize(tr->streams[i].raw));
+      if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuStreamSynchronize (release)");
+      continue;
+    }
+    const weft__lane_t *l = &tr->live.lane[i];
+    if (l->recorded == 0 || tr->streams[i].capture != NULL) continue;
+    WEFT__RELAXED(tr->drv, r = tr->drv->cuEventSynchronize(l->ring[l->recorded & (tr->ring_size - 1)]));
+    if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuEventSynchronize (release)");
   }
   weft_status_t st = weft__domain_free(tr, &tr->live);
   if (first == WEFT_OK) first = st;
@@ -133,7 +185,7 @@ weft_status_t weft__tracker_destroy(weft__tracker_t *tr) {
     if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuEventDestroy (release)");
   }
   weft__vec_free(&tr->spare_events);
-  for (unsigned i = 0; i < tr->n; i++) {
+  for (unsigned i = 0; i < tr->n_pool; i++) {
     CUresult r = tr->drv->cuStreamDestroy(tr->streams[i].raw);
     if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuStreamDestroy (release)");
   }
@@ -363,13 +415,15 @@ uint64_t weft__tracker_fingerprint(const weft__use_t *uses, size_t n) {
   return sum;
 }
 
+static uint64_t point_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s);
+
 weft_status_t weft__tracker_new_block(weft_stream_t *s, weft__access_state_t *st) {
   weft__tracker_t *tr = s->tr;
   weft_status_t r = WEFT_OK;
   lock(tr);
   weft__capture_t *c = s->capture;
   weft__domain_t *d = c != NULL ? &c->dom : &tr->live;
-  weft__point_t at = {s->index, weft__clock_point(d, s)};
+  weft__point_t at = {s->index, point_locked(tr, d, s)};
   if (c == NULL) {
     st->write = at;
   } else {
@@ -403,7 +457,7 @@ weft_stream_t *weft__tracker_hold_live(weft__tracker_t *tr, const char *fn) {
   /* Streams nobody outside weft has seen first (weft knows all their captures); an exposed one
    * only after asking the driver, as code outside weft may have begun a capture on it. */
   for (int pass = 0; pass < 2; pass++)
-    for (unsigned i = 0; i < tr->n; i++) {
+    for (unsigned i = 0; i < tr->n_pool; i++) {
       weft_stream_t *s = &tr->streams[i];
       if (atomic_load_explicit(&s->exposed, memory_order_relaxed) != (pass == 1)) continue;
       lock(tr);
@@ -442,9 +496,17 @@ weft__capture_t *weft__tracker_capture_of(weft_stream_t *s, weft_resource_t **al
 
 /* ---- points and ordering ------------------------------------------------------------------------- */
 
+/* A per-thread stream's tick is recorded as soon as it is handed out: only its owner may record
+ * on it. (A failed record leaves it pending, as for any stream; whoever needs it then fails.) */
+static uint64_t point_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s) {
+  uint64_t k = weft__clock_point(d, s);
+  if (s->per_thread) (void)weft__clock_flush(tr, d, s);
+  return k;
+}
+
 weft__point_t weft__tracker_point(weft_stream_t *s) {
   lock(s->tr);
-  weft__point_t p = {s->index, weft__clock_point(weft__clock_domain(s->tr, s), s)};
+  weft__point_t p = {s->index, point_locked(s->tr, weft__clock_domain(s->tr, s), s)};
   unlock(s->tr);
   return p;
 }
@@ -487,7 +549,7 @@ weft_stream_t *weft__tracker_auto(weft__tracker_t *tr, bool high, const weft__us
   lock(tr);
   weft_stream_t *best = NULL;
   unsigned best_waits = ~0u;
-  unsigned first = high ? tr->n - tr->n_high : 0, last = high ? tr->n : tr->n - tr->n_high;
+  unsigned first = high ? tr->n_pool - tr->n_high : 0, last = high ? tr->n_pool : tr->n_pool - tr->n_high;
   uint64_t need[WEFT__MAX_STREAMS];
   uint64_t skipped = tr->counters.waits_skipped, host = tr->counters.waits_host_known;
   for (unsigned c = first; c < last; c++) {
@@ -609,13 +671,22 @@ static weft_status_t host_wait_stream(weft_stream_t *s, bool blocking) {
   st = weft__clock_flush(tr, d, s);
   memcpy(snap, WEFT__ROW(d, s->index), d->n * sizeof(uint64_t));
   uint64_t tick = d->lane[s->index].recorded;
+  /* Another thread's per-thread default stream cannot be named from here: its newest event
+   * (it has no pending tick) covers its work instead. */
+  CUevent ev = s->per_thread && !pthread_equal(s->owner, pthread_self()) && tick != 0
+                   ? d->lane[s->index].ring[tick & (d->ring_size - 1)]
+                   : NULL;
+  bool nothing = s->per_thread && ev == NULL && !pthread_equal(s->owner, pthread_self());
   unlock(tr);
   if (st != WEFT_OK) {
     weft__tracker_unhold(s);
     return st;
   }
-  CUresult r;
-  WEFT__RELAXED(tr->drv, r = blocking ? tr->drv->cuStreamSynchronize(s->raw) : tr->drv->cuStreamQuery(s->raw));
+  CUresult r = CUDA_SUCCESS;
+  if (ev != NULL)
+    WEFT__RELAXED(tr->drv, r = blocking ? tr->drv->cuEventSynchronize(ev) : tr->drv->cuEventQuery(ev));
+  else if (!nothing)
+    WEFT__RELAXED(tr->drv, r = blocking ? tr->drv->cuStreamSynchronize(s->raw) : tr->drv->cuStreamQuery(s->raw));
   weft__tracker_unhold(s);
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, blocking ? "cuStreamSynchronize" : "cuStreamQuery");
   lock(tr);
@@ -628,7 +699,7 @@ weft_status_t weft__tracker_sync_stream(weft_stream_t *s) { return host_wait_str
 weft_status_t weft__tracker_query_stream(weft_stream_t *s) { return host_wait_stream(s, false); }
 
 weft_status_t weft__tracker_sync_all(weft__tracker_t *tr) {
-  for (unsigned i = 0; i < tr->n; i++) {
+  for (unsigned i = 0; i < tr->n && weft__tracker_lane_used(tr, i); i++) {
     weft_status_t st = weft__tracker_sync_stream(&tr->streams[i]);
     if (st != WEFT_OK) return st;
   }

@@ -102,7 +102,15 @@ struct weft_stream {
   unsigned index;        /* position in the pool */
   int priority;          /* driver priority value */
   bool high;             /* one of the high-priority streams */
-  CUstream raw;          /* CU_STREAM_NON_BLOCKING */
+  CUstream raw;          /* pool: CU_STREAM_NON_BLOCKING; adopted: the caller's (NULL is the legacy stream) */
+  /* A stream weft did not create, taken in by weft__tracker_adopt (set once, under the lock,
+   * before n_adopted counts it): never destroyed by weft. */
+  bool adopted;
+  /* CU_STREAM_PER_THREAD names a different stream on each thread: adopted, it is the adopting
+   * thread's (`owner`), usable only there, and its ticks are recorded at once (nobody else may
+   * record on it). */
+  bool per_thread;
+  pthread_t owner;
   uint64_t last_used;    /* tracker-wide use sequence at the last use here (LRU) */
   /* The capture this stream takes part in, or NULL. Written under the tracker lock; read without
    * it (acquire) only by the thread that may begin or end that capture. */
@@ -141,6 +149,10 @@ struct weft__capture {
    * whoever began it (a graph memory-node resource, or a graph pool), as PyTorch's
    * beginAllocateToPool tells its allocator. Never NULL. */
   weft_resource_t *alloc_to;
+  /* A foreign capture given another allocation context (weft__capture_redirect): called once
+   * when the capture is dropped (its owner ended it), before its blocks are forgotten, to give
+   * that context back. No lock held. */
+  void (*on_drop)(weft__capture_t *c);
   weft__vec_t blocks;         /* weft__capture_block_t, in first-touch order */
   weft__map_t index;          /* live history pointer -> blocks index + 1 */
 };
@@ -153,8 +165,12 @@ struct weft__tracker {
   CUdevice device;
   CUcontext ctx;          /* the device's primary context, retained */
   int ordinal;
-  unsigned n;             /* streams */
-  unsigned n_high;        /* the last n_high streams are high priority */
+  unsigned n;             /* lanes: the pool streams, then room for adopted streams */
+  unsigned n_pool;        /* pool streams: [0, n_pool) */
+  unsigned n_high;        /* the last n_high pool streams are high priority */
+  /* Adopted streams so far, in lanes [n_pool, n_pool + n_adopted): written under the lock (after
+   * the lane is set up, release), read anywhere (acquire). */
+  _Atomic unsigned n_adopted;
   unsigned ring_size;     /* power of two */
   /* Embedded (never freed), so a stream handle outlives its runtime's release and is then
    * reported stale instead of dangling. Entries [0, n) are live. */
@@ -177,10 +193,21 @@ struct weft__tracker {
 
 /* ---- life cycle (tracker.c) ------------------------------------------------------------------- */
 
-/** Creates `n` streams (the last n_high high priority) with rings of `ring_size` events on the
- * primary context of `ordinal`. On failure nothing is left behind. */
+/** Creates `n` pool streams (the last n_high high priority) with rings of `ring_size` events on
+ * the primary context of `ordinal`, and room for `n_adopt` adopted streams (n + n_adopt <=
+ * WEFT__MAX_STREAMS). On failure nothing is left behind. */
 weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv, int ordinal, unsigned n,
-                                 unsigned n_high, unsigned ring_size, void *runtime);
+                                 unsigned n_high, unsigned n_adopt, unsigned ring_size, void *runtime);
+/** The tracked stream for `raw`, a stream weft did not create (any stream of the tracker's
+ * context, the legacy NULL stream, CU_STREAM_PER_THREAD): the one adopted before for the same
+ * handle (and, for CU_STREAM_PER_THREAD, the same thread), else a new lane with its own event
+ * ring. Adoption lasts as long as the tracker. Errors: INVALID_ARGUMENT (one of weft's own pool
+ * streams), BUSY (every adoption slot taken: options.adopt_streams), DRIVER. */
+weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream_t **out);
+/** Whether lane i holds a stream (a pool stream, or an adopted one). */
+static inline bool weft__tracker_lane_used(weft__tracker_t *tr, unsigned i) {
+  return i < tr->n_pool + atomic_load_explicit(&tr->n_adopted, memory_order_acquire);
+}
 /** Synchronises and destroys streams and events; releases the context. Returns the first driver
  * failure (everything is torn down regardless: a failed destroy leaves that driver object to the
  * driver, which frees it with the context). */
@@ -291,6 +318,13 @@ bool weft__capture_foreign_of(weft_stream_t *s, uint64_t *id);
  * driver calls on the graph), and gives it to the caller to free; NULL when s has no such capture
  * any more (another thread dropped it first). */
 weft__capture_t *weft__capture_drop_foreign(weft_stream_t *s, uint64_t id);
+/** The foreign capture s takes part in (begun outside weft), or NULL. */
+weft__capture_t *weft__capture_foreign(weft_stream_t *s);
+/** Makes weft_alloc in foreign capture c allocate from `to`, with `on_drop` to run when the
+ * capture is dropped. CAPTURE when c is no longer s's capture; BUSY when c was redirected to
+ * another context already. */
+weft_status_t weft__capture_redirect(weft_stream_t *s, weft__capture_t *c, weft_resource_t *to,
+                                     void (*on_drop)(weft__capture_t *c));
 /** Frees the session's memory and events (after end or abandon). */
 void weft__capture_free(weft__capture_t *c);
 /** What the driver says of s: whether a capture is active on it, and its id. */

@@ -56,7 +56,20 @@ struct weft__block *weft__block_make(weft_runtime_t *rt, size_t bytes, const cha
     atomic_init(&rec->state, WEFT__BLOCK_UNUSED);
   }
   rec->rt = rt;
+  rec->room = false;
   if (!size_reads(rt, rec)) {
+    weft__block_retire(rec);
+    return NULL;
+  }
+  /* Room in the address map now, so that publishing cannot fail. */
+  pthread_mutex_lock(&rt->blocks_lock);
+  bool room = weft__map_reserve(&rt->by_ptr, rt->by_ptr_room + 1);
+  if (room) {
+    rt->by_ptr_room++;
+    rec->room = true;
+  }
+  pthread_mutex_unlock(&rt->blocks_lock);
+  if (!room) {
     weft__block_retire(rec);
     return NULL;
   }
@@ -79,13 +92,23 @@ weft_block_t weft__block_publish(struct weft__block *rec) {
   if (rt->live != NULL) rt->live->prev = rec;
   rt->live = rec;
   rt->live_count++;
+  WEFT_ASSERT(rec->room);
+  rec->room = false;
+  rt->by_ptr_room--;
+  if (rec->ptr != 0) {
+    bool added;
+    uint64_t *v = weft__map_insert(&rt->by_ptr, rec->ptr, &added); /* reserved: cannot fail */
+    *v = (uint64_t)(uintptr_t)rec;                                  /* the newest block at an address */
+  }
   pthread_mutex_unlock(&rt->blocks_lock);
   atomic_store_explicit(&rec->state, WEFT__BLOCK_LIVE, memory_order_release);
   return (weft_block_t){rec, gen};
 }
 
-/* Unlinks a LIVE/FREEING record from the live list (blocks_lock held). */
+/* Unlinks a LIVE/FREEING record from the live list and the address map (blocks_lock held). */
 static void unlink_live(weft_runtime_t *rt, struct weft__block *rec) {
+  uint64_t *v = rec->ptr != 0 ? weft__map_find(&rt->by_ptr, rec->ptr) : NULL;
+  if (v != NULL && *v == (uint64_t)(uintptr_t)rec) weft__map_remove(&rt->by_ptr, rec->ptr);
   if (rec->prev != NULL) rec->prev->next = rec->next;
   else rt->live = rec->next;
   if (rec->next != NULL) rec->next->prev = rec->prev;
@@ -96,6 +119,10 @@ static void unlink_live(weft_runtime_t *rt, struct weft__block *rec) {
 void weft__block_retire(struct weft__block *rec) {
   weft_runtime_t *rt = rec->rt;
   pthread_mutex_lock(&rt->blocks_lock);
+  if (rec->room) { /* made, never published */
+    rec->room = false;
+    rt->by_ptr_room--;
+  }
   rec->next = NULL;
   if (rt->free_tail != NULL) rt->free_tail->next = rec;
   else rt->free_head = rec;
@@ -161,6 +188,42 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
   *out = weft__block_publish(rec);
   atomic_fetch_add_explicit(&rt->allocs, 1, memory_order_relaxed);
   return WEFT_OK;
+}
+
+weft_status_t weft_block_find(weft_runtime_t *rt, CUdeviceptr ptr, weft_block_t *out) {
+  if (weft__runtime_check(rt, "weft_block_find") == NULL) return weft__runtime_check_status(rt);
+  if (out == NULL || ptr == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_block_find: null pointer or NULL out");
+  pthread_mutex_lock(&rt->blocks_lock);
+  uint64_t *v = weft__map_find(&rt->by_ptr, ptr);
+  struct weft__block *rec = v != NULL ? (struct weft__block *)(uintptr_t)*v : NULL;
+  /* Not a block's start: the block that contains it, if any (a walk of the live list). */
+  for (struct weft__block *b = rt->live; rec == NULL && b != NULL; b = b->next)
+    if (b->ptr != 0 && ptr > b->ptr && ptr - b->ptr < b->bytes) rec = b;
+  weft_block_t h = {0};
+  if (rec != NULL && atomic_load_explicit(&rec->state, memory_order_acquire) == WEFT__BLOCK_LIVE)
+    h = (weft_block_t){rec, atomic_load_explicit(&rec->gen, memory_order_relaxed)};
+  pthread_mutex_unlock(&rt->blocks_lock);
+  if (h.rec == NULL)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_block_find: no live block at 0x%llx", (unsigned long long)ptr);
+  *out = h;
+  return WEFT_OK;
+}
+
+weft_status_t weft_free_ptr(weft_runtime_t *rt, CUdeviceptr ptr, weft_stream_t *s) {
+  if (weft__runtime_check(rt, "weft_free_ptr") == NULL) return weft__runtime_check_status(rt);
+  /* A capture that ended on s first gives its blocks to its graph: they are no longer weft's. */
+  weft_status_t st = weft__stream_check(s, "weft_free_ptr");
+  if (st == WEFT_OK) st = weft__stream_prepare(s);
+  if (st != WEFT_OK) return st;
+  weft_block_t b;
+  pthread_mutex_lock(&rt->blocks_lock);
+  uint64_t *v = ptr != 0 ? weft__map_find(&rt->by_ptr, ptr) : NULL;
+  struct weft__block *rec = v != NULL ? (struct weft__block *)(uintptr_t)*v : NULL;
+  if (rec != NULL) b = (weft_block_t){rec, atomic_load_explicit(&rec->gen, memory_order_relaxed)};
+  pthread_mutex_unlock(&rt->blocks_lock);
+  if (rec == NULL)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_free_ptr: no live block starts at 0x%llx", (unsigned long long)ptr);
+  return weft_free(b, s);
 }
 
 weft_status_t weft_block_wrap(weft_runtime_t *rt, CUdeviceptr ptr, size_t bytes, const char *tag, weft_block_t *out) {
@@ -271,8 +334,8 @@ weft_status_t weft_block_export_event(weft_block_t b, weft_access_kind_t kind, C
    * then record the caller's event there: later than needed at worst, never earlier. */
   weft_stream_t *on = NULL;
   unsigned first = n > 0 ? pts[0].stream : 0;
-  for (unsigned k = 0; k < tr->n && on == NULL; k++) {
-    weft_stream_t *t = &tr->streams[(first + k) % tr->n];
+  for (unsigned k = 0; k < tr->n_pool && on == NULL; k++) {
+    weft_stream_t *t = &tr->streams[(first + k) % tr->n_pool];
     if (weft__tracker_capture_of(t, NULL) == NULL) on = t;
   }
   if (on == NULL)

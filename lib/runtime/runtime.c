@@ -200,6 +200,7 @@ static weft_status_t free_all_blocks(weft_runtime_t *rt) {
   struct weft__block *b = rt->live;
   rt->live = NULL;
   rt->live_count = 0;
+  weft__map_free(&rt->by_ptr);
   pthread_mutex_unlock(&rt->blocks_lock);
   weft_stream_t *s0 = &rt->tracker.streams[0];
   weft_status_t first = WEFT_OK;
@@ -256,7 +257,8 @@ static weft_status_t create(weft_runtime_t *rt, int device, const weft_options_t
   atomic_store(&rt->frees, 0);
   rt->live = NULL;
   rt->live_count = 0;
-  st = weft__tracker_init(&rt->tracker, drv, device, o.stream_count, o.high_priority_streams, o.event_ring, rt);
+  unsigned adopt = o.adopt_streams < WEFT__MAX_STREAMS - o.stream_count ? o.adopt_streams : WEFT__MAX_STREAMS - o.stream_count;
+  st = weft__tracker_init(&rt->tracker, drv, device, o.stream_count, o.high_priority_streams, adopt, o.event_ring, rt);
   if (st != WEFT_OK) return st;
   if ((st = build_stack(rt)) != WEFT_OK) {
     (void)weft__tracker_destroy(&rt->tracker);
@@ -389,8 +391,8 @@ void weft_runtime_print(const weft_runtime_t *rt, FILE *out) {
   pthread_mutex_lock(&mrt->blocks_lock);
   size_t live = rt->live_count;
   pthread_mutex_unlock(&mrt->blocks_lock);
-  fprintf(out, "weft runtime: device %d, %u streams (%u high priority), ring %u\n", rt->ordinal, rt->tracker.n,
-          rt->tracker.n_high, rt->tracker.ring_size);
+  fprintf(out, "weft runtime: device %d, %u streams (%u high priority), %u adopted, ring %u\n", rt->ordinal,
+          rt->tracker.n_pool, rt->tracker.n_high, atomic_load(&mrt->tracker.n_adopted), rt->tracker.ring_size);
   fprintf(out, "  uses %" PRIu64 ", accesses %" PRIu64 ", waits issued %" PRIu64 ", skipped %" PRIu64
                " (host-known %" PRIu64 "), events %" PRIu64 ", ring evictions %" PRIu64 "\n",
           c.uses, c.accesses, c.waits_issued, c.waits_skipped, c.waits_host_known, c.events_recorded, c.ring_evictions);

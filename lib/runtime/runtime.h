@@ -46,6 +46,7 @@ struct weft__block {
   struct weft__block *next;   /* free list (FIFO) or live list link; blocks_lock */
   struct weft__block *prev;   /* live list; blocks_lock */
   unsigned reads_cap;         /* capacity of acc.reads */
+  bool room;                  /* holds a by_ptr slot reserved by weft__block_make; blocks_lock */
 };
 
 /** The record a block's access history is embedded in. */
@@ -73,6 +74,11 @@ struct weft_runtime {
   struct weft__block *live;    /* every LIVE or FREEING block */
   size_t live_count;
   size_t free_count;           /* records on the FIFO */
+  /* Live blocks by base address (weft_block_find, weft_free_ptr): ptr -> record. A record made
+   * but not yet published holds a reserved slot (`room`, counted in by_ptr_room), so publishing
+   * never allocates. */
+  weft__map_t by_ptr;
+  size_t by_ptr_room;
 };
 
 /* ---- runtime.c ------------------------------------------------------------------------------ */

@@ -15,8 +15,12 @@ weft_status_t weft__stream_check(const weft_stream_t *s, const char *fn) {
     return weft__error(weft__runtime_check_status(rt), "%s: %s", fn,
                        weft__runtime_check_status(rt) == WEFT_ERR_STALE_HANDLE ? "the stream's runtime was released"
                                                                                : "not a weft stream");
-  if (s->tr != &rt->tracker || s->index >= rt->tracker.n || &rt->tracker.streams[s->index] != s)
+  if (s->tr != &rt->tracker || !weft__tracker_lane_used(&rt->tracker, s->index) || &rt->tracker.streams[s->index] != s)
     return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the stream belongs to a released runtime", fn);
+  if (s->per_thread && !pthread_equal(s->owner, pthread_self()))
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT,
+                       "%s: stream %u is another thread's per-thread default stream (adopt CU_STREAM_PER_THREAD on "
+                       "each thread that uses it)", fn, s->index);
   return WEFT_OK;
 }
 
@@ -50,6 +54,7 @@ static weft_status_t sync_capture(weft_stream_t *s) {
   if (st != WEFT_OK) return st;
   weft__capture_t *ended = foreign && (!active || id != known) ? weft__capture_drop_foreign(s, known) : NULL;
   if (ended != NULL) {
+    if (ended->on_drop != NULL) ended->on_drop(ended);
     weft__runtime_forget_capture_blocks(ended);
     weft__capture_free(ended);
   }
@@ -71,7 +76,7 @@ weft_status_t weft__stream_prepare(weft_stream_t *s) {
 void weft__runtime_refresh_captures(weft_runtime_t *rt) {
   /* Every exposed stream: a capture begun outside weft is unknown until asked about. */
   weft__tracker_t *tr = &rt->tracker;
-  for (unsigned i = 0; i < tr->n; i++) (void)sync_capture(&tr->streams[i]);
+  for (unsigned i = 0; i < tr->n && weft__tracker_lane_used(tr, i); i++) (void)sync_capture(&tr->streams[i]);
 }
 
 /* ---- the public stream calls ------------------------------------------------------------------ */
@@ -79,10 +84,19 @@ void weft__runtime_refresh_captures(weft_runtime_t *rt) {
 weft_status_t weft_stream_get(weft_runtime_t *rt, unsigned index, weft_stream_t **out) {
   if (weft__runtime_check(rt, "weft_stream_get") == NULL) return weft__runtime_check_status(rt);
   if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_get: out is NULL");
-  if (index >= rt->tracker.n)
-    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_get: index %u >= stream_count %u", index, rt->tracker.n);
+  if (index >= rt->tracker.n_pool)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_get: index %u >= stream_count %u", index, rt->tracker.n_pool);
   *out = &rt->tracker.streams[index];
   return WEFT_OK;
+}
+
+weft_status_t weft_stream_adopt(weft_runtime_t *rt, CUstream raw, weft_stream_t **out) {
+  weft_status_t st;
+  weft__tracker_t *tr = weft__runtime_tracker(rt, "weft_stream_adopt", &st);
+  if (tr == NULL) return st;
+  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_adopt: out is NULL");
+  if ((st = weft__tracker_bind(tr)) != WEFT_OK) return st;
+  return weft__tracker_adopt(tr, raw, out);
 }
 
 weft_status_t weft_stream_next(weft_runtime_t *rt, weft_priority_t prio, weft_stream_t **out) {
@@ -90,11 +104,11 @@ weft_status_t weft_stream_next(weft_runtime_t *rt, weft_priority_t prio, weft_st
   if (out == NULL || (prio != WEFT_PRIORITY_NORMAL && prio != WEFT_PRIORITY_HIGH))
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_next: bad priority or NULL out");
   weft__tracker_t *tr = &rt->tracker;
-  unsigned count = prio == WEFT_PRIORITY_HIGH ? tr->n_high : tr->n - tr->n_high;
+  unsigned count = prio == WEFT_PRIORITY_HIGH ? tr->n_high : tr->n_pool - tr->n_high;
   if (count == 0)
     return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_stream_next: the pool has no %s-priority stream",
                        prio == WEFT_PRIORITY_HIGH ? "high" : "normal");
-  unsigned first = prio == WEFT_PRIORITY_HIGH ? tr->n - tr->n_high : 0;
+  unsigned first = prio == WEFT_PRIORITY_HIGH ? tr->n_pool - tr->n_high : 0;
   pthread_mutex_lock(&tr->lock);
   unsigned i = tr->rr[prio]++ % count;
   pthread_mutex_unlock(&tr->lock);
@@ -108,7 +122,7 @@ weft_status_t weft_stream_auto(weft_runtime_t *rt, weft_priority_t prio, const w
   if (out == NULL || (prio != WEFT_PRIORITY_NORMAL && prio != WEFT_PRIORITY_HIGH))
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_auto: bad priority or NULL out");
   weft__tracker_t *tr = &rt->tracker;
-  if ((prio == WEFT_PRIORITY_HIGH ? tr->n_high : tr->n - tr->n_high) == 0)
+  if ((prio == WEFT_PRIORITY_HIGH ? tr->n_high : tr->n_pool - tr->n_high) == 0)
     return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_stream_auto: the pool has no stream of that priority");
   weft__use_t small[16];
   weft__use_t *uses = weft__small_alloc(small, 16, n, sizeof *uses);

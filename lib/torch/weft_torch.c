@@ -1,0 +1,274 @@
+/* The PyTorch adapter (weft_torch.h): the CUDAPluggableAllocator ABI over weft's public API. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "lib/core/driver.h"
+#include "lib/torch/weft_torch.h"
+#include "weft/weft.h"
+
+#define MAX_DEVICES 16
+#define MAX_CAPTURES 64 /* graph pools of captures kept at once per device */
+#define STREAM_CACHE 8  /* adopted streams remembered per thread */
+#define MAX_USE 256     /* accesses of one declared use */
+
+typedef struct capture_pool {
+  uint64_t id;            /* the driver's capture id */
+  weft_stream_t *stream;  /* where it was seen */
+  weft_graph_pool_t *pool;
+} capture_pool_t;
+
+typedef struct device {
+  pthread_mutex_t lock;   /* runtime creation and the capture pools */
+  _Atomic(weft_runtime_t *) rt;
+  capture_pool_t caps[MAX_CAPTURES];
+  unsigned n_caps;
+  _Atomic uint64_t allocs, frees, zero_bytes, alloc_failures, free_failures, graph_frees;
+} device_t;
+
+static device_t devices[MAX_DEVICES] = {[0 ... MAX_DEVICES - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}};
+static _Thread_local char last_error[512];
+static _Thread_local struct {
+  CUstream raw;
+  int device;
+  weft_stream_t *s;
+} cache[STREAM_CACHE];
+static _Thread_local unsigned cache_next;
+static _Atomic unsigned reported; /* free failures printed so far */
+
+static int fail(int status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+const char *weft_torch_last_error(void) { return last_error; }
+unsigned weft_torch_version(void) { return weft_version(); }
+
+/* The runtime of `device`, made on first use (options from the environment). */
+static weft_runtime_t *runtime_of(int device) {
+  if (device < 0 || device >= MAX_DEVICES) {
+    fail(WEFT_ERR_INVALID_ARGUMENT, "weft_torch: device %d out of range (0..%d)", device, MAX_DEVICES - 1);
+    return NULL;
+  }
+  device_t *d = &devices[device];
+  weft_runtime_t *rt = atomic_load_explicit(&d->rt, memory_order_acquire);
+  if (rt != NULL) return rt;
+  pthread_mutex_lock(&d->lock);
+  rt = atomic_load_explicit(&d->rt, memory_order_relaxed);
+  if (rt == NULL) {
+    weft_status_t st = weft_runtime_get(device, NULL, &rt);
+    if (st != WEFT_OK) {
+      fail(st, "weft_torch: weft_runtime_get(%d): %s", device, weft_last_error());
+      rt = NULL;
+    } else {
+      atomic_store_explicit(&d->rt, rt, memory_order_release);
+    }
+  }
+  pthread_mutex_unlock(&d->lock);
+  return rt;
+}
+
+/* The weft stream for a PyTorch stream (adopted once; remembered per thread). */
+static weft_stream_t *stream_of(weft_runtime_t *rt, int device, CUstream raw) {
+  for (unsigned i = 0; i < STREAM_CACHE; i++)
+    if (cache[i].s != NULL && cache[i].raw == raw && cache[i].device == device) return cache[i].s;
+  weft_stream_t *s;
+  weft_status_t st = weft_stream_adopt(rt, raw, &s);
+  if (st != WEFT_OK) {
+    fail(st, "weft_torch: weft_stream_adopt: %s", weft_last_error());
+    return NULL;
+  }
+  unsigned k = cache_next++ % STREAM_CACHE;
+  cache[k].raw = raw;
+  cache[k].device = device;
+  cache[k].s = s;
+  return s;
+}
+
+/* Inside a capture PyTorch began on s: allocations go to that capture's graph pool. */
+static weft_status_t follow_capture(device_t *d, weft_runtime_t *rt, weft_stream_t *s, CUstream raw) {
+  int capturing = 0;
+  weft_status_t st = weft_stream_is_capturing(s, &capturing);
+  if (st != WEFT_OK || !capturing) return st;
+  const weft__driver_t *drv;
+  if ((st = weft__driver_get(&drv)) != WEFT_OK) return st;
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  if (drv->cuStreamGetCaptureInfo(raw, &cs, &id, NULL, NULL, NULL, NULL) != CUDA_SUCCESS)
+    return fail(WEFT_ERR_DRIVER, "weft_torch: cuStreamGetCaptureInfo failed");
+  pthread_mutex_lock(&d->lock);
+  weft_graph_pool_t *p = NULL;
+  for (unsigned i = 0; i < d->n_caps && p == NULL; i++)
+    if (d->caps[i].id == id) p = d->caps[i].pool;
+  if (p == NULL) {
+    if (d->n_caps == MAX_CAPTURES) {
+      pthread_mutex_unlock(&d->lock);
+      return fail(WEFT_ERR_BUSY, "weft_torch: %d graph pools of captures are kept; release some "
+                  "(weft_torch_release_graph_pools)", MAX_CAPTURES);
+    }
+    if ((st = weft_graph_pool_create(rt, &p)) != WEFT_OK) {
+      pthread_mutex_unlock(&d->lock);
+      return fail(st, "weft_torch: weft_graph_pool_create: %s", weft_last_error());
+    }
+    d->caps[d->n_caps++] = (capture_pool_t){id, s, p};
+  }
+  pthread_mutex_unlock(&d->lock);
+  st = weft_capture_allocate_to(s, p);
+  return st == WEFT_OK ? st : fail(st, "weft_torch: weft_capture_allocate_to: %s", weft_last_error());
+}
+
+void *weft_torch_alloc(ssize_t size, int device, CUstream stream) {
+  weft_runtime_t *rt = runtime_of(device);
+  if (rt == NULL) return NULL;
+  device_t *d = &devices[device];
+  if (size <= 0) {
+    atomic_fetch_add_explicit(&d->zero_bytes, 1, memory_order_relaxed);
+    return NULL;
+  }
+  weft_stream_t *s = stream_of(rt, device, stream);
+  weft_block_t b;
+  weft_status_t st = s == NULL ? WEFT_ERR_INVALID_ARGUMENT : follow_capture(d, rt, s, stream);
+  if (st == WEFT_OK) {
+    st = weft_alloc(rt, (size_t)size, s, "torch", &b);
+    if (st != WEFT_OK) fail(st, "weft_torch: weft_alloc(%zd): %s", size, weft_last_error());
+  }
+  CUdeviceptr p = 0;
+  if (st == WEFT_OK && weft_block_ptr(b, &p) != WEFT_OK) st = WEFT_ERR_STALE_HANDLE;
+  if (st != WEFT_OK) {
+    atomic_fetch_add_explicit(&d->alloc_failures, 1, memory_order_relaxed);
+    return NULL;
+  }
+  atomic_fetch_add_explicit(&d->allocs, 1, memory_order_relaxed);
+  return (void *)(uintptr_t)p;
+}
+
+/* Whether a graph pool of a capture holds ptr (memory a captured graph kept). */
+static bool graph_owns(device_t *d, CUdeviceptr ptr) {
+  pthread_mutex_lock(&d->lock);
+  bool owns = false;
+  for (unsigned i = 0; i < d->n_caps && !owns; i++) owns = weft_graph_pool_owns(d->caps[i].pool, ptr) != 0;
+  pthread_mutex_unlock(&d->lock);
+  return owns;
+}
+
+void weft_torch_free(void *ptr, ssize_t size, int device, CUstream stream) {
+  (void)size;
+  if (ptr == NULL) return;
+  weft_runtime_t *rt = runtime_of(device);
+  if (rt == NULL) return;
+  device_t *d = &devices[device];
+  weft_stream_t *s = stream_of(rt, device, stream);
+  weft_status_t st = s == NULL ? WEFT_ERR_INVALID_ARGUMENT : weft_free_ptr(rt, (CUdeviceptr)(uintptr_t)ptr, s);
+  if (st == WEFT_OK) {
+    atomic_fetch_add_explicit(&d->frees, 1, memory_order_relaxed);
+    return;
+  }
+  if (st == WEFT_ERR_INVALID_ARGUMENT && graph_owns(d, (CUdeviceptr)(uintptr_t)ptr)) {
+    atomic_fetch_add_explicit(&d->graph_frees, 1, memory_order_relaxed);
+    return;
+  }
+  fail(st, "weft_torch: free(%p) on device %d: %s", ptr, device, s ? weft_last_error() : last_error);
+  atomic_fetch_add_explicit(&d->free_failures, 1, memory_order_relaxed);
+  if (atomic_fetch_add(&reported, 1) < 10) fprintf(stderr, "%s\n", last_error);
+}
+
+/* The accesses of a declared use: blocks found by pointer (unknown pointers skipped). */
+static size_t accesses(weft_runtime_t *rt, const uint64_t *reads, size_t nr, const uint64_t *writes, size_t nw,
+                       weft_access_t *out) {
+  size_t n = 0;
+  for (size_t i = 0; i < nr + nw; i++) {
+    uint64_t p = i < nr ? reads[i] : writes[i - nr];
+    weft_block_t b;
+    if (p == 0 || weft_block_find(rt, (CUdeviceptr)p, &b) != WEFT_OK) continue;
+    weft_access_kind_t kind = i < nr ? WEFT_READ : WEFT_WRITE;
+    size_t j = 0;
+    while (j < n && out[j].block.rec != b.rec) j++; /* one access per block: merge the kinds */
+    if (j < n) out[j].kind = (weft_access_kind_t)(out[j].kind | kind);
+    else out[n++] = (weft_access_t){b, kind};
+  }
+  return n;
+}
+
+static int use(bool begin, int device, CUstream stream, const uint64_t *reads, size_t nr, const uint64_t *writes,
+               size_t nw) {
+  weft_runtime_t *rt = runtime_of(device);
+  if (rt == NULL) return WEFT_ERR_INVALID_ARGUMENT;
+  if ((nr != 0 && reads == NULL) || (nw != 0 && writes == NULL) || nr + nw > MAX_USE)
+    return fail(WEFT_ERR_INVALID_ARGUMENT, "weft_torch_use: NULL access list or more than %d accesses", MAX_USE);
+  weft_stream_t *s = stream_of(rt, device, stream);
+  if (s == NULL) return WEFT_ERR_INVALID_ARGUMENT;
+  weft_access_t acc[MAX_USE];
+  size_t n = accesses(rt, reads, nr, writes, nw, acc);
+  weft_status_t st = begin ? weft_use_begin(s, acc, n) : weft_use_end(s, acc, n);
+  return st == WEFT_OK ? 0 : fail(st, "weft_torch_use_%s: %s", begin ? "begin" : "end", weft_last_error());
+}
+
+int weft_torch_use_begin(int device, CUstream stream, const uint64_t *reads, size_t n_reads, const uint64_t *writes,
+                         size_t n_writes) {
+  return use(true, device, stream, reads, n_reads, writes, n_writes);
+}
+
+int weft_torch_use_end(int device, CUstream stream, const uint64_t *reads, size_t n_reads, const uint64_t *writes,
+                       size_t n_writes) {
+  return use(false, device, stream, reads, n_reads, writes, n_writes);
+}
+
+int weft_torch_stats(int device, char *buf, size_t len) {
+  if (device < 0 || device >= MAX_DEVICES || buf == NULL || len == 0) return -1;
+  device_t *d = &devices[device];
+  weft_runtime_t *rt = atomic_load_explicit(&d->rt, memory_order_acquire);
+  weft_counters_t c;
+  if (rt == NULL || weft_runtime_counters(rt, &c) != WEFT_OK) return -1;
+  weft_resource_stats_t r;
+  weft_resource_stats(weft_runtime_resource(rt), &r);
+  uint64_t graph_reserved = 0;
+  pthread_mutex_lock(&d->lock);
+  unsigned pools = d->n_caps;
+  for (unsigned i = 0; i < pools; i++) graph_reserved += weft_graph_pool_reserved(d->caps[i].pool);
+  pthread_mutex_unlock(&d->lock);
+  int n = snprintf(buf, len,
+                   "{\"uses\": %" PRIu64 ", \"accesses\": %" PRIu64 ", \"waits_issued\": %" PRIu64
+                   ", \"waits_skipped\": %" PRIu64 ", \"events_recorded\": %" PRIu64 ", \"allocs\": %" PRIu64
+                   ", \"frees\": %" PRIu64 ", \"live_bytes\": %" PRIu64 ", \"live_peak\": %" PRIu64
+                   ", \"reserved_bytes\": %" PRIu64 ", \"reserved_peak\": %" PRIu64 ", \"graph_pools\": %u"
+                   ", \"graph_pool_reserved\": %" PRIu64 ", \"adapter_allocs\": %" PRIu64 ", \"adapter_frees\": %" PRIu64
+                   ", \"zero_byte_allocs\": %" PRIu64 ", \"alloc_failures\": %" PRIu64 ", \"free_failures\": %" PRIu64
+                   ", \"graph_frees_ignored\": %" PRIu64 "}",
+                   c.uses, c.accesses, c.waits_issued, c.waits_skipped, c.events_recorded, c.allocs, c.frees,
+                   r.live_bytes, r.live_peak, r.reserved_bytes, r.reserved_peak, pools, graph_reserved,
+                   atomic_load(&d->allocs), atomic_load(&d->frees), atomic_load(&d->zero_bytes),
+                   atomic_load(&d->alloc_failures), atomic_load(&d->free_failures), atomic_load(&d->graph_frees));
+  if (n < 0) return -1;
+  return (size_t)n >= len ? (int)len - 1 : n;
+}
+
+int weft_torch_release_graph_pools(int device) {
+  if (device < 0 || device >= MAX_DEVICES) return 0;
+  device_t *d = &devices[device];
+  int released = 0;
+  pthread_mutex_lock(&d->lock);
+  for (unsigned i = 0; i < d->n_caps;) {
+    int capturing = 0;
+    /* Asking brings the stream's capture state up to date: an ended capture lets go of its pool. */
+    if (weft_stream_is_capturing(d->caps[i].stream, &capturing) != WEFT_OK) capturing = 1;
+    if (capturing) { /* perhaps still this capture: keep its pool */
+      i++;
+      continue;
+    }
+    if (weft_graph_pool_destroy(d->caps[i].pool) == WEFT_OK) {
+      d->caps[i] = d->caps[--d->n_caps];
+      released++;
+    } else {
+      i++;
+    }
+  }
+  pthread_mutex_unlock(&d->lock);
+  return released;
+}

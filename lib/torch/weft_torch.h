@@ -1,0 +1,72 @@
+/* weft as PyTorch's CUDA allocator: the CUDAPluggableAllocator C ABI, and a few calls for the
+ * Python helper (weft_torch.py). Built as libweft_torch.so (//lib/torch:libweft_torch.so), which
+ * loads with plain dlopen, needs no libstdc++ and no environment variable.
+ *
+ * What PyTorch asks of an allocator, and what weft does:
+ *   - alloc(size, device, stream): memory usable on `stream` at once (stream order), from the
+ *     runtime of `device` (weft_runtime_get with options from the environment). `stream` is
+ *     adopted (weft_stream_adopt): PyTorch's default stream is the legacy NULL stream. 0 bytes
+ *     give NULL, as PyTorch's own allocator does. NULL also on failure (PyTorch then raises its
+ *     out-of-memory error); weft_torch_last_error() says why.
+ *   - free(ptr, size, device, stream): weft_free_ptr on the stream the block was allocated on
+ *     (PyTorch passes it): the memory is reused at once on that stream and, on any other stream,
+ *     only after that stream is ordered after the free. Work declared with weft_torch_use_* on
+ *     other streams is waited for first: no record_stream.
+ *   - allocations on a stream that PyTorch is capturing (torch.cuda.graph: GLOBAL mode) come from
+ *     a graph pool of that capture (weft_capture_allocate_to), PyTorch's private-pool semantics:
+ *     fixed addresses, a range freed inside the capture is reused later in it, what is live at
+ *     the end belongs to the graph and stays reserved until weft_torch_release_graph_pools().
+ *     Why not CUDAPluggableAllocator's begin/end-allocate-to-pool hooks: PyTorch sets them only
+ *     from C++ (std::function arguments), which a C library loaded by ctypes cannot reach; the
+ *     capture is visible to the allocator through the stream instead (cuStreamGetCaptureInfo).
+ * Thread-safe: PyTorch allocates and frees from any thread. */
+#ifndef WEFT_TORCH_H
+#define WEFT_TORCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <cuda.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WEFT_TORCH_API __attribute__((visibility("default")))
+
+/** CUDAPluggableAllocator's alloc: `stream` is a cudaStream_t (the same handle as a CUstream). */
+WEFT_TORCH_API void *weft_torch_alloc(ssize_t size, int device, CUstream stream);
+/** CUDAPluggableAllocator's free. Frees of memory a captured graph kept are ignored (the graph
+ * owns it). Failures are counted and the first ones printed (PyTorch cannot be told). */
+WEFT_TORCH_API void weft_torch_free(void *ptr, ssize_t size, int device, CUstream stream);
+
+/** Declares a piece of work on `stream` that reads `reads` and writes `writes` (device pointers,
+ * the start of or inside memory from weft_torch_alloc): begin issues the waits it needs against
+ * other streams' declared work (and frees), end records it. Between the two the caller enqueues
+ * the work (PyTorch kernels). Pointers weft does not know are skipped; at most 256 in all; the
+ * same lists must be given to end. Returns 0 or a
+ * weft_status_t (weft_torch_last_error() says why). */
+WEFT_TORCH_API int weft_torch_use_begin(int device, CUstream stream, const uint64_t *reads, size_t n_reads,
+                                        const uint64_t *writes, size_t n_writes);
+WEFT_TORCH_API int weft_torch_use_end(int device, CUstream stream, const uint64_t *reads, size_t n_reads,
+                                      const uint64_t *writes, size_t n_writes);
+
+/** A JSON object of the device's counters: weft's (weft_counters_t), the runtime resource's
+ * (weft_resource_stats_t: live and reserved bytes with peaks), graph pools of captures and the
+ * adapter's own (allocs, frees, zero-byte requests, failures). Returns the bytes written (without
+ * the NUL; truncated to len - 1), or -1 when the device has no runtime yet. */
+WEFT_TORCH_API int weft_torch_stats(int device, char *buf, size_t len);
+/** Destroys the graph pools of captures that have ended (call once their graphs are gone:
+ * torch.cuda.CUDAGraph.reset() or deleted). Returns how many were destroyed. */
+WEFT_TORCH_API int weft_torch_release_graph_pools(int device);
+/** The last failure's message on this thread ("" if none). */
+WEFT_TORCH_API const char *weft_torch_last_error(void);
+/** weft_version(): for loaders that check the library. */
+WEFT_TORCH_API unsigned weft_torch_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WEFT_TORCH_H */

@@ -1,0 +1,379 @@
+/* Streams and memory weft did not make (issue 13): raw CUstreams adopted as tracked streams (the
+ * legacy NULL stream, CU_STREAM_PER_THREAD, another library's stream), blocks found and freed by
+ * device pointer, and a capture that outside code begins on an adopted stream. Every data check
+ * reads values back; on the simulator the race oracle must stay at 0. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "lib/core/driver.h"
+#include "tests/util/cmocka_env.h"
+
+#define N 256
+
+static const weft__driver_t *drv;
+/* Raw streams a test made: destroyed after the runtime that adopted them is released. */
+static CUstream made[16];
+static unsigned n_made;
+
+static int setup(void **state) {
+  tu_env_t *env = calloc(1, sizeof *env);
+  assert_non_null(env);
+  tu_init(env, NULL);
+  assert_int_equal(weft__driver_get(&drv), WEFT_OK);
+  *state = env;
+  return 0;
+}
+
+static int teardown(void **state) {
+  tu_env_t *env = *state;
+  uint64_t races = tu_races(env);
+  if (races != 0) tu_print_races(env);
+  tu_fini(env);
+  free(env);
+  for (; n_made > 0; n_made--) assert_int_equal(drv->cuStreamDestroy(made[n_made - 1]), CUDA_SUCCESS);
+  assert_int_equal(races, 0);
+  return 0;
+}
+
+static uint64_t waits(const tu_env_t *env) {
+  weft_counters_t c;
+  assert_int_equal(weft_runtime_counters(env->rt, &c), WEFT_OK);
+  return c.waits_issued;
+}
+
+static CUstream raw_stream(void) {
+  CUstream s;
+  assert_int_equal(drv->cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);
+  assert_true(n_made < 16);
+  made[n_made++] = s;
+  return s;
+}
+
+static void expect_all(weft_stream_t *s, weft_block_t b, unsigned v) {
+  unsigned host[N];
+  assert_int_equal(tu_read(s, b, host, sizeof host), WEFT_OK);
+  for (unsigned i = 0; i < N; i++) assert_int_equal(host[i], v);
+}
+
+static void test_legacy_stream_is_one_adopted_stream(void **state) {
+  tu_env_t *env = *state;
+  weft_stream_t *a, *b;
+  assert_int_equal(weft_stream_adopt(env->rt, NULL, &a), WEFT_OK);
+  assert_int_equal(weft_stream_adopt(env->rt, CU_STREAM_LEGACY, &b), WEFT_OK);
+  assert_ptr_equal(a, b);
+  assert_null(weft_stream_raw(a));
+  weft_options_t o = weft_options_default();
+  assert_true(weft_stream_index(a) >= (int)o.stream_count);
+  assert_ptr_equal(weft_stream_runtime(a), env->rt);
+  /* weft's own pool streams are not adopted again. */
+  assert_int_equal(weft_stream_adopt(env->rt, weft_stream_raw(tu_stream(env, 0)), &b), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_stream_adopt(env->rt, NULL, NULL), WEFT_ERR_INVALID_ARGUMENT);
+}
+
+/* Memory allocated on an adopted stream is usable there at once; a pool stream's first use waits
+ * once; the adopted stream's read of a pool stream's write waits once, the second read not. */
+static void test_adopted_stream_is_ordered_with_minimal_waits(void **state) {
+  tu_env_t *env = *state;
+  weft_stream_t *legacy, *p0 = tu_stream(env, 0);
+  assert_int_equal(weft_stream_adopt(env->rt, NULL, &legacy), WEFT_OK);
+  weft_block_t x, y;
+  assert_int_equal(weft_alloc(env->rt, N * 4, legacy, "x", &x), WEFT_OK);
+  assert_int_equal(weft_alloc(env->rt, N * 4, legacy, "y", &y), WEFT_OK);
+  uint64_t w0 = waits(env);
+  assert_int_equal(tu_fill(env, legacy, x, N, 7), WEFT_OK);
+  assert_int_equal(waits(env), w0); /* allocated there: stream order suffices */
+  assert_int_equal(tu_combine(env, p0, y, (weft_block_t){0}, x, (weft_block_t){0}, (weft_block_t){0}, N, 3), WEFT_OK);
+  assert_int_equal(waits(env), w0 + 1); /* the pool stream waits for the legacy stream once */
+  assert_int_equal(tu_fill(env, p0, x, N, 9), WEFT_OK);
+  assert_int_equal(waits(env), w0 + 1); /* already ordered */
+  weft_block_t z;
+  assert_int_equal(weft_alloc(env->rt, N * 4, legacy, "z", &z), WEFT_OK);
+  assert_int_equal(tu_combine(env, legacy, z, (weft_block_t){0}, x, (weft_block_t){0}, (weft_block_t){0}, N, 5), WEFT_OK);
+  assert_int_equal(waits(env), w0 + 2);
+  assert_int_equal(tu_combine(env, legacy, z, (weft_block_t){0}, x, z, (weft_block_t){0}, N, 5), WEFT_OK);
+  assert_int_equal(waits(env), w0 + 2);
+  expect_all(legacy, x, 9);
+  assert_int_equal(weft_free(x, legacy), WEFT_OK);
+  assert_int_equal(weft_free(y, p0), WEFT_OK);
+  assert_int_equal(weft_free(z, legacy), WEFT_OK);
+}
+
+/* Another library's stream: PyTorch's calling pattern, allocation and free on the stream the
+ * framework names, the memory reused at once on that stream and safely on another. */
+static void test_raw_stream_allocates_and_frees_by_pointer(void **state) {
+  tu_env_t *env = *state;
+  CUstream r1 = raw_stream(), r2 = raw_stream();
+  weft_stream_t *s1, *s2, *again;
+  assert_int_equal(weft_stream_adopt(env->rt, r1, &s1), WEFT_OK);
+  assert_int_equal(weft_stream_adopt(env->rt, r2, &s2), WEFT_OK);
+  assert_int_equal(weft_stream_adopt(env->rt, r1, &again), WEFT_OK);
+  assert_ptr_equal(s1, again);
+  assert_ptr_not_equal(s1, s2);
+  assert_ptr_equal(weft_stream_raw(s1), r1);
+  for (int round = 0; round < 20; round++) {
+    weft_block_t a, b;
+    assert_int_equal(weft_alloc(env->rt, N * 4, s1, "a", &a), WEFT_OK);
+    assert_int_equal(tu_fill(env, s1, a, N, 100u + (unsigned)round), WEFT_OK);
+    CUdeviceptr pa;
+    assert_int_equal(weft_block_ptr(a, &pa), WEFT_OK);
+    /* Freed by pointer on its stream; the next allocation on the other stream may get the same
+     * memory and must not overwrite a before the fill ran. */
+    assert_int_equal(weft_alloc(env->rt, N * 4, s2, "b", &b), WEFT_OK);
+    assert_int_equal(tu_combine(env, s2, b, (weft_block_t){0}, a, (weft_block_t){0}, (weft_block_t){0}, N, 1), WEFT_OK);
+    assert_int_equal(weft_free_ptr(env->rt, pa, s1), WEFT_OK);
+    assert_int_equal(weft_free_ptr(env->rt, pa, s1), WEFT_ERR_INVALID_ARGUMENT); /* gone */
+    weft_block_t c;
+    assert_int_equal(weft_alloc(env->rt, N * 4, s2, "c", &c), WEFT_OK);
+    assert_int_equal(tu_fill(env, s2, c, N, 5), WEFT_OK);
+    unsigned host[N], want[N];
+    assert_int_equal(tu_read(s2, b, host, sizeof host), WEFT_OK);
+    /* combine of (100 + round) with salt 1, as the fill-then-combine model says: compare with a
+     * fresh combine of a known block on a pool stream. */
+    weft_block_t ref, src;
+    weft_stream_t *p0 = tu_stream(env, 0);
+    assert_int_equal(weft_alloc(env->rt, N * 4, p0, "ref", &ref), WEFT_OK);
+    assert_int_equal(weft_alloc(env->rt, N * 4, p0, "src", &src), WEFT_OK);
+    assert_int_equal(tu_fill(env, p0, src, N, 100u + (unsigned)round), WEFT_OK);
+    assert_int_equal(tu_combine(env, p0, ref, (weft_block_t){0}, src, (weft_block_t){0}, (weft_block_t){0}, N, 1), WEFT_OK);
+    assert_int_equal(tu_read(p0, ref, want, sizeof want), WEFT_OK);
+    assert_memory_equal(host, want, sizeof host);
+    assert_int_equal(weft_free(ref, p0), WEFT_OK);
+    assert_int_equal(weft_free(src, p0), WEFT_OK);
+    CUdeviceptr pb, pc;
+    assert_int_equal(weft_block_ptr(b, &pb), WEFT_OK);
+    assert_int_equal(weft_block_ptr(c, &pc), WEFT_OK);
+    assert_int_equal(weft_free_ptr(env->rt, pb, s2), WEFT_OK);
+    assert_int_equal(weft_free_ptr(env->rt, pc, s1), WEFT_OK);
+  }
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+}
+
+static void test_block_find_exact_interior_and_missing(void **state) {
+  tu_env_t *env = *state;
+  weft_block_t a, f;
+  a = tu_alloc(env, 4096, 0, "a");
+  CUdeviceptr p;
+  assert_int_equal(weft_block_ptr(a, &p), WEFT_OK);
+  assert_int_equal(weft_block_find(env->rt, p, &f), WEFT_OK);
+  assert_ptr_equal(f.rec, a.rec);
+  assert_int_equal(f.gen, a.gen);
+  assert_int_equal(weft_block_find(env->rt, p + 4095, &f), WEFT_OK); /* inside */
+  assert_ptr_equal(f.rec, a.rec);
+  assert_int_equal(weft_block_find(env->rt, 0, &f), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_block_find(env->rt, p, NULL), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_free_ptr(env->rt, p + 16, tu_stream(env, 0)), WEFT_ERR_INVALID_ARGUMENT); /* not a start */
+  assert_int_equal(weft_free(a, tu_stream(env, 1)), WEFT_OK);
+  assert_int_equal(weft_block_find(env->rt, p, &f), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_free_ptr(env->rt, p, tu_stream(env, 0)), WEFT_ERR_INVALID_ARGUMENT);
+}
+
+typedef struct frees {
+  tu_env_t *env;
+  CUdeviceptr ptr[64];
+  unsigned n;
+  CUstream raw;
+  weft_status_t worst;
+} frees_t;
+
+static void *free_from_thread(void *arg) {
+  frees_t *f = arg;
+  weft_stream_t *s;
+  f->worst = weft_stream_adopt(f->env->rt, f->raw, &s);
+  for (unsigned i = 0; i < f->n && f->worst == WEFT_OK; i++) f->worst = weft_free_ptr(f->env->rt, f->ptr[i], s);
+  return NULL;
+}
+
+/* PyTorch frees from whatever thread drops the tensor, naming the allocation stream. */
+static void test_frees_by_pointer_from_other_threads(void **state) {
+  tu_env_t *env = *state;
+  CUstream raw = raw_stream();
+  weft_stream_t *s;
+  assert_int_equal(weft_stream_adopt(env->rt, raw, &s), WEFT_OK);
+  frees_t f[4];
+  for (int t = 0; t < 4; t++) {
+    f[t] = (frees_t){.env = env, .n = 32, .raw = t % 2 ? raw : NULL};
+    for (unsigned i = 0; i < f[t].n; i++) {
+      weft_block_t b;
+      assert_int_equal(weft_alloc(env->rt, 512 * (i + 1), s, "t", &b), WEFT_OK);
+      assert_int_equal(tu_fill(env, s, b, 64, i), WEFT_OK);
+      assert_int_equal(weft_block_ptr(b, &f[t].ptr[i]), WEFT_OK);
+    }
+  }
+  pthread_t th[4];
+  for (int t = 0; t < 4; t++) assert_int_equal(pthread_create(&th[t], NULL, free_from_thread, &f[t]), 0);
+  for (int t = 0; t < 4; t++) {
+    pthread_join(th[t], NULL);
+    assert_int_equal(f[t].worst, WEFT_OK);
+  }
+  weft_counters_t c;
+  assert_int_equal(weft_runtime_counters(env->rt, &c), WEFT_OK);
+  assert_int_equal(c.allocs, c.frees);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+}
+
+typedef struct other {
+  weft_stream_t *mine;
+  weft_runtime_t *rt;
+  weft_status_t use_mine, adopt;
+  weft_stream_t *theirs;
+} other_t;
+
+static void *use_from_other_thread(void *arg) {
+  other_t *o = arg;
+  weft_block_t b;
+  o->use_mine = weft_alloc(o->rt, 256, o->mine, "x", &b);
+  o->adopt = weft_stream_adopt(o->rt, CU_STREAM_PER_THREAD, &o->theirs);
+  return NULL;
+}
+
+static void test_per_thread_stream_belongs_to_its_thread(void **state) {
+  tu_env_t *env = *state;
+  other_t o = {.rt = env->rt};
+  assert_int_equal(weft_stream_adopt(env->rt, CU_STREAM_PER_THREAD, &o.mine), WEFT_OK);
+  weft_block_t b;
+  assert_int_equal(weft_alloc(env->rt, N * 4, o.mine, "pt", &b), WEFT_OK);
+  assert_int_equal(tu_fill(env, o.mine, b, N, 11), WEFT_OK);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, use_from_other_thread, &o), 0);
+  pthread_join(th, NULL);
+  assert_int_equal(o.use_mine, WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(o.adopt, WEFT_OK);
+  assert_ptr_not_equal(o.theirs, o.mine);
+  expect_all(tu_stream(env, 2), b, 11);
+  assert_int_equal(weft_free(b, tu_stream(env, 3)), WEFT_OK);
+}
+
+/* Code outside weft captures an adopted stream (GLOBAL, as torch.cuda.graph does): weft's
+ * allocations, uses and frees on it go into that capture, which ends valid and replays. */
+static void test_outside_capture_on_adopted_stream(void **state) {
+  tu_env_t *env = *state;
+  CUstream raw = raw_stream();
+  weft_stream_t *s;
+  assert_int_equal(weft_stream_adopt(env->rt, raw, &s), WEFT_OK);
+  weft_block_t in = tu_alloc(env, N * 4, 0, "in"), out = tu_alloc(env, N * 4, 0, "out");
+  assert_int_equal(tu_fill(env, tu_stream(env, 0), in, N, 3), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+  assert_int_equal(drv->cuStreamBeginCapture(raw, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  weft_block_t tmp;
+  assert_int_equal(weft_alloc(env->rt, N * 4, s, "tmp", &tmp), WEFT_OK);
+  assert_int_equal(tu_combine(env, s, tmp, (weft_block_t){0}, in, (weft_block_t){0}, (weft_block_t){0}, N, 2), WEFT_OK);
+  assert_int_equal(tu_combine(env, s, out, (weft_block_t){0}, tmp, (weft_block_t){0}, (weft_block_t){0}, N, 4), WEFT_OK);
+  assert_int_equal(weft_free(tmp, s), WEFT_OK);
+  CUgraph g = NULL;
+  assert_int_equal(drv->cuStreamEndCapture(raw, &g), CUDA_SUCCESS);
+  CUgraphExec x;
+  assert_int_equal(drv->cuGraphInstantiateWithFlags(&x, g, 0), CUDA_SUCCESS);
+  for (int i = 0; i < 3; i++) assert_int_equal(drv->cuGraphLaunch(x, raw), CUDA_SUCCESS);
+  assert_int_equal(drv->cuStreamSynchronize(raw), CUDA_SUCCESS);
+  /* After the capture, the adopted stream works live again. */
+  weft_block_t after;
+  assert_int_equal(weft_alloc(env->rt, N * 4, s, "after", &after), WEFT_OK);
+  assert_int_equal(tu_fill(env, s, after, N, 8), WEFT_OK);
+  expect_all(s, after, 8);
+  assert_int_equal(weft_free(after, s), WEFT_OK);
+  assert_int_equal(weft_free(in, s), WEFT_OK);
+  assert_int_equal(weft_free(out, s), WEFT_OK);
+  assert_int_equal(drv->cuGraphExecDestroy(x), CUDA_SUCCESS);
+  assert_int_equal(drv->cuGraphDestroy(g), CUDA_SUCCESS);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+}
+
+/* PyTorch's private-pool semantics for a capture it begins: allocations come from a graph pool at
+ * fixed addresses, a range freed inside is reused later in the same capture, what is still
+ * allocated at the end belongs to the graph, and the graph replays. */
+static void test_outside_capture_allocates_to_graph_pool(void **state) {
+  tu_env_t *env = *state;
+  CUstream raw = raw_stream();
+  weft_stream_t *s;
+  assert_int_equal(weft_stream_adopt(env->rt, raw, &s), WEFT_OK);
+  weft_graph_pool_t *p;
+  assert_int_equal(weft_graph_pool_create(env->rt, &p), WEFT_OK);
+  assert_int_equal(weft_capture_allocate_to(s, p), WEFT_ERR_CAPTURE); /* no capture yet */
+  weft_block_t in = tu_alloc(env, N * 4, 1, "in");
+  assert_int_equal(tu_fill(env, tu_stream(env, 1), in, N, 6), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+  assert_int_equal(drv->cuStreamBeginCapture(raw, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(weft_capture_allocate_to(s, p), WEFT_OK);
+  assert_int_equal(weft_capture_allocate_to(s, p), WEFT_OK); /* again: nothing */
+  weft_block_t a, b, out;
+  CUdeviceptr pa, pb, pout;
+  assert_int_equal(weft_alloc(env->rt, N * 4, s, "a", &a), WEFT_OK);
+  assert_int_equal(weft_block_ptr(a, &pa), WEFT_OK);
+  assert_true(weft_graph_pool_owns(p, pa));
+  assert_int_equal(tu_combine(env, s, a, (weft_block_t){0}, in, (weft_block_t){0}, (weft_block_t){0}, N, 2), WEFT_OK);
+  assert_int_equal(weft_alloc(env->rt, N * 4, s, "out", &out), WEFT_OK);
+  assert_int_equal(weft_block_ptr(out, &pout), WEFT_OK);
+  assert_int_equal(tu_combine(env, s, out, (weft_block_t){0}, a, (weft_block_t){0}, (weft_block_t){0}, N, 3), WEFT_OK);
+  assert_int_equal(weft_free_ptr(env->rt, pa, s), WEFT_OK);
+  assert_int_equal(weft_alloc(env->rt, N * 4, s, "b", &b), WEFT_OK);
+  assert_int_equal(weft_block_ptr(b, &pb), WEFT_OK);
+  assert_int_equal(pb, pa); /* reused in stream order inside the capture */
+  assert_int_equal(tu_combine(env, s, out, (weft_block_t){0}, out, (weft_block_t){0}, (weft_block_t){0}, N, 4), WEFT_OK);
+  assert_int_equal(weft_free(b, s), WEFT_OK);
+  CUgraph g = NULL;
+  assert_int_equal(drv->cuStreamEndCapture(raw, &g), CUDA_SUCCESS);
+  CUgraphExec x;
+  assert_int_equal(drv->cuGraphInstantiateWithFlags(&x, g, 0), CUDA_SUCCESS);
+  unsigned first[N], later[N];
+  assert_int_equal(drv->cuGraphLaunch(x, raw), CUDA_SUCCESS);
+  assert_int_equal(drv->cuStreamSynchronize(raw), CUDA_SUCCESS);
+  assert_int_equal(drv->cuMemcpyDtoH(first, pout, sizeof first), CUDA_SUCCESS);
+  for (int i = 0; i < 3; i++) assert_int_equal(drv->cuGraphLaunch(x, raw), CUDA_SUCCESS);
+  assert_int_equal(drv->cuStreamSynchronize(raw), CUDA_SUCCESS);
+  assert_int_equal(drv->cuMemcpyDtoH(later, pout, sizeof later), CUDA_SUCCESS);
+  assert_memory_equal(first, later, sizeof first); /* same inputs, same addresses, same result */
+  /* The output belongs to the graph now: weft no longer frees it, the pool keeps it. */
+  assert_int_equal(weft_free_ptr(env->rt, pout, s), WEFT_ERR_INVALID_ARGUMENT);
+  assert_true(weft_graph_pool_owns(p, pout));
+  assert_false(weft_graph_pool_owns(p, 0));
+  assert_int_equal(weft_capture_allocate_to(s, p), WEFT_ERR_CAPTURE);
+  assert_int_equal(drv->cuGraphExecDestroy(x), CUDA_SUCCESS);
+  assert_int_equal(drv->cuGraphDestroy(g), CUDA_SUCCESS);
+  assert_int_equal(weft_graph_pool_destroy(p), WEFT_OK);
+  assert_int_equal(weft_free(in, s), WEFT_OK);
+}
+
+static void test_adoption_slots_run_out(void **state) {
+  (void)state;
+  tu_env_t env;
+  assert_int_equal(weft__driver_get(&drv), WEFT_OK);
+  weft_options_t o = weft_options_default();
+  o.adopt_streams = 2;
+  tu_init(&env, &o);
+  CUstream r[3] = {raw_stream(), raw_stream(), raw_stream()};
+  weft_stream_t *s;
+  assert_int_equal(weft_stream_adopt(env.rt, r[0], &s), WEFT_OK);
+  assert_int_equal(weft_stream_adopt(env.rt, r[1], &s), WEFT_OK);
+  assert_int_equal(weft_stream_adopt(env.rt, r[2], &s), WEFT_ERR_BUSY);
+  assert_non_null(strstr(weft_last_error(), "adopt_streams"));
+  assert_int_equal(weft_stream_adopt(env.rt, r[1], &s), WEFT_OK); /* the same one again */
+  tu_fini(&env);
+  /* Lanes are 64 in all: a pool of 63 leaves one slot whatever adopt_streams says. */
+  o.stream_count = 63;
+  o.adopt_streams = 8;
+  tu_init(&env, &o);
+  assert_int_equal(weft_stream_adopt(env.rt, r[0], &s), WEFT_OK);
+  assert_int_equal(weft_stream_adopt(env.rt, r[1], &s), WEFT_ERR_BUSY);
+  tu_fini(&env);
+  for (; n_made > 0; n_made--) assert_int_equal(drv->cuStreamDestroy(made[n_made - 1]), CUDA_SUCCESS);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_legacy_stream_is_one_adopted_stream, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_adopted_stream_is_ordered_with_minimal_waits, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_raw_stream_allocates_and_frees_by_pointer, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_block_find_exact_interior_and_missing, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_frees_by_pointer_from_other_threads, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_per_thread_stream_belongs_to_its_thread, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_outside_capture_on_adopted_stream, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_outside_capture_allocates_to_graph_pool, setup, teardown),
+      cmocka_unit_test(test_adoption_slots_run_out),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

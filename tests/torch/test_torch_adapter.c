@@ -1,0 +1,289 @@
+/* libweft_torch.so called exactly as PyTorch calls a CUDAPluggableAllocator (issue 13), with no
+ * PyTorch and no GPU: the program dlopens the library (as torch.cuda.memory does), reaches the
+ * driver weft loaded through weft_driver_symbol (the simulator in CI, with its race oracle; a GPU
+ * when staged there), and plays PyTorch's part with driver calls:
+ *   - eager steps on the legacy NULL stream: alloc, kernels (memset / copy), free, 0-byte allocs;
+ *   - a side stream that prefetches: its tensors declared with weft_torch_use_*, freed on the
+ *     stream they were allocated on, with no record_stream;
+ *   - frees from other threads;
+ *   - a GLOBAL capture begun on a raw stream (torch.cuda.graph), allocs and frees inside, the
+ *     capture must end valid, the graph replays, its static output keeps its address and values,
+ *     and its memory is kept until the graph is gone.
+ * Checks: values read back, 0 races (simulator), no leak (live bytes back to 0, every alloc
+ * freed), the adapter's stats. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <cmocka.h>
+
+#include <cuda.h>
+
+#include "sim/weft_sim.h"
+
+static const char *lib_path = "lib/torch/libweft_torch.so";
+
+/* The adapter's ABI (weft_torch.h), resolved with dlsym as PyTorch does. */
+static void *(*t_alloc)(ssize_t, int, CUstream);
+static void (*t_free)(void *, ssize_t, int, CUstream);
+static int (*t_use_begin)(int, CUstream, const uint64_t *, size_t, const uint64_t *, size_t);
+static int (*t_use_end)(int, CUstream, const uint64_t *, size_t, const uint64_t *, size_t);
+static int (*t_stats)(int, char *, size_t);
+static int (*t_release)(int);
+static const char *(*t_error)(void);
+static void *(*t_symbol)(const char *);
+static const weft_sim_api_t *sim;
+
+/* The driver weft loaded (the simulator here), as PyTorch's own CUDA calls would reach it. */
+static CUresult (*d_stream_create)(CUstream *, unsigned, int);
+static CUresult (*d_memset)(CUdeviceptr, unsigned, size_t, CUstream);
+static CUresult (*d_copy)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+static CUresult (*d_dtoh)(void *, CUdeviceptr, size_t);
+static CUresult (*d_sync)(CUstream);
+static CUresult (*d_ctx_sync)(void);
+static CUresult (*d_begin)(CUstream, CUstreamCaptureMode);
+static CUresult (*d_end)(CUstream, CUgraph *);
+static CUresult (*d_inst)(CUgraphExec *, CUgraph, unsigned long long);
+static CUresult (*d_launch)(CUgraphExec, CUstream);
+static CUresult (*d_exec_destroy)(CUgraphExec);
+static CUresult (*d_graph_destroy)(CUgraph);
+static CUresult (*d_stream_destroy)(CUstream);
+
+#define SYM(var, lib, name)                                        \
+  do {                                                             \
+    *(void **)&(var) = dlsym(lib, name);                           \
+    if ((var) == NULL) fail_msg("%s: no symbol %s", lib_path, name); \
+  } while (0)
+#define DRV(var, name)                                            \
+  do {                                                            \
+    *(void **)&(var) = t_symbol(name);                            \
+    if ((var) == NULL) fail_msg("the driver has no %s", name);    \
+  } while (0)
+
+static void load(void) {
+  void *lib = dlopen(lib_path, RTLD_NOW | RTLD_LOCAL);
+  if (lib == NULL) fail_msg("dlopen: %s", dlerror());
+  SYM(t_alloc, lib, "weft_torch_alloc");
+  SYM(t_free, lib, "weft_torch_free");
+  SYM(t_use_begin, lib, "weft_torch_use_begin");
+  SYM(t_use_end, lib, "weft_torch_use_end");
+  SYM(t_stats, lib, "weft_torch_stats");
+  SYM(t_release, lib, "weft_torch_release_graph_pools");
+  SYM(t_error, lib, "weft_torch_last_error");
+  SYM(t_symbol, lib, "weft_driver_symbol");
+  /* Loads the driver (the first allocation makes the runtime). */
+  void *p = t_alloc(256, 0, NULL);
+  if (p == NULL) fail_msg("first alloc: %s", t_error());
+  t_free(p, 256, 0, NULL);
+  sim = weft_sim_api(t_symbol);
+  DRV(d_stream_create, "cuStreamCreateWithPriority");
+  DRV(d_memset, "cuMemsetD32Async");
+  DRV(d_copy, "cuMemcpyDtoDAsync_v2");
+  DRV(d_dtoh, "cuMemcpyDtoH_v2");
+  DRV(d_sync, "cuStreamSynchronize");
+  DRV(d_ctx_sync, "cuCtxSynchronize");
+  DRV(d_begin, "cuStreamBeginCapture_v2");
+  DRV(d_end, "cuStreamEndCapture");
+  DRV(d_inst, "cuGraphInstantiateWithFlags");
+  DRV(d_launch, "cuGraphLaunch");
+  DRV(d_exec_destroy, "cuGraphExecDestroy");
+  DRV(d_graph_destroy, "cuGraphDestroy");
+  DRV(d_stream_destroy, "cuStreamDestroy_v2");
+}
+
+static uint64_t stat_of(const char *key) {
+  char buf[2048], pat[64];
+  assert_true(t_stats(0, buf, sizeof buf) > 0);
+  snprintf(pat, sizeof pat, "\"%s\": ", key);
+  const char *at = strstr(buf, pat);
+  if (at == NULL) fail_msg("no %s in %s", key, buf);
+  return strtoull(at + strlen(pat), NULL, 10);
+}
+
+static unsigned word(CUdeviceptr p) {
+  unsigned v = 0;
+  assert_int_equal(d_dtoh(&v, p, 4), CUDA_SUCCESS);
+  return v;
+}
+
+static CUstream new_stream(void) {
+  CUstream s;
+  assert_int_equal(d_stream_create(&s, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);
+  return s;
+}
+
+static int setup(void **state) {
+  (void)state;
+  if (t_alloc == NULL) load();
+  if (sim) sim->reset_races();
+  return 0;
+}
+
+static void check_races(void) {
+  if (sim == NULL) return;
+  if (sim->race_count() != 0) sim->print_report();
+  assert_int_equal(sim->race_count(), 0);
+}
+
+#define MB (1u << 20)
+
+/* Eager steps on the legacy stream, as a training loop without streams does. */
+static void test_eager_steps_on_the_legacy_stream(void **state) {
+  (void)state;
+  uint64_t live0 = stat_of("live_bytes");
+  for (unsigned step = 0; step < 50; step++) {
+    size_t n = (size_t)(1 + step % 7) * 4096;
+    CUdeviceptr x = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, NULL);
+    CUdeviceptr y = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, NULL);
+    assert_true(x != 0 && y != 0);
+    assert_null(t_alloc(0, 0, NULL)); /* PyTorch asks for 0 bytes: NULL, not a failure */
+    assert_int_equal(d_memset(x, step, n / 4, NULL), CUDA_SUCCESS);
+    assert_int_equal(d_copy(y, x, n, NULL), CUDA_SUCCESS);
+    t_free((void *)(uintptr_t)x, (ssize_t)n, 0, NULL); /* reused at once by the next step */
+    assert_int_equal(d_sync(NULL), CUDA_SUCCESS);
+    assert_int_equal(word(y), step);
+    t_free((void *)(uintptr_t)y, (ssize_t)n, 0, NULL);
+  }
+  assert_int_equal(stat_of("live_bytes"), live0);
+  assert_int_equal(stat_of("free_failures"), 0);
+  assert_int_equal(stat_of("alloc_failures"), 0);
+  assert_true(stat_of("zero_byte_allocs") >= 50);
+  check_races();
+}
+
+/* A side stream prefetches the next batch (allocated there); the main (legacy) stream consumes
+ * it under weft_torch_use_begin/end, and the batch is freed on the side stream it came from: the
+ * free waits for the declared read, so the next prefetch may reuse the memory: no record_stream. */
+static void test_side_stream_prefetch_without_record_stream(void **state) {
+  (void)state;
+  CUstream side = new_stream();
+  uint64_t live0 = stat_of("live_bytes"), waits0 = stat_of("waits_issued");
+  const size_t n = MB;
+  CUdeviceptr acc = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, NULL);
+  for (unsigned step = 0; step < 30; step++) {
+    CUdeviceptr batch = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, side);
+    assert_true(batch != 0);
+    uint64_t b = batch, a = acc;
+    assert_int_equal(t_use_begin(0, side, NULL, 0, &b, 1), 0);
+    assert_int_equal(d_memset(batch, 1000 + step, n / 4, side), CUDA_SUCCESS);
+    assert_int_equal(t_use_end(0, side, NULL, 0, &b, 1), 0);
+    assert_int_equal(t_use_begin(0, NULL, &b, 1, &a, 1), 0); /* the main stream waits for the prefetch */
+    assert_int_equal(d_copy(acc, batch, n, NULL), CUDA_SUCCESS);
+    assert_int_equal(t_use_end(0, NULL, &b, 1, &a, 1), 0);
+    t_free((void *)(uintptr_t)batch, (ssize_t)n, 0, side); /* on its own stream, after the main stream's read */
+  }
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  assert_int_equal(word(acc), 1029);
+  assert_true(stat_of("waits_issued") > waits0);
+  t_free((void *)(uintptr_t)acc, (ssize_t)n, 0, NULL);
+  assert_int_equal(stat_of("live_bytes"), live0);
+  assert_int_equal(stat_of("free_failures"), 0);
+  check_races();
+  assert_int_equal(d_stream_destroy(side), CUDA_SUCCESS);
+}
+
+typedef struct batch_of_frees {
+  CUdeviceptr p[32];
+  CUstream s;
+} batch_of_frees_t;
+
+static void *free_all(void *arg) {
+  batch_of_frees_t *b = arg;
+  for (int i = 0; i < 32; i++) t_free((void *)(uintptr_t)b->p[i], 0, 0, b->s);
+  return NULL;
+}
+
+/* Tensors die on whatever thread drops the last reference. */
+static void test_frees_from_other_threads(void **state) {
+  (void)state;
+  uint64_t live0 = stat_of("live_bytes");
+  CUstream raw = new_stream();
+  batch_of_frees_t b[4];
+  for (int t = 0; t < 4; t++) {
+    b[t].s = t % 2 ? raw : NULL;
+    for (int i = 0; i < 32; i++) {
+      size_t n = 512u * (unsigned)(i + 1);
+      b[t].p[i] = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, b[t].s);
+      assert_true(b[t].p[i] != 0);
+      assert_int_equal(d_memset(b[t].p[i], (unsigned)i, n / 4, b[t].s), CUDA_SUCCESS);
+    }
+  }
+  pthread_t th[4];
+  for (int t = 0; t < 4; t++) assert_int_equal(pthread_create(&th[t], NULL, free_all, &b[t]), 0);
+  for (int t = 0; t < 4; t++) pthread_join(th[t], NULL);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  assert_int_equal(stat_of("live_bytes"), live0);
+  assert_int_equal(stat_of("free_failures"), 0);
+  check_races();
+  assert_int_equal(d_stream_destroy(raw), CUDA_SUCCESS);
+}
+
+/* torch.cuda.graph: a GLOBAL capture on a side stream, allocations and frees inside, replays. */
+static void test_outside_capture_then_replays(void **state) {
+  (void)state;
+  uint64_t live0 = stat_of("live_bytes");
+  CUstream cs = new_stream();
+  const size_t n = 64 * 1024;
+  CUdeviceptr in = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, NULL);
+  assert_int_equal(d_memset(in, 5, n / 4, NULL), CUDA_SUCCESS);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  assert_int_equal(d_begin(cs, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  CUdeviceptr tmp = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, cs);
+  assert_true(tmp != 0);
+  assert_int_equal(d_copy(tmp, in, n, cs), CUDA_SUCCESS);
+  CUdeviceptr out = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, cs);
+  assert_true(out != 0);
+  assert_int_equal(d_copy(out, tmp, n, cs), CUDA_SUCCESS);
+  t_free((void *)(uintptr_t)tmp, (ssize_t)n, 0, cs);
+  CUdeviceptr tmp2 = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, cs);
+  assert_int_equal(tmp2, tmp); /* private-pool semantics: reused inside the capture */
+  assert_int_equal(d_memset(tmp2, 9, n / 4, cs), CUDA_SUCCESS);
+  t_free((void *)(uintptr_t)tmp2, (ssize_t)n, 0, cs);
+  assert_null(t_alloc(0, 0, cs));
+  CUgraph g = NULL;
+  assert_int_equal(d_end(cs, &g), CUDA_SUCCESS); /* the capture ends valid */
+  assert_non_null(g);
+  assert_int_equal(stat_of("graph_pools"), 1);
+  CUgraphExec x;
+  assert_int_equal(d_inst(&x, g, 0), CUDA_SUCCESS);
+  for (unsigned r = 0; r < 20; r++) {
+    assert_int_equal(d_memset(in, 100 + r, n / 4, cs), CUDA_SUCCESS);
+    assert_int_equal(d_launch(x, cs), CUDA_SUCCESS);
+    assert_int_equal(d_sync(cs), CUDA_SUCCESS);
+    assert_int_equal(word(out), 100 + r); /* the static output, refilled by each replay */
+  }
+  /* Eager work meanwhile never lands in the graph's memory. */
+  CUdeviceptr e = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, NULL);
+  assert_true(e != 0 && (e + n <= out || out + n <= e));
+  t_free((void *)(uintptr_t)e, (ssize_t)n, 0, NULL);
+  /* PyTorch frees the static output when the graph's tensors die: the graph's memory is kept. */
+  t_free((void *)(uintptr_t)out, (ssize_t)n, 0, cs);
+  assert_int_equal(stat_of("graph_frees_ignored"), 1);
+  assert_int_equal(stat_of("free_failures"), 0);
+  assert_int_equal(d_exec_destroy(x), CUDA_SUCCESS);
+  assert_int_equal(d_graph_destroy(g), CUDA_SUCCESS);
+  assert_int_equal(t_release(0), 1);
+  assert_int_equal(stat_of("graph_pools"), 0);
+  t_free((void *)(uintptr_t)in, (ssize_t)n, 0, NULL);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  assert_int_equal(stat_of("live_bytes"), live0);
+  check_races();
+  assert_int_equal(d_stream_destroy(cs), CUDA_SUCCESS);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1) lib_path = argv[1];
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup(test_eager_steps_on_the_legacy_stream, setup),
+      cmocka_unit_test_setup(test_side_stream_prefetch_without_record_stream, setup),
+      cmocka_unit_test_setup(test_frees_from_other_threads, setup),
+      cmocka_unit_test_setup(test_outside_capture_then_replays, setup),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
