@@ -23,6 +23,7 @@ for bin in "$here"/bin/*; do
   envs=()
   case "$name" in
     scale_gpu) envs=(WEFT_TEST_SEEDS=1-3 WEFT_TEST_OPS=20000 WEFT_TEST_RINGS=4,8,64 WEFT_TEST_KEEP_GOING=1) ;;
+    test_torch_adapter) envs=(WEFT_TORCH_LIB="$here/torch/libweft_torch.so") ;;
   esac
   env "${envs[@]}" timeout 300 "$bin" >"$logs/$name.log" 2>&1
   rc=$?

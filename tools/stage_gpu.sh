@@ -18,4 +18,11 @@ for t in $targets; do
 done
 cp -L "$(ldconfig -p | awk '/libcmocka.so.0 /{print $NF; exit}')" stage/lib/libcmocka.so.0
 cp tools/run_gpu.sh stage/run_gpu.sh
+# PyTorch's side (issue 13): the adapter, its Python helper, the example and the allocator benchmark.
+bazel build -c opt //lib/torch:libweft_torch.so //bench:libtorch_pair.so
+mkdir -p stage/torch
+cp bazel-bin/lib/torch/libweft_torch.so bazel-bin/bench/libtorch_pair.so stage/torch/
+cp lib/torch/weft_torch.py examples/torch/train.py examples/torch/compare.py bench/torch_pair.py tools/run_torch_gpu.sh \
+  stage/torch/
+chmod u+w stage/torch/*
 echo "staged $(ls stage/bin | wc -l) binaries in stage/ ($(du -sh stage | cut -f1))"

@@ -209,6 +209,8 @@ weft_status_t weft_block_find(weft_runtime_t *rt, CUdeviceptr ptr, weft_block_t 
   return WEFT_OK;
 }
 
+static weft_status_t free_on_prepared(weft_block_t b, weft_stream_t *s);
+
 weft_status_t weft_free_ptr(weft_runtime_t *rt, CUdeviceptr ptr, weft_stream_t *s) {
   if (weft__runtime_check(rt, "weft_free_ptr") == NULL) return weft__runtime_check_status(rt);
   /* A capture that ended on s first gives its blocks to its graph: they are no longer weft's. */
@@ -223,7 +225,7 @@ weft_status_t weft_free_ptr(weft_runtime_t *rt, CUdeviceptr ptr, weft_stream_t *
   pthread_mutex_unlock(&rt->blocks_lock);
   if (rec == NULL)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_free_ptr: no live block starts at 0x%llx", (unsigned long long)ptr);
-  return weft_free(b, s);
+  return free_on_prepared(b, s);
 }
 
 weft_status_t weft_block_wrap(weft_runtime_t *rt, CUdeviceptr ptr, size_t bytes, const char *tag, weft_block_t *out) {
@@ -244,16 +246,14 @@ static weft_status_t undo_free(struct weft__block *rec, weft_status_t st) {
   return st;
 }
 
-weft_status_t weft_free(weft_block_t b, weft_stream_t *s) {
+/* weft_free once s is checked and prepared (weft__stream_prepare). */
+static weft_status_t free_on_prepared(weft_block_t b, weft_stream_t *s) {
   struct weft__block *rec = b.rec;
-  if (rec == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_free: the block handle is null");
-  weft_status_t st = weft__stream_check(s, "weft_free");
-  if (st != WEFT_OK) return st;
+  weft_status_t st;
   if (atomic_load(&rec->gen) != b.gen)
     return weft__error(WEFT_ERR_STALE_HANDLE, "weft_free: stale block handle (the record holds a newer block)");
   if (rec->rt != s->runtime)
     return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_free: the block belongs to another runtime than the stream");
-  if ((st = weft__stream_prepare(s)) != WEFT_OK) return st;
   if (!weft__block_claim(rec))
     return weft__error(WEFT_ERR_DOUBLE_FREE, "weft_free: the block (tag '%s', %zu bytes) was already freed",
                        rec->tag, rec->bytes);
@@ -278,6 +278,13 @@ weft_status_t weft_free(weft_block_t b, weft_stream_t *s) {
   weft__block_end(rec);
   atomic_fetch_add_explicit(&((weft_runtime_t *)s->runtime)->frees, 1, memory_order_relaxed);
   return st;
+}
+
+weft_status_t weft_free(weft_block_t b, weft_stream_t *s) {
+  if (b.rec == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_free: the block handle is null");
+  weft_status_t st = weft__stream_check(s, "weft_free");
+  if (st == WEFT_OK) st = weft__stream_prepare(s);
+  return st == WEFT_OK ? free_on_prepared(b, s) : st;
 }
 
 /* ---- queries ------------------------------------------------------------------------------------ */

@@ -279,6 +279,7 @@ static void test_outside_capture_then_replays(void **state) {
 
 int main(int argc, char **argv) {
   if (argc > 1) lib_path = argv[1];
+  else if (getenv("WEFT_TORCH_LIB") != NULL) lib_path = getenv("WEFT_TORCH_LIB"); /* staged for the GPU */
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_eager_steps_on_the_legacy_stream, setup),
       cmocka_unit_test_setup(test_side_stream_prefetch_without_record_stream, setup),

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# On a GPU machine with PyTorch (staged by tools/stage_gpu.sh into stage/torch/): the example on
+# weft's allocator and on PyTorch's, compared (examples/torch/compare.py), then the alloc+free
+# benchmark of both allocators in one process (bench/torch_pair.py). Results go to $OUT.
+#   bash stage/torch/run_torch_gpu.sh [steps] [replays]
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+out="${OUT:-/tmp}"
+steps="${1:-200}"
+replays="${2:-1000}"
+export WEFT_TORCH_LIB="$here/libweft_torch.so"
+unset WEFT_DRIVER
+python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' || exit 1
+rc=0
+python3 "$here/train.py" --allocator weft --steps "$steps" --replays "$replays" --out "$out/train_weft.json" || rc=1
+python3 "$here/train.py" --allocator torch --steps "$steps" --replays "$replays" --out "$out/train_torch.json" || rc=1
+python3 "$here/compare.py" "$out/train_weft.json" "$out/train_torch.json" || rc=1
+python3 "$here/torch_pair.py" --weft "$here/libweft_torch.so" --bench "$here/libtorch_pair.so" || rc=1
+exit $rc
