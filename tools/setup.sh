@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Installs what weft needs to build and test on a Debian machine: Bazel 4.2.3 (Debian's
-# bazel-bootstrap), cmocka and jemalloc. The CUDA toolkit (headers and nvcc) must already be at
+# bazel-bootstrap), cmocka and jemalloc; cmake, pkg-config and python3 for the install checks
+# (tools/test_install.sh: the CMake, Make and ctypes consumers). The CUDA toolkit (headers and nvcc) must already be at
 # $CUDA_PATH or /usr/local/cuda. Safe to run again; does nothing when all is there.
 set -euo pipefail
 need=()
 command -v bazel >/dev/null 2>&1 || need+=(bazel-bootstrap)
 [ -e /usr/include/cmocka.h ] || need+=(libcmocka-dev)
 ls /usr/lib/*/libjemalloc_pic.a >/dev/null 2>&1 || need+=(libjemalloc-dev)
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+command -v make >/dev/null 2>&1 || need+=(make)
 if [ ${#need[@]} -gt 0 ]; then
   echo "weft setup: installing ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

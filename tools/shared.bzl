@@ -6,6 +6,7 @@
         name = "libweft.so",              # the output file's name, exactly
         deps = ["//lib:weft"],
         version_script = ":weft_lds",     # optional: a linker version script (what is exported)
+        soname = "libweft.so.0",          # optional: the DT_SONAME (-Wl,-soname,...)
     )
 
 gives `libweft.so` as the target's default output (usable in data = [...], genrule srcs,
@@ -82,13 +83,15 @@ _weft_shared_library = rule(
     },
 )
 
-def weft_shared_library(name, deps, version_script = None, linkopts = [], visibility = None, tags = [], testonly = False, **kwargs):
+def weft_shared_library(name, deps, version_script = None, soname = None, linkopts = [], visibility = None, tags = [], testonly = False, **kwargs):
     """A dlopen-safe shared library `name` (e.g. "libweft.so") of `deps`.
 
     Args:
       name: the target's and the output file's name, e.g. "libweft.so".
       deps: the cc_library targets linked in (each with alwayslink where its symbols must stay).
       version_script: optional label of a linker version script (a file or a rule giving one).
+      soname: optional DT_SONAME of the library, e.g. "libweft.so.0" (-Wl,-soname,...); the output
+        file keeps the name `name` (tools/install.sh installs it under the versioned name).
       linkopts: more linker options, after -Wl,--as-needed.
       visibility, tags, testonly: as for any rule; they apply to the `name` target.
       **kwargs: passed on to the underlying cc_binary (srcs, copts, features, ...).
@@ -99,6 +102,8 @@ def weft_shared_library(name, deps, version_script = None, linkopts = [], visibi
     if version_script:
         opts.append("-Wl,--version-script=$(location %s)" % version_script)
         inputs.append(version_script)
+    if soname:
+        opts.append("-Wl,-soname," + soname)
 
     # The link itself, only ever built through `name` (hence manual: `bazel build //...` would
     # otherwise also build it in the default, jemalloc, configuration).

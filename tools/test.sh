@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up (tools/setup.sh) and runs every test: the layering check (tools/check_layers.sh), the
-# default build, then the asan (ASan+UBSan) and tsan configs. Tests run on the simulator
+# default build, then the asan (ASan+UBSan) and tsan configs, the scale gate, the Bazel consumer
+# workspace and the install tree's consumers (tools/test_install.sh). Tests run on the simulator
 # (WEFT_DRIVER=sim, set by .bazelrc). Ends with one line "N passed, N failed" counting the
 # layering check and the test targets over all configs.
 #   tools/test.sh            all three configs
@@ -53,6 +54,14 @@ if BAZEL="bazel --output_base=${TMPDIR:-/tmp}/weft_consumer_ob" examples/consume
   passed=$((passed + 1))
 else
   echo "examples/consumer FAILED"
+  failed=$((failed + 1))
+fi
+# Without Bazel: the install tree (tools/install.sh) and its CMake, Make, dlopen and ctypes consumers.
+echo "=== tools/test_install.sh"
+if tools/test_install.sh; then
+  passed=$((passed + 1))
+else
+  echo "tools/test_install.sh FAILED"
   failed=$((failed + 1))
 fi
 echo "$passed passed, $failed failed"

@@ -1,9 +1,11 @@
 /* Loading the CUDA driver into the function table of driver.h. */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "lib/core/driver.h"
 #include "lib/core/error.h"
@@ -76,6 +78,53 @@ weft_status_t weft__driver_fail(CUresult r, const char *what) {
   return weft__error(s, "%s failed: %s (%d)", what, weft_driver_error_name(r), (int)r);
 }
 
+/* Opens the simulator at `path` if that file exists: a candidate that is not there leaves
+ * dlerror() to the last real attempt, which is what a failed load reports. */
+static void *sim_open_existing(const char *path) {
+  return access(path, F_OK) == 0 ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : NULL;
+}
+
+/* <root>/<repo>/sim/libweft_sim.so into path; false if it does not fit. */
+static bool sim_runfiles_path(char *path, size_t size, const char *root, const char *repo) {
+  int n = snprintf(path, size, "%s/%s/sim/libweft_sim.so", root, repo);
+  return n > 0 && (size_t)n < size;
+}
+
+/* The simulator in the runfiles tree `root` under the names weft's repository has there other than
+ * "weft": "__main__" (the main repository of a workspace without a name), then every other top-level
+ * folder (the main repository under its own workspace name, when weft is checked out as one). */
+static void *sim_open_runfiles_other(const char *root, char *path, size_t size) {
+  void *h = NULL;
+  if (sim_runfiles_path(path, size, root, "__main__") && (h = sim_open_existing(path)) != NULL) return h;
+  DIR *dir = opendir(root);
+  if (dir == NULL) return NULL;
+  for (struct dirent *e; h == NULL && (e = readdir(dir)) != NULL;) {
+    if (e->d_name[0] == '.' || strcmp(e->d_name, "weft") == 0 || strcmp(e->d_name, "__main__") == 0) continue;
+    if (sim_runfiles_path(path, size, root, e->d_name)) h = sim_open_existing(path);
+  }
+  closedir(dir);
+  return h;
+}
+
+/* The simulator named by a runfiles manifest (lines "<repo>/sim/libweft_sim.so <absolute path>"). */
+static void *sim_open_manifest(const char *manifest, char *path, size_t size) {
+  FILE *f = fopen(manifest, "re");
+  if (f == NULL) return NULL;
+  void *h = NULL;
+  while (h == NULL && fgets(path, (int)size, f) != NULL) {
+    path[strcspn(path, "\r\n")] = '\0';
+    char *space = strchr(path, ' ');
+    if (space == NULL) continue;
+    *space = '\0';
+    const char *slash = strchr(path, '/');
+    if (slash == NULL || slash == path || strcmp(slash, "/sim/libweft_sim.so") != 0) continue;
+    memmove(path, space + 1, strlen(space + 1) + 1);
+    h = sim_open_existing(path);
+  }
+  fclose(f);
+  return h;
+}
+
 /* Opens the library `spec` names; records in drv->path what was opened. */
 static void *open_library(const char *spec, weft__driver_t *drv, int *is_sim) {
   *is_sim = 0;
@@ -107,10 +156,32 @@ static void *open_library(const char *spec, weft__driver_t *drv, int *is_sim) {
   }
   /* 3. In Bazel runfiles (tests and `bazel run`), where weft is the main or an external repo. */
   const char *roots[] = {getenv("TEST_SRCDIR"), getenv("RUNFILES_DIR")};
+  char rpath[4096];
   for (size_t i = 0; i < 2; i++) {
     if (roots[i] == NULL) continue;
     snprintf(path, sizeof path, "%s/weft/sim/libweft_sim.so", roots[i]);
     if ((h = dlopen(path, RTLD_NOW | RTLD_LOCAL)) != NULL) return h;
+    if ((h = sim_open_runfiles_other(roots[i], rpath, sizeof rpath)) != NULL) return h;
+  }
+  /* 4. In the program's own runfiles, which no variable names under `bazel run` or when the
+   *    program is started from bazel-bin/: <program>.runfiles/<repo>/sim/libweft_sim.so, then the
+   *    manifests (RUNFILES_MANIFEST_FILE, <program>.runfiles_manifest). */
+  char exe[4096], root[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe);
+  int have_exe = n > 0 && (size_t)n < sizeof exe;
+  if (have_exe) {
+    exe[n] = '\0';
+    int m = snprintf(root, sizeof root, "%s.runfiles", exe);
+    if (m > 0 && (size_t)m < sizeof root) {
+      if (sim_runfiles_path(rpath, sizeof rpath, root, "weft") && (h = sim_open_existing(rpath)) != NULL) return h;
+      if ((h = sim_open_runfiles_other(root, rpath, sizeof rpath)) != NULL) return h;
+    }
+  }
+  const char *manifest = getenv("RUNFILES_MANIFEST_FILE");
+  if (manifest != NULL && (h = sim_open_manifest(manifest, rpath, sizeof rpath)) != NULL) return h;
+  if (have_exe) {
+    int m = snprintf(root, sizeof root, "%s.runfiles_manifest", exe);
+    if (m > 0 && (size_t)m < sizeof root && (h = sim_open_manifest(root, rpath, sizeof rpath)) != NULL) return h;
   }
   return NULL;
 }
