@@ -427,7 +427,10 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_stream_set_hot_block(weft_stream_t *s
  * (may be NULL) is interned and shows in logs and statistics. Inside a capture on s the
  * allocation becomes a graph memory-allocation node (see Graphs).
  * Errors: INVALID_ARGUMENT (bytes 0 or too large, NULL out), STALE_HANDLE, OVER_BUDGET,
- * OUT_OF_MEMORY (the driver refused), HOST_OUT_OF_MEMORY, DRIVER. */
+ * OUT_OF_MEMORY (the driver refused), HOST_OUT_OF_MEMORY, DRIVER. On OVER_BUDGET and
+ * OUT_OF_MEMORY the message gives the request, live and reserved bytes, the budget, the top three
+ * tags by live bytes and the resource's reason (with its largest free range), after the OOM
+ * handler (weft_set_oom_handler) had its say. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, const char *tag, weft_block_t *out);
 /** Frees the block on stream s: s first waits for every outstanding use of the block on every
  * stream, and the memory is handed out again only once that free is ordered before the new
@@ -530,6 +533,27 @@ WEFT_API weft_resource_t *weft_runtime_resource(weft_runtime_t *rt);
  * and must not destroy it while the runtime uses it. Errors: BUSY (blocks are live),
  * STALE_HANDLE, INVALID_ARGUMENT. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_set_resource(weft_runtime_t *rt, weft_resource_t *r);
+
+/** What an allocation that ran out of memory asked for and what the runtime held then: given to
+ * the OOM handler, and (in words) to weft_last_error(). Pointers are valid during the call. */
+typedef struct weft_oom_info {
+  size_t requested;          /**< bytes asked for */
+  const char *tag;           /**< the allocation's tag ("" if none) */
+  int stream;                /**< weft_stream_index of the allocating stream */
+  weft_status_t status;      /**< OUT_OF_MEMORY or OVER_BUDGET */
+  uint64_t live_bytes;       /**< handed out by the runtime's resource (weft_resource_stats_t) */
+  uint64_t reserved_bytes;   /**< held by it from the driver */
+  uint64_t budget_bytes;     /**< options.budget_bytes (0: none) */
+  const char *top_tags[3];   /**< the tags with the most live bytes, most first (NULL: fewer) */
+  uint64_t top_tag_bytes[3]; /**< their live bytes */
+  const char *reason;        /**< the resource's own message (sizes, largest free range) */
+} weft_oom_info_t;
+/** Called, with no lock of weft held, when weft_alloc is about to fail for want of memory. It may
+ * free blocks (weft_free) and return nonzero to have the allocation tried once more; 0 lets it
+ * fail. Like PyTorch's OOM observers, it also sees every failure. */
+typedef int (*weft_oom_handler_t)(weft_runtime_t *rt, const weft_oom_info_t *info, void *user);
+/** Sets (fn) or removes (NULL) the runtime's OOM handler. Errors: STALE_HANDLE. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_set_oom_handler(weft_runtime_t *rt, weft_oom_handler_t fn, void *user);
 
 /** cuMemAlloc / cuMemFree. Frees synchronise the freeing stream first. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_direct_create(weft_runtime_t *rt, weft_resource_t **out);

@@ -155,6 +155,87 @@ void weft__block_forget(struct weft__block *rec) {
 
 /* ---- weft_alloc / weft_free ------------------------------------------------------------------ */
 
+weft_status_t weft_set_oom_handler(weft_runtime_t *rt, weft_oom_handler_t fn, void *user) {
+  if (weft__runtime_check(rt, "weft_set_oom_handler") == NULL) return weft__runtime_check_status(rt);
+  pthread_mutex_lock(&rt->blocks_lock);
+  rt->oom_handler = fn;
+  rt->oom_user = user;
+  pthread_mutex_unlock(&rt->blocks_lock);
+  return WEFT_OK;
+}
+
+/* The three tags with the most live bytes (a walk of the live blocks; tags are interned, so a
+ * pointer names a tag). */
+static void top_tags(weft_runtime_t *rt, weft_oom_info_t *info) {
+  enum { MAX_TAGS = 256 };
+  const char *tag[MAX_TAGS];
+  uint64_t bytes[MAX_TAGS];
+  size_t n = 0;
+  pthread_mutex_lock(&rt->blocks_lock);
+  for (const struct weft__block *b = rt->live; b != NULL; b = b->next) {
+    size_t i = 0;
+    while (i < n && tag[i] != b->tag) i++;
+    if (i == n && n == MAX_TAGS) continue; /* beyond 256 distinct tags: not counted */
+    if (i == n) {
+      tag[n] = b->tag;
+      bytes[n++] = 0;
+    }
+    bytes[i] += b->bytes;
+  }
+  pthread_mutex_unlock(&rt->blocks_lock);
+  for (int k = 0; k < 3; k++) {
+    size_t best = n;
+    for (size_t i = 0; i < n; i++)
+      if (bytes[i] != 0 && (best == n || bytes[i] > bytes[best])) best = i;
+    if (best == n) break;
+    info->top_tags[k] = tag[best] != NULL ? tag[best] : "";
+    info->top_tag_bytes[k] = bytes[best];
+    bytes[best] = 0;
+  }
+}
+
+/* An allocation from r failed with OUT_OF_MEMORY or OVER_BUDGET: the handler may free and ask for
+ * one more try; otherwise (or if that fails too) the error says what was asked and held. */
+static weft_status_t out_of_memory(weft_runtime_t *rt, weft_resource_t *r, size_t bytes, const char *tag,
+                                   weft_stream_t *s, CUdeviceptr *out, weft_status_t st) {
+  char reason[512];
+  snprintf(reason, sizeof reason, "%s", weft_last_error());
+  weft_oom_info_t info = {bytes, tag ? tag : "", (int)s->index, st, 0, 0, rt->opts.budget_bytes, {NULL}, {0}, reason};
+  weft_resource_stats_t rs;
+  weft_resource_stats(r, &rs);
+  info.live_bytes = rs.live_bytes;
+  info.reserved_bytes = rs.reserved_bytes;
+  top_tags(rt, &info);
+  pthread_mutex_lock(&rt->blocks_lock);
+  weft_oom_handler_t fn = rt->oom_handler;
+  void *user = rt->oom_user;
+  pthread_mutex_unlock(&rt->blocks_lock);
+  if (fn != NULL && fn(rt, &info, user) != 0) {
+    weft_status_t again = weft__resource_allocate(r, bytes, s, tag, out);
+    if (again == WEFT_OK || (again != WEFT_ERR_OUT_OF_MEMORY && again != WEFT_ERR_OVER_BUDGET)) return again;
+    st = again;
+    snprintf(reason, sizeof reason, "%s (tried again after the OOM handler)", weft_last_error());
+    weft_resource_stats(r, &rs);
+    info.live_bytes = rs.live_bytes;
+    info.reserved_bytes = rs.reserved_bytes;
+    memset(info.top_tags, 0, sizeof info.top_tags);
+    memset(info.top_tag_bytes, 0, sizeof info.top_tag_bytes);
+    top_tags(rt, &info);
+  }
+  char tops[192] = "";
+  for (int k = 0; k < 3 && info.top_tags[k] != NULL; k++) {
+    size_t used = strlen(tops);
+    snprintf(tops + used, sizeof tops - used, "%s'%s' %llu", k ? ", " : "", info.top_tags[k],
+             (unsigned long long)info.top_tag_bytes[k]);
+  }
+  return weft__error(st,
+                     "weft_alloc: %s: requested %zu bytes (tag '%s', stream %d); live %llu, reserved %llu, "
+                     "budget %llu bytes; top tags by live bytes: %s; %s",
+                     st == WEFT_ERR_OVER_BUDGET ? "over budget" : "out of memory", bytes, info.tag, info.stream,
+                     (unsigned long long)info.live_bytes, (unsigned long long)info.reserved_bytes,
+                     (unsigned long long)info.budget_bytes, tops[0] ? tops : "none", reason);
+}
+
 weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, const char *tag, weft_block_t *out) {
   if (weft__runtime_check(rt, "weft_alloc") == NULL) return weft__runtime_check_status(rt);
   weft_status_t st = weft__stream_check(s, "weft_alloc");
@@ -173,7 +254,9 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
   if (r == NULL) r = rt->top;
   struct weft__block *rec = weft__block_make(rt, bytes, itag, r);
   if (rec == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_alloc: no host memory for a block record");
-  if ((st = weft__resource_allocate(r, bytes, s, itag, &rec->ptr)) != WEFT_OK) {
+  st = weft__resource_allocate(r, bytes, s, itag, &rec->ptr);
+  if (st == WEFT_ERR_OUT_OF_MEMORY || st == WEFT_ERR_OVER_BUDGET) st = out_of_memory(rt, r, bytes, itag, s, &rec->ptr, st);
+  if (st != WEFT_OK) {
     weft__block_retire(rec);
     return st;
   }

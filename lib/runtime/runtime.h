@@ -79,6 +79,8 @@ struct weft_runtime {
    * never allocates. */
   weft__map_t by_ptr;
   size_t by_ptr_room;
+  weft_oom_handler_t oom_handler; /* blocks_lock */
+  void *oom_user;
 };
 
 /* ---- runtime.c ------------------------------------------------------------------------------ */

@@ -1,0 +1,130 @@
+/* Out of memory (issue 16): weft_alloc's error names the request, what the runtime held, the
+ * budget, the top tags by live bytes and the resource's own reason; the OOM handler sees the same
+ * and may free and ask for one more try. A 48 MiB simulated device (WEFT_SIM_MEMORY, BUILD). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "tests/util/cmocka_env.h"
+
+#define MB ((size_t)1 << 20)
+
+typedef struct seen {
+  int calls, retry;
+  weft_oom_info_t last;
+  char top0[64];
+  weft_block_t victim; /* freed by the handler when retry is set */
+} seen_t;
+
+static int handler(weft_runtime_t *rt, const weft_oom_info_t *info, void *user) {
+  seen_t *s = user;
+  (void)rt;
+  s->calls++;
+  s->last = *info;
+  snprintf(s->top0, sizeof s->top0, "%s", info->top_tags[0] ? info->top_tags[0] : "");
+  if (!s->retry || s->victim.rec == NULL) return 0;
+  weft_stream_t *st;
+  if (weft_stream_get(rt, 0, &st) != WEFT_OK || weft_free(s->victim, st) != WEFT_OK) return 0;
+  if (weft_stream_synchronize(st) != WEFT_OK) return 0;
+  s->victim.rec = NULL;
+  return 1;
+}
+
+/* Fills the device with 8 MiB blocks tagged "big" (and one 1 MiB "small"); returns how many. */
+static size_t fill(tu_env_t *env, weft_block_t *b, size_t max) {
+  size_t n = 0;
+  weft_stream_t *s = tu_stream(env, 0);
+  weft_block_t small;
+  assert_int_equal(weft_alloc(env->rt, MB, s, "small", &small), WEFT_OK);
+  while (n < max && weft_alloc(env->rt, 8 * MB, s, "big", &b[n]) == WEFT_OK) n++;
+  return n;
+}
+
+static void test_message_names_sizes_and_tags(void **state) {
+  (void)state;
+  tu_env_t env;
+  tu_init(&env, NULL);
+  weft_block_t b[16];
+  size_t n = fill(&env, b, 16);
+  assert_true(n >= 2 && n < 16);
+  weft_block_t x;
+  weft_status_t st = weft_alloc(env.rt, 8 * MB, tu_stream(&env, 1), "more", &x);
+  assert_int_equal(st, WEFT_ERR_OUT_OF_MEMORY);
+  const char *m = weft_last_error();
+  char want[128];
+  snprintf(want, sizeof want, "requested %zu bytes (tag 'more', stream 1)", 8 * MB);
+  assert_non_null(strstr(m, want));
+  snprintf(want, sizeof want, "top tags by live bytes: 'big' %zu, 'small' %zu", n * 8 * MB, MB);
+  if (strstr(m, want) == NULL) fail_msg("no \"%s\" in: %s", want, m);
+  assert_non_null(strstr(m, "live "));
+  assert_non_null(strstr(m, "reserved "));
+  assert_non_null(strstr(m, "budget 0 bytes"));
+  assert_non_null(strstr(m, "largest free range")); /* the pool's reason follows */
+  tu_fini(&env);
+}
+
+static void test_handler_frees_and_the_retry_succeeds(void **state) {
+  (void)state;
+  tu_env_t env;
+  tu_init(&env, NULL);
+  weft_block_t b[16];
+  size_t n = fill(&env, b, 16);
+  seen_t seen = {0};
+  assert_int_equal(weft_set_oom_handler(env.rt, handler, &seen), WEFT_OK);
+  weft_block_t x;
+  /* The handler declines: one call, the allocation fails. */
+  assert_int_equal(weft_alloc(env.rt, 8 * MB, tu_stream(&env, 1), "more", &x), WEFT_ERR_OUT_OF_MEMORY);
+  assert_int_equal(seen.calls, 1);
+  assert_int_equal(seen.last.requested, 8 * MB);
+  assert_int_equal(seen.last.status, WEFT_ERR_OUT_OF_MEMORY);
+  assert_int_equal(seen.last.stream, 1);
+  assert_string_equal(seen.top0, "big");
+  assert_true(seen.last.live_bytes >= n * 8 * MB + MB);
+  assert_true(seen.last.reserved_bytes >= seen.last.live_bytes);
+  /* The handler frees a block and asks again: the allocation succeeds, one more call. */
+  seen.retry = 1;
+  seen.victim = b[n - 1];
+  assert_int_equal(weft_alloc(env.rt, 8 * MB, tu_stream(&env, 1), "more", &x), WEFT_OK);
+  assert_int_equal(seen.calls, 2);
+  assert_null(seen.victim.rec);
+  /* No handler: no call. */
+  assert_int_equal(weft_set_oom_handler(env.rt, NULL, NULL), WEFT_OK);
+  weft_block_t y;
+  assert_int_equal(weft_alloc(env.rt, 8 * MB, tu_stream(&env, 1), "more", &y), WEFT_ERR_OUT_OF_MEMORY);
+  assert_int_equal(seen.calls, 2);
+  tu_fini(&env);
+}
+
+static void test_over_budget_says_the_budget(void **state) {
+  (void)state;
+  tu_env_t env;
+  weft_options_t o = weft_options_default();
+  o.budget_bytes = 20 * MB;
+  tu_init(&env, &o);
+  seen_t seen = {0};
+  assert_int_equal(weft_set_oom_handler(env.rt, handler, &seen), WEFT_OK);
+  weft_block_t a, b;
+  assert_int_equal(weft_alloc(env.rt, 16 * MB, tu_stream(&env, 0), "first", &a), WEFT_OK);
+  weft_status_t st = weft_alloc(env.rt, 16 * MB, tu_stream(&env, 0), "second", &b);
+  assert_true(st == WEFT_ERR_OVER_BUDGET || st == WEFT_ERR_OUT_OF_MEMORY);
+  char want[64];
+  snprintf(want, sizeof want, "budget %zu bytes", 20 * MB);
+  if (strstr(weft_last_error(), want) == NULL) fail_msg("no \"%s\" in: %s", want, weft_last_error());
+  assert_int_equal(seen.calls, 1);
+  assert_int_equal(seen.last.budget_bytes, 20 * MB);
+  assert_string_equal(seen.top0, "first");
+  assert_int_equal(weft_set_oom_handler(NULL, handler, NULL), WEFT_ERR_INVALID_ARGUMENT);
+  tu_fini(&env);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_message_names_sizes_and_tags),
+      cmocka_unit_test(test_handler_frees_and_the_retry_succeeds),
+      cmocka_unit_test(test_over_budget_says_the_budget),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
