@@ -130,7 +130,9 @@ typedef enum weft_output_policy {
   X(guard, unsigned, "WEFT_GUARD", 0, 0, 1,                                                     \
     "1 adds canaries, poison on free, quarantine and stricter handle checks")                   \
   X(output_policy, unsigned, "WEFT_OUTPUT_POLICY", WEFT_OUTPUT_ERROR, 0, 1,                     \
-    "graph relaunch with live outputs: 0 error, 1 free them automatically")
+    "graph relaunch with live outputs: 0 error, 1 free them automatically")                     \
+  X(log_format, unsigned, "WEFT_LOG_FORMAT", 0, 0, 1,                                           \
+    "columns of the log_path CSV: 0 weft's, 1 RMM's (Thread,Time,Action,Pointer,Size,Stream)")
 
 /** Runtime options. Start from weft_options_default() (or weft_options_from_env()), change
  * fields, pass to weft_runtime_get(). Plain data: copy it freely. */
@@ -609,6 +611,10 @@ typedef void (*weft_log_sink_fn)(void *user, const char *line);
  * (a header line first) to `path` (if not NULL) or to `sink`. Errors: INVALID_ARGUMENT (neither
  * or both given), DRIVER (file cannot be opened; the message says why). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_logging_create(weft_runtime_t *rt, weft_resource_t *upstream, const char *path, weft_log_sink_fn sink, void *user, weft_resource_t **out);
+/** weft_logging_create in RMM's columns, Thread,Time,Action,Pointer,Size,Stream (Time in seconds
+ * since the epoch, Action allocate / deallocate / "allocate failure" / "deallocate failure",
+ * Stream the CUstream handle): what RMM's replay benchmark reads. Same errors. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_logging_create_rmm(weft_runtime_t *rt, weft_resource_t *upstream, const char *path, weft_log_sink_fn sink, void *user, weft_resource_t **out);
 
 /** Per-tag statistics kept by the stats adaptor. */
 typedef struct weft_tag_stats {

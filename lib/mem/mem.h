@@ -94,8 +94,9 @@ weft_status_t weft__pool_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_re
                                 const weft_pool_options_t *opts, weft_resource_t **out);
 weft_status_t weft__budget_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t *upstream, uint64_t limit,
                                   const char *shared_key, weft_resource_t **out);
+/* `rmm`: RMM's columns (logging.c). */
 weft_status_t weft__logging_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t *upstream, const char *path,
-                                   weft_log_sink_fn sink, void *user, weft_resource_t **out);
+                                   weft_log_sink_fn sink, void *user, bool rmm, weft_resource_t **out);
 weft_status_t weft__stats_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t *upstream,
                                  weft_resource_t **out);
 weft_status_t weft__guard_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t *upstream,

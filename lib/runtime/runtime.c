@@ -98,7 +98,7 @@ static weft_status_t build_stack(weft_runtime_t *rt) {
     weft_guard_options_t go = weft_guard_options_default();
     PUSH(weft__guard_create(tr, rt, rt->top, &go, &r));
   }
-  if (o->log_path != NULL) PUSH(weft__logging_create(tr, rt, rt->top, o->log_path, NULL, NULL, &r));
+  if (o->log_path != NULL) PUSH(weft__logging_create(tr, rt, rt->top, o->log_path, NULL, NULL, o->log_format == 1, &r));
 #undef PUSH
   return WEFT_OK;
 fail:
@@ -158,7 +158,14 @@ weft_status_t weft_logging_create(weft_runtime_t *rt, weft_resource_t *upstream,
                                   weft_log_sink_fn sink, void *user, weft_resource_t **out) {
   weft_status_t st;
   weft__tracker_t *tr = creating(rt, out, "weft_logging_create", &st);
-  return tr ? created(rt, weft__logging_create(tr, rt, upstream, path, sink, user, out), out) : st;
+  return tr ? created(rt, weft__logging_create(tr, rt, upstream, path, sink, user, false, out), out) : st;
+}
+
+weft_status_t weft_logging_create_rmm(weft_runtime_t *rt, weft_resource_t *upstream, const char *path,
+                                      weft_log_sink_fn sink, void *user, weft_resource_t **out) {
+  weft_status_t st;
+  weft__tracker_t *tr = creating(rt, out, "weft_logging_create_rmm", &st);
+  return tr ? created(rt, weft__logging_create(tr, rt, upstream, path, sink, user, true, out), out) : st;
 }
 
 weft_status_t weft_stats_create(weft_runtime_t *rt, weft_resource_t *upstream, weft_resource_t **out) {

@@ -51,7 +51,14 @@ weft_status_t weft_logging_create(weft_runtime_t *rt, weft_resource_t *upstream,
                                   void *user, weft_resource_t **out) {
   weft_status_t st;
   weft__tracker_t *tr = resolve(rt, out, "weft_logging_create", &st);
-  return tr ? weft__logging_create(tr, rt, upstream, path, sink, user, out) : st;
+  return tr ? weft__logging_create(tr, rt, upstream, path, sink, user, false, out) : st;
+}
+
+weft_status_t weft_logging_create_rmm(weft_runtime_t *rt, weft_resource_t *upstream, const char *path,
+                                      weft_log_sink_fn sink, void *user, weft_resource_t **out) {
+  weft_status_t st;
+  weft__tracker_t *tr = resolve(rt, out, "weft_logging_create_rmm", &st);
+  return tr ? weft__logging_create(tr, rt, upstream, path, sink, user, true, out) : st;
 }
 
 weft_status_t weft_resource_destroy(weft_resource_t *r) {

@@ -58,6 +58,44 @@ static void test_log_lines_to_a_sink(void **state) {
   fake_upstream_destroy(up);
 }
 
+/* RMM's columns, as its replay benchmark reads them. */
+static void test_log_lines_in_rmm_columns(void **state) {
+  (void)state;
+  nlines = 0;
+  weft_runtime_t *rt = fake_init(4);
+  fake_upstream_t *up = fake_upstream_create(rt);
+  weft_resource_t *l = NULL;
+  assert_int_equal(weft_logging_create_rmm(rt, &up->base, NULL, sink, (void *)(intptr_t)42, &l), WEFT_OK);
+  assert_string_equal(lines[0], "Thread,Time,Action,Pointer,Size,Stream");
+  CUdeviceptr p = 0;
+  assert_int_equal(weft_resource_allocate(l, 4096, fake_stream(3), "t", &p), WEFT_OK);
+  up->fail_alloc = WEFT_ERR_OUT_OF_MEMORY;
+  CUdeviceptr q = 0;
+  assert_int_equal(weft_resource_allocate(l, 77, fake_stream(1), "t", &q), WEFT_ERR_OUT_OF_MEMORY);
+  up->fail_alloc = WEFT_OK;
+  assert_int_equal(weft_resource_deallocate(l, p, 4096, fake_stream(2), "t"), WEFT_OK);
+  assert_int_equal(nlines, 4);
+  long tid;
+  long long secs;
+  long usec;
+  char action[32], ptr[32], stream[32];
+  size_t bytes;
+  assert_int_equal(sscanf(lines[1], "%ld,%lld.%6ld,%31[^,],%31[^,],%zu,%31s", &tid, &secs, &usec, action, ptr, &bytes,
+                          stream), 7);
+  assert_string_equal(action, "allocate");
+  assert_int_equal(bytes, 4096);
+  assert_true(secs > 1700000000); /* seconds since the epoch */
+  char want[32];
+  snprintf(want, sizeof want, "0x%llx", (unsigned long long)p);
+  assert_string_equal(ptr, want);
+  snprintf(want, sizeof want, "0x%llx", (unsigned long long)(uintptr_t)fake_stream(3)->raw); /* the CUstream */
+  assert_string_equal(stream, want);
+  assert_non_null(strstr(lines[2], ",allocate failure,0x0,77,"));
+  assert_non_null(strstr(lines[3], ",deallocate,"));
+  weft_resource_destroy(l);
+  fake_upstream_destroy(up);
+}
+
 static void test_log_to_a_file_and_unopenable_paths(void **state) {
   (void)state;
   weft_runtime_t *rt = fake_init(2);
@@ -178,6 +216,7 @@ static void test_resource_calls_check_their_arguments(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_log_lines_to_a_sink),
+      cmocka_unit_test(test_log_lines_in_rmm_columns),
       cmocka_unit_test(test_log_to_a_file_and_unopenable_paths),
       cmocka_unit_test(test_stats_by_tag_add_up),
       cmocka_unit_test(test_resource_calls_check_their_arguments),

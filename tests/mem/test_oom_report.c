@@ -5,6 +5,8 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <cmocka.h>
 
@@ -120,11 +122,43 @@ static void test_over_budget_says_the_budget(void **state) {
   tu_fini(&env);
 }
 
+/* options.log_path with log_format 1: the runtime's log is in RMM's columns, failures included. */
+static void test_runtime_log_in_rmm_columns(void **state) {
+  (void)state;
+  char path[512];
+  const char *dir = getenv("TEST_TMPDIR");
+  snprintf(path, sizeof path, "%s/rmm_log.csv", dir ? dir : "/tmp");
+  weft_options_t o = weft_options_default();
+  o.log_path = path;
+  o.log_format = 1;
+  tu_env_t env;
+  tu_init(&env, &o);
+  weft_block_t a, b;
+  assert_int_equal(weft_alloc(env.rt, MB, tu_stream(&env, 0), "a", &a), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, 64 * MB, tu_stream(&env, 0), "b", &b), WEFT_ERR_OUT_OF_MEMORY);
+  assert_int_equal(weft_free(a, tu_stream(&env, 1)), WEFT_OK);
+  tu_fini(&env);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char line[512];
+  int allocs = 0, failures = 0, frees = 0;
+  assert_non_null(fgets(line, sizeof line, f));
+  assert_string_equal(line, "Thread,Time,Action,Pointer,Size,Stream\n");
+  while (fgets(line, sizeof line, f) != NULL) {
+    allocs += strstr(line, ",allocate,") != NULL;
+    failures += strstr(line, ",allocate failure,") != NULL;
+    frees += strstr(line, ",deallocate,") != NULL;
+  }
+  fclose(f);
+  assert_true(allocs >= 1 && failures >= 1 && frees >= 1);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_message_names_sizes_and_tags),
       cmocka_unit_test(test_handler_frees_and_the_retry_succeeds),
       cmocka_unit_test(test_over_budget_says_the_budget),
+      cmocka_unit_test(test_runtime_log_in_rmm_columns),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
