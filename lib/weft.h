@@ -487,6 +487,20 @@ typedef struct weft_resource weft_resource_t;
  *               finishing what it can and returning the first failure (may be NULL).
  * Adaptors call their upstream through weft_resource_allocate / weft_resource_deallocate so that
  * it is counted too. `tag` is the block's interned tag (never NULL; "" if none). */
+/** A piece of device memory a resource holds from upstream (for weft_memory_snapshot). */
+typedef struct weft_segment {
+  CUdeviceptr base;
+  uint64_t bytes;
+  int dedicated; /**< 1: holds one large block */
+} weft_segment_t;
+/** A free range inside a segment; `lane` is the pool stream whose free it waits for (stream_count
+ * and above: free for anyone). */
+typedef struct weft_free_range {
+  CUdeviceptr ptr;
+  uint64_t bytes;
+  unsigned lane;
+} weft_free_range_t;
+
 typedef struct weft_resource_ops {
   const char *name;
   weft_status_t (*allocate)(weft_resource_t *self, size_t bytes, weft_stream_t *s, const char *tag, CUdeviceptr *out);
@@ -494,6 +508,10 @@ typedef struct weft_resource_ops {
   void (*stats)(const weft_resource_t *self, weft_resource_stats_t *out);
   weft_status_t (*trim)(weft_resource_t *self, size_t keep);
   weft_status_t (*destroy)(weft_resource_t *self);
+  /** Optional: reports every segment and free range (under the resource's lock: the callbacks
+   * must not call weft). */
+  void (*segments)(const weft_resource_t *self, void (*segment)(void *ctx, const weft_segment_t *s),
+                   void (*free_range)(void *ctx, const weft_free_range_t *r), void *ctx);
 } weft_resource_ops_t;
 
 /** What weft counts for a resource (updated atomically by weft; never write it). */
@@ -556,6 +574,16 @@ typedef struct weft_oom_info {
 typedef int (*weft_oom_handler_t)(weft_runtime_t *rt, const weft_oom_info_t *info, void *user);
 /** Sets (fn) or removes (NULL) the runtime's OOM handler. Errors: STALE_HANDLE. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_set_oom_handler(weft_runtime_t *rt, weft_oom_handler_t fn, void *user);
+
+/** Writes a JSON snapshot of the runtime's device memory to `out`: every segment its resources
+ * hold (pool chunks, dedicated chunks) with the live blocks inside (address, size, tag, allocating
+ * stream, generation, allocation time) and the free ranges (with the stream whose free they wait
+ * for); live blocks outside any segment (graph outputs, wrapped or direct memory); totals by tag
+ * and by stream; free bytes, the largest free range and fragmentation (1 - largest / free). The
+ * totals agree with weft_resource_stats of the runtime's resource. tools/weft_view.html draws it.
+ * With WEFT_SNAPSHOT_ON_OOM=path, weft_alloc writes one there when it fails for want of memory.
+ * Errors: STALE_HANDLE, INVALID_ARGUMENT (NULL out), HOST_OUT_OF_MEMORY. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out);
 
 /** cuMemAlloc / cuMemFree. Frees synchronise the freeing stream first. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_direct_create(weft_runtime_t *rt, weft_resource_t **out);

@@ -459,6 +459,22 @@ static weft_status_t pool_destroy(weft_resource_t *self) {
   return first;
 }
 
+static void pool_segments(const weft_resource_t *self, void (*segment)(void *ctx, const weft_segment_t *s),
+                          void (*free_range)(void *ctx, const weft_free_range_t *r), void *ctx) {
+  pool_t *p = (pool_t *)self;
+  pthread_mutex_lock(&p->lock);
+  for (const chunk_t *c = p->chunks; c != NULL; c = c->next) {
+    weft_segment_t s = {c->base, c->bytes, c->dedicated};
+    segment(ctx, &s);
+  }
+  for (unsigned t = 0; t <= p->idle; t++)
+    for (const weft__tlsf_range_t *r = weft__tlsf_oldest(&p->tlsf, t); r != NULL; r = r->next_age) {
+      weft_free_range_t f = {r->addr, r->size, t};
+      free_range(ctx, &f);
+    }
+  pthread_mutex_unlock(&p->lock);
+}
+
 const weft_resource_ops_t weft__pool_ops = {
     .name = "pool",
     .allocate = pool_allocate,
@@ -466,6 +482,7 @@ const weft_resource_ops_t weft__pool_ops = {
     .stats = pool_stats,
     .trim = pool_trim,
     .destroy = pool_destroy,
+    .segments = pool_segments,
 };
 
 weft_status_t weft__pool_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t *upstream,

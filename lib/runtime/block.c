@@ -1,6 +1,8 @@
 /* Blocks: records with generations, weft_alloc / weft_free through the block's resource, and
  * host-side queries of a block's outstanding work. */
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "lib/core/debug.h"
 #include "lib/core/error.h"
@@ -78,6 +80,8 @@ struct weft__block *weft__block_make(weft_runtime_t *rt, size_t bytes, const cha
   rec->bytes = bytes;
   rec->tag = tag;
   rec->resource = resource;
+  rec->alloc_stream = 0;
+  rec->alloc_ns = 0;
   weft__access_init(&rec->acc, rec->acc.reads);
   return rec;
 }
@@ -222,6 +226,14 @@ static weft_status_t out_of_memory(weft_runtime_t *rt, weft_resource_t *r, size_
     memset(info.top_tag_bytes, 0, sizeof info.top_tag_bytes);
     top_tags(rt, &info);
   }
+  /* WEFT_SNAPSHOT_ON_OOM=path: what the memory looked like when it ran out. */
+  const char *snap_path = getenv("WEFT_SNAPSHOT_ON_OOM");
+  FILE *snap = snap_path != NULL && snap_path[0] != '\0' ? fopen(snap_path, "w") : NULL;
+  if (snap != NULL) {
+    if (weft_memory_snapshot(rt, snap) != WEFT_OK) { /* the failure being reported matters more */
+    }
+    fclose(snap);
+  }
   char tops[192] = "";
   for (int k = 0; k < 3 && info.top_tags[k] != NULL; k++) {
     size_t used = strlen(tops);
@@ -254,6 +266,10 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
   if (r == NULL) r = rt->top;
   struct weft__block *rec = weft__block_make(rt, bytes, itag, r);
   if (rec == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_alloc: no host memory for a block record");
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+  rec->alloc_stream = s->index;
+  rec->alloc_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
   st = weft__resource_allocate(r, bytes, s, itag, &rec->ptr);
   if (st == WEFT_ERR_OUT_OF_MEMORY || st == WEFT_ERR_OVER_BUDGET) st = out_of_memory(rt, r, bytes, itag, s, &rec->ptr, st);
   if (st != WEFT_OK) {

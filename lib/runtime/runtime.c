@@ -264,6 +264,10 @@ static weft_status_t create(weft_runtime_t *rt, int device, const weft_options_t
   atomic_store(&rt->frees, 0);
   rt->live = NULL;
   rt->live_count = 0;
+  rt->oom_handler = NULL; /* a handler belongs to one life: its user data may be gone */
+  rt->oom_user = NULL;
+  weft__map_free(&rt->by_ptr);
+  rt->by_ptr_room = 0;
   unsigned adopt = o.adopt_streams < WEFT__MAX_STREAMS - o.stream_count ? o.adopt_streams : WEFT__MAX_STREAMS - o.stream_count;
   st = weft__tracker_init(&rt->tracker, drv, device, o.stream_count, o.high_priority_streams, adopt, o.event_ring, rt);
   if (st != WEFT_OK) return st;

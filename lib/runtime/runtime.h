@@ -47,6 +47,8 @@ struct weft__block {
   struct weft__block *prev;   /* live list; blocks_lock */
   unsigned reads_cap;         /* capacity of acc.reads */
   bool room;                  /* holds a by_ptr slot reserved by weft__block_make; blocks_lock */
+  unsigned alloc_stream;      /* weft_alloc: the allocating stream's index (snapshots) */
+  uint64_t alloc_ns;          /* weft_alloc: CLOCK_MONOTONIC_COARSE at allocation (snapshots) */
 };
 
 /** The record a block's access history is embedded in. */

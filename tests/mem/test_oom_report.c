@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <cmocka.h>
 
 #include "tests/util/cmocka_env.h"
@@ -100,6 +101,21 @@ static void test_handler_frees_and_the_retry_succeeds(void **state) {
   tu_fini(&env);
 }
 
+/* A handler belongs to one life of the runtime: after the last release it is gone. */
+static void test_handler_ends_with_the_runtime(void **state) {
+  (void)state;
+  tu_env_t env;
+  tu_init(&env, NULL);
+  seen_t seen = {0};
+  assert_int_equal(weft_set_oom_handler(env.rt, handler, &seen), WEFT_OK);
+  tu_fini(&env);
+  tu_init(&env, NULL);
+  weft_block_t b[16];
+  (void)fill(&env, b, 16);
+  assert_int_equal(seen.calls, 0);
+  tu_fini(&env);
+}
+
 static void test_over_budget_says_the_budget(void **state) {
   (void)state;
   tu_env_t env;
@@ -153,12 +169,101 @@ static void test_runtime_log_in_rmm_columns(void **state) {
   assert_true(allocs >= 1 && failures >= 1 && frees >= 1);
 }
 
+static uint64_t number_after(const char *json, const char *key) {
+  const char *at = strstr(json, key);
+  if (at == NULL) fail_msg("no %s in the snapshot", key);
+  return strtoull(at + strlen(key), NULL, 10);
+}
+
+/* Checks the JSON with Python when there is one: valid, and its lists add up to its totals. */
+static void python_checks(const char *path) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd,
+           "command -v python3 >/dev/null || exit 77; python3 -c \"import json,sys; s=json.load(open('%s')); "
+           "t=s['totals']; b=[x for g in s['segments'] for x in g['blocks']]+s['blocks_outside_segments']; "
+           "f=[x for g in s['segments'] for x in g['free']]; "
+           "assert len(b)==t['blocks'], 'blocks'; assert sum(x['bytes'] for x in b)==t['live_bytes'], 'live'; "
+           "assert sum(x['bytes'] for x in f)==t['free_bytes'], 'free'; "
+           "assert sum(g['bytes'] for g in s['segments'])==t['segment_bytes'], 'segments'; "
+           "assert sum(x['bytes'] for x in s['by_tag'])==t['live_bytes'], 'tags'; "
+           "assert sum(x['bytes'] for x in s['by_stream'])==t['live_bytes'], 'streams'; "
+           "assert all(g['base'] <= x['ptr'] for g in s['segments'] for x in g['blocks']), 'placement'\"",
+           path);
+  int rc = system(cmd);
+  if (rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 77) return; /* no python3: the C checks stand */
+  assert_int_equal(rc, 0);
+}
+
+/* weft_memory_snapshot: totals equal the resource's statistics; the lists add up (python3). */
+static void test_snapshot_totals_match_the_stats(void **state) {
+  (void)state;
+  tu_env_t env;
+  tu_init(&env, NULL);
+  weft_block_t b[6];
+  const char *tags[3] = {"weights", "acts", "tmp"};
+  for (int i = 0; i < 6; i++)
+    assert_int_equal(weft_alloc(env.rt, (size_t)(i + 1) * 100000, tu_stream(&env, (unsigned)i % 3), tags[i % 3], &b[i]),
+                     WEFT_OK);
+  assert_int_equal(weft_free(b[2], tu_stream(&env, 0)), WEFT_OK); /* a free range */
+  char path[512];
+  const char *dir = getenv("TEST_TMPDIR");
+  snprintf(path, sizeof path, "%s/snapshot.json", dir ? dir : "/tmp");
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  assert_int_equal(weft_memory_snapshot(env.rt, f), WEFT_OK);
+  fclose(f);
+  f = fopen(path, "r");
+  static char json[1 << 16];
+  size_t n = fread(json, 1, sizeof json - 1, f);
+  fclose(f);
+  json[n] = '\0';
+  weft_resource_stats_t rs;
+  weft_resource_stats(weft_runtime_resource(env.rt), &rs);
+  assert_int_equal(number_after(json, "\"live_bytes\": "), rs.live_bytes); /* the resource's line */
+  assert_int_equal(number_after(strstr(json, "\"totals\""), "\"live_bytes\": "), rs.live_bytes);
+  assert_int_equal(number_after(json, "\"segment_bytes\": "), rs.reserved_bytes);
+  assert_int_equal(number_after(strstr(json, "\"totals\""), "\"blocks\": "), 5);
+  assert_true(number_after(json, "\"free_bytes\": ") > 0);
+  assert_non_null(strstr(json, "\"tag\": \"weights\""));
+  python_checks(path);
+  assert_int_equal(weft_memory_snapshot(env.rt, NULL), WEFT_ERR_INVALID_ARGUMENT);
+  tu_fini(&env);
+}
+
+/* WEFT_SNAPSHOT_ON_OOM: a failed allocation leaves a snapshot behind. */
+static void test_snapshot_on_oom(void **state) {
+  (void)state;
+  char path[512];
+  const char *dir = getenv("TEST_TMPDIR");
+  snprintf(path, sizeof path, "%s/oom_snapshot.json", dir ? dir : "/tmp");
+  remove(path);
+  setenv("WEFT_SNAPSHOT_ON_OOM", path, 1);
+  tu_env_t env;
+  tu_init(&env, NULL);
+  weft_block_t b[16];
+  size_t n = fill(&env, b, 16);
+  assert_true(n >= 2);
+  unsetenv("WEFT_SNAPSHOT_ON_OOM");
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char head[64] = "";
+  assert_non_null(fgets(head, sizeof head, f));
+  assert_non_null(fgets(head, sizeof head, f));
+  fclose(f);
+  assert_non_null(strstr(head, "\"weft_snapshot\": 1"));
+  python_checks(path);
+  tu_fini(&env);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_message_names_sizes_and_tags),
       cmocka_unit_test(test_handler_frees_and_the_retry_succeeds),
+      cmocka_unit_test(test_handler_ends_with_the_runtime),
       cmocka_unit_test(test_over_budget_says_the_budget),
       cmocka_unit_test(test_runtime_log_in_rmm_columns),
+      cmocka_unit_test(test_snapshot_totals_match_the_stats),
+      cmocka_unit_test(test_snapshot_on_oom),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

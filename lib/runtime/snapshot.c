@@ -1,0 +1,205 @@
+/* weft_memory_snapshot: the runtime's device memory as JSON (weft.h), for people and for
+ * tools/weft_view.html. Collected first (live blocks under the block table's lock, segments and
+ * free ranges from each resource of the stack under its own lock), written afterwards. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "lib/core/error.h"
+#include "lib/core/meta.h"
+#include "lib/runtime/runtime.h"
+
+typedef struct snap_block {
+  CUdeviceptr ptr;
+  uint64_t bytes, gen, alloc_ns;
+  const char *tag;
+  unsigned stream;
+} snap_block_t;
+
+typedef struct collect {
+  weft_segment_t *seg;
+  size_t n_seg, cap_seg;
+  weft_free_range_t *fr;
+  size_t n_fr, cap_fr;
+  bool oom;
+} collect_t;
+
+static void *grow(void *p, size_t *cap, size_t n, size_t size, bool *oom) {
+  if (n < *cap) return p;
+  size_t c = *cap ? *cap * 2 : 64;
+  void *q = weft__meta_realloc(p, c * size);
+  if (q == NULL) {
+    *oom = true;
+    return p;
+  }
+  *cap = c;
+  return q;
+}
+
+static void on_segment(void *ctx, const weft_segment_t *s) {
+  collect_t *c = ctx;
+  c->seg = grow(c->seg, &c->cap_seg, c->n_seg, sizeof *c->seg, &c->oom);
+  if (c->n_seg < c->cap_seg) c->seg[c->n_seg++] = *s;
+}
+
+static void on_free(void *ctx, const weft_free_range_t *r) {
+  collect_t *c = ctx;
+  c->fr = grow(c->fr, &c->cap_fr, c->n_fr, sizeof *c->fr, &c->oom);
+  if (c->n_fr < c->cap_fr) c->fr[c->n_fr++] = *r;
+}
+
+static int by_block(const void *a, const void *b) {
+  CUdeviceptr x = ((const snap_block_t *)a)->ptr, y = ((const snap_block_t *)b)->ptr;
+  return x < y ? -1 : x > y;
+}
+static int by_segment(const void *a, const void *b) {
+  CUdeviceptr x = ((const weft_segment_t *)a)->base, y = ((const weft_segment_t *)b)->base;
+  return x < y ? -1 : x > y;
+}
+static int by_range(const void *a, const void *b) {
+  CUdeviceptr x = ((const weft_free_range_t *)a)->ptr, y = ((const weft_free_range_t *)b)->ptr;
+  return x < y ? -1 : x > y;
+}
+
+/* A JSON string. */
+static void put_string(FILE *out, const char *s) {
+  fputc('"', out);
+  for (const unsigned char *c = (const unsigned char *)(s ? s : ""); *c; c++) {
+    if (*c == '"' || *c == '\\') fprintf(out, "\\%c", *c);
+    else if (*c < 0x20) fprintf(out, "\\u%04x", *c);
+    else fputc(*c, out);
+  }
+  fputc('"', out);
+}
+
+static void put_block(FILE *out, const snap_block_t *b, bool first) {
+  fprintf(out, "%s\n      {\"ptr\": \"0x%llx\", \"bytes\": %" PRIu64 ", \"tag\": ", first ? "" : ",",
+          (unsigned long long)b->ptr, b->bytes);
+  put_string(out, b->tag);
+  fprintf(out, ", \"stream\": %u, \"state\": \"live\", \"generation\": %" PRIu64 ", \"alloc_ns\": %" PRIu64 "}",
+          b->stream, b->gen, b->alloc_ns);
+}
+
+/* Totals of blocks by a key (tag pointer or stream): small linear tables. */
+typedef struct tally {
+  const void *key[256];
+  uint64_t bytes[256], count[256];
+  size_t n;
+} tally_t;
+
+static void tally_add(tally_t *t, const void *key, uint64_t bytes) {
+  size_t i = 0;
+  while (i < t->n && t->key[i] != key) i++;
+  if (i == t->n) {
+    if (t->n == 256) return;
+    t->key[t->n] = key;
+    t->bytes[t->n] = t->count[t->n] = 0;
+    t->n++;
+  }
+  t->bytes[i] += bytes;
+  t->count[i]++;
+}
+
+weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out) {
+  if (weft__runtime_check(rt, "weft_memory_snapshot") == NULL) return weft__runtime_check_status(rt);
+  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_memory_snapshot: out is NULL");
+  /* Live blocks. */
+  pthread_mutex_lock(&rt->blocks_lock);
+  size_t nb = 0, cap = rt->live_count;
+  snap_block_t *blk = weft__meta_calloc(cap + 1, sizeof *blk);
+  for (const struct weft__block *b = rt->live; blk != NULL && b != NULL && nb < cap; b = b->next)
+    blk[nb++] = (snap_block_t){b->ptr, b->bytes, atomic_load_explicit(&b->gen, memory_order_relaxed), b->alloc_ns,
+                               b->tag, b->alloc_stream};
+  pthread_mutex_unlock(&rt->blocks_lock);
+  if (blk == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_memory_snapshot: no host memory");
+  /* Segments and free ranges of every resource of the stack that has them. */
+  collect_t c = {0};
+  weft_resource_t *top = weft_runtime_resource(rt);
+  for (weft_resource_t *r = top; r != NULL; r = r->upstream)
+    if (r->ops->segments != NULL) r->ops->segments(r, on_segment, on_free, &c);
+  if (c.oom) {
+    weft__meta_free(blk);
+    weft__meta_free(c.seg);
+    weft__meta_free(c.fr);
+    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_memory_snapshot: no host memory");
+  }
+  qsort(blk, nb, sizeof *blk, by_block);
+  qsort(c.seg, c.n_seg, sizeof *c.seg, by_segment);
+  qsort(c.fr, c.n_fr, sizeof *c.fr, by_range);
+  weft_resource_stats_t rs;
+  weft_resource_stats(top, &rs);
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+  uint64_t now_ns = (uint64_t)now.tv_sec * UINT64_C(1000000000) + (uint64_t)now.tv_nsec;
+  fprintf(out, "{\n  \"weft_snapshot\": 1,\n  \"device\": %d,\n  \"time_ns\": %" PRIu64 ",\n", rt->ordinal, now_ns);
+  fprintf(out, "  \"resource\": {\"name\": ");
+  put_string(out, top->ops->name);
+  fprintf(out, ", \"live_bytes\": %" PRIu64 ", \"reserved_bytes\": %" PRIu64 "},\n  \"segments\": [", rs.live_bytes,
+          rs.reserved_bytes);
+  /* Each segment with the blocks and free ranges inside it (all three lists are sorted). */
+  size_t bi = 0, fi = 0;
+  bool *placed = calloc(nb + 1, sizeof *placed);
+  uint64_t seg_bytes = 0, free_bytes = 0, largest = 0;
+  for (size_t s = 0; s < c.n_seg; s++) {
+    const weft_segment_t *g = &c.seg[s];
+    seg_bytes += g->bytes;
+    fprintf(out, "%s\n    {\"base\": \"0x%llx\", \"bytes\": %" PRIu64 ", \"dedicated\": %s, \"blocks\": [",
+            s ? "," : "", (unsigned long long)g->base, g->bytes, g->dedicated ? "true" : "false");
+    while (bi < nb && blk[bi].ptr < g->base) bi++;
+    bool first = true;
+    for (size_t k = bi; k < nb && blk[k].ptr - g->base < g->bytes; k++) {
+      put_block(out, &blk[k], first);
+      first = false;
+      if (placed) placed[k] = true;
+    }
+    fprintf(out, "],\n     \"free\": [");
+    while (fi < c.n_fr && c.fr[fi].ptr < g->base) fi++;
+    first = true;
+    for (size_t k = fi; k < c.n_fr && c.fr[k].ptr - g->base < g->bytes; k++) {
+      fprintf(out, "%s{\"ptr\": \"0x%llx\", \"bytes\": %" PRIu64 ", \"lane\": %u}", first ? "" : ", ",
+              (unsigned long long)c.fr[k].ptr, c.fr[k].bytes, c.fr[k].lane);
+      first = false;
+    }
+    fprintf(out, "]}");
+  }
+  for (size_t k = 0; k < c.n_fr; k++) {
+    free_bytes += c.fr[k].bytes;
+    if (c.fr[k].bytes > largest) largest = c.fr[k].bytes;
+  }
+  fprintf(out, "\n  ],\n  \"blocks_outside_segments\": [");
+  bool first = true;
+  for (size_t k = 0; k < nb; k++)
+    if (placed == NULL || !placed[k]) {
+      put_block(out, &blk[k], first);
+      first = false;
+    }
+  free(placed);
+  /* Totals. */
+  tally_t *tags = calloc(1, sizeof *tags), *streams = calloc(1, sizeof *streams);
+  uint64_t live = 0;
+  for (size_t k = 0; k < nb; k++) {
+    live += blk[k].bytes;
+    if (tags) tally_add(tags, blk[k].tag, blk[k].bytes);
+    if (streams) tally_add(streams, (const void *)(uintptr_t)(blk[k].stream + 1), blk[k].bytes);
+  }
+  fprintf(out, "\n  ],\n  \"totals\": {\"blocks\": %zu, \"live_bytes\": %" PRIu64 ", \"segment_bytes\": %" PRIu64
+               ", \"free_bytes\": %" PRIu64 ", \"largest_free\": %" PRIu64 ", \"fragmentation\": %.6f},\n  \"by_tag\": [",
+          nb, live, seg_bytes, free_bytes, largest, free_bytes ? 1.0 - (double)largest / (double)free_bytes : 0.0);
+  for (size_t i = 0; tags != NULL && i < tags->n; i++) {
+    fprintf(out, "%s{\"tag\": ", i ? ", " : "");
+    put_string(out, tags->key[i]);
+    fprintf(out, ", \"bytes\": %" PRIu64 ", \"blocks\": %" PRIu64 "}", tags->bytes[i], tags->count[i]);
+  }
+  fprintf(out, "],\n  \"by_stream\": [");
+  for (size_t i = 0; streams != NULL && i < streams->n; i++)
+    fprintf(out, "%s{\"stream\": %u, \"bytes\": %" PRIu64 ", \"blocks\": %" PRIu64 "}", i ? ", " : "",
+            (unsigned)((uintptr_t)streams->key[i] - 1), streams->bytes[i], streams->count[i]);
+  fprintf(out, "]\n}\n");
+  free(tags);
+  free(streams);
+  weft__meta_free(blk);
+  weft__meta_free(c.seg);
+  weft__meta_free(c.fr);
+  return ferror(out) ? weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_memory_snapshot: writing failed") : WEFT_OK;
+}
