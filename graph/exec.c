@@ -6,6 +6,7 @@
 #include "graph/graph.h"
 #include "lib/core/error.h"
 #include "lib/core/meta.h"
+#include "lib/core/trace.h"
 
 
 /* ---- outputs: the graph's resource ------------------------------------------------------------ */
@@ -298,9 +299,16 @@ weft_status_t weft_exec_launch(weft_exec_t *e, weft_stream_t *s) {
   if (weft__tracker_capture_of(s, NULL) != NULL)
     return weft__error(WEFT_ERR_CAPTURE, "weft_exec_launch: stream %u is capturing (graphs with memory nodes cannot "
                        "be launched into a capture)", s->index);
+  uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   pthread_mutex_lock(&g->lock);
   st = launch_locked(e, s);
   pthread_mutex_unlock(&g->lock);
+  if (st == WEFT_OK && weft__trace_on()) {
+    weft_access_t acc[16];
+    size_t n = 0;
+    for (size_t i = 0; i < g->n_summary && n < 16; i++) acc[n++] = (weft_access_t){g->summary[i].block, g->summary[i].kind};
+    weft__trace_use(s, "weft_exec_launch", acc, n, t0);
+  }
   return st;
 }
 

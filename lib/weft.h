@@ -585,6 +585,17 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_set_oom_handler(weft_runtime_t *rt, w
  * Errors: STALE_HANDLE, INVALID_ARGUMENT (NULL out), HOST_OUT_OF_MEMORY. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out);
 
+/** Starts writing a timeline trace to `path` (Chrome / Perfetto trace-event JSON: open it in
+ * ui.perfetto.dev or chrome://tracing): one track per stream (pool, adopted) of every runtime,
+ * each use a slice named by its operation with its accesses (tags and kinds), each wait weft
+ * inserts a flow arrow from the event it waits on to the waiting use, allocations and frees as
+ * instants with sizes and tags. Host timestamps. Written as it happens (memory stays bounded);
+ * WEFT_TRACE=path starts one when the first runtime is made (stopped at exit).
+ * Errors: INVALID_ARGUMENT (no path, cannot open), BUSY (a trace is being written). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_trace_start(const char *path);
+/** Finishes and closes the trace (nothing to do without one). Errors: INVALID_ARGUMENT (writing failed). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_trace_stop(void);
+
 /** cuMemAlloc / cuMemFree. Frees synchronise the freeing stream first. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_direct_create(weft_runtime_t *rt, weft_resource_t **out);
 

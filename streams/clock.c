@@ -4,6 +4,7 @@
 #include "lib/core/debug.h"
 #include "lib/core/error.h"
 #include "lib/core/meta.h"
+#include "lib/core/trace.h"
 #include "streams/clock.h"
 
 /* A lane's events go back: a capture's to the tracker's spares (the caller holds the tracker
@@ -24,9 +25,11 @@ static weft_status_t lane_free(weft__tracker_t *tr, weft__domain_t *d, weft__lan
   weft__meta_free(l->ring);
   weft__meta_free(l->ring_tick);
   weft__meta_free(l->ring_clock);
+  weft__meta_free(l->ring_us);
   l->ring = NULL;
   l->ring_tick = NULL;
   l->ring_clock = NULL;
+  l->ring_us = NULL;
   return first;
 }
 
@@ -39,9 +42,10 @@ weft_status_t weft__lane_init(weft__tracker_t *tr, weft__domain_t *d, weft__lane
   l->ring = weft__meta_calloc(d->ring_size, sizeof *l->ring);
   l->ring_tick = weft__meta_calloc(d->ring_size, sizeof *l->ring_tick);
   l->ring_clock = weft__meta_calloc(clocks, sizeof *l->ring_clock);
+  l->ring_us = weft__meta_calloc(d->ring_size, sizeof *l->ring_us);
   weft__vec_t *spare = &tr->spare_events;
   unsigned taken = 0;
-  bool ok = l->ring != NULL && l->ring_tick != NULL && l->ring_clock != NULL;
+  bool ok = l->ring != NULL && l->ring_tick != NULL && l->ring_clock != NULL && l->ring_us != NULL;
   if (ok && d->capture != NULL) {
     while (taken < d->ring_size && spare->len != 0) l->ring[taken++] = WEFT__VEC_AT(spare, CUevent, --spare->len);
     /* Room to take back every event captures will then have made. */
@@ -105,6 +109,7 @@ weft_status_t weft__clock_flush(weft__tracker_t *tr, weft__domain_t *d, weft_str
   memcpy(&l->ring_clock[(size_t)slot * d->n], WEFT__ROW(d, s->index), d->n * sizeof(uint64_t));
   l->ring_tick[slot] = k;
   l->recorded = k;
+  if (weft__trace_on()) l->ring_us[slot] = weft__trace_now_us();
   tr->counters.events_recorded++;
   return WEFT_OK;
 }
@@ -166,5 +171,6 @@ weft_status_t weft__clock_wait(weft__tracker_t *tr, weft__domain_t *d, weft_stre
   row[s->index] = d->lane[s->index].tick; /* own entry is always the own tick */
   d->lane[s->index].dirty = true;
   tr->counters.waits_issued++;
+  if (weft__trace_on()) weft__trace_wait(tr->ordinal, t->index, lt->ring_us[slot], s->index);
   return WEFT_OK;
 }

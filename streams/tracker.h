@@ -80,6 +80,7 @@ typedef struct weft__lane {
   CUevent *ring;        /* [ring_size] events, created lazily in capture domains */
   uint64_t *ring_tick;  /* [ring_size] tick recorded in each slot (0: empty) */
   uint64_t *ring_clock; /* [ring_size * n] clock snapshot per slot */
+  uint64_t *ring_us;    /* [ring_size] when each slot was recorded, while a trace is written */
 } weft__lane_t;
 
 /** A clock domain: the live one (work that runs as it is enqueued) or one per capture (work

@@ -8,6 +8,7 @@
 #include "lib/core/error.h"
 #include "lib/core/intern.h"
 #include "lib/core/meta.h"
+#include "lib/core/trace.h"
 #include "lib/runtime/runtime.h"
 
 weft_status_t weft__block_check(weft_block_t b, const char *fn, struct weft__block **out) {
@@ -286,6 +287,14 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
   }
   *out = weft__block_publish(rec);
   atomic_fetch_add_explicit(&rt->allocs, 1, memory_order_relaxed);
+  if (weft__trace_on()) {
+    char args[320];
+    size_t at = (size_t)snprintf(args, sizeof args, "{\"bytes\": %zu, \"ptr\": \"0x%llx\", \"tag\": \"", bytes,
+                                 (unsigned long long)rec->ptr);
+    weft__trace_escape(args, &at, sizeof args - 4, itag);
+    snprintf(args + at, sizeof args - at, "\"}");
+    weft__trace_instant(rt->ordinal, s->index, "weft_alloc", args);
+  }
   return WEFT_OK;
 }
 
@@ -369,7 +378,10 @@ static weft_status_t free_on_prepared(weft_block_t b, weft_stream_t *s) {
                                       r->ops->name ? r->ops->name : "its owner"));
   /* The free is a write: s waits for every outstanding use. */
   weft__use_t use = {&rec->acc, WEFT_WRITE};
+  uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
+  weft_access_t traced = {b, WEFT_WRITE};
   st = weft__tracker_begin(s, &use, 1);
+  if (st == WEFT_OK && weft__trace_on()) weft__trace_use(s, "weft_free", &traced, 1, t0);
   /* CORRUPTED from the guard: freed, but the memory around the block was damaged. */
   if (st == WEFT_OK && r != NULL) st = weft__resource_deallocate(r, rec->ptr, rec->bytes, s, rec->tag);
   if (st != WEFT_OK && st != WEFT_ERR_CORRUPTED) return undo_free(rec, st);

@@ -7,6 +7,7 @@
 #include "lib/core/error.h"
 #include "lib/core/handle.h"
 #include "lib/core/meta.h"
+#include "lib/core/trace.h"
 #include "lib/runtime/runtime.h"
 
 /* The registry. g_life guards refs and `busy` of every slot; it is never held across a driver
@@ -269,6 +270,7 @@ static weft_status_t create(weft_runtime_t *rt, int device, const weft_options_t
   weft__map_free(&rt->by_ptr);
   rt->by_ptr_room = 0;
   unsigned adopt = o.adopt_streams < WEFT__MAX_STREAMS - o.stream_count ? o.adopt_streams : WEFT__MAX_STREAMS - o.stream_count;
+  weft__trace_from_env(); /* WEFT_TRACE=path */
   st = weft__tracker_init(&rt->tracker, drv, device, o.stream_count, o.high_priority_streams, adopt, o.event_ring, rt);
   if (st != WEFT_OK) return st;
   if ((st = build_stack(rt)) != WEFT_OK) {

@@ -97,6 +97,10 @@ weft__tracker_t *weft__runtime_tracker(weft_runtime_t *rt, const char *fn, weft_
 /** Counts an object that depends on rt into (+1) or out of (-1) rt->dependents. */
 void weft__runtime_depend(weft_runtime_t *rt, int delta);
 
+/** The trace's slice of a use on s that started at t0 (weft__trace_now_us), named `name`, with its
+ * accesses as arguments (use.c). Call only while weft__trace_on(). */
+void weft__trace_use(weft_stream_t *s, const char *name, const weft_access_t *acc, size_t n, uint64_t t0);
+
 /* ---- stream.c ----------------------------------------------------------------------------------- */
 
 /** Checks a stream handle: a pool stream of a live runtime. */

@@ -5,6 +5,7 @@
 
 #include "lib/core/error.h"
 #include "lib/core/meta.h"
+#include "lib/core/trace.h"
 #include "lib/runtime/runtime.h"
 
 weft_status_t weft__uses_from_accesses(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses,
@@ -42,13 +43,28 @@ static weft_status_t prepare(weft_stream_t *s, const weft_access_t *acc, size_t 
   return st;
 }
 
+void weft__trace_use(weft_stream_t *s, const char *name, const weft_access_t *acc, size_t n, uint64_t t0) {
+  static const char *const kinds[] = {"", "R", "W", "RW"};
+  char args[1536];
+  size_t at = (size_t)snprintf(args, sizeof args, "{\"accesses\": [");
+  for (size_t i = 0; i < n && at + 64 < sizeof args; i++) {
+    const struct weft__block *rec = acc[i].block.rec;
+    at += (size_t)snprintf(args + at, sizeof args - at, "%s{\"tag\": \"", i ? ", " : "");
+    weft__trace_escape(args, &at, sizeof args - 40, rec && rec->tag ? rec->tag : "");
+    at += (size_t)snprintf(args + at, sizeof args - at, "\", \"kind\": \"%s\"}", kinds[acc[i].kind & 3]);
+  }
+  snprintf(args + at, sizeof args - at, "]}");
+  weft__trace_slice(s->tr->ordinal, s->index, name, t0, weft__trace_now_us() - t0, args);
+}
+
 /* The split form: open (waits) or close (record) the use of s, checked against each other. */
 static weft_status_t split(weft_stream_t *s, const weft_access_t *acc, size_t n, bool open) {
   weft__use_t small[SMALL], *uses;
   weft_status_t st = prepare(s, acc, n, small, &uses, open ? "weft_use_begin" : "weft_use_end");
   if (st != WEFT_OK) return st;
-  uint64_t print = weft__tracker_fingerprint(uses, n);
+  uint64_t print = weft__tracker_fingerprint(uses, n), t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   st = open ? weft__tracker_open(s, uses, n, print) : weft__tracker_close(s, uses, n, print);
+  if (st == WEFT_OK && weft__trace_on()) weft__trace_use(s, open ? "weft_use_begin" : "weft_use_end", acc, n, t0);
   weft__small_free(small, uses);
   return st;
 }
@@ -67,7 +83,9 @@ static weft_status_t tracked(weft_stream_t *s, const weft_access_t *acc, size_t 
   weft__use_t small[SMALL], *uses;
   weft_status_t st = prepare(s, acc, n, small, &uses, name);
   if (st != WEFT_OK) return st;
+  uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   st = weft__tracker_use(s, uses, n, fn, arg);
+  if (st == WEFT_OK && weft__trace_on()) weft__trace_use(s, name, acc, n, t0);
   weft__small_free(small, uses);
   return st;
 }
