@@ -6,6 +6,7 @@
 #include "graph/graph.h"
 #include "lib/core/error.h"
 #include "lib/core/meta.h"
+#include "lib/core/nvtx.h"
 
 weft_capture_options_t weft_capture_options_default(void) {
   return (weft_capture_options_t){WEFT_CAPTURE_GLOBAL, WEFT_GRAPH_MEMORY_NODES, NULL};
@@ -45,6 +46,7 @@ weft_status_t weft_capture_begin(weft_stream_t *s, const weft_capture_options_t 
     weft__capture_free(ended);
   }
   if (st != WEFT_OK && pool != NULL && pool->implicit) (void)weft_graph_pool_destroy(pool);
+  if (st == WEFT_OK) weft__nvtx_mark("weft_capture_begin");
   return st;
 }
 
@@ -137,6 +139,7 @@ weft_status_t weft_capture_end(weft_stream_t *s, weft_graph_t **out) {
   if (pool != NULL && st != WEFT_OK) (void)weft__gpool_unuse(pool); /* st says what went wrong first */
   weft__capture_free(cap);
   if (st == WEFT_OK) *out = graph;
+  if (st == WEFT_OK) weft__nvtx_mark("weft_capture_end");
   return st;
 }
 

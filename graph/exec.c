@@ -6,6 +6,7 @@
 #include "graph/graph.h"
 #include "lib/core/error.h"
 #include "lib/core/meta.h"
+#include "lib/core/nvtx.h"
 #include "lib/core/trace.h"
 
 
@@ -158,8 +159,10 @@ weft_status_t weft_graph_instantiate(weft_graph_t *g, weft_stream_t *upload, wef
       e->auto_free && g->memory == WEFT_GRAPH_MEMORY_NODES ? CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH : 0;
   const weft__driver_t *d = g->rt->drv;
   CUresult r;
+  weft__nvtx_push("weft_graph_instantiate");
   WEFT__GRAPH_MEMORY(WEFT__RELAXED(d, if ((r = d->cuGraphInstantiateWithFlags(&e->x, g->g, flags)) == CUDA_SUCCESS)
                                     r = d->cuGraphUpload(e->x, upload->raw)));
+  weft__nvtx_pop();
   if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuGraphInstantiateWithFlags / cuGraphUpload");
   else if (!weft__handle_add(e, WEFT__HANDLE_EXEC))
     st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_graph_instantiate: no host memory for an exec handle");
@@ -300,9 +303,11 @@ weft_status_t weft_exec_launch(weft_exec_t *e, weft_stream_t *s) {
     return weft__error(WEFT_ERR_CAPTURE, "weft_exec_launch: stream %u is capturing (graphs with memory nodes cannot "
                        "be launched into a capture)", s->index);
   uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
+  weft__nvtx_push("weft_exec_launch");
   pthread_mutex_lock(&g->lock);
   st = launch_locked(e, s);
   pthread_mutex_unlock(&g->lock);
+  weft__nvtx_pop();
   if (st == WEFT_OK && weft__trace_on()) {
     weft_access_t acc[16];
     size_t n = 0;

@@ -1,9 +1,11 @@
 /* Clock domains, event rings, and the record and wait operations (clock.h). */
+#include <stdio.h>
 #include <string.h>
 
 #include "lib/core/debug.h"
 #include "lib/core/error.h"
 #include "lib/core/meta.h"
+#include "lib/core/nvtx.h"
 #include "lib/core/trace.h"
 #include "streams/clock.h"
 
@@ -172,5 +174,11 @@ weft_status_t weft__clock_wait(weft__tracker_t *tr, weft__domain_t *d, weft_stre
   d->lane[s->index].dirty = true;
   tr->counters.waits_issued++;
   if (weft__trace_on()) weft__trace_wait(tr->ordinal, t->index, lt->ring_us[slot], s->index);
+  if (weft__nvtx_on()) {
+    char m[96];
+    snprintf(m, sizeof m, "weft wait: stream %u waits for stream %u (tick %llu)", s->index, t->index,
+             (unsigned long long)lt->ring_tick[slot]);
+    weft__nvtx_mark(m);
+  }
   return WEFT_OK;
 }

@@ -8,6 +8,7 @@
 #include "lib/core/error.h"
 #include "lib/core/intern.h"
 #include "lib/core/meta.h"
+#include "lib/core/nvtx.h"
 #include "lib/core/trace.h"
 #include "lib/runtime/runtime.h"
 
@@ -295,6 +296,11 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
     snprintf(args + at, sizeof args - at, "\"}");
     weft__trace_instant(rt->ordinal, s->index, "weft_alloc", args);
   }
+  if (weft__nvtx_on()) {
+    char m[160];
+    snprintf(m, sizeof m, "weft_alloc '%s' %zu bytes on stream %u", itag ? itag : "", bytes, s->index);
+    weft__nvtx_mark(m);
+  }
   return WEFT_OK;
 }
 
@@ -386,6 +392,11 @@ static weft_status_t free_on_prepared(weft_block_t b, weft_stream_t *s) {
   if (st == WEFT_OK && r != NULL) st = weft__resource_deallocate(r, rec->ptr, rec->bytes, s, rec->tag);
   if (st != WEFT_OK && st != WEFT_ERR_CORRUPTED) return undo_free(rec, st);
   if (c != NULL) weft__tracker_free_block(s, &rec->acc);
+  if (weft__nvtx_on()) {
+    char m[160];
+    snprintf(m, sizeof m, "weft_free '%s' %zu bytes on stream %u", rec->tag ? rec->tag : "", rec->bytes, s->index);
+    weft__nvtx_mark(m);
+  }
   weft__block_end(rec);
   atomic_fetch_add_explicit(&((weft_runtime_t *)s->runtime)->frees, 1, memory_order_relaxed);
   return st;

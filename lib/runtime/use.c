@@ -5,6 +5,7 @@
 
 #include "lib/core/error.h"
 #include "lib/core/meta.h"
+#include "lib/core/nvtx.h"
 #include "lib/core/trace.h"
 #include "lib/runtime/runtime.h"
 
@@ -65,6 +66,7 @@ static weft_status_t split(weft_stream_t *s, const weft_access_t *acc, size_t n,
   uint64_t print = weft__tracker_fingerprint(uses, n), t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   st = open ? weft__tracker_open(s, uses, n, print) : weft__tracker_close(s, uses, n, print);
   if (st == WEFT_OK && weft__trace_on()) weft__trace_use(s, open ? "weft_use_begin" : "weft_use_end", acc, n, t0);
+  if (st == WEFT_OK) weft__nvtx_mark(open ? "weft_use_begin" : "weft_use_end");
   weft__small_free(small, uses);
   return st;
 }
@@ -84,7 +86,9 @@ static weft_status_t tracked(weft_stream_t *s, const weft_access_t *acc, size_t 
   weft_status_t st = prepare(s, acc, n, small, &uses, name);
   if (st != WEFT_OK) return st;
   uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
+  weft__nvtx_push(name);
   st = weft__tracker_use(s, uses, n, fn, arg);
+  weft__nvtx_pop();
   if (st == WEFT_OK && weft__trace_on()) weft__trace_use(s, name, acc, n, t0);
   weft__small_free(small, uses);
   return st;

@@ -1,0 +1,47 @@
+/* NVTX in the weft domain (nvtx.h). */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include <nvtx3/nvToolsExt.h>
+
+#include "lib/core/nvtx.h"
+
+static bool attached;
+static nvtxDomainHandle_t domain;
+
+static void init(void) {
+  const char *tool = getenv("NVTX_INJECTION64_PATH");
+  attached = tool != NULL && tool[0] != '\0';
+  if (attached) domain = nvtxDomainCreateA("weft");
+}
+
+bool weft__nvtx_on(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, init);
+  return attached;
+}
+
+static nvtxEventAttributes_t attributes(const char *message) {
+  nvtxEventAttributes_t a = {0};
+  a.version = NVTX_VERSION;
+  a.size = NVTX_EVENT_ATTRIB_STRUCT_SIZE;
+  a.messageType = NVTX_MESSAGE_TYPE_ASCII;
+  a.message.ascii = message;
+  return a;
+}
+
+void weft__nvtx_mark(const char *message) {
+  if (!weft__nvtx_on()) return;
+  nvtxEventAttributes_t a = attributes(message);
+  nvtxDomainMarkEx(domain, &a);
+}
+
+void weft__nvtx_push(const char *message) {
+  if (!weft__nvtx_on()) return;
+  nvtxEventAttributes_t a = attributes(message);
+  nvtxDomainRangePushEx(domain, &a);
+}
+
+void weft__nvtx_pop(void) {
+  if (weft__nvtx_on()) nvtxDomainRangePop(domain);
+}
