@@ -1,5 +1,6 @@
-/* A program built with make against an installed weft (tools/install.sh PREFIX; the Makefile
- * asks `pkg-config --cflags --libs weft`): gets the runtime of device 0, allocates 1 MiB on a pool
+/* A program built against an installed weft (tools/install.sh PREFIX), by make with
+ * `pkg-config --cflags --libs weft` (the Makefile here) or by CMake with find_package(weft)
+ * (examples/cmake_consumer, which builds this file with NAME="cmake_consumer"): gets the runtime of device 0, allocates 1 MiB on a pool
  * stream, fills it with weft_memset32 there, reads it back with weft_copy_from_block on a second
  * pool stream (weft makes that stream wait for the fill), checks every word, frees the block,
  * releases the runtime and prints one line. Exits non-zero on any failure. Runs on a GPU, or on
@@ -9,7 +10,9 @@
 
 #include "weft/weft.h"
 
+#ifndef NAME
 #define NAME "make_consumer"
+#endif
 #define BYTES (1u << 20)
 #define WORDS (BYTES / sizeof(unsigned))
 

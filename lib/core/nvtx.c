@@ -6,19 +6,20 @@
 
 #include "lib/core/nvtx.h"
 
-static bool attached;
-static nvtxDomainHandle_t domain;
+_Atomic int weft__nvtx_state;
+static nvtxDomainHandle_t domain; /* written before the state says 2 (release) */
 
 static void init(void) {
   const char *tool = getenv("NVTX_INJECTION64_PATH");
-  attached = tool != NULL && tool[0] != '\0';
+  bool attached = tool != NULL && tool[0] != '\0';
   if (attached) domain = nvtxDomainCreateA("weft");
+  atomic_store_explicit(&weft__nvtx_state, attached ? 2 : 1, memory_order_release);
 }
 
-bool weft__nvtx_on(void) {
+bool weft__nvtx_init(void) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, init);
-  return attached;
+  return atomic_load_explicit(&weft__nvtx_state, memory_order_acquire) == 2;
 }
 
 static nvtxEventAttributes_t attributes(const char *message) {

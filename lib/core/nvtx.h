@@ -6,10 +6,18 @@
 #ifndef WEFT_CORE_NVTX_H
 #define WEFT_CORE_NVTX_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 
-/** Whether an NVTX tool is attached (NVTX_INJECTION64_PATH was set at first use). */
-bool weft__nvtx_on(void);
+/* 0: not asked yet, 1: no tool, 2: a tool is attached (nvtx.c). */
+extern _Atomic int weft__nvtx_state;
+/** Reads NVTX_INJECTION64_PATH once and creates the domain when a tool is attached. */
+bool weft__nvtx_init(void);
+/** Whether an NVTX tool is attached: one relaxed load on the hot path. */
+static inline bool weft__nvtx_on(void) {
+  int s = atomic_load_explicit(&weft__nvtx_state, memory_order_acquire);
+  return s == 0 ? weft__nvtx_init() : s == 2;
+}
 /** A mark / a range pushed / the innermost range popped, in the weft domain (no-ops without a tool). */
 void weft__nvtx_mark(const char *message);
 void weft__nvtx_push(const char *message);

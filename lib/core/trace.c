@@ -23,8 +23,9 @@ uint64_t weft__trace_now_us(void) {
   return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
-void weft__trace_escape(char *buf, size_t *at, size_t cap, const char *s) {
-  for (const unsigned char *c = (const unsigned char *)(s ? s : ""); *c != '\0' && *at + 7 < cap; c++) {
+size_t weft__json_escape(char *buf, size_t *at, size_t cap, const char *s) {
+  const unsigned char *c = (const unsigned char *)(s ? s : "");
+  for (; *c != '\0' && *at + 7 < cap; c++) {
     if (*c == '"' || *c == '\\') {
       buf[(*at)++] = '\\';
       buf[(*at)++] = (char)*c;
@@ -35,6 +36,7 @@ void weft__trace_escape(char *buf, size_t *at, size_t cap, const char *s) {
     }
   }
   buf[*at] = '\0';
+  return (size_t)(c - (const unsigned char *)(s ? s : ""));
 }
 
 /* One event line (the lock held). Names the stream's track the first time it appears. */
@@ -55,7 +57,7 @@ void weft__trace_slice(int device, unsigned stream, const char *name, uint64_t t
   if (!weft__trace_on()) return;
   char ev[2048];
   size_t at = (size_t)snprintf(ev, sizeof ev, "{\"ph\": \"X\", \"name\": \"");
-  weft__trace_escape(ev, &at, sizeof ev - 200, name);
+  (void)weft__json_escape(ev, &at, sizeof ev - 200, name);
   snprintf(ev + at, sizeof ev - at, "\", \"pid\": %d, \"tid\": %u, \"ts\": %" PRIu64 ", \"dur\": %" PRIu64 "%s%s}",
            device, stream, ts, dur, args_json ? ", \"args\": " : "", args_json ? args_json : "");
   pthread_mutex_lock(&trace_lock);
@@ -67,7 +69,7 @@ void weft__trace_instant(int device, unsigned stream, const char *name, const ch
   if (!weft__trace_on()) return;
   char ev[1024];
   size_t at = (size_t)snprintf(ev, sizeof ev, "{\"ph\": \"i\", \"s\": \"t\", \"name\": \"");
-  weft__trace_escape(ev, &at, sizeof ev - 200, name);
+  (void)weft__json_escape(ev, &at, sizeof ev - 200, name);
   snprintf(ev + at, sizeof ev - at, "\", \"pid\": %d, \"tid\": %u, \"ts\": %" PRIu64 "%s%s}", device, stream,
            weft__trace_now_us(), args_json ? ", \"args\": " : "", args_json ? args_json : "");
   pthread_mutex_lock(&trace_lock);

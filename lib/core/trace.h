@@ -27,7 +27,9 @@ void weft__trace_instant(int device, unsigned stream, const char *name, const ch
 /** A wait weft inserted: a flow arrow from stream `from` at `recorded_us` (when the event waited
  * on was recorded) to stream `to` now. One arrow per wait. */
 void weft__trace_wait(int device, unsigned from, uint64_t recorded_us, unsigned to);
-/** Appends s to buf (at *at, capacity cap) as a JSON string body (escaped, no quotes). */
-void weft__trace_escape(char *buf, size_t *at, size_t cap, const char *s);
+/** Appends s to buf (at *at, capacity cap, kept NUL-terminated) as a JSON string body (escaped,
+ * no quotes), as far as it fits; returns how many bytes of s it took. Shared by the trace and the
+ * memory snapshot. */
+size_t weft__json_escape(char *buf, size_t *at, size_t cap, const char *s);
 
 #endif /* WEFT_CORE_TRACE_H */

@@ -170,34 +170,36 @@ weft_status_t weft_set_oom_handler(weft_runtime_t *rt, weft_oom_handler_t fn, vo
   return WEFT_OK;
 }
 
-/* The three tags with the most live bytes (a walk of the live blocks; tags are interned, so a
- * pointer names a tag). */
-static void top_tags(weft_runtime_t *rt, weft_oom_info_t *info) {
-  enum { MAX_TAGS = 256 };
-  const char *tag[MAX_TAGS];
-  uint64_t bytes[MAX_TAGS];
-  size_t n = 0;
-  pthread_mutex_lock(&rt->blocks_lock);
-  for (const struct weft__block *b = rt->live; b != NULL; b = b->next) {
-    size_t i = 0;
-    while (i < n && tag[i] != b->tag) i++;
-    if (i == n && n == MAX_TAGS) continue; /* beyond 256 distinct tags: not counted */
-    if (i == n) {
-      tag[n] = b->tag;
-      bytes[n++] = 0;
-    }
-    bytes[i] += b->bytes;
+void weft__tally_add(weft__tally_t *t, const void *key, uint64_t bytes) {
+  size_t i = 0;
+  while (i < t->n && t->key[i] != key) i++;
+  if (i == t->n) {
+    if (t->n == 256) return;
+    t->key[t->n] = key;
+    t->bytes[t->n] = t->count[t->n] = 0;
+    t->n++;
   }
+  t->bytes[i] += bytes;
+  t->count[i]++;
+}
+
+/* The three tags with the most live bytes (tags are interned: a pointer names a tag). */
+static void top_tags(weft_runtime_t *rt, weft_oom_info_t *info) {
+  weft__tally_t *t = calloc(1, sizeof *t);
+  if (t == NULL) return;
+  pthread_mutex_lock(&rt->blocks_lock);
+  for (const struct weft__block *b = rt->live; b != NULL; b = b->next) weft__tally_add(t, b->tag, b->bytes);
   pthread_mutex_unlock(&rt->blocks_lock);
   for (int k = 0; k < 3; k++) {
-    size_t best = n;
-    for (size_t i = 0; i < n; i++)
-      if (bytes[i] != 0 && (best == n || bytes[i] > bytes[best])) best = i;
-    if (best == n) break;
-    info->top_tags[k] = tag[best] != NULL ? tag[best] : "";
-    info->top_tag_bytes[k] = bytes[best];
-    bytes[best] = 0;
+    size_t best = t->n;
+    for (size_t i = 0; i < t->n; i++)
+      if (t->bytes[i] != 0 && (best == t->n || t->bytes[i] > t->bytes[best])) best = i;
+    if (best == t->n) break;
+    info->top_tags[k] = t->key[best] != NULL ? t->key[best] : "";
+    info->top_tag_bytes[k] = t->bytes[best];
+    t->bytes[best] = 0;
   }
+  free(t);
 }
 
 /* An allocation from r failed with OUT_OF_MEMORY or OVER_BUDGET: the handler may free and ask for
@@ -292,7 +294,7 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
     char args[320];
     size_t at = (size_t)snprintf(args, sizeof args, "{\"bytes\": %zu, \"ptr\": \"0x%llx\", \"tag\": \"", bytes,
                                  (unsigned long long)rec->ptr);
-    weft__trace_escape(args, &at, sizeof args - 4, itag);
+    (void)weft__json_escape(args, &at, sizeof args - 4, itag);
     snprintf(args + at, sizeof args - at, "\"}");
     weft__trace_instant(rt->ordinal, s->index, "weft_alloc", args);
   }
@@ -304,12 +306,17 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
   return WEFT_OK;
 }
 
+/* The live block whose memory starts at ptr, from the address map (blocks_lock held), or NULL. */
+static struct weft__block *starting_at(weft_runtime_t *rt, CUdeviceptr ptr) {
+  uint64_t *v = weft__map_find(&rt->by_ptr, ptr);
+  return v != NULL ? (struct weft__block *)(uintptr_t)*v : NULL;
+}
+
 weft_status_t weft_block_find(weft_runtime_t *rt, CUdeviceptr ptr, weft_block_t *out) {
   if (weft__runtime_check(rt, "weft_block_find") == NULL) return weft__runtime_check_status(rt);
   if (out == NULL || ptr == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_block_find: null pointer or NULL out");
   pthread_mutex_lock(&rt->blocks_lock);
-  uint64_t *v = weft__map_find(&rt->by_ptr, ptr);
-  struct weft__block *rec = v != NULL ? (struct weft__block *)(uintptr_t)*v : NULL;
+  struct weft__block *rec = starting_at(rt, ptr);
   /* Not a block's start: the block that contains it, if any (a walk of the live list). */
   for (struct weft__block *b = rt->live; rec == NULL && b != NULL; b = b->next)
     if (b->ptr != 0 && ptr > b->ptr && ptr - b->ptr < b->bytes) rec = b;
@@ -333,8 +340,7 @@ weft_status_t weft_free_ptr(weft_runtime_t *rt, CUdeviceptr ptr, weft_stream_t *
   if (st != WEFT_OK) return st;
   weft_block_t b;
   pthread_mutex_lock(&rt->blocks_lock);
-  uint64_t *v = ptr != 0 ? weft__map_find(&rt->by_ptr, ptr) : NULL;
-  struct weft__block *rec = v != NULL ? (struct weft__block *)(uintptr_t)*v : NULL;
+  struct weft__block *rec = ptr != 0 ? starting_at(rt, ptr) : NULL;
   if (rec != NULL) b = (weft_block_t){rec, atomic_load_explicit(&rec->gen, memory_order_relaxed)};
   pthread_mutex_unlock(&rt->blocks_lock);
   if (rec == NULL)

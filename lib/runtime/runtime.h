@@ -97,6 +97,16 @@ weft__tracker_t *weft__runtime_tracker(weft_runtime_t *rt, const char *fn, weft_
 /** Counts an object that depends on rt into (+1) or out of (-1) rt->dependents. */
 void weft__runtime_depend(weft_runtime_t *rt, int delta);
 
+/** Totals of live blocks by a key (a tag pointer, or a stream index + 1): bytes and blocks, for the
+ * OOM report (the top tags) and the memory snapshot (block.c). Beyond 256 distinct keys the rest
+ * are not counted. Zero-initialise it. */
+typedef struct weft__tally {
+  const void *key[256];
+  uint64_t bytes[256], count[256];
+  size_t n;
+} weft__tally_t;
+void weft__tally_add(weft__tally_t *t, const void *key, uint64_t bytes);
+
 /** The trace's slice of a use on s that started at t0 (weft__trace_now_us), named `name`, with its
  * accesses as arguments (use.c). Call only while weft__trace_on(). */
 void weft__trace_use(weft_stream_t *s, const char *name, const weft_access_t *acc, size_t n, uint64_t t0);

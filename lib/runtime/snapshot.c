@@ -8,6 +8,7 @@
 
 #include "lib/core/error.h"
 #include "lib/core/meta.h"
+#include "lib/core/trace.h"
 #include "lib/runtime/runtime.h"
 
 typedef struct snap_block {
@@ -18,35 +19,23 @@ typedef struct snap_block {
 } snap_block_t;
 
 typedef struct collect {
-  weft_segment_t *seg;
-  size_t n_seg, cap_seg;
-  weft_free_range_t *fr;
-  size_t n_fr, cap_fr;
+  weft__vec_t seg; /* weft_segment_t */
+  weft__vec_t fr;  /* weft_free_range_t */
   bool oom;
 } collect_t;
 
-static void *grow(void *p, size_t *cap, size_t n, size_t size, bool *oom) {
-  if (n < *cap) return p;
-  size_t c = *cap ? *cap * 2 : 64;
-  void *q = weft__meta_realloc(p, c * size);
-  if (q == NULL) {
-    *oom = true;
-    return p;
-  }
-  *cap = c;
-  return q;
-}
-
 static void on_segment(void *ctx, const weft_segment_t *s) {
   collect_t *c = ctx;
-  c->seg = grow(c->seg, &c->cap_seg, c->n_seg, sizeof *c->seg, &c->oom);
-  if (c->n_seg < c->cap_seg) c->seg[c->n_seg++] = *s;
+  weft_segment_t *e = weft__vec_push(&c->seg);
+  if (e != NULL) *e = *s;
+  else c->oom = true;
 }
 
 static void on_free(void *ctx, const weft_free_range_t *r) {
   collect_t *c = ctx;
-  c->fr = grow(c->fr, &c->cap_fr, c->n_fr, sizeof *c->fr, &c->oom);
-  if (c->n_fr < c->cap_fr) c->fr[c->n_fr++] = *r;
+  weft_free_range_t *e = weft__vec_push(&c->fr);
+  if (e != NULL) *e = *r;
+  else c->oom = true;
 }
 
 static int by_block(const void *a, const void *b) {
@@ -62,13 +51,14 @@ static int by_range(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* A JSON string. */
+/* A JSON string (weft__json_escape, a piece at a time). */
 static void put_string(FILE *out, const char *s) {
   fputc('"', out);
-  for (const unsigned char *c = (const unsigned char *)(s ? s : ""); *c; c++) {
-    if (*c == '"' || *c == '\\') fprintf(out, "\\%c", *c);
-    else if (*c < 0x20) fprintf(out, "\\u%04x", *c);
-    else fputc(*c, out);
+  for (size_t done = 0, len = strlen(s ? s : ""); done < len;) {
+    char buf[256];
+    size_t at = 0, used = weft__json_escape(buf, &at, sizeof buf, s + done);
+    fputs(buf, out);
+    done += used;
   }
   fputc('"', out);
 }
@@ -79,26 +69,6 @@ static void put_block(FILE *out, const snap_block_t *b, bool first) {
   put_string(out, b->tag);
   fprintf(out, ", \"stream\": %u, \"state\": \"live\", \"generation\": %" PRIu64 ", \"alloc_ns\": %" PRIu64 "}",
           b->stream, b->gen, b->alloc_ns);
-}
-
-/* Totals of blocks by a key (tag pointer or stream): small linear tables. */
-typedef struct tally {
-  const void *key[256];
-  uint64_t bytes[256], count[256];
-  size_t n;
-} tally_t;
-
-static void tally_add(tally_t *t, const void *key, uint64_t bytes) {
-  size_t i = 0;
-  while (i < t->n && t->key[i] != key) i++;
-  if (i == t->n) {
-    if (t->n == 256) return;
-    t->key[t->n] = key;
-    t->bytes[t->n] = t->count[t->n] = 0;
-    t->n++;
-  }
-  t->bytes[i] += bytes;
-  t->count[i]++;
 }
 
 weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out) {
@@ -114,19 +84,22 @@ weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out) {
   pthread_mutex_unlock(&rt->blocks_lock);
   if (blk == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_memory_snapshot: no host memory");
   /* Segments and free ranges of every resource of the stack that has them. */
-  collect_t c = {0};
+  collect_t c = {WEFT__VEC_INIT(weft_segment_t), WEFT__VEC_INIT(weft_free_range_t), false};
   weft_resource_t *top = weft_runtime_resource(rt);
   for (weft_resource_t *r = top; r != NULL; r = r->upstream)
     if (r->ops->segments != NULL) r->ops->segments(r, on_segment, on_free, &c);
   if (c.oom) {
     weft__meta_free(blk);
-    weft__meta_free(c.seg);
-    weft__meta_free(c.fr);
+    weft__vec_free(&c.seg);
+    weft__vec_free(&c.fr);
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_memory_snapshot: no host memory");
   }
+  const weft_segment_t *seg = c.seg.data;
+  const weft_free_range_t *fr = c.fr.data;
+  size_t n_seg = c.seg.len, n_fr = c.fr.len;
   qsort(blk, nb, sizeof *blk, by_block);
-  qsort(c.seg, c.n_seg, sizeof *c.seg, by_segment);
-  qsort(c.fr, c.n_fr, sizeof *c.fr, by_range);
+  if (n_seg) qsort(c.seg.data, n_seg, sizeof *seg, by_segment);
+  if (n_fr) qsort(c.fr.data, n_fr, sizeof *fr, by_range);
   weft_resource_stats_t rs;
   weft_resource_stats(top, &rs);
   struct timespec now;
@@ -141,8 +114,8 @@ weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out) {
   size_t bi = 0, fi = 0;
   bool *placed = calloc(nb + 1, sizeof *placed);
   uint64_t seg_bytes = 0, free_bytes = 0, largest = 0;
-  for (size_t s = 0; s < c.n_seg; s++) {
-    const weft_segment_t *g = &c.seg[s];
+  for (size_t s = 0; s < n_seg; s++) {
+    const weft_segment_t *g = &seg[s];
     seg_bytes += g->bytes;
     fprintf(out, "%s\n    {\"base\": \"0x%llx\", \"bytes\": %" PRIu64 ", \"dedicated\": %s, \"blocks\": [",
             s ? "," : "", (unsigned long long)g->base, g->bytes, g->dedicated ? "true" : "false");
@@ -154,18 +127,18 @@ weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out) {
       if (placed) placed[k] = true;
     }
     fprintf(out, "],\n     \"free\": [");
-    while (fi < c.n_fr && c.fr[fi].ptr < g->base) fi++;
+    while (fi < n_fr && fr[fi].ptr < g->base) fi++;
     first = true;
-    for (size_t k = fi; k < c.n_fr && c.fr[k].ptr - g->base < g->bytes; k++) {
+    for (size_t k = fi; k < n_fr && fr[k].ptr - g->base < g->bytes; k++) {
       fprintf(out, "%s{\"ptr\": \"0x%llx\", \"bytes\": %" PRIu64 ", \"lane\": %u}", first ? "" : ", ",
-              (unsigned long long)c.fr[k].ptr, c.fr[k].bytes, c.fr[k].lane);
+              (unsigned long long)fr[k].ptr, fr[k].bytes, fr[k].lane);
       first = false;
     }
     fprintf(out, "]}");
   }
-  for (size_t k = 0; k < c.n_fr; k++) {
-    free_bytes += c.fr[k].bytes;
-    if (c.fr[k].bytes > largest) largest = c.fr[k].bytes;
+  for (size_t k = 0; k < n_fr; k++) {
+    free_bytes += fr[k].bytes;
+    if (fr[k].bytes > largest) largest = fr[k].bytes;
   }
   fprintf(out, "\n  ],\n  \"blocks_outside_segments\": [");
   bool first = true;
@@ -176,12 +149,12 @@ weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out) {
     }
   free(placed);
   /* Totals. */
-  tally_t *tags = calloc(1, sizeof *tags), *streams = calloc(1, sizeof *streams);
+  weft__tally_t *tags = calloc(1, sizeof *tags), *streams = calloc(1, sizeof *streams);
   uint64_t live = 0;
   for (size_t k = 0; k < nb; k++) {
     live += blk[k].bytes;
-    if (tags) tally_add(tags, blk[k].tag, blk[k].bytes);
-    if (streams) tally_add(streams, (const void *)(uintptr_t)(blk[k].stream + 1), blk[k].bytes);
+    if (tags) weft__tally_add(tags, blk[k].tag, blk[k].bytes);
+    if (streams) weft__tally_add(streams, (const void *)(uintptr_t)(blk[k].stream + 1), blk[k].bytes);
   }
   fprintf(out, "\n  ],\n  \"totals\": {\"blocks\": %zu, \"live_bytes\": %" PRIu64 ", \"segment_bytes\": %" PRIu64
                ", \"free_bytes\": %" PRIu64 ", \"largest_free\": %" PRIu64 ", \"fragmentation\": %.6f},\n  \"by_tag\": [",
@@ -199,7 +172,7 @@ weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out) {
   free(tags);
   free(streams);
   weft__meta_free(blk);
-  weft__meta_free(c.seg);
-  weft__meta_free(c.fr);
+  weft__vec_free(&c.seg);
+  weft__vec_free(&c.fr);
   return ferror(out) ? weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_memory_snapshot: writing failed") : WEFT_OK;
 }

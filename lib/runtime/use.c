@@ -51,7 +51,7 @@ void weft__trace_use(weft_stream_t *s, const char *name, const weft_access_t *ac
   for (size_t i = 0; i < n && at + 64 < sizeof args; i++) {
     const struct weft__block *rec = acc[i].block.rec;
     at += (size_t)snprintf(args + at, sizeof args - at, "%s{\"tag\": \"", i ? ", " : "");
-    weft__trace_escape(args, &at, sizeof args - 40, rec && rec->tag ? rec->tag : "");
+    (void)weft__json_escape(args, &at, sizeof args - 40, rec && rec->tag ? rec->tag : "");
     at += (size_t)snprintf(args + at, sizeof args - at, "\", \"kind\": \"%s\"}", kinds[acc[i].kind & 3]);
   }
   snprintf(args + at, sizeof args - at, "]}");

@@ -94,15 +94,17 @@ static weft_stream_t *stream_of(weft_runtime_t *rt, int device, CUstream raw) {
 
 /* Inside a capture PyTorch began on s: allocations go to that capture's graph pool. */
 static weft_status_t follow_capture(device_t *d, weft_runtime_t *rt, weft_stream_t *s, CUstream raw) {
-  int capturing = 0;
-  weft_status_t st = weft_stream_is_capturing(s, &capturing);
-  if (st != WEFT_OK || !capturing) return st;
+  /* One question to the driver: is the stream capturing, and which capture. */
   const weft__driver_t *drv;
-  if ((st = weft__driver_get(&drv)) != WEFT_OK) return st;
+  weft_status_t st = weft__driver_get(&drv);
+  if (st != WEFT_OK) return st;
+  if (drv->cuStreamGetCaptureInfo == NULL)
+    return fail(WEFT_ERR_NOT_SUPPORTED, "weft_torch: the driver has no cuStreamGetCaptureInfo");
   CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
   cuuint64_t id = 0;
   if (drv->cuStreamGetCaptureInfo(raw, &cs, &id, NULL, NULL, NULL, NULL) != CUDA_SUCCESS)
     return fail(WEFT_ERR_DRIVER, "weft_torch: cuStreamGetCaptureInfo failed");
+  if (cs != CU_STREAM_CAPTURE_STATUS_ACTIVE) return WEFT_OK;
   pthread_mutex_lock(&d->lock);
   weft_graph_pool_t *p = NULL;
   for (unsigned i = 0; i < d->n_caps && p == NULL; i++)

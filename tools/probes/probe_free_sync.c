@@ -11,20 +11,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "lib/core/driver.h"
-#include "weft/weft.h"
+#include "tools/probes/probe.h"
 
-static const weft__driver_t *d;
-static CUcontext ctx;
 
-#define TRY(x)                                                                                 \
-  do {                                                                                         \
-    CUresult r_ = (x);                                                                         \
-    if (r_ != CUDA_SUCCESS) {                                                                  \
-      printf("%s:%d %s failed: %s\n", __FILE__, __LINE__, #x, weft_driver_error_name(r_));     \
-      return 1;                                                                                \
-    }                                                                                          \
-  } while (0)
 
 static double now(void) {
   struct timespec t;
@@ -84,12 +73,8 @@ static int one(unsigned flags, const char *name, size_t bytes) {
 }
 
 int main(void) {
-  if (weft__driver_get(&d) != WEFT_OK) return printf("no driver: %s\n", weft_last_error()), 0;
-  CUdevice dev;
-  TRY(d->cuInit(0));
-  TRY(d->cuDeviceGet(&dev, 0));
-  TRY(d->cuDevicePrimaryCtxRetain(&ctx, dev));
-  TRY(d->cuCtxSetCurrent(ctx));
+  int rc;
+  if (!probe_start(&rc)) return rc;
   size_t sizes[] = {1 << 20, 2 << 20, 64 << 20};
   for (int i = 0; i < 3; i++) {
     if (one(CU_STREAM_NON_BLOCKING, "non-blocking", sizes[i])) return 1;

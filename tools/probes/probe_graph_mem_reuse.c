@@ -14,21 +14,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "lib/core/driver.h"
-#include "weft/weft.h"
+#include "tools/probes/probe.h"
 
 #define ROUNDS 6
 
-static const weft__driver_t *d;
 
-#define TRY(x)                                                                   \
-  do {                                                                           \
-    CUresult r_ = (x);                                                           \
-    if (r_ != CUDA_SUCCESS) {                                                    \
-      printf("%s:%d %s failed: %s\n", __FILE__, __LINE__, #x, weft_driver_error_name(r_)); \
-      return 1;                                                                  \
-    }                                                                            \
-  } while (0)
 
 static double now(void) {
   struct timespec t;
@@ -50,12 +40,8 @@ static int capture(CUstream s, size_t bytes, unsigned v, CUdeviceptr dst, CUdevi
 }
 
 int main(void) {
-  if (weft__driver_get(&d) != WEFT_OK) return printf("no driver: %s\n", weft_last_error()), 0;
-  CUdevice dev;
-  CUcontext ctx;
-  TRY(d->cuDeviceGet(&dev, 0));
-  TRY(d->cuDevicePrimaryCtxRetain(&ctx, dev));
-  TRY(d->cuCtxSetCurrent(ctx));
+  int rc;
+  if (!probe_start(&rc)) return rc;
   CUstream s1, s2, s3, s4;
   TRY(d->cuStreamCreateWithPriority(&s1, CU_STREAM_NON_BLOCKING, 0));
   TRY(d->cuStreamCreateWithPriority(&s2, CU_STREAM_NON_BLOCKING, 0));

@@ -9,24 +9,14 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "lib/core/driver.h"
-#include "weft/weft.h"
+#include "tools/probes/probe.h"
 
 #define ROUNDS 20
 #define DELAY 40
 #define TEMP (1u << 20)
 #define BIG (64u << 20)
 
-static const weft__driver_t *d;
 
-#define TRY(x)                                                                               \
-  do {                                                                                       \
-    CUresult r_ = (x);                                                                       \
-    if (r_ != CUDA_SUCCESS) {                                                                \
-      printf("%s:%d %s failed: %s\n", __FILE__, __LINE__, #x, weft_driver_error_name(r_));   \
-      return 1;                                                                              \
-    }                                                                                        \
-  } while (0)
 
 static int capture(CUstream s, unsigned v, CUdeviceptr dst, CUdeviceptr x, CUdeviceptr y, CUgraph *g) {
   CUdeviceptr t;
@@ -46,12 +36,8 @@ static unsigned word(CUdeviceptr p, size_t off) {
 }
 
 int main(void) {
-  if (weft__driver_get(&d) != WEFT_OK) return printf("no driver: %s\n", weft_last_error()), 0;
-  CUdevice dev;
-  CUcontext ctx;
-  TRY(d->cuDeviceGet(&dev, 0));
-  TRY(d->cuDevicePrimaryCtxRetain(&ctx, dev));
-  TRY(d->cuCtxSetCurrent(ctx));
+  int rc;
+  if (!probe_start(&rc)) return rc;
   CUstream sA, sB;
   TRY(d->cuStreamCreateWithPriority(&sA, CU_STREAM_NON_BLOCKING, 0));
   TRY(d->cuStreamCreateWithPriority(&sB, CU_STREAM_NON_BLOCKING, 0));
