@@ -797,12 +797,13 @@ typedef struct weft_graph_memory_stats {
   uint64_t used, used_high, reserved, reserved_high; /**< bytes */
 } weft_graph_memory_stats_t;
 WEFT_API WEFT_NODISCARD weft_status_t weft_graph_memory_stats(weft_runtime_t *rt, weft_graph_memory_stats_t *out);
-/** cuDeviceGraphMemTrim: unused graph memory goes back to the system. Known problem (issue 11,
- * open): on driver 580.159.04 (H200), trims called while other threads capture, launch and free
- * graphs were followed by wrong results in most long runs of tests/threads (none without trims),
- * even with weft's work drained and held back around the trim; single-threaded probes
- * (tools/probes/probe_graph_trim*) show none. Until it is understood, trim only while no other
- * thread uses the device. Errors: CAPTURE (a capture that could see it is active). */
+/** cuDeviceGraphMemTrim: unused graph memory goes back to the system. While it trims, no other
+ * thread is inside a driver call of weft that enqueues work, begins or ends a capture or maps
+ * graph memory; such calls wait for the trim (on driver 580.159.04, H200, trims that overlapped
+ * them were followed by wrong results: tests/conformance/README.md, "graph memory trim"). Work
+ * that you enqueue through the driver yourself is not held back: do not trim while another
+ * thread of yours launches. Not from inside a host function. Errors: CAPTURE (a capture that could
+ * see it is active). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_graph_memory_trim(weft_runtime_t *rt);
 
 /** An explicit graph under construction: nodes with declared accesses; edges come from the same

@@ -6,6 +6,7 @@
  * which is what makes interleavings vary from call to call.
  */
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,8 +183,43 @@ static void init_objects(void) {
   sim.default_pool->is_default = 1;
 }
 
+/* Driver calls that must not overlap a cuDeviceGraphMemTrim of another thread: on an H200 with
+ * driver 580.159.04 such overlaps were followed by wrong results (tests/conformance/README.md,
+ * "graph memory trim"); the trim reports them as a hazard (a race of no bytes). The same set as
+ * lib/core/driver.c's WEFT__DRIVER_GATED. */
+static int enqueues(sim__fn_t fn) {
+  switch (fn) {
+    case SIM_FN_cuLaunchKernel: case SIM_FN_cuLaunchHostFunc: case SIM_FN_cuEventRecord:
+    case SIM_FN_cuEventRecordWithFlags: case SIM_FN_cuStreamWaitEvent: case SIM_FN_cuStreamWriteValue32:
+    case SIM_FN_cuStreamWriteValue64: case SIM_FN_cuStreamWaitValue32: case SIM_FN_cuStreamWaitValue64:
+    case SIM_FN_cuMemcpyHtoDAsync: case SIM_FN_cuMemcpyDtoHAsync: case SIM_FN_cuMemcpyDtoDAsync:
+    case SIM_FN_cuMemsetD8Async: case SIM_FN_cuMemsetD32Async: case SIM_FN_cuMemAlloc:
+    case SIM_FN_cuMemAllocAsync: case SIM_FN_cuMemAllocFromPoolAsync: case SIM_FN_cuMemFreeAsync:
+    case SIM_FN_cuStreamBeginCapture: case SIM_FN_cuStreamEndCapture: case SIM_FN_cuGraphInstantiateWithFlags:
+    case SIM_FN_cuGraphUpload: case SIM_FN_cuGraphLaunch: case SIM_FN_cuGraphExecDestroy: case SIM_FN_cuGraphDestroy:
+      return 1;
+    default: return 0;
+  }
+}
+
+static _Atomic unsigned g_enqueuing;        /* calls of enqueues() entered and not left, all threads */
+static _Atomic(const char *) g_enqueuing_last; /* the name of the last one entered */
+
+unsigned sim__enqueuing_elsewhere(const char **last) {
+  unsigned mine = (unsigned)__builtin_popcountll(g_self.enqueue_bits);
+  unsigned all = atomic_load(&g_enqueuing);
+  *last = atomic_load(&g_enqueuing_last);
+  return all > mine ? all - mine : 0;
+}
+
 CUresult sim__enter(sim__fn_t fn, int needs_init) {
   config();
+  int e = enqueues(fn);
+  g_self.enqueue_bits = (g_self.enqueue_bits << 1) | (uint64_t)e;
+  if (e) {
+    atomic_store(&g_enqueuing_last, sim__fn_name(fn));
+    atomic_fetch_add(&g_enqueuing, 1);
+  }
   pthread_mutex_lock(&sim.lock);
   sim.stats.api_calls++;
   if (needs_init && !sim.initialized) return CUDA_ERROR_NOT_INITIALIZED;
@@ -196,7 +232,11 @@ CUresult sim__enter(sim__fn_t fn, int needs_init) {
   return CUDA_SUCCESS;
 }
 
-void sim__leave(void) { pthread_mutex_unlock(&sim.lock); }
+void sim__leave(void) {
+  pthread_mutex_unlock(&sim.lock);
+  if (g_self.enqueue_bits & 1) atomic_fetch_sub(&g_enqueuing, 1);
+  g_self.enqueue_bits >>= 1;
+}
 
 CUresult sim__need_ctx(void) { return g_self.ctx != NULL && sim.ctx_refs > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
 

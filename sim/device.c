@@ -4,6 +4,7 @@
  * One device, "weft-sim H100": compute capability 9.0, 132 SMs, memory WEFT_SIM_MEMORY (default
  * 80 GiB). Attributes not listed below read as 0, like a feature the device lacks.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "sim/internal.h"
@@ -229,6 +230,13 @@ CUresult CUDAAPI cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attrib
 
 static CUresult graph_mem_trim(CUdevice dev) {
   if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  const char *other;
+  unsigned n = sim__enqueuing_elsewhere(&other);
+  if (n > 0) {
+    char first[96];
+    snprintf(first, sizeof first, "%u call(s) enqueueing on other threads (last: %s)", n, other ? other : "?");
+    sim__hazard_report(first, "cuDeviceGraphMemTrim at the same time (wrong results on an H200)");
+  }
   sim__galloc_trim();
   return CUDA_SUCCESS;
 }

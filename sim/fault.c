@@ -27,6 +27,8 @@ static const char *const g_fn_names[] = {
 #undef SIM__FN_NAME
 };
 
+const char *sim__fn_name(sim__fn_t fn) { return g_fn_names[fn]; }
+
 CUresult sim__fault_check(sim__fn_t fn) {
   uint64_t call = ++g_calls[fn];
   for (size_t i = 0; i < g_nfaults; i++) {

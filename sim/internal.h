@@ -123,6 +123,9 @@ int sim__oracle_access(CUdeviceptr ptr, size_t bytes, int writes, const sim__act
 int sim__range_valid(CUdeviceptr ptr, size_t bytes);
 void sim__hist_free(sim__hist_t *h);
 void sim__race_report(void);
+/** Reports a host-side hazard as a race of its own (no bytes): `first` and `second` describe the
+ * two overlapping driver calls. */
+void sim__hazard_report(const char *first, const char *second);
 
 /* ---- sched.c: PRNG, actions, ops, the scheduler ---- */
 
@@ -235,6 +238,7 @@ typedef struct sim__thread {
   CUcontext ctx;                /* current context */
   CUstreamCaptureMode mode;     /* cuThreadExchangeStreamCaptureMode */
   int registered;
+  uint64_t enqueue_bits;        /* per nesting level of sim__enter: 1 where that call enqueues */
 } sim__thread_t;
 
 typedef struct sim__state {
@@ -276,6 +280,9 @@ extern sim__state_t sim;
  * CUDA_SUCCESS or the code the call must return; sim__leave() must follow either way. */
 CUresult sim__enter(sim__fn_t fn, int needs_init);
 void sim__leave(void);
+/** How many driver calls that enqueue work, build or end a capture or map graph memory other
+ * threads are in now (entered, maybe still waiting for the lock): what a trim must not overlap. */
+unsigned sim__enqueuing_elsewhere(const char **last);
 #define SIM_CALL(fn, expr)                                 \
   do {                                                     \
     CUresult sim_r_ = sim__enter(SIM_FN_##fn, 1);          \
@@ -582,6 +589,8 @@ void sim__exec_unref(sim__exec_t *x);
 /** The injected failure for this call of fn, or CUDA_SUCCESS. */
 CUresult sim__fault_check(sim__fn_t fn);
 int sim__fault_set(const char *spec);
+/** cuda.h's name of fn ("cuMemAlloc"). */
+const char *sim__fn_name(sim__fn_t fn);
 const char *sim__error_name(CUresult r);
 
 #endif /* WEFT_SIM_INTERNAL_H */

@@ -146,6 +146,19 @@ static void report(const sim__who_t *first, int first_writes, const sim__who_t *
   r->second_writes = second_writes;
 }
 
+void sim__hazard_report(const char *first, const char *second) {
+  sim.races++;
+  sim.stats.races = sim.races;
+  if (sim.nrace_log >= SIM_MAX_RACES_KEPT) return;
+  if (sim.race_log == NULL) sim.race_log = sim__xcalloc(SIM_MAX_RACES_KEPT, sizeof *sim.race_log);
+  weft_sim_race_t *r = &sim.race_log[sim.nrace_log++];
+  memset(r, 0, sizeof *r);
+  snprintf(r->first_desc, sizeof r->first_desc, "%s", first);
+  snprintf(r->second_desc, sizeof r->second_desc, "%s", second);
+  r->first_stream = r->second_stream = -1;
+  r->first_writes = r->second_writes = 1;
+}
+
 void sim__race_report(void) {
   for (size_t i = 0; i < sim.nrace_log; i++) {
     const weft_sim_race_t *r = &sim.race_log[i];

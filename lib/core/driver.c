@@ -9,6 +9,7 @@
 
 #include "lib/core/driver.h"
 #include "lib/core/error.h"
+#include "lib/core/gate.h"
 
 #define WEFT__XSTR_(x) #x
 #define WEFT__XSTR(x) WEFT__XSTR_(x)
@@ -278,10 +279,68 @@ static weft_status_t g_status;
 static char g_message[512];
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
+/* The entry points loaded, before the calls in WEFT__DRIVER_GATED were routed through the gate. */
+static weft__driver_t g_raw;
+
+/* X(name, parameters, arguments): every call that enqueues work on a stream, builds or ends a
+ * capture, or maps graph memory; each runs in the shared side of the trim gate (gate.h). Calls
+ * that can block on the device (synchronisations, cuMemFree, synchronous copies) are not in it,
+ * so a trim never waits for device work. */
+#define WEFT__DRIVER_GATED(X)                                                                         \
+  X(cuLaunchKernel,                                                                                   \
+    (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,      \
+     unsigned shared, CUstream s, void **params, void **extra),                                       \
+    (f, gx, gy, gz, bx, by, bz, shared, s, params, extra))                                           \
+  X(cuLaunchHostFunc, (CUstream s, CUhostFn fn, void *user), (s, fn, user))                           \
+  X(cuEventRecord, (CUevent e, CUstream s), (e, s))                                                   \
+  X(cuEventRecordWithFlags, (CUevent e, CUstream s, unsigned flags), (e, s, flags))                   \
+  X(cuStreamWaitEvent, (CUstream s, CUevent e, unsigned flags), (s, e, flags))                        \
+  X(cuStreamWriteValue32, (CUstream s, CUdeviceptr a, cuuint32_t v, unsigned flags), (s, a, v, flags)) \
+  X(cuStreamWriteValue64, (CUstream s, CUdeviceptr a, cuuint64_t v, unsigned flags), (s, a, v, flags)) \
+  X(cuStreamWaitValue32, (CUstream s, CUdeviceptr a, cuuint32_t v, unsigned flags), (s, a, v, flags))  \
+  X(cuStreamWaitValue64, (CUstream s, CUdeviceptr a, cuuint64_t v, unsigned flags), (s, a, v, flags))  \
+  X(cuMemcpyHtoDAsync, (CUdeviceptr d, const void *h, size_t n, CUstream s), (d, h, n, s))            \
+  X(cuMemcpyDtoHAsync, (void *h, CUdeviceptr d, size_t n, CUstream s), (h, d, n, s))                  \
+  X(cuMemcpyDtoDAsync, (CUdeviceptr d, CUdeviceptr src, size_t n, CUstream s), (d, src, n, s))        \
+  X(cuMemsetD8Async, (CUdeviceptr d, unsigned char v, size_t n, CUstream s), (d, v, n, s))            \
+  X(cuMemsetD32Async, (CUdeviceptr d, unsigned v, size_t n, CUstream s), (d, v, n, s))                \
+  X(cuMemAlloc, (CUdeviceptr *p, size_t n), (p, n))                                                   \
+  X(cuMemAllocAsync, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s))                               \
+  X(cuMemAllocFromPoolAsync, (CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s), (p, n, pool, s)) \
+  X(cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s))                                              \
+  X(cuStreamBeginCapture, (CUstream s, CUstreamCaptureMode mode), (s, mode))                          \
+  X(cuStreamEndCapture, (CUstream s, CUgraph *g), (s, g))                                             \
+  X(cuGraphInstantiateWithFlags, (CUgraphExec *e, CUgraph g, unsigned long long flags), (e, g, flags)) \
+  X(cuGraphUpload, (CUgraphExec e, CUstream s), (e, s))                                               \
+  X(cuGraphLaunch, (CUgraphExec e, CUstream s), (e, s))                                               \
+  X(cuGraphExecDestroy, (CUgraphExec e), (e))                                                         \
+  X(cuGraphDestroy, (CUgraph g), (g))
+
+#define WEFT__DRIVER_GATE_WRAPPER(name, params, args) \
+  static CUresult CUDAAPI gated_##name params {       \
+    weft__gate_enter();                                \
+    CUresult r_ = g_raw.name args;                     \
+    weft__gate_leave();                                \
+    return r_;                                         \
+  }
+WEFT__DRIVER_GATED(WEFT__DRIVER_GATE_WRAPPER)
+#undef WEFT__DRIVER_GATE_WRAPPER
+
 static void load_once(void) {
   g_status = weft__driver_load(getenv("WEFT_DRIVER"), &g_driver);
-  if (g_status != WEFT_OK) snprintf(g_message, sizeof g_message, "%s", weft_last_error());
+  if (g_status != WEFT_OK) {
+    snprintf(g_message, sizeof g_message, "%s", weft_last_error());
+    return;
+  }
+  g_raw = g_driver;
+#define WEFT__DRIVER_GATE_ROUTE(name, params, args) \
+  if (g_driver.name != NULL) g_driver.name = gated_##name;
+  WEFT__DRIVER_GATED(WEFT__DRIVER_GATE_ROUTE)
+#undef WEFT__DRIVER_GATE_ROUTE
 }
+
+void weft__driver_exclusive_begin(void) { weft__gate_lock(); }
+void weft__driver_exclusive_end(void) { weft__gate_unlock(); }
 
 weft_status_t weft__driver_get(const weft__driver_t **out) {
   pthread_once(&g_once, load_once);

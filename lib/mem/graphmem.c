@@ -15,7 +15,12 @@ void weft__graph_memory_unlock(void) { pthread_mutex_unlock(&graph_memory_lock);
 
 weft_status_t weft__graph_memory_trim(weft__tracker_t *tr) {
   CUresult r;
-  WEFT__GRAPH_MEMORY(WEFT__RELAXED(tr->drv, r = tr->drv->cuDeviceGraphMemTrim(tr->device)));
+  /* No other thread may be inside a call that enqueues work meanwhile (lib/core/gate.h). */
+  WEFT__GRAPH_MEMORY({
+    weft__driver_exclusive_begin();
+    WEFT__RELAXED(tr->drv, r = tr->drv->cuDeviceGraphMemTrim(tr->device));
+    weft__driver_exclusive_end();
+  });
   return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuDeviceGraphMemTrim");
 }
 

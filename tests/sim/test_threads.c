@@ -1,7 +1,11 @@
 /* Host threads calling the simulator at once: each thread works on its own stream and buffer (no
- * race may be reported), and one host function per stream calls back into the driver. Meant to be
- * run under --config=tsan too. */
+ * race may be reported), and one host function per stream calls back into the driver. A
+ * cuDeviceGraphMemTrim that overlaps another thread's enqueueing call is reported as a race
+ * (tests/conformance/README.md, "graph memory trim"); one with no such call is not. Meant to be run
+ * under --config=tsan too. */
 #include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
 
 #include "tests/sim/sim_test.h"
 
@@ -73,7 +77,48 @@ static void test_threads_issuing_work_concurrently(void **state) {
   assert_int_equal(api->race_count(), 0);
 }
 
+static atomic_int stop_recording;
+
+static void *record_until_stopped(void *arg) {
+  sim_test_thread_init();
+  CUstream s = sim_test_stream();
+  CUevent e;
+  int failures = cuEventCreate(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS;
+  while (!atomic_load(&stop_recording)) failures += cuEventRecord(e, s) != CUDA_SUCCESS;
+  failures += cuStreamSynchronize(s) != CUDA_SUCCESS;
+  failures += cuEventDestroy(e) != CUDA_SUCCESS;
+  failures += cuStreamDestroy(s) != CUDA_SUCCESS;
+  *(int *)arg = failures;
+  return NULL;
+}
+
+static void test_trim_overlapping_an_enqueue_is_reported(void **state) {
+  (void)state;
+  api->reset_races();
+  for (int i = 0; i < 100; i++) CU_OK(cuDeviceGraphMemTrim(0)); /* alone: no hazard */
+  assert_int_equal(api->race_count(), 0);
+  enum { RECORDERS = 3 };
+  pthread_t t[RECORDERS];
+  int failures[RECORDERS];
+  atomic_store(&stop_recording, 0);
+  for (int i = 0; i < RECORDERS; i++) assert_int_equal(pthread_create(&t[i], NULL, record_until_stopped, &failures[i]), 0);
+  /* Bounded: the recorders enter cuEventRecord millions of times a second. */
+  for (long i = 0; i < 5000000 && api->race_count() == 0; i++) CU_OK(cuDeviceGraphMemTrim(0));
+  atomic_store(&stop_recording, 1);
+  for (int i = 0; i < RECORDERS; i++) {
+    assert_int_equal(pthread_join(t[i], NULL), 0);
+    assert_int_equal(failures[i], 0);
+  }
+  assert_true(api->race_count() > 0);
+  weft_sim_race_t r;
+  assert_int_equal(api->races(&r, 1), 1);
+  assert_non_null(strstr(r.second_desc, "cuDeviceGraphMemTrim"));
+  assert_non_null(strstr(r.first_desc, "cuEventRecord"));
+  api->reset_races();
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_threads_issuing_work_concurrently)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_threads_issuing_work_concurrently),
+                                     cmocka_unit_test(test_trim_overlapping_an_enqueue_is_reported)};
   return cmocka_run_group_tests(tests, setup, NULL);
 }

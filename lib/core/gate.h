@@ -1,0 +1,29 @@
+/* The trim gate: a process-wide reader-writer gate whose readers never contend.
+ *
+ * Measured (tests/threads on an H200, driver 580.159.04; tests/conformance/README.md, "graph memory
+ * trim"): cuDeviceGraphMemTrim
+ * called while another thread was inside a driver call that enqueues work (a kernel launch, an
+ * event record or wait, a copy, a stream-ordered allocation or free, a graph launch) was followed
+ * by wrong results in most long runs; serialising those calls against the trim made every run
+ * correct. So the process's driver table (driver.c) runs each such call inside the gate's shared
+ * side, and the trim holds its exclusive side.
+ *
+ * Shared side: one store and one load on a slot of the calling thread's own (Dekker-style, both
+ * sequentially consistent), so readers on different threads share no cache line and never wait
+ * for each other; they wait only while an exclusive holder is in. A slot belongs to one thread
+ * while it lives and is taken over by a later thread once it exits. The shared side is held for
+ * one driver call only and does not nest; nothing may block inside it on another thread.
+ */
+#ifndef WEFT_CORE_GATE_H
+#define WEFT_CORE_GATE_H
+
+/** Enters the shared side (waits while an exclusive holder is in). */
+void weft__gate_enter(void);
+/** Leaves the shared side. */
+void weft__gate_leave(void);
+/** Takes the exclusive side: waits until no thread is in the shared side, and keeps new ones out
+ * until weft__gate_unlock(). Exclusive holders are serialised. Not from inside the shared side. */
+void weft__gate_lock(void);
+void weft__gate_unlock(void);
+
+#endif /* WEFT_CORE_GATE_H */
