@@ -1,12 +1,14 @@
 /* Capture: the public capture API. Beginning a capture hands weft_alloc its allocation context
  * (graph memory nodes, or a graph pool); ending it turns the capture's record of blocks into the
  * graph's access summary and outputs. The clocks of the capture live in streams/capture.c. */
+#include <stdio.h>
 #include <string.h>
 
 #include "graph/graph.h"
 #include "lib/core/error.h"
 #include "lib/core/meta.h"
 #include "lib/core/nvtx.h"
+#include "lib/core/trace.h"
 
 weft_capture_options_t weft_capture_options_default(void) {
   return (weft_capture_options_t){WEFT_CAPTURE_GLOBAL, WEFT_GRAPH_MEMORY_NODES, NULL};
@@ -137,6 +139,13 @@ weft_status_t weft_capture_end(weft_stream_t *s, weft_graph_t **out) {
   weft__runtime_forget_capture_blocks(cap);
   /* The capture's use of the pool passes to its graph; without a graph it ends. */
   if (pool != NULL && st != WEFT_OK) (void)weft__gpool_unuse(pool); /* st says what went wrong first */
+  if (weft__trace_on() && cap->trace_us != 0) {
+    char args[128];
+    snprintf(args, sizeof args, "{\"capture\": %llu, \"blocks\": %zu, \"ok\": %s}", (unsigned long long)cap->id,
+             cap->blocks.len, st == WEFT_OK ? "true" : "false");
+    weft__trace_slice(rt->ordinal, weft__trace_tid(s->index, cap->id), "weft_capture", cap->trace_us,
+                      weft__trace_now_us() - cap->trace_us, args);
+  }
   weft__capture_free(cap);
   if (st == WEFT_OK) *out = graph;
   if (st == WEFT_OK) weft__nvtx_mark("weft_capture_end");

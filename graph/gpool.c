@@ -105,11 +105,30 @@ static void gpool_stats(const weft_resource_t *self, weft_resource_stats_t *out)
   pthread_mutex_unlock(&p->lock);
 }
 
+/* Its chunks, and the free ranges in them (those of a capture in progress on their lanes). */
+static void gpool_segments(const weft_resource_t *self, void (*segment)(void *ctx, const weft_segment_t *s),
+                           void (*free_range)(void *ctx, const weft_free_range_t *r), void *ctx) {
+  weft_graph_pool_t *p = (weft_graph_pool_t *)self;
+  pthread_mutex_lock(&p->lock);
+  for (size_t i = 0; i < p->chunks.len; i++) {
+    const weft__gchunk_t *c = &WEFT__VEC_AT(&p->chunks, weft__gchunk_t, i);
+    weft_segment_t sg = {c->base, c->bytes, 0};
+    segment(ctx, &sg);
+  }
+  for (unsigned t = 0; t <= p->idle; t++)
+    for (const weft__tlsf_range_t *r = weft__tlsf_oldest(&p->tlsf, t); r != NULL; r = r->next_age) {
+      weft_free_range_t f = {r->addr, r->size, t};
+      free_range(ctx, &f);
+    }
+  pthread_mutex_unlock(&p->lock);
+}
+
 const weft_resource_ops_t weft__gpool_ops = {
     .name = "graph pool",
     .allocate = gpool_allocate,
     .deallocate = gpool_deallocate,
     .stats = gpool_stats,
+    .segments = gpool_segments,
 };
 
 weft_status_t weft__gpool_new(weft__tracker_t *tr, weft_runtime_t *rt, weft_graph_pool_t **out) {
@@ -132,7 +151,15 @@ weft_status_t weft__gpool_new(weft__tracker_t *tr, weft_runtime_t *rt, weft_grap
   p->tr = tr;
   p->idle = tr->n;
   p->chunks = WEFT__VEC_INIT(weft__gchunk_t);
+  if (!weft__runtime_list_side(rt, &p->base)) {
+    pthread_mutex_destroy(&p->lock);
+    weft__tlsf_destroy(&p->tlsf);
+    weft__meta_free(p->acc_reads);
+    weft__meta_free(p);
+    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_graph_pool_create: no host memory");
+  }
   if (!weft__handle_add(p, WEFT__HANDLE_GRAPH_POOL)) {
+    weft__runtime_unlist_side(rt, &p->base);
     pthread_mutex_destroy(&p->lock);
     weft__tlsf_destroy(&p->tlsf);
     weft__meta_free(p->acc_reads);
@@ -260,6 +287,7 @@ weft_status_t weft_graph_pool_destroy(weft_graph_pool_t *p) {
       return first;
     }
   }
+  weft__runtime_unlist_side(rt, &p->base);
   weft__runtime_depend(rt, -1);
   weft__vec_free(&p->chunks);
   weft__tlsf_destroy(&p->tlsf);

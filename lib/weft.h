@@ -576,11 +576,13 @@ typedef int (*weft_oom_handler_t)(weft_runtime_t *rt, const weft_oom_info_t *inf
 WEFT_API WEFT_NODISCARD weft_status_t weft_set_oom_handler(weft_runtime_t *rt, weft_oom_handler_t fn, void *user);
 
 /** Writes a JSON snapshot of the runtime's device memory to `out`: every segment its resources
- * hold (pool chunks, dedicated chunks) with the live blocks inside (address, size, tag, allocating
- * stream, generation, allocation time) and the free ranges (with the stream whose free they wait
- * for); live blocks outside any segment (graph outputs, wrapped or direct memory); totals by tag
- * and by stream; free bytes, the largest free range and fragmentation (1 - largest / free). The
- * totals agree with weft_resource_stats of the runtime's resource. tools/weft_view.html draws it.
+ * hold (pool chunks, dedicated chunks, and the chunks of its graph pools), each with its owner
+ * ("pool", "graph pool"), the live blocks inside (address, size, tag, allocating stream,
+ * generation, allocation time) and the free ranges (with the stream whose free they wait for);
+ * live blocks outside any segment (graph outputs in graph memory, wrapped or direct memory);
+ * totals by owner, tag and stream; free bytes, the largest free range and fragmentation
+ * (1 - largest / free). The stack's segments agree with weft_resource_stats of the runtime's
+ * resource, a graph pool's with weft_graph_pool_reserved. tools/weft_view.html draws it.
  * With WEFT_SNAPSHOT_ON_OOM=path, weft_alloc writes one there when it fails for want of memory.
  * Errors: STALE_HANDLE, INVALID_ARGUMENT (NULL out), HOST_OUT_OF_MEMORY. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out);
@@ -589,8 +591,14 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_memory_snapshot(weft_runtime_t *rt, F
  * ui.perfetto.dev or chrome://tracing): one track per stream (pool, adopted) of every runtime,
  * each use a slice named by its operation with its accesses (tags and kinds), each wait weft
  * inserts a flow arrow from the event it waits on to the waiting use, allocations and frees as
- * instants with sizes and tags. Host timestamps. Written as it happens (memory stays bounded);
- * WEFT_TRACE=path starts one when the first runtime is made (stopped at exit).
+ * instants with sizes and tags. Work captured into a graph goes on tracks of its capture
+ * ("capture C, stream S"), with the capture itself as a slice from begin to end. Host timestamps;
+ * with WEFT_TRACE_DEVICE=1 in the environment when the trace starts, each use on a live stream
+ * also gets a slice on "stream S (device)" timed by a pair of events around its work (placed on
+ * the host clock through one synchronised base event per device; read back, with host waits,
+ * every 4096 uses, at weft_trace_stop and at the runtime's release): a debugging mode. Written
+ * as it happens (memory stays bounded); WEFT_TRACE=path starts one when the first runtime is
+ * made (stopped at exit).
  * Errors: INVALID_ARGUMENT (no path, cannot open), BUSY (a trace is being written). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_trace_start(const char *path);
 /** Finishes and closes the trace (nothing to do without one). Errors: INVALID_ARGUMENT (writing failed). */

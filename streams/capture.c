@@ -61,6 +61,7 @@ weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bo
   c->thread = pthread_self();
   c->id = id;
   c->alloc_to = alloc_to;
+  c->trace_us = weft__trace_on() ? weft__trace_now_us() : 0;
   c->blocks = WEFT__VEC_INIT(weft__capture_block_t);
   lock(tr);
   while (s->holds != 0) pthread_cond_wait(&tr->unheld, &tr->lock); /* host waits on s finish first */

@@ -173,7 +173,10 @@ weft_status_t weft__clock_wait(weft__tracker_t *tr, weft__domain_t *d, weft_stre
   row[s->index] = d->lane[s->index].tick; /* own entry is always the own tick */
   d->lane[s->index].dirty = true;
   tr->counters.waits_issued++;
-  if (weft__trace_on()) weft__trace_wait(tr->ordinal, t->index, lt->ring_us[slot], s->index);
+  if (weft__trace_on()) {
+    uint64_t id = d->capture != NULL ? d->capture->id : 0;
+    weft__trace_wait(tr->ordinal, weft__trace_tid(t->index, id), lt->ring_us[slot], weft__trace_tid(s->index, id));
+  }
   if (weft__nvtx_on()) {
     char m[96];
     snprintf(m, sizeof m, "weft wait: stream %u waits for stream %u (tick %llu)", s->index, t->index,

@@ -178,6 +178,12 @@ weft_status_t weft__tracker_destroy(weft__tracker_t *tr) {
     WEFT__RELAXED(tr->drv, r = tr->drv->cuEventSynchronize(l->ring[l->recorded & (tr->ring_size - 1)]));
     if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuEventSynchronize (release)");
   }
+  /* Device-timestamp spans are read while the context is still here. */
+  for (unsigned i = 0; i < tr->n; i++) {
+    weft__trace_device_drop(tr->streams[i].span);
+    tr->streams[i].span = NULL;
+  }
+  weft__trace_device_flush(tr->ordinal);
   weft_status_t st = weft__domain_free(tr, &tr->live);
   if (first == WEFT_OK) first = st;
   for (size_t i = 0; i < tr->spare_events.len; i++) {
@@ -368,7 +374,18 @@ static weft_status_t run_use(weft_stream_t *s, const weft__use_t *uses, size_t n
   }
   if (st == WEFT_OK) {
     if (what & (DO_BEGIN | DO_OPEN)) st = begin_locked(tr, d, s, du, n);
+    /* Device timestamps (trace.h): after the waits, before the record; live streams only. */
+    bool timed = st == WEFT_OK && c == NULL && weft__trace_device_on();
+    if (timed && (what & (DO_BEGIN | DO_OPEN)) && (what & (DO_END | DO_CLOSE | DO_OPEN))) {
+      weft__trace_device_drop(s->span);
+      s->span = weft__trace_device_begin(tr->drv, tr->ordinal, s->index, s->raw);
+    }
     if (st == WEFT_OK && fn != NULL) st = fn(s, arg);
+    if (timed && (what & (DO_END | DO_CLOSE)) && s->span != NULL) {
+      if (st == WEFT_OK) weft__trace_device_end(s->span, s->raw);
+      else weft__trace_device_drop(s->span);
+      s->span = NULL;
+    }
     if (st == WEFT_OK && (what & (DO_END | DO_CLOSE))) end_locked(tr, d, s, du, n);
     if (st == WEFT_OK && (what & DO_OPEN)) {
       s->use_open = true;
@@ -481,6 +498,13 @@ void weft__tracker_unhold(weft_stream_t *s) {
   lock(s->tr);
   if (--s->holds == 0) pthread_cond_broadcast(&s->tr->unheld);
   unlock(s->tr);
+}
+
+unsigned weft__tracker_trace_tid(weft_stream_t *s) {
+  lock(s->tr);
+  uint64_t id = s->capture != NULL ? s->capture->id : 0;
+  unlock(s->tr);
+  return weft__trace_tid(s->index, id);
 }
 
 weft__capture_t *weft__tracker_capture_of(weft_stream_t *s, weft_resource_t **alloc_to) {

@@ -36,6 +36,7 @@
 
 #include "lib/core/container.h"
 #include "lib/core/driver.h"
+#include "lib/core/trace.h"
 
 #define WEFT__MAX_STREAMS 64
 
@@ -122,6 +123,7 @@ struct weft_stream {
   _Atomic bool exposed;
   unsigned holds;        /* host waits on the raw stream in progress (weft__tracker_hold) */
   bool use_open;         /* weft_use_begin without its weft_use_end yet */
+  weft__trace_span_t *span; /* the device-timestamp span of the use in progress (trace.h), or NULL */
   uint64_t use_print;    /* fingerprint of the open use's accesses (weft__tracker_fingerprint) */
 };
 
@@ -154,6 +156,7 @@ struct weft__capture {
    * when the capture is dropped (its owner ended it), before its blocks are forgotten, to give
    * that context back. No lock held. */
   void (*on_drop)(weft__capture_t *c);
+  uint64_t trace_us;          /* when it began, while a trace is written (its slice) */
   weft__vec_t blocks;         /* weft__capture_block_t, in first-touch order */
   weft__map_t index;          /* live history pointer -> blocks index + 1 */
 };
@@ -294,6 +297,8 @@ uint64_t weft__tracker_fingerprint(const weft__use_t *uses, size_t n);
 /** Checks the clock invariants (rows dominate their ring snapshots, known[s][s] == tick,
  * host_known <= ticks, at most one pending tick). Takes the lock. */
 bool weft__tracker_is_valid(weft__tracker_t *tr);
+/** The trace track of s now: its own, or its capture's (weft__trace_tid). Takes the lock. */
+unsigned weft__tracker_trace_tid(weft_stream_t *s);
 
 /* ---- captures (capture.c) ------------------------------------------------------------------------ */
 

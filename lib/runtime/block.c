@@ -296,7 +296,7 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
                                  (unsigned long long)rec->ptr);
     (void)weft__json_escape(args, &at, sizeof args - 4, itag);
     snprintf(args + at, sizeof args - at, "\"}");
-    weft__trace_instant(rt->ordinal, s->index, "weft_alloc", args);
+    weft__trace_instant(rt->ordinal, weft__tracker_trace_tid(s), "weft_alloc", args);
   }
   if (weft__nvtx_on()) {
     char m[160];

@@ -55,6 +55,25 @@ void weft__runtime_depend(weft_runtime_t *rt, int delta) {
   atomic_fetch_add_explicit(&rt->dependents, (unsigned)delta, memory_order_acq_rel);
 }
 
+bool weft__runtime_list_side(weft_runtime_t *rt, weft_resource_t *r) {
+  pthread_mutex_lock(&rt->blocks_lock);
+  weft_resource_t **slot = weft__vec_push(&rt->side);
+  if (slot != NULL) *slot = r;
+  pthread_mutex_unlock(&rt->blocks_lock);
+  return slot != NULL;
+}
+
+void weft__runtime_unlist_side(weft_runtime_t *rt, weft_resource_t *r) {
+  pthread_mutex_lock(&rt->blocks_lock);
+  weft_resource_t **all = rt->side.data;
+  for (size_t i = 0; i < rt->side.len; i++)
+    if (all[i] == r) {
+      all[i] = all[--rt->side.len];
+      break;
+    }
+  pthread_mutex_unlock(&rt->blocks_lock);
+}
+
 /* ---- the resource stack ------------------------------------------------------------------ */
 
 /* Returns the first failure; every resource is destroyed regardless. */
@@ -265,6 +284,8 @@ static weft_status_t create(weft_runtime_t *rt, int device, const weft_options_t
   atomic_store(&rt->frees, 0);
   rt->live = NULL;
   rt->live_count = 0;
+  weft__vec_free(&rt->side);
+  rt->side = WEFT__VEC_INIT(weft_resource_t *);
   rt->oom_handler = NULL; /* a handler belongs to one life: its user data may be gone */
   rt->oom_user = NULL;
   weft__map_free(&rt->by_ptr);

@@ -81,6 +81,9 @@ struct weft_runtime {
    * never allocates. */
   weft__map_t by_ptr;
   size_t by_ptr_room;
+  /* Resources that own device memory outside the stack (graph pools): their segments appear in
+   * weft_memory_snapshot. weft_resource_t *, blocks_lock. */
+  weft__vec_t side;
   weft_oom_handler_t oom_handler; /* blocks_lock */
   void *oom_user;
 };
@@ -96,6 +99,11 @@ weft_status_t weft__runtime_check_status(const weft_runtime_t *rt);
 weft__tracker_t *weft__runtime_tracker(weft_runtime_t *rt, const char *fn, weft_status_t *st);
 /** Counts an object that depends on rt into (+1) or out of (-1) rt->dependents. */
 void weft__runtime_depend(weft_runtime_t *rt, int delta);
+/** Lists a resource that owns device memory outside the runtime's stack (a graph pool), so that
+ * weft_memory_snapshot shows its segments; false when the host is out of memory. Unlist it
+ * before destroying it. */
+bool weft__runtime_list_side(weft_runtime_t *rt, weft_resource_t *r);
+void weft__runtime_unlist_side(weft_runtime_t *rt, weft_resource_t *r);
 
 /** Totals of live blocks by a key (a tag pointer, or a stream index + 1): bytes and blocks, for the
  * OOM report (the top tags) and the memory snapshot (block.c). Beyond 256 distinct keys the rest

@@ -18,16 +18,22 @@ typedef struct snap_block {
   unsigned stream;
 } snap_block_t;
 
+typedef struct snap_seg {
+  weft_segment_t s;
+  const char *owner; /* the resource's name: "pool", "graph pool" */
+} snap_seg_t;
+
 typedef struct collect {
-  weft__vec_t seg; /* weft_segment_t */
-  weft__vec_t fr;  /* weft_free_range_t */
+  weft__vec_t seg;   /* snap_seg_t */
+  weft__vec_t fr;    /* weft_free_range_t */
+  const char *owner; /* the resource being asked */
   bool oom;
 } collect_t;
 
 static void on_segment(void *ctx, const weft_segment_t *s) {
   collect_t *c = ctx;
-  weft_segment_t *e = weft__vec_push(&c->seg);
-  if (e != NULL) *e = *s;
+  snap_seg_t *e = weft__vec_push(&c->seg);
+  if (e != NULL) *e = (snap_seg_t){*s, c->owner};
   else c->oom = true;
 }
 
@@ -43,7 +49,7 @@ static int by_block(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 static int by_segment(const void *a, const void *b) {
-  CUdeviceptr x = ((const weft_segment_t *)a)->base, y = ((const weft_segment_t *)b)->base;
+  CUdeviceptr x = ((const snap_seg_t *)a)->s.base, y = ((const snap_seg_t *)b)->s.base;
   return x < y ? -1 : x > y;
 }
 static int by_range(const void *a, const void *b) {
@@ -84,17 +90,28 @@ weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out) {
   pthread_mutex_unlock(&rt->blocks_lock);
   if (blk == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_memory_snapshot: no host memory");
   /* Segments and free ranges of every resource of the stack that has them. */
-  collect_t c = {WEFT__VEC_INIT(weft_segment_t), WEFT__VEC_INIT(weft_free_range_t), false};
+  collect_t c = {WEFT__VEC_INIT(snap_seg_t), WEFT__VEC_INIT(weft_free_range_t), NULL, false};
   weft_resource_t *top = weft_runtime_resource(rt);
   for (weft_resource_t *r = top; r != NULL; r = r->upstream)
-    if (r->ops->segments != NULL) r->ops->segments(r, on_segment, on_free, &c);
+    if (r->ops->segments != NULL) {
+      c.owner = r->ops->name;
+      r->ops->segments(r, on_segment, on_free, &c);
+    }
+  /* And the memory outside the stack (graph pools), listed while they live. */
+  pthread_mutex_lock(&rt->blocks_lock);
+  for (size_t i = 0; i < rt->side.len; i++) {
+    weft_resource_t *r = WEFT__VEC_AT(&rt->side, weft_resource_t *, i);
+    c.owner = r->ops->name;
+    r->ops->segments(r, on_segment, on_free, &c);
+  }
+  pthread_mutex_unlock(&rt->blocks_lock);
   if (c.oom) {
     weft__meta_free(blk);
     weft__vec_free(&c.seg);
     weft__vec_free(&c.fr);
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_memory_snapshot: no host memory");
   }
-  const weft_segment_t *seg = c.seg.data;
+  const snap_seg_t *seg = c.seg.data;
   const weft_free_range_t *fr = c.fr.data;
   size_t n_seg = c.seg.len, n_fr = c.fr.len;
   qsort(blk, nb, sizeof *blk, by_block);
@@ -115,10 +132,12 @@ weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out) {
   bool *placed = calloc(nb + 1, sizeof *placed);
   uint64_t seg_bytes = 0, free_bytes = 0, largest = 0;
   for (size_t s = 0; s < n_seg; s++) {
-    const weft_segment_t *g = &seg[s];
+    const weft_segment_t *g = &seg[s].s;
     seg_bytes += g->bytes;
-    fprintf(out, "%s\n    {\"base\": \"0x%llx\", \"bytes\": %" PRIu64 ", \"dedicated\": %s, \"blocks\": [",
-            s ? "," : "", (unsigned long long)g->base, g->bytes, g->dedicated ? "true" : "false");
+    fprintf(out, "%s\n    {\"base\": \"0x%llx\", \"bytes\": %" PRIu64 ", \"owner\": ", s ? "," : "",
+            (unsigned long long)g->base, g->bytes);
+    put_string(out, seg[s].owner);
+    fprintf(out, ", \"dedicated\": %s, \"blocks\": [", g->dedicated ? "true" : "false");
     while (bi < nb && blk[bi].ptr < g->base) bi++;
     bool first = true;
     for (size_t k = bi; k < nb && blk[k].ptr - g->base < g->bytes; k++) {
@@ -157,8 +176,18 @@ weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out) {
     if (streams) weft__tally_add(streams, (const void *)(uintptr_t)(blk[k].stream + 1), blk[k].bytes);
   }
   fprintf(out, "\n  ],\n  \"totals\": {\"blocks\": %zu, \"live_bytes\": %" PRIu64 ", \"segment_bytes\": %" PRIu64
-               ", \"free_bytes\": %" PRIu64 ", \"largest_free\": %" PRIu64 ", \"fragmentation\": %.6f},\n  \"by_tag\": [",
+               ", \"free_bytes\": %" PRIu64 ", \"largest_free\": %" PRIu64 ", \"fragmentation\": %.6f},\n  \"by_owner\": [",
           nb, live, seg_bytes, free_bytes, largest, free_bytes ? 1.0 - (double)largest / (double)free_bytes : 0.0);
+  /* Segment bytes by owner (the stack's pool, graph pools). */
+  weft__tally_t *owners = calloc(1, sizeof *owners);
+  for (size_t k = 0; owners != NULL && k < n_seg; k++) weft__tally_add(owners, seg[k].owner, seg[k].s.bytes);
+  for (size_t i = 0; owners != NULL && i < owners->n; i++) {
+    fprintf(out, "%s{\"owner\": ", i ? ", " : "");
+    put_string(out, owners->key[i]);
+    fprintf(out, ", \"bytes\": %" PRIu64 ", \"segments\": %" PRIu64 "}", owners->bytes[i], owners->count[i]);
+  }
+  free(owners);
+  fprintf(out, "],\n  \"by_tag\": [");
   for (size_t i = 0; tags != NULL && i < tags->n; i++) {
     fprintf(out, "%s{\"tag\": ", i ? ", " : "");
     put_string(out, tags->key[i]);

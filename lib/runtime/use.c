@@ -55,7 +55,7 @@ void weft__trace_use(weft_stream_t *s, const char *name, const weft_access_t *ac
     at += (size_t)snprintf(args + at, sizeof args - at, "\", \"kind\": \"%s\"}", kinds[acc[i].kind & 3]);
   }
   snprintf(args + at, sizeof args - at, "]}");
-  weft__trace_slice(s->tr->ordinal, s->index, name, t0, weft__trace_now_us() - t0, args);
+  weft__trace_slice(s->tr->ordinal, weft__tracker_trace_tid(s), name, t0, weft__trace_now_us() - t0, args);
 }
 
 /* The split form: open (waits) or close (record) the use of s, checked against each other. */

@@ -230,6 +230,81 @@ static void test_snapshot_totals_match_the_stats(void **state) {
   tu_fini(&env);
 }
 
+/* A graph pool's chunks are segments of their own ("owner": "graph pool") with the graph's output
+ * inside, adding up to the pool's reserved bytes; the stack's segments still equal its stats. */
+static void test_snapshot_shows_graph_pools(void **state) {
+  (void)state;
+  tu_env_t env;
+  tu_init(&env, NULL);
+  weft_stream_t *s0 = tu_stream(&env, 0);
+  weft_graph_pool_t *p;
+  assert_int_equal(weft_graph_pool_create(env.rt, &p), WEFT_OK);
+  weft_capture_options_t o = weft_capture_options_default();
+  o.memory = WEFT_GRAPH_MEMORY_PRIVATE_POOL;
+  o.pool = p;
+  assert_int_equal(weft_capture_begin(s0, &o), WEFT_OK);
+  weft_block_t inside;
+  assert_int_equal(weft_alloc(env.rt, 3 << 20, s0, "graph_out", &inside), WEFT_OK);
+  assert_int_equal(tu_fill(&env, s0, inside, 1024, 7), WEFT_OK);
+  weft_graph_t *g;
+  assert_int_equal(weft_capture_end(s0, &g), WEFT_OK);
+  weft_exec_t *e;
+  assert_int_equal(weft_graph_instantiate(g, s0, &e), WEFT_OK);
+  assert_int_equal(weft_exec_launch(e, s0), WEFT_OK);
+  char path[512];
+  const char *dir = getenv("TEST_TMPDIR");
+  snprintf(path, sizeof path, "%s/snapshot_gpool.json", dir ? dir : "/tmp");
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  assert_int_equal(weft_memory_snapshot(env.rt, f), WEFT_OK);
+  fclose(f);
+  f = fopen(path, "r");
+  static char json[1 << 16];
+  size_t n = fread(json, 1, sizeof json - 1, f);
+  fclose(f);
+  json[n] = '\0';
+  uint64_t reserved = weft_graph_pool_reserved(p);
+  assert_true(reserved >= (3u << 20));
+  const char *owner = strstr(json, "{\"owner\": \"graph pool\", \"bytes\": ");
+  assert_non_null(owner);
+  assert_int_equal(number_after(owner, "\"bytes\": "), reserved);
+  weft_resource_stats_t rs;
+  weft_resource_stats(weft_runtime_resource(env.rt), &rs);
+  const char *stack = strstr(json, "{\"owner\": \"pool\", \"bytes\": ");
+  if (rs.reserved_bytes > 0) {
+    assert_non_null(stack);
+    assert_int_equal(number_after(stack, "\"bytes\": "), rs.reserved_bytes);
+  }
+  assert_int_equal(number_after(json, "\"segment_bytes\": "), rs.reserved_bytes + reserved);
+  /* The graph's output is a block inside a graph-pool segment (python: placement). */
+  assert_non_null(strstr(json, "\"tag\": \"graph_out\""));
+  python_checks(path);
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd,
+           "command -v python3 >/dev/null || exit 77; python3 -c \"import json; s=json.load(open('%s')); "
+           "g=[x for x in s['segments'] if x['owner']=='graph pool']; "
+           "assert any(b['tag']=='graph_out' for x in g for b in x['blocks']), 'output not in a graph pool segment'\"",
+           path);
+  int rc = system(cmd);
+  if (!(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 77)) assert_int_equal(rc, 0);
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  weft_block_t out;
+  for (size_t i = 0; weft_exec_output(e, i, &out) == WEFT_OK; i++) assert_int_equal(weft_free(out, s0), WEFT_OK);
+  assert_int_equal(weft_exec_destroy(e), WEFT_OK);
+  assert_int_equal(weft_graph_destroy(g), WEFT_OK);
+  assert_int_equal(weft_graph_pool_destroy(p), WEFT_OK);
+  /* Destroyed: gone from the next snapshot. */
+  f = fopen(path, "w");
+  assert_int_equal(weft_memory_snapshot(env.rt, f), WEFT_OK);
+  fclose(f);
+  f = fopen(path, "r");
+  n = fread(json, 1, sizeof json - 1, f);
+  fclose(f);
+  json[n] = '\0';
+  assert_null(strstr(json, "\"graph pool\""));
+  tu_fini(&env);
+}
+
 /* WEFT_SNAPSHOT_ON_OOM: a failed allocation leaves a snapshot behind. */
 static void test_snapshot_on_oom(void **state) {
   (void)state;
@@ -258,6 +333,7 @@ static void test_snapshot_on_oom(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_message_names_sizes_and_tags),
+      cmocka_unit_test(test_snapshot_shows_graph_pools),
       cmocka_unit_test(test_handler_frees_and_the_retry_succeeds),
       cmocka_unit_test(test_handler_ends_with_the_runtime),
       cmocka_unit_test(test_over_budget_says_the_budget),

@@ -102,6 +102,149 @@ static void test_one_arrow_per_wait_on_the_right_pair(void **state) {
   tu_fini(&env);
 }
 
+static void trace_path(char *path, size_t n, const char *name) {
+  const char *dir = getenv("TEST_TMPDIR");
+  snprintf(path, n, "%s/%s", dir ? dir : "/tmp", name);
+}
+
+static void check_json(const char *path) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "command -v python3 >/dev/null || exit 77; python3 -c \"import json; json.load(open('%s'))\"",
+           path);
+  int rc = system(cmd);
+  if (!(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 77)) assert_int_equal(rc, 0);
+}
+
+/* A capture's uses, waits and its own slice are on tracks of the capture ("capture C, stream S");
+ * live work stays on the streams' tracks. */
+static void test_captures_have_tracks_of_their_own(void **state) {
+  (void)state;
+  tu_env_t env;
+  tu_init(&env, NULL);
+  char path[512];
+  trace_path(path, sizeof path, "capture.json");
+  weft_stream_t *s0 = tu_stream(&env, 0), *s1 = tu_stream(&env, 1), *s2 = tu_stream(&env, 2);
+  weft_block_t x = tu_alloc(&env, N * 4, 0, "x"), y = tu_alloc(&env, N * 4, 0, "y"), none = {0};
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  assert_int_equal(weft_trace_start(path), WEFT_OK);
+  weft_capture_options_t o = weft_capture_options_default();
+  assert_int_equal(weft_capture_begin(s0, &o), WEFT_OK);
+  assert_int_equal(weft_capture_join(s0, s1), WEFT_OK);
+  assert_int_equal(tu_fill(&env, s0, x, N, 5), WEFT_OK);
+  assert_int_equal(tu_combine(&env, s1, y, none, x, none, none, N, 1), WEFT_OK); /* waits for s0 inside */
+  assert_int_equal(tu_combine(&env, s0, x, none, y, none, none, N, 2), WEFT_OK); /* joins s1 back */
+  weft_graph_t *g;
+  assert_int_equal(weft_capture_end(s0, &g), WEFT_OK);
+  weft_exec_t *e;
+  weft_status_t ist = weft_graph_instantiate(g, s2, &e);
+  if (ist != WEFT_OK) fail_msg("instantiate: %s", weft_last_error());
+  assert_int_equal(weft_exec_launch(e, s2), WEFT_OK);
+  assert_int_equal(weft_trace_stop(), WEFT_OK);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char line[4096];
+  int capture_slices = 0, captured_launches = 0, live_launches = 0, named = 0, arrows_in_capture = 0, exec_on_s2 = 0;
+  long long cap_tid = -1;
+  while (fgets(line, sizeof line, f) != NULL) {
+    long long tid = field(line, "\"tid\": ");
+    if (strstr(line, "\"name\": \"weft_capture\"")) {
+      capture_slices++;
+      cap_tid = tid;
+    }
+    if (strstr(line, "\"name\": \"weft_launch\"")) {
+      if (tid >= 100000) captured_launches++;
+      else live_launches++;
+    }
+    if (strstr(line, "\"name\": \"weft_exec_launch\"") && tid == 2) exec_on_s2++;
+    if (strstr(line, "thread_name") && strstr(line, "\"capture ") && strstr(line, ", stream ")) named++;
+    if ((strstr(line, "\"ph\": \"s\"") || strstr(line, "\"ph\": \"f\"")) && tid >= 100000) arrows_in_capture++;
+  }
+  fclose(f);
+  assert_int_equal(capture_slices, 1);
+  assert_true(cap_tid >= 100000 && (cap_tid - 100000) % 64 == 0); /* on the origin's capture track */
+  assert_int_equal(captured_launches, 3);
+  assert_int_equal(live_launches, 0);
+  assert_int_equal(exec_on_s2, 1);
+  assert_int_equal(named, 2);                  /* capture C stream 0 and stream 1 */
+  assert_true(arrows_in_capture >= 4 && arrows_in_capture % 2 == 0); /* the two waits inside, start and end each */
+  check_json(path);
+  assert_int_equal(weft_exec_destroy(e), WEFT_OK);
+  assert_int_equal(weft_graph_destroy(g), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  assert_int_equal(weft_free(x, s0), WEFT_OK);
+  assert_int_equal(weft_free(y, s0), WEFT_OK);
+  assert_int_equal(tu_races(&env), 0);
+  tu_fini(&env);
+}
+
+typedef struct {
+  long long tid;
+  double ts, dur;
+} dslice_t;
+
+/* WEFT_TRACE_DEVICE=1: every tracked use on a live stream has a device slice on "stream S
+ * (device)", and device time follows the waits: a use starts after the end of each use it waited
+ * for. */
+static void test_device_timestamps_follow_the_waits(void **state) {
+  (void)state;
+  tu_env_t env;
+  tu_init(&env, NULL);
+  char path[512];
+  trace_path(path, sizeof path, "device.json");
+  weft_stream_t *s[4];
+  for (unsigned i = 0; i < 4; i++) s[i] = tu_stream(&env, i);
+  weft_block_t x = tu_alloc(&env, N * 4, 0, "x"), y = tu_alloc(&env, N * 4, 1, "y"), z = tu_alloc(&env, N * 4, 2, "z"),
+               w = tu_alloc(&env, N * 4, 3, "w"), none = {0};
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  setenv("WEFT_TRACE_DEVICE", "1", 1);
+  assert_int_equal(weft_trace_start(path), WEFT_OK);
+  unsetenv("WEFT_TRACE_DEVICE");
+  assert_int_equal(tu_fill(&env, s[0], x, N, 3), WEFT_OK);
+  assert_int_equal(tu_combine(&env, s[1], y, none, x, none, none, N, 1), WEFT_OK);
+  assert_int_equal(tu_combine(&env, s[2], z, none, x, none, none, N, 2), WEFT_OK);
+  assert_int_equal(tu_combine(&env, s[3], w, none, y, z, none, N, 3), WEFT_OK);
+  assert_int_equal(weft_trace_stop(), WEFT_OK);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char line[4096];
+  dslice_t d[8];
+  int nd = 0, device_tracks = 0;
+  while (fgets(line, sizeof line, f) != NULL) {
+    if (strstr(line, "thread_name") && strstr(line, " (device)")) device_tracks++;
+    if (!strstr(line, "\"cat\": \"device\"")) continue;
+    assert_true(nd < 8);
+    const char *ts = strstr(line, "\"ts\": "), *dur = strstr(line, "\"dur\": ");
+    assert_non_null(ts);
+    assert_non_null(dur);
+    d[nd].tid = field(line, "\"tid\": ");
+    d[nd].ts = strtod(ts + 6, NULL);
+    d[nd].dur = strtod(dur + 7, NULL);
+    assert_non_null(strstr(line, "\"name\": \"weft_launch\""));
+    nd++;
+  }
+  fclose(f);
+  assert_int_equal(nd, 4);
+  assert_int_equal(device_tracks, 4);
+  double start[4] = {0}, end[4] = {0};
+  for (int i = 0; i < nd; i++) {
+    assert_true(d[i].tid >= 1000 && d[i].tid < 1004);
+    assert_true(d[i].dur > 0);
+    start[d[i].tid - 1000] = d[i].ts;
+    end[d[i].tid - 1000] = d[i].ts + d[i].dur;
+  }
+  /* ts is whole microseconds (truncated): allow one. */
+  assert_true(start[1] + 1 >= end[0]);
+  assert_true(start[2] + 1 >= end[0]);
+  assert_true(start[3] + 1 >= end[1]);
+  assert_true(start[3] + 1 >= end[2]);
+  check_json(path);
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  weft_block_t all[4] = {x, y, z, w};
+  for (int i = 0; i < 4; i++) assert_int_equal(weft_free(all[i], s[3]), WEFT_OK);
+  assert_int_equal(tu_races(&env), 0);
+  tu_fini(&env);
+}
+
 static void test_start_refuses_bad_paths(void **state) {
   (void)state;
   assert_int_equal(weft_trace_start(NULL), WEFT_ERR_INVALID_ARGUMENT);
@@ -112,6 +255,8 @@ static void test_start_refuses_bad_paths(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_one_arrow_per_wait_on_the_right_pair),
+      cmocka_unit_test(test_captures_have_tracks_of_their_own),
+      cmocka_unit_test(test_device_timestamps_follow_the_waits),
       cmocka_unit_test(test_start_refuses_bad_paths),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
