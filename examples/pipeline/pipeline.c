@@ -13,6 +13,9 @@
  *   bazel build //examples/pipeline
  *   bazel-bin/examples/pipeline/pipeline                                          a GPU
  *   WEFT_DRIVER=sim LD_LIBRARY_PATH=bazel-bin/sim bazel-bin/examples/pipeline/pipeline   the simulator
+ *
+ * WEFT_TRACE=trace.json (with WEFT_TRACE_DEVICE=1 for device timestamps) writes its timeline, and
+ * PIPELINE_SNAPSHOT=snapshot.json a memory snapshot; tools/weft_view.html shows both.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -196,6 +199,18 @@ int main(void) {
   printf("  three streams vs one: %.2fx the throughput; output verified (%zu elements, both runs)\n", one / three,
          (size_t)p.chunks * p.elems);
 
+  /* PIPELINE_SNAPSHOT=path: the device memory with every buffer live (tools/weft_view.html). */
+  const char *snap = getenv("PIPELINE_SNAPSHOT");
+  if (snap != NULL && *snap != '\0') {
+    FILE *f = fopen(snap, "w");
+    if (f == NULL) {
+      fprintf(stderr, "cannot write %s\n", snap);
+      return 1;
+    }
+    CHECK(weft_memory_snapshot(p.rt, f));
+    fclose(f);
+    printf("  memory snapshot: %s\n", snap);
+  }
   int status = 0;
   if (oracle != NULL) {
     printf("  simulator race oracle: %llu unordered accesses\n", (unsigned long long)oracle->race_count());

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 
 #include "lib/core/debug.h"
-#include "lib/core/meta.h"
 
 typedef struct slot {
   _Atomic unsigned inside; /* the owner is in the shared side */
@@ -43,8 +42,12 @@ static slot_t *slot_get(void) {
     if (atomic_compare_exchange_strong(&s->owned, &no, true)) break;
   }
   if (s == NULL) {
-    /* Host metadata that lives as long as the process: slots are reused, never freed. */
-    s = weft__meta_calloc(1, sizeof *s);
+    /* Slots live as long as the process (reused, never freed), so they are not a runtime's
+     * metadata: the first ones are static, the rest from the C library. */
+    static slot_t first[256];
+    static _Atomic unsigned used;
+    unsigned k = atomic_fetch_add_explicit(&used, 1, memory_order_relaxed);
+    s = k < sizeof first / sizeof first[0] ? &first[k] : calloc(1, sizeof *s);
     if (s == NULL) abort(); /* a few bytes once per thread; weft cannot order work without it */
     atomic_init(&s->owned, true);
     s->next = atomic_load_explicit(&g_slots, memory_order_relaxed);

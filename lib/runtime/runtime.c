@@ -71,6 +71,7 @@ void weft__runtime_unlist_side(weft_runtime_t *rt, weft_resource_t *r) {
       all[i] = all[--rt->side.len];
       break;
     }
+  if (rt->side.len == 0) weft__vec_free(&rt->side); /* none left: no metadata outlives the pools */
   pthread_mutex_unlock(&rt->blocks_lock);
 }
 

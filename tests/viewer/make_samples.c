@@ -21,6 +21,7 @@ int main(int argc, char **argv) {
   tu_env_t env;
   if (tu_init(&env, NULL) != 0) return 1;
   snprintf(path, sizeof path, "%s/trace.json", argv[1]);
+  setenv("WEFT_TRACE_DEVICE", "1", 1); /* device slices too: the timeline's overlap line */
   TRY(weft_trace_start(path));
   weft_stream_t *s[3];
   for (unsigned i = 0; i < 3; i++) TRY(weft_stream_get(env.rt, i, &s[i]));
