@@ -183,10 +183,12 @@ static void init_objects(void) {
   sim.default_pool->is_default = 1;
 }
 
-/* Driver calls that must not overlap a cuDeviceGraphMemTrim of another thread: on an H200 with
- * driver 580.159.04 such overlaps were followed by wrong results (tests/conformance/README.md,
- * "graph memory trim"); the trim reports them as a hazard (a race of no bytes). The same set as
- * lib/core/driver.c's WEFT__DRIVER_GATED. */
+/* Graph calls (launch, instantiate, upload, exec and graph destroy, trim; the free of graph memory,
+ * checked in pool.c; allocations on a capturing stream, in sim__enter) must not overlap another
+ * thread's driver call that enqueues work: on an H200 and an H100 with driver 580.159.04 such
+ * overlaps were followed by wrong results (tests/conformance/README.md, "graph calls"); the
+ * simulator reports one as a race of no bytes. enqueues() is the same set as lib/core/driver.c's
+ * WEFT__DRIVER_GATED. */
 static int enqueues(sim__fn_t fn) {
   switch (fn) {
     case SIM_FN_cuLaunchKernel: case SIM_FN_cuLaunchHostFunc: case SIM_FN_cuEventRecord:
@@ -205,11 +207,24 @@ static int enqueues(sim__fn_t fn) {
 static _Atomic unsigned g_enqueuing;        /* calls of enqueues() entered and not left, all threads */
 static _Atomic(const char *) g_enqueuing_last; /* the name of the last one entered */
 
-unsigned sim__enqueuing_elsewhere(const char **last) {
+static int graph_call(sim__fn_t fn) {
+  switch (fn) {
+    case SIM_FN_cuGraphLaunch: case SIM_FN_cuGraphInstantiateWithFlags: case SIM_FN_cuGraphUpload:
+    case SIM_FN_cuGraphExecDestroy: case SIM_FN_cuGraphDestroy: case SIM_FN_cuDeviceGraphMemTrim:
+      return 1;
+    default: return 0;
+  }
+}
+
+void sim__graph_call_check(const char *what) {
   unsigned mine = (unsigned)__builtin_popcountll(g_self.enqueue_bits);
   unsigned all = atomic_load(&g_enqueuing);
-  *last = atomic_load(&g_enqueuing_last);
-  return all > mine ? all - mine : 0;
+  if (all <= mine) return;
+  const char *last = atomic_load(&g_enqueuing_last);
+  char first[96], second[96];
+  snprintf(first, sizeof first, "%u call(s) enqueueing on other threads (last: %s)", all - mine, last ? last : "?");
+  snprintf(second, sizeof second, "%.50s at the same time (wrong results on GPUs)", what);
+  sim__hazard_report(first, second);
 }
 
 CUresult sim__enter(sim__fn_t fn, int needs_init) {
@@ -229,6 +244,7 @@ CUresult sim__enter(sim__fn_t fn, int needs_init) {
     return f;
   }
   if (sim.initialized) sim__progress(fn);
+  if (graph_call(fn)) sim__graph_call_check(sim__fn_name(fn));
   return CUDA_SUCCESS;
 }
 

@@ -126,6 +126,8 @@ void sim__race_report(void);
 /** Reports a host-side hazard as a race of its own (no bytes): `first` and `second` describe the
  * two overlapping driver calls. */
 void sim__hazard_report(const char *first, const char *second);
+/** Destroys every stream but the NULL stream (the primary context was released to nothing). */
+void sim__streams_destroy_all(void);
 
 /* ---- sched.c: PRNG, actions, ops, the scheduler ---- */
 
@@ -280,9 +282,9 @@ extern sim__state_t sim;
  * CUDA_SUCCESS or the code the call must return; sim__leave() must follow either way. */
 CUresult sim__enter(sim__fn_t fn, int needs_init);
 void sim__leave(void);
-/** How many driver calls that enqueue work, build or end a capture or map graph memory other
- * threads are in now (entered, maybe still waiting for the lock): what a trim must not overlap. */
-unsigned sim__enqueuing_elsewhere(const char **last);
+/** A graph call (`what`) is running: reports a hazard when another thread is inside a driver call
+ * that enqueues work (entered, maybe still waiting for the lock). Lock held. */
+void sim__graph_call_check(const char *what);
 #define SIM_CALL(fn, expr)                                 \
   do {                                                     \
     CUresult sim_r_ = sim__enter(SIM_FN_##fn, 1);          \

@@ -77,6 +77,16 @@ static CUresult stream_destroy(CUstream h) {
 
 CUresult CUDAAPI cuStreamDestroy(CUstream hStream) { SIM_CALL(cuStreamDestroy, stream_destroy(hStream)); }
 
+void sim__streams_destroy_all(void) {
+  /* stream_destroy may free a stream and shrink the list: collect the live ones first. */
+  size_t n = 0;
+  sim__stream_t **live = sim__xcalloc(sim.nstreams + 1, sizeof *live);
+  for (size_t i = 0; i < sim.nstreams; i++)
+    if (sim.streams[i] != sim.null_stream && !sim.streams[i]->destroyed) live[n++] = sim.streams[i];
+  for (size_t i = 0; i < n; i++) (void)stream_destroy((CUstream)live[i]);
+  free(live);
+}
+
 static CUresult stream_get_priority(CUstream h, int *out) {
   sim__stream_t *s = sim__stream_get(h);
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;

@@ -283,9 +283,9 @@ static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static weft__driver_t g_raw;
 
 /* X(name, parameters, arguments): every call that enqueues work on a stream, builds or ends a
- * capture, or maps graph memory; each runs in the shared side of the trim gate (gate.h). Calls
+ * capture, or maps graph memory; each runs in the shared side of the graph gate (gate.h). Calls
  * that can block on the device (synchronisations, cuMemFree, synchronous copies) are not in it,
- * so a trim never waits for device work. */
+ * so a graph call never waits for device work. */
 #define WEFT__DRIVER_GATED(X)                                                                         \
   X(cuLaunchKernel,                                                                                   \
     (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,      \

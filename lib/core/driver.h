@@ -10,9 +10,9 @@
  * Optional entry points may be NULL; the features that need them return WEFT_ERR_NOT_SUPPORTED.
  *
  * In the process's table (weft__driver_get), the calls that enqueue work, build or end a capture
- * or map graph memory run inside the shared side of the trim gate (gate.h, driver.c's
- * WEFT__DRIVER_GATED); weft__driver_exclusive_begin/end keeps them all out around a
- * cuDeviceGraphMemTrim. Tables loaded with weft__driver_load are not gated.
+ * or map graph memory run inside the shared side of the graph gate (gate.h, driver.c's
+ * WEFT__DRIVER_GATED); weft__driver_exclusive_begin/end keeps them all out around graph calls
+ * (lib/mem/mem.h's WEFT__GRAPH_MEMORY). Tables loaded with weft__driver_load are not gated.
  */
 #ifndef WEFT_CORE_DRIVER_H
 #define WEFT_CORE_DRIVER_H
@@ -135,8 +135,8 @@ typedef struct weft__driver {
  * Errors: WEFT_ERR_NO_DRIVER with the reason in weft_last_error(); repeated on every call. */
 weft_status_t weft__driver_get(const weft__driver_t **out);
 
-/** While inside, no thread is in a call of the process's table that enqueues work, builds or ends
- * a capture, or maps graph memory; such calls wait (gate.h says why: cuDeviceGraphMemTrim). Not
+/** While inside, no other thread is in a call of the process's table that enqueues work, builds
+ * or ends a capture, or maps graph memory; such calls wait (gate.h says why: graph calls). Not
  * nested, and not called from inside such a call. */
 void weft__driver_exclusive_begin(void);
 void weft__driver_exclusive_end(void);

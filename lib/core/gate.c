@@ -1,4 +1,4 @@
-/* The trim gate (gate.h): per-thread slots on a list that only grows. */
+/* The graph gate (gate.h): per-thread slots on a list that only grows. */
 #include "lib/core/gate.h"
 
 #include <pthread.h>
@@ -21,6 +21,7 @@ static pthread_mutex_t g_exclusive = PTHREAD_MUTEX_INITIALIZER;
 static pthread_key_t g_key;
 static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
 static _Thread_local slot_t *tls_slot;
+static _Thread_local bool tls_exclusive; /* this thread holds the exclusive side */
 
 /* At thread exit: the slot is free for the next thread that needs one. */
 static void slot_release(void *p) {
@@ -59,6 +60,7 @@ static slot_t *slot_get(void) {
 }
 
 void weft__gate_enter(void) {
+  if (tls_exclusive) return; /* the exclusive holder's own calls */
   slot_t *s = slot_get();
   WEFT_ASSERT_INTERNAL(atomic_load_explicit(&s->inside, memory_order_relaxed) == 0);
   for (;;) {
@@ -71,17 +73,22 @@ void weft__gate_enter(void) {
   }
 }
 
-void weft__gate_leave(void) { atomic_store_explicit(&tls_slot->inside, 0, memory_order_release); }
+void weft__gate_leave(void) {
+  if (!tls_exclusive) atomic_store_explicit(&tls_slot->inside, 0, memory_order_release);
+}
 
 void weft__gate_lock(void) {
   WEFT_ASSERT(tls_slot == NULL || atomic_load_explicit(&tls_slot->inside, memory_order_relaxed) == 0);
+  WEFT_ASSERT(!tls_exclusive); /* not nested */
   pthread_mutex_lock(&g_exclusive);
+  tls_exclusive = true;
   atomic_store_explicit(&g_closed, 1, memory_order_seq_cst);
   for (slot_t *s = atomic_load_explicit(&g_slots, memory_order_acquire); s != NULL; s = s->next)
     while (atomic_load_explicit(&s->inside, memory_order_seq_cst) != 0) sched_yield();
 }
 
 void weft__gate_unlock(void) {
+  tls_exclusive = false;
   atomic_store_explicit(&g_closed, 0, memory_order_seq_cst);
   pthread_mutex_unlock(&g_exclusive);
 }

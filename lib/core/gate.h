@@ -1,12 +1,13 @@
-/* The trim gate: a process-wide reader-writer gate whose readers never contend.
+/* The graph gate: a process-wide reader-writer gate whose readers never contend.
  *
- * Measured (tests/threads on an H200, driver 580.159.04; tests/conformance/README.md, "graph memory
- * trim"): cuDeviceGraphMemTrim
- * called while another thread was inside a driver call that enqueues work (a kernel launch, an
- * event record or wait, a copy, a stream-ordered allocation or free, a graph launch) was followed
- * by wrong results in most long runs; serialising those calls against the trim made every run
- * correct. So the process's driver table (driver.c) runs each such call inside the gate's shared
- * side, and the trim holds its exclusive side.
+ * Measured (tests/threads on an H200 and an H100, driver 580.159.04; tests/conformance/README.md,
+ * "graph calls"): graph calls (launch, instantiate, upload, destroy, graph-memory allocation and
+ * free nodes, the free of a graph output, cuDeviceGraphMemTrim) that ran while another thread was
+ * inside a driver call that enqueues work (a kernel launch, an event record or wait, a copy, a
+ * stream-ordered allocation or free) were followed by wrong results in many long runs;
+ * serialising them against those calls made every run correct. So the process's driver table
+ * (driver.c) runs each enqueueing call inside the gate's shared side, and the graph calls
+ * (lib/mem/mem.h, WEFT__GRAPH_MEMORY) hold its exclusive side, one at a time.
  *
  * Shared side: one store and one load on a slot of the calling thread's own (Dekker-style, both
  * sequentially consistent), so readers on different threads share no cache line and never wait
@@ -22,7 +23,8 @@ void weft__gate_enter(void);
 /** Leaves the shared side. */
 void weft__gate_leave(void);
 /** Takes the exclusive side: waits until no thread is in the shared side, and keeps new ones out
- * until weft__gate_unlock(). Exclusive holders are serialised. Not from inside the shared side. */
+ * until weft__gate_unlock(); the holder's own calls pass through the shared side. Exclusive
+ * holders are serialised. Not nested, and not from inside the shared side. */
 void weft__gate_lock(void);
 void weft__gate_unlock(void);
 

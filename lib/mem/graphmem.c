@@ -4,23 +4,11 @@
  * the same address, CUDA_SEMANTICS.md). The driver owns the memory (graph memory counters,
  * cuDeviceGraphMemTrim): nothing is reserved here. Both calls are work on the stream, so later
  * points of the stream cover them. */
-#include <pthread.h>
-
 #include "lib/mem/mem.h"
-
-static pthread_mutex_t graph_memory_lock = PTHREAD_MUTEX_INITIALIZER;
-
-void weft__graph_memory_lock(void) { pthread_mutex_lock(&graph_memory_lock); }
-void weft__graph_memory_unlock(void) { pthread_mutex_unlock(&graph_memory_lock); }
 
 weft_status_t weft__graph_memory_trim(weft__tracker_t *tr) {
   CUresult r;
-  /* No other thread may be inside a call that enqueues work meanwhile (lib/core/gate.h). */
-  WEFT__GRAPH_MEMORY({
-    weft__driver_exclusive_begin();
-    WEFT__RELAXED(tr->drv, r = tr->drv->cuDeviceGraphMemTrim(tr->device));
-    weft__driver_exclusive_end();
-  });
+  WEFT__GRAPH_MEMORY(WEFT__RELAXED(tr->drv, r = tr->drv->cuDeviceGraphMemTrim(tr->device)));
   return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuDeviceGraphMemTrim");
 }
 

@@ -1,7 +1,7 @@
 /* Host threads calling the simulator at once: each thread works on its own stream and buffer (no
  * race may be reported), and one host function per stream calls back into the driver. A
  * cuDeviceGraphMemTrim that overlaps another thread's enqueueing call is reported as a race
- * (tests/conformance/README.md, "graph memory trim"); one with no such call is not. Meant to be run
+ * (tests/conformance/README.md, "graph calls"); one with no such call is not. Meant to be run
  * under --config=tsan too. */
 #include <pthread.h>
 #include <stdatomic.h>

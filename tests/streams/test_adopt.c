@@ -16,7 +16,9 @@
 #define N 256
 
 static const weft__driver_t *drv;
-/* Raw streams a test made: destroyed after the runtime that adopted them is released. */
+/* Raw streams a test made: destroyed after the runtime that adopted them is released. The test
+ * keeps the primary context retained meanwhile, as the library that made them would: releasing
+ * its last reference destroys the context's streams (tests/conformance/README.md). */
 static CUstream made[16];
 static unsigned n_made;
 
@@ -25,6 +27,8 @@ static int setup(void **state) {
   assert_non_null(env);
   tu_init(env, NULL);
   assert_int_equal(weft__driver_get(&drv), WEFT_OK);
+  CUcontext ctx;
+  assert_int_equal(drv->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
   *state = env;
   return 0;
 }
@@ -36,6 +40,7 @@ static int teardown(void **state) {
   tu_fini(env);
   free(env);
   for (; n_made > 0; n_made--) assert_int_equal(drv->cuStreamDestroy(made[n_made - 1]), CUDA_SUCCESS);
+  assert_int_equal(drv->cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
   assert_int_equal(races, 0);
   return 0;
 }
@@ -345,6 +350,8 @@ static void test_adoption_slots_run_out(void **state) {
   weft_options_t o = weft_options_default();
   o.adopt_streams = 2;
   tu_init(&env, &o);
+  CUcontext ctx; /* the raw streams outlive the first runtime (see setup) */
+  assert_int_equal(drv->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
   CUstream r[3] = {raw_stream(), raw_stream(), raw_stream()};
   weft_stream_t *s;
   assert_int_equal(weft_stream_adopt(env.rt, r[0], &s), WEFT_OK);
@@ -361,6 +368,7 @@ static void test_adoption_slots_run_out(void **state) {
   assert_int_equal(weft_stream_adopt(env.rt, r[1], &s), WEFT_ERR_BUSY);
   tu_fini(&env);
   for (; n_made > 0; n_made--) assert_int_equal(drv->cuStreamDestroy(made[n_made - 1]), CUDA_SUCCESS);
+  assert_int_equal(drv->cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
 }
 
 int main(void) {
