@@ -108,6 +108,11 @@ def main():
     torch.cuda.synchronize()
     eager_ms = (time.perf_counter() - t0) * 1e3 / max(a.steps, 1)
     losses_eager = [float(v) for v in losses_eager]
+    # The last step's loss keeps its autograd graph, and with it the parameters' AccumulateGrad
+    # nodes made on the main (legacy) stream, alive: captured, backward would run them there and
+    # make the legacy stream depend on the capturing stream (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+    # PyTorch's "AccumulateGrad node's stream does not match" warning). Whatever the allocator.
+    del loss
 
     # ---- capture one step (warm-up on a side stream first, as PyTorch's recipe says) ----
     static_x = torch.empty(a.batch, a.dim, device=dev)
