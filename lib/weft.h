@@ -125,6 +125,8 @@ typedef enum weft_output_policy {
     "bottom resource: 0 pool, 1 async (driver pool), 2 direct (cuMemAlloc)")                    \
   X(pool_chunk_bytes, uint64_t, "WEFT_POOL_CHUNK_BYTES", 64ull << 20, 1ull << 20, 1ull << 40,    \
     "bytes the pool requests from its upstream at a time (larger requests get their own chunk)") \
+  X(release_threshold, uint64_t, "WEFT_RELEASE_THRESHOLD", UINT64_MAX, 0, UINT64_MAX,            \
+    "freed bytes the driver's pool under weft (memory 0 and 1) keeps cached at synchronisations") \
   X(budget_bytes, uint64_t, "WEFT_BUDGET_BYTES", 0, 0, UINT64_MAX,                              \
     "hard limit on live device bytes of the process on this device; 0 means no limit")          \
   X(guard, unsigned, "WEFT_GUARD", 0, 0, 1,                                                     \

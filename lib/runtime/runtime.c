@@ -106,6 +106,7 @@ static weft_status_t build_stack(weft_runtime_t *rt) {
     PUSH(weft__direct_create(tr, rt, &r));
   } else {
     weft_async_options_t ao = weft_async_options_default();
+    ao.release_threshold = o->release_threshold;
     PUSH(weft__async_create(tr, rt, &ao, &r));
     if (o->memory == WEFT_MEMORY_POOL) {
       weft_pool_options_t po = weft_pool_options_default();

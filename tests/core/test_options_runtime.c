@@ -82,10 +82,42 @@ static void test_long_shared_key_creates_nothing(void **state) {
   assert_no_runtime();
 }
 
+/* release_threshold reaches the driver's pool under the runtime's stack (memory 0 and 1), from
+ * the options and from WEFT_RELEASE_THRESHOLD; the default keeps everything cached. */
+static void threshold_of(const weft_options_t *o, uint64_t want) {
+  weft_runtime_t *rt = NULL;
+  assert_int_equal(weft_runtime_get(0, o, &rt), WEFT_OK);
+  weft_resource_t *r = weft_runtime_resource(rt);
+  while (r != NULL && weft_async_pool(r) == NULL) r = r->upstream;
+  assert_non_null(r);
+  uint64_t v = 1;
+  assert_int_equal(weft_async_get_attribute(r, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v), WEFT_OK);
+  assert_int_equal(v, want);
+  assert_int_equal(weft_runtime_release(rt), WEFT_OK);
+}
+
+static void test_release_threshold_reaches_the_driver_pool(void **state) {
+  (void)state;
+  weft_options_t o = weft_options_default();
+  threshold_of(&o, UINT64_MAX);
+  o.release_threshold = 0;
+  threshold_of(&o, 0);
+  o.memory = WEFT_MEMORY_ASYNC;
+  o.release_threshold = 32u << 20;
+  threshold_of(&o, 32u << 20);
+  setenv("WEFT_RELEASE_THRESHOLD", "16M", 1);
+  o = weft_options_default();
+  assert_int_equal(weft_options_from_env(&o), WEFT_OK);
+  unsetenv("WEFT_RELEASE_THRESHOLD");
+  assert_int_equal(o.release_threshold, 16u << 20);
+  threshold_of(&o, 16u << 20);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_long_log_path_creates_nothing),
       cmocka_unit_test(test_long_shared_key_creates_nothing),
+      cmocka_unit_test(test_release_threshold_reaches_the_driver_pool),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
