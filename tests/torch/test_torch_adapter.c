@@ -277,6 +277,19 @@ static void test_outside_capture_then_replays(void **state) {
   assert_int_equal(d_stream_destroy(cs), CUDA_SUCCESS);
 }
 
+/* The adapter's runtime keeps nothing cached in the driver's pool and takes 16 MiB chunks (what
+ * held device memory within 1.1x of PyTorch's allocator on the example, H100), unless the
+ * environment says otherwise. */
+static void test_adapter_defaults(void **state) {
+  (void)state;
+  void *p = t_alloc(4096, 0, NULL); /* the runtime exists */
+  assert_non_null(p);
+  t_free(p, 4096, 0, NULL);
+  const char *env = getenv("WEFT_RELEASE_THRESHOLD");
+  if (env == NULL) assert_int_equal(stat_of("release_threshold"), 0);
+  if (getenv("WEFT_POOL_CHUNK_BYTES") == NULL) assert_int_equal(stat_of("pool_chunk_bytes"), 16u << 20);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1) lib_path = argv[1];
   else if (getenv("WEFT_TORCH_LIB") != NULL) lib_path = getenv("WEFT_TORCH_LIB"); /* staged for the GPU */
@@ -285,6 +298,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup(test_side_stream_prefetch_without_record_stream, setup),
       cmocka_unit_test_setup(test_frees_from_other_threads, setup),
       cmocka_unit_test_setup(test_outside_capture_then_replays, setup),
+      cmocka_unit_test_setup(test_adapter_defaults, setup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
