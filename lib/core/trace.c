@@ -143,6 +143,7 @@ void weft__trace_wait(int device, unsigned from, uint64_t recorded_us, unsigned 
 /* ---- device timestamps ---------------------------------------------------------------------- */
 
 struct weft__trace_span {
+  const weft__driver_t *drv;
   int device;
   unsigned stream;
   CUevent start, end;
@@ -163,10 +164,12 @@ static struct {
 } dev[DEVICES];
 static weft__trace_span_t *pending[SPANS]; /* ended and named, not written yet */
 static size_t npending;
-static bool device_wanted;                  /* WEFT_TRACE_DEVICE=1 when the trace started */
+static _Atomic bool device_wanted;          /* WEFT_TRACE_DEVICE=1 when the trace started */
 static _Thread_local weft__trace_span_t *tls_ended; /* ended by this thread, waiting for its name */
 
-bool weft__trace_device_on(void) { return weft__trace_on() && device_wanted; }
+bool weft__trace_device_on(void) {
+  return weft__trace_on() && atomic_load_explicit(&device_wanted, memory_order_relaxed);
+}
 
 /* Back on its device's free list (trace_lock held). */
 static void recycle(weft__trace_span_t *sp) {
@@ -270,6 +273,7 @@ static weft__trace_span_t *span_get(const weft__driver_t *drv, int device) {
     return NULL;
   }
   sp->device = device;
+  sp->drv = drv;
   return sp;
 }
 
@@ -322,7 +326,7 @@ void weft__trace_device_end(weft__trace_span_t *sp, void *raw) {
   weft__trace_span_t *old = tls_ended;
   tls_ended = NULL;
   weft__trace_device_drop(old);
-  if (dev[sp->device].drv->cuEventRecord(sp->end, (CUstream)raw) != CUDA_SUCCESS) {
+  if (sp->drv->cuEventRecord(sp->end, (CUstream)raw) != CUDA_SUCCESS) {
     weft__trace_device_drop(sp);
     return;
   }
@@ -360,7 +364,7 @@ weft_status_t weft_trace_start(const char *path) {
     trace_first = true;
     memset(named, 0, sizeof named);
     const char *want = getenv("WEFT_TRACE_DEVICE");
-    device_wanted = want != NULL && strcmp(want, "1") == 0;
+    atomic_store_explicit(&device_wanted, want != NULL && strcmp(want, "1") == 0, memory_order_relaxed);
     atomic_store(&weft__trace_active, 1);
   }
   pthread_mutex_unlock(&trace_lock);

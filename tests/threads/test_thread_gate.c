@@ -65,7 +65,10 @@
 #define ELEMS 64
 #define BYTES (ELEMS * 4u)
 #define MBOX 8
-#define SPIN_LIMIT 200000ul
+/* How long a thread keeps retrying while another thread still holds what it needs (a handed-over
+ * output, a synchronisation refused under another's capture): wall time, not a count, so that slow
+ * configurations (tsan, a trace with device timestamps) do not run out first. */
+#define SPIN_SECONDS 120.0
 #define TRACE 16 /* operations remembered per own block */
 
 enum { MODE_GATE, MODE_SHARED, MODE_CONTEND };
@@ -298,6 +301,15 @@ static bool same(job_t *j, const unsigned *got, const unsigned *want, const char
   return true;
 }
 
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Whether a retry loop that began at `start` (now_s) has waited long enough. */
+static bool spun_out(double start) { return now_s() - start > SPIN_SECONDS; }
+
 /* weft's documented refusal (a capture that could see the call is active), as opposed to a
  * driver failure that weft also maps to WEFT_ERR_CAPTURE. */
 static bool refused(weft_status_t st) {
@@ -309,9 +321,9 @@ static bool refused(weft_status_t st) {
 /* Synchronise, retrying while weft refuses because a GLOBAL capture is active elsewhere. A
  * driver failure is reported and retried too (the synchronisation did not happen). */
 static weft_status_t sync_retry(job_t *j, weft_stream_t *s, weft_block_t b) {
-  for (unsigned long t = 0;; t++) {
+  for (double start = now_s();;) {
     weft_status_t st = s != NULL ? weft_stream_synchronize(s) : weft_block_synchronize(b);
-    if (st == WEFT_OK || t > SPIN_LIMIT) return st;
+    if (st == WEFT_OK || spun_out(start)) return st;
     if (refused(st)) j->refused++;
     else if (!call_ok(j, st, s != NULL ? "weft_stream_synchronize" : "weft_block_synchronize")) {
       if (st != WEFT_ERR_CAPTURE) return st;
@@ -618,14 +630,14 @@ static void replay(job_t *j, weft_graph_t *g, body_t *B) {
   if (call_ok(j, st, "weft_graph_instantiate")) {
     unsigned launches = 1 + rn(j, 4);
     for (unsigned l = 0; l < launches; l++) {
-      unsigned long spins = 0;
+      double start = now_s();
       for (;;) {
         /* Graphs sharing the thread's graph pool must replay in capture order: one stream. */
         s = B->shared_pool ? stream(eager_lo + j->id % eager_n) : pick(j, sum, ns < 4 ? ns : 4);
         enter(s);
         st = weft_exec_launch(e, s);
         leave(s);
-        if (st != WEFT_ERR_BUSY || !handed || ++spins > SPIN_LIMIT) break;
+        if (st != WEFT_ERR_BUSY || !handed || spun_out(start)) break;
         j->busy_spins++; /* the previous output is with another thread still */
         drain(j);
         sched_yield();
@@ -675,9 +687,9 @@ static void replay(job_t *j, weft_graph_t *g, body_t *B) {
     }
     (void)CALL(j, weft_exec_destroy(e));
   }
-  for (unsigned long spins = 0;; spins++) {
+  for (double start = now_s();;) {
     st = weft_graph_destroy(g);
-    if (st != WEFT_ERR_BUSY || !handed || spins > SPIN_LIMIT) break;
+    if (st != WEFT_ERR_BUSY || !handed || spun_out(start)) break;
     drain(j); /* an output is with another thread still */
     sched_yield();
   }
