@@ -376,7 +376,8 @@ static weft_status_t run_use(weft_stream_t *s, const weft__use_t *uses, size_t n
     if (what & (DO_BEGIN | DO_OPEN)) st = begin_locked(tr, d, s, du, n);
     /* Device timestamps (trace.h): after the waits, before the record; live streams only. */
     bool timed = st == WEFT_OK && c == NULL && weft__trace_device_on();
-    if (timed && (what & (DO_BEGIN | DO_OPEN)) && (what & (DO_END | DO_CLOSE | DO_OPEN))) {
+    bool whole = (what & (DO_BEGIN | DO_END)) == (DO_BEGIN | DO_END); /* a use with its work, not a free */
+    if (timed && (whole || (what & DO_OPEN))) {
       weft__trace_device_drop(s->span);
       s->span = weft__trace_device_begin(tr->drv, tr->ordinal, s->index, s->raw);
     }
