@@ -91,6 +91,19 @@ CUresult sim__capture_unsafe(void) {
   return prohibited ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
 
+CUresult sim__legacy_implicit(CUstream h, int enqueues) {
+  if (h != NULL && h != CU_STREAM_LEGACY) return CUDA_SUCCESS;
+  CUresult r = CUDA_SUCCESS;
+  for (sim__capture_t *c = sim.captures; c != NULL; c = c->next)
+    for (size_t i = 0; i < c->nstreams; i++)
+      if (!(c->streams[i]->flags & CU_STREAM_NON_BLOCKING)) {
+        r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        if (enqueues) sim__capture_invalidate(c);
+        break;
+      }
+  return r;
+}
+
 /* ---- begin / end ---- */
 
 static CUresult begin_capture(CUstream hs, CUstreamCaptureMode mode) {
@@ -211,6 +224,8 @@ static CUstreamCaptureStatus status_of(const sim__stream_t *s) {
 static CUresult is_capturing(CUstream hs, CUstreamCaptureStatus *out) {
   sim__stream_t *s = sim__stream_get(hs);
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult r = sim__legacy_implicit(hs, 0);
+  if (r != CUDA_SUCCESS) return r;
   if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
   *out = status_of(s);
   return CUDA_SUCCESS;
@@ -224,6 +239,8 @@ static CUresult get_capture_info(CUstream hs, CUstreamCaptureStatus *status, cuu
                                  const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *ndeps) {
   sim__stream_t *s = sim__stream_get(hs);
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult r = sim__legacy_implicit(hs, 0);
+  if (r != CUDA_SUCCESS) return r;
   if (status == NULL) return CUDA_ERROR_INVALID_VALUE;
   *status = status_of(s);
   if (s->cap == NULL) return CUDA_SUCCESS;

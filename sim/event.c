@@ -85,6 +85,8 @@ static CUresult event_record(CUevent h, CUstream hs, unsigned flags) {
   sim__event_t *e = event_get(h);
   sim__stream_t *s = sim__stream_get(hs);
   if (e == NULL || s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult li_ = sim__legacy_implicit(hs, 1);
+  if (li_ != CUDA_SUCCESS) return li_;
   if ((flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL) != 0) return CUDA_ERROR_INVALID_VALUE;
   if (s->cap != NULL) {
     sim__capture_t *c = s->cap;
@@ -135,6 +137,8 @@ static CUresult stream_wait_event(CUstream hs, CUevent h, unsigned flags) {
   sim__stream_t *s = sim__stream_get(hs);
   sim__event_t *e = event_get(h);
   if (s == NULL || e == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult li_ = sim__legacy_implicit(hs, 1);
+  if (li_ != CUDA_SUCCESS) return li_;
   if ((flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL) != 0) return CUDA_ERROR_INVALID_VALUE;
   /* An event whose last record was captured by a capture that ended is unusable (measured on an
    * H200: CUDA_ERROR_INVALID_VALUE) until it is recorded again. */

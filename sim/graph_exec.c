@@ -164,6 +164,8 @@ static CUresult launch(CUgraphExec hx, CUstream hs) {
   sim__exec_t *x = exec_get(hx);
   sim__stream_t *s = sim__stream_get(hs);
   if (x == NULL || s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult li_ = sim__legacy_implicit(hs, 1);
+  if (li_ != CUDA_SUCCESS) return li_;
   CUresult r = sim__need_ctx();
   if (r != CUDA_SUCCESS) return r;
   if (s->cap != NULL) {

@@ -497,6 +497,11 @@ CUresult sim__capture_add(sim__stream_t *s, sim__action_t *act, CUgraphNodeType 
 /** For an unsafe call: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (and invalidates the captures that
  * forbid it) when the calling thread may not make one now, else CUDA_SUCCESS. */
 CUresult sim__capture_unsafe(void);
+/** The legacy stream while a blocking stream is capturing: a call on handle NULL or
+ * CU_STREAM_LEGACY would make it depend on the capture, so it returns STREAM_CAPTURE_IMPLICIT; a
+ * call that enqueues work also invalidates the capture (H100, tools/probes/probe_legacy_capture;
+ * a query alone does not). CUDA_SUCCESS for any other handle or when no blocking stream captures. */
+CUresult sim__legacy_implicit(CUstream h, int enqueues);
 void sim__capture_invalidate(sim__capture_t *c);
 /** s joins capture c with dependencies deps (a fork). */
 void sim__capture_join(sim__stream_t *s, sim__capture_t *c, sim__node_t *const *deps, size_t n);

@@ -239,6 +239,8 @@ static CUresult copy_async(sim__copy_dir_t dir, CUdeviceptr dst_dev, void *dst_h
                            const void *src_host, size_t n, CUstream hs) {
   sim__stream_t *s = sim__stream_get(hs);
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult li_ = sim__legacy_implicit(hs, 1);
+  if (li_ != CUDA_SUCCESS) return li_;
   CUresult r = sim__need_ctx();
   if (r != CUDA_SUCCESS) return r;
   if ((dir == SIM_HTOD && src_host == NULL) || (dir == SIM_DTOH && dst_host == NULL)) return CUDA_ERROR_INVALID_VALUE;
@@ -275,6 +277,8 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
 static CUresult set_async(CUdeviceptr dst, unsigned value, unsigned elem, size_t count, CUstream hs) {
   sim__stream_t *s = sim__stream_get(hs);
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult li_ = sim__legacy_implicit(hs, 1);
+  if (li_ != CUDA_SUCCESS) return li_;
   CUresult r = sim__need_ctx();
   if (r != CUDA_SUCCESS) return r;
   if ((dst & (elem - 1)) != 0 || (count > 0 && !sim__addr_contains(dst, count * elem))) return CUDA_ERROR_INVALID_VALUE;

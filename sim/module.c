@@ -159,6 +159,8 @@ static CUresult launch(CUfunction f, const unsigned grid[3], const unsigned bloc
                        void **params, void **extra) {
   sim__stream_t *s = sim__stream_get(hs);
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult li_ = sim__legacy_implicit(hs, 1);
+  if (li_ != CUDA_SUCCESS) return li_;
   CUresult r = sim__need_ctx();
   if (r != CUDA_SUCCESS) return r;
   if (s->cap != NULL && s->cap->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;

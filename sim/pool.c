@@ -245,6 +245,8 @@ static sim__region_t *map_new(sim__pool_t *p, size_t size) {
 static CUresult alloc_async(CUdeviceptr *out, size_t bytes, sim__pool_t *p, CUstream hs) {
   sim__stream_t *s = sim__stream_get(hs);
   if (s == NULL || p == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult li_ = sim__legacy_implicit(hs, 1);
+  if (li_ != CUDA_SUCCESS) return li_;
   if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
   CUresult r = sim__need_ctx();
   if (r != CUDA_SUCCESS) return r;
@@ -320,6 +322,8 @@ void sim__pool_free_executed(sim__alloc_t *a, const sim__who_t *who) {
 static CUresult free_async(CUdeviceptr ptr, CUstream hs) {
   sim__stream_t *s = sim__stream_get(hs);
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult li_ = sim__legacy_implicit(hs, 1);
+  if (li_ != CUDA_SUCCESS) return li_;
   sim__alloc_t *a = sim__addr_exact(ptr);
   if (a == NULL) return CUDA_ERROR_INVALID_VALUE;
   /* A free on a stream that is not capturing is unsafe under capture, as allocation is above

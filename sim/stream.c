@@ -2,8 +2,10 @@
  * stream-ordered host function and memory operations (write/wait value).
  *
  * The legacy stream (handle 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) is an ordinary queue here:
- * the simulator does not model its implicit synchronisation with blocking streams. It can never
- * be captured. A destroyed stream's queued work still runs; the object is freed once idle.
+ * the simulator does not model its implicit synchronisation with blocking streams, except that
+ * work on handle 0 or CU_STREAM_LEGACY while a blocking stream captures fails with
+ * STREAM_CAPTURE_IMPLICIT and invalidates that capture (sim__legacy_implicit). It can never be
+ * captured. A destroyed stream's queued work still runs; the object is freed once idle.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -198,6 +200,8 @@ CUresult CUDAAPI cuStreamSynchronize(CUstream hStream) { SIM_CALL(cuStreamSynchr
 static CUresult launch_host_func(CUstream h, CUhostFn fn, void *data) {
   sim__stream_t *s = sim__stream_get(h);
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult li_ = sim__legacy_implicit(h, 1);
+  if (li_ != CUDA_SUCCESS) return li_;
   if (fn == NULL) return CUDA_ERROR_INVALID_VALUE;
   sim__action_t act = {.kind = SIM_ACT_HOST};
   act.u.host.fn = fn;
@@ -212,6 +216,8 @@ CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
 static CUresult mem_op(CUstream h, CUdeviceptr addr, uint64_t value, unsigned flags, int is64, int wait) {
   sim__stream_t *s = sim__stream_get(h);
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  CUresult li_ = sim__legacy_implicit(h, 1);
+  if (li_ != CUDA_SUCCESS) return li_;
   size_t n = is64 ? 8 : 4;
   const sim__alloc_t *owner = addr != 0 ? sim__addr_owner(addr, n) : NULL;
   if (owner == NULL || (addr & (n - 1)) != 0) return CUDA_ERROR_INVALID_VALUE;

@@ -486,6 +486,45 @@ static void test_legacy_stream_cannot_be_captured(void **state) {
   PASS("the legacy NULL stream cannot be captured");
 }
 
+/* The legacy stream while a blocking stream captures (tools/probes/probe_legacy_capture, H100): a
+ * query of it is STREAM_CAPTURE_IMPLICIT and leaves the capture alone; work on it (an event
+ * record) is IMPLICIT too and invalidates the capture. A non-blocking stream's capture does not
+ * involve the legacy stream. */
+static void test_legacy_stream_during_a_blocking_capture(void **state) {
+  (void)state;
+  CUstream b;
+  OK(d->cuStreamCreateWithPriority(&b, 0, 0)); /* blocking */
+  assert_true(g_nstreams < 8);
+  g_streams[g_nstreams++] = b;
+  CUevent e;
+  OK(d->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  CUstreamCaptureStatus st;
+  CUgraph g = NULL;
+  OK(d->cuStreamBeginCapture(b, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  IS(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, d->cuStreamGetCaptureInfo(CU_STREAM_LEGACY, &st, NULL, NULL, NULL, NULL, NULL));
+  IS(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, d->cuStreamIsCapturing(NULL, &st));
+  OK(d->cuStreamEndCapture(b, &g)); /* queries left it alone */
+  OK(d->cuGraphDestroy(g));
+  g = NULL;
+  OK(d->cuStreamBeginCapture(b, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+  OK(d->cuThreadExchangeStreamCaptureMode(&m));
+  CUresult rec = d->cuEventRecord(e, CU_STREAM_LEGACY); /* RELAXED does not help */
+  OK(d->cuThreadExchangeStreamCaptureMode(&m));
+  IS(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, rec);
+  IS(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, d->cuStreamEndCapture(b, &g));
+  if (g != NULL) OK(d->cuGraphDestroy(g));
+  CUstream nb = new_stream(); /* non-blocking: the legacy stream is free to use */
+  OK(d->cuStreamBeginCapture(nb, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(d->cuStreamGetCaptureInfo(CU_STREAM_LEGACY, &st, NULL, NULL, NULL, NULL, NULL));
+  assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_NONE);
+  g = NULL;
+  OK(d->cuStreamEndCapture(nb, &g));
+  OK(d->cuGraphDestroy(g));
+  OK(d->cuEventDestroy(e));
+  PASS("the legacy stream during a blocking stream's capture: queries IMPLICIT, work IMPLICIT and invalidates");
+}
+
 static void test_capture_info_and_dependency_updates(void **state) {
   (void)state;
   CUstream s = new_stream();
@@ -960,6 +999,7 @@ int main(void) {
       CASE(test_stream_ordered_alloc_free_off_capture_are_unsafe_under_global_capture),
       CASE(test_non_relaxed_capture_must_end_on_its_thread),
       CASE(test_legacy_stream_cannot_be_captured),
+      CASE(test_legacy_stream_during_a_blocking_capture),
       CASE(test_capture_info_and_dependency_updates),
       CASE(test_captured_work_is_not_in_the_stream),
       CASE(test_alloc_in_capture_becomes_a_mem_alloc_node),
