@@ -438,7 +438,11 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_stream_set_hot_block(weft_stream_t *s
 WEFT_API WEFT_NODISCARD weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, const char *tag, weft_block_t *out);
 /** Frees the block on stream s: s first waits for every outstanding use of the block on every
  * stream, and the memory is handed out again only once that free is ordered before the new
- * user (no record_stream needed). The handle and all its copies become stale.
+ * user (no record_stream needed). The handle and all its copies become stale. On the adopted
+ * legacy stream while a blocking stream is capturing (torch.cuda.graph), where any work would
+ * invalidate that capture, the free is deferred: it returns OK at once and happens on the legacy
+ * stream at the first weft_alloc, weft_free, weft_free_ptr or weft_runtime_synchronize of the
+ * runtime after the capture ended (allocation there meanwhile is refused with CAPTURE).
  * Errors: DOUBLE_FREE (already freed), STALE_HANDLE (the record now holds another block),
  * WRONG_DEVICE (s belongs to another runtime), CAPTURE (the block was allocated outside the
  * capture now active on s), DRIVER. On error the block is still live. */

@@ -263,6 +263,7 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_alloc: %zu bytes is larger than any device", bytes);
   const char *itag = weft__intern(tag);
   if (itag == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_alloc: no host memory for the tag");
+  weft__runtime_flush_deferred(rt);
   if ((st = weft__stream_prepare(s)) != WEFT_OK) return st;
   /* Inside a capture, the capture says where to allocate (graph memory); else the runtime's stack. */
   weft_resource_t *r;
@@ -331,21 +332,23 @@ weft_status_t weft_block_find(weft_runtime_t *rt, CUdeviceptr ptr, weft_block_t 
 }
 
 static weft_status_t free_on_prepared(weft_block_t b, weft_stream_t *s);
+static weft_status_t free_or_defer(weft_block_t b, weft_stream_t *s, weft_status_t prepared);
 
 weft_status_t weft_free_ptr(weft_runtime_t *rt, CUdeviceptr ptr, weft_stream_t *s) {
   if (weft__runtime_check(rt, "weft_free_ptr") == NULL) return weft__runtime_check_status(rt);
   /* A capture that ended on s first gives its blocks to its graph: they are no longer weft's. */
   weft_status_t st = weft__stream_check(s, "weft_free_ptr");
-  if (st == WEFT_OK) st = weft__stream_prepare(s);
   if (st != WEFT_OK) return st;
+  weft__runtime_flush_deferred(rt);
+  weft_status_t prepared = weft__stream_prepare(s);
   weft_block_t b;
   pthread_mutex_lock(&rt->blocks_lock);
   struct weft__block *rec = ptr != 0 ? starting_at(rt, ptr) : NULL;
   if (rec != NULL) b = (weft_block_t){rec, atomic_load_explicit(&rec->gen, memory_order_relaxed)};
   pthread_mutex_unlock(&rt->blocks_lock);
-  if (rec == NULL)
+  if (rec == NULL && prepared == WEFT_OK)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_free_ptr: no live block starts at 0x%llx", (unsigned long long)ptr);
-  return free_on_prepared(b, s);
+  return rec != NULL ? free_or_defer(b, s, prepared) : prepared;
 }
 
 weft_status_t weft_block_wrap(weft_runtime_t *rt, CUdeviceptr ptr, size_t bytes, const char *tag, weft_block_t *out) {
@@ -366,10 +369,9 @@ static weft_status_t undo_free(struct weft__block *rec, weft_status_t st) {
   return st;
 }
 
-/* weft_free once s is checked and prepared (weft__stream_prepare). */
-static weft_status_t free_on_prepared(weft_block_t b, weft_stream_t *s) {
+/* Checks a handle for a free on s and claims its block. */
+static weft_status_t claim_for_free(weft_block_t b, weft_stream_t *s) {
   struct weft__block *rec = b.rec;
-  weft_status_t st;
   if (atomic_load(&rec->gen) != b.gen)
     return weft__error(WEFT_ERR_STALE_HANDLE, "weft_free: stale block handle (the record holds a newer block)");
   if (rec->rt != s->runtime)
@@ -377,6 +379,78 @@ static weft_status_t free_on_prepared(weft_block_t b, weft_stream_t *s) {
   if (!weft__block_claim(rec))
     return weft__error(WEFT_ERR_DOUBLE_FREE, "weft_free: the block (tag '%s', %zu bytes) was already freed",
                        rec->tag, rec->bytes);
+  return WEFT_OK;
+}
+
+static weft_status_t free_claimed(weft_block_t b, weft_stream_t *s);
+
+/* weft_free once s is checked and prepared (weft__stream_prepare). */
+static weft_status_t free_on_prepared(weft_block_t b, weft_stream_t *s) {
+  weft_status_t st = claim_for_free(b, s);
+  return st == WEFT_OK ? free_claimed(b, s) : st;
+}
+
+/* Whether a failed prepare of s means: s is the legacy stream and a blocking stream is capturing
+ * (any work on it would invalidate that capture: STREAM_CAPTURE_IMPLICIT). */
+static bool legacy_blocked(const weft_stream_t *s, weft_status_t prepared) {
+  return prepared == WEFT_ERR_CAPTURE && s->adopted && (s->raw == NULL || s->raw == CU_STREAM_LEGACY) &&
+         weft_last_driver_error() == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+}
+
+/* The free of a prepared stream, or, on the legacy stream while a blocking stream captures, the
+ * claim now and the free later (weft__runtime_flush_deferred), as PyTorch's allocator defers
+ * its frees during a capture. */
+static weft_status_t free_or_defer(weft_block_t b, weft_stream_t *s, weft_status_t prepared) {
+  if (prepared == WEFT_OK) return free_on_prepared(b, s);
+  if (!legacy_blocked(s, prepared)) return prepared;
+  weft_status_t st = claim_for_free(b, s);
+  if (st != WEFT_OK) return st;
+  weft_runtime_t *rt = s->runtime;
+  pthread_mutex_lock(&rt->blocks_lock);
+  weft__deferred_t *d = weft__vec_push(&rt->deferred);
+  if (d != NULL) {
+    *d = (weft__deferred_t){b, s};
+    atomic_fetch_add_explicit(&rt->n_deferred, 1, memory_order_release);
+  }
+  pthread_mutex_unlock(&rt->blocks_lock);
+  if (d == NULL) {
+    weft__block_unclaim(b.rec);
+    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_free: no host memory to defer a free on the legacy stream");
+  }
+  return WEFT_OK;
+}
+
+void weft__runtime_flush_deferred(weft_runtime_t *rt) {
+  if (atomic_load_explicit(&rt->n_deferred, memory_order_acquire) == 0) return;
+  pthread_mutex_lock(&rt->blocks_lock);
+  weft__vec_t todo = rt->deferred;
+  rt->deferred = WEFT__VEC_INIT(weft__deferred_t);
+  atomic_store_explicit(&rt->n_deferred, 0, memory_order_release);
+  pthread_mutex_unlock(&rt->blocks_lock);
+  for (size_t i = 0; i < todo.len; i++) {
+    weft__deferred_t d = WEFT__VEC_AT(&todo, weft__deferred_t, i);
+    weft_status_t prepared = weft__stream_prepare(d.s);
+    if (prepared == WEFT_OK) {
+      (void)free_claimed(d.b, d.s); /* its failures are the resource's, as in free_all_blocks */
+      continue;
+    }
+    /* Still blocked (or the stream cannot be used at all): keep it for later. */
+    pthread_mutex_lock(&rt->blocks_lock);
+    weft__deferred_t *again = weft__vec_push(&rt->deferred);
+    if (again != NULL) {
+      *again = d;
+      atomic_fetch_add_explicit(&rt->n_deferred, 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&rt->blocks_lock);
+    if (again == NULL) weft__block_unclaim(d.b.rec); /* live again: freed with the runtime */
+  }
+  weft__vec_free(&todo);
+}
+
+/* The free of a claimed block on prepared stream s. */
+static weft_status_t free_claimed(weft_block_t b, weft_stream_t *s) {
+  struct weft__block *rec = b.rec;
+  weft_status_t st;
   weft_resource_t *r = rec->resource, *capture_to;
   weft__capture_t *c = weft__tracker_capture_of(s, &capture_to);
   if (c != NULL && r != capture_to)
@@ -411,8 +485,9 @@ static weft_status_t free_on_prepared(weft_block_t b, weft_stream_t *s) {
 weft_status_t weft_free(weft_block_t b, weft_stream_t *s) {
   if (b.rec == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_free: the block handle is null");
   weft_status_t st = weft__stream_check(s, "weft_free");
-  if (st == WEFT_OK) st = weft__stream_prepare(s);
-  return st == WEFT_OK ? free_on_prepared(b, s) : st;
+  if (st != WEFT_OK) return st;
+  weft__runtime_flush_deferred(s->runtime);
+  return free_or_defer(b, s, weft__stream_prepare(s));
 }
 
 /* ---- queries ------------------------------------------------------------------------------------ */

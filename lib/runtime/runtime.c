@@ -288,6 +288,9 @@ static weft_status_t create(weft_runtime_t *rt, int device, const weft_options_t
   rt->live_count = 0;
   weft__vec_free(&rt->side);
   rt->side = WEFT__VEC_INIT(weft_resource_t *);
+  weft__vec_free(&rt->deferred);
+  rt->deferred = WEFT__VEC_INIT(weft__deferred_t);
+  atomic_store(&rt->n_deferred, 0);
   rt->oom_handler = NULL; /* a handler belongs to one life: its user data may be gone */
   rt->oom_user = NULL;
   weft__map_free(&rt->by_ptr);
@@ -349,7 +352,12 @@ static weft_status_t teardown(weft_runtime_t *rt) {
   weft__tracker_t *tr = &rt->tracker;
   weft_status_t first = weft__tracker_bind(tr), st;
   if ((st = weft__tracker_sync_all(tr)) != WEFT_OK && first == WEFT_OK) first = st;
+  weft__runtime_flush_deferred(rt); /* what can be freed on its stream; free_all_blocks takes the rest */
   if ((st = free_all_blocks(rt)) != WEFT_OK && first == WEFT_OK) first = st;
+  pthread_mutex_lock(&rt->blocks_lock);
+  weft__vec_free(&rt->deferred);
+  atomic_store(&rt->n_deferred, 0);
+  pthread_mutex_unlock(&rt->blocks_lock);
   if ((st = weft__tracker_sync_all(tr)) != WEFT_OK && first == WEFT_OK) first = st;
   if ((st = destroy_stack(rt)) != WEFT_OK && first == WEFT_OK) first = st;
   if ((st = weft__tracker_destroy(tr)) != WEFT_OK && first == WEFT_OK) first = st;
@@ -405,6 +413,7 @@ weft_status_t weft_runtime_synchronize(weft_runtime_t *rt) {
   weft_status_t st = weft__tracker_bind(&rt->tracker);
   if (st != WEFT_OK) return st;
   weft__runtime_refresh_captures(rt);
+  weft__runtime_flush_deferred(rt);
   return weft__tracker_sync_all(&rt->tracker);
 }
 

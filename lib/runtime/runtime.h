@@ -54,6 +54,13 @@ struct weft__block {
 /** The record a block's access history is embedded in. */
 #define WEFT__BLOCK_OF(state) ((struct weft__block *)((char *)(state) - offsetof(struct weft__block, acc)))
 
+/** A free on the legacy stream waiting for a blocking stream's capture to end: its block is
+ * claimed (block.c, weft__runtime_flush_deferred). */
+typedef struct weft__deferred {
+  weft_block_t b;
+  weft_stream_t *s;
+} weft__deferred_t;
+
 struct weft_runtime {
   int ordinal;
   _Atomic int alive;          /* 1 between creation and the start of the last release */
@@ -84,6 +91,10 @@ struct weft_runtime {
   /* Resources that own device memory outside the stack (graph pools): their segments appear in
    * weft_memory_snapshot. weft_resource_t *, blocks_lock. */
   weft__vec_t side;
+  /* Frees on the legacy stream that had to wait for a blocking stream's capture to end
+   * (weft__deferred_t), and how many (read without the lock). blocks_lock. */
+  weft__vec_t deferred;
+  _Atomic size_t n_deferred;
   weft_oom_handler_t oom_handler; /* blocks_lock */
   void *oom_user;
 };
@@ -118,6 +129,10 @@ void weft__tally_add(weft__tally_t *t, const void *key, uint64_t bytes);
 /** The trace's slice of a use on s that started at t0 (weft__trace_now_us), named `name`, with its
  * accesses as arguments (use.c). Call only while weft__trace_on(). */
 void weft__trace_use(weft_stream_t *s, const char *name, const weft_access_t *acc, size_t n, uint64_t t0);
+
+/** Frees the blocks whose free on the legacy stream waited for a blocking capture (block.c), if
+ * the legacy stream is usable again; one atomic load when there are none. */
+void weft__runtime_flush_deferred(weft_runtime_t *rt);
 
 /* ---- stream.c ----------------------------------------------------------------------------------- */
 

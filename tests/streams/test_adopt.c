@@ -288,6 +288,43 @@ static void test_outside_capture_on_adopted_stream(void **state) {
   assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
 }
 
+/* The legacy stream while a blocking stream captures (outside code's capture): a free there is
+ * deferred (OK; a second free is DOUBLE_FREE), the capture ends valid, and the block is freed on
+ * the legacy stream at the first weft call after the capture ended; an allocation there is
+ * refused with CAPTURE and leaves the capture alone. */
+static void test_legacy_free_waits_for_a_blocking_capture(void **state) {
+  tu_env_t *env = *state;
+  weft_stream_t *legacy;
+  assert_int_equal(weft_stream_adopt(env->rt, NULL, &legacy), WEFT_OK);
+  weft_block_t b;
+  assert_int_equal(weft_alloc(env->rt, N * 4, legacy, "eager", &b), WEFT_OK);
+  assert_int_equal(tu_fill(env, legacy, b, N, 6), WEFT_OK);
+  weft_counters_t c0, c1;
+  assert_int_equal(weft_runtime_counters(env->rt, &c0), WEFT_OK);
+  CUstream blocking;
+  assert_int_equal(drv->cuStreamCreateWithPriority(&blocking, 0, 0), CUDA_SUCCESS);
+  assert_true(n_made < 16);
+  made[n_made++] = blocking;
+  assert_int_equal(drv->cuStreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(weft_free(b, legacy), WEFT_OK); /* deferred */
+  assert_int_equal(weft_free(b, legacy), WEFT_ERR_DOUBLE_FREE);
+  weft_block_t refused;
+  assert_int_equal(weft_alloc(env->rt, N * 4, legacy, "refused", &refused), WEFT_ERR_CAPTURE);
+  assert_int_equal(weft_runtime_counters(env->rt, &c1), WEFT_OK);
+  assert_int_equal(c1.frees, c0.frees); /* nothing freed yet */
+  CUgraph g = NULL;
+  assert_int_equal(drv->cuStreamEndCapture(blocking, &g), CUDA_SUCCESS); /* valid */
+  assert_int_equal(drv->cuGraphDestroy(g), CUDA_SUCCESS);
+  weft_block_t next;
+  assert_int_equal(weft_alloc(env->rt, N * 4, legacy, "next", &next), WEFT_OK); /* flushes the free */
+  assert_int_equal(weft_runtime_counters(env->rt, &c1), WEFT_OK);
+  assert_int_equal(c1.frees, c0.frees + 1);
+  assert_int_equal(tu_fill(env, legacy, next, N, 7), WEFT_OK);
+  expect_all(legacy, next, 7);
+  assert_int_equal(weft_free(next, legacy), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+}
+
 /* PyTorch's private-pool semantics for a capture it begins: allocations come from a graph pool at
  * fixed addresses, a range freed inside is reused later in the same capture, what is still
  * allocated at the end belongs to the graph, and the graph replays. */
@@ -381,6 +418,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_per_thread_stream_belongs_to_its_thread, setup, teardown),
       cmocka_unit_test_setup_teardown(test_outside_capture_on_adopted_stream, setup, teardown),
       cmocka_unit_test_setup_teardown(test_outside_capture_allocates_to_graph_pool, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_legacy_free_waits_for_a_blocking_capture, setup, teardown),
       cmocka_unit_test(test_adoption_slots_run_out),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

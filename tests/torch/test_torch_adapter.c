@@ -277,6 +277,39 @@ static void test_outside_capture_then_replays(void **state) {
   assert_int_equal(d_stream_destroy(cs), CUDA_SUCCESS);
 }
 
+/* torch.cuda.graph captures on a blocking stream; PyTorch's eager tensors live on the legacy
+ * stream and die during the capture. Work on the legacy stream would invalidate the capture
+ * (STREAM_CAPTURE_IMPLICIT, H100), so their frees are deferred: the capture ends valid, nothing
+ * fails, and the memory comes back at the first call after the capture ended. */
+static void test_legacy_frees_during_a_blocking_capture(void **state) {
+  (void)state;
+  uint64_t live0 = stat_of("live_bytes"), fails0 = stat_of("free_failures");
+  const size_t n = 64 * 1024;
+  CUdeviceptr x = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, NULL);
+  CUdeviceptr y = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, NULL);
+  assert_true(x != 0 && y != 0);
+  assert_int_equal(d_memset(x, 3, n / 4, NULL), CUDA_SUCCESS);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  CUstream cs;
+  assert_int_equal(d_stream_create(&cs, 0, 0), CUDA_SUCCESS); /* blocking, as PyTorch's side streams */
+  assert_int_equal(d_begin(cs, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  CUdeviceptr t = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, cs);
+  assert_true(t != 0);
+  assert_int_equal(d_copy(t, x, n, cs), CUDA_SUCCESS);
+  t_free((void *)(uintptr_t)y, (ssize_t)n, 0, NULL); /* an eager tensor dies inside the capture */
+  t_free((void *)(uintptr_t)t, (ssize_t)n, 0, cs);
+  CUgraph g = NULL;
+  assert_int_equal(d_end(cs, &g), CUDA_SUCCESS); /* the capture ends valid */
+  assert_int_equal(stat_of("free_failures"), fails0);
+  assert_int_equal(d_graph_destroy(g), CUDA_SUCCESS);
+  assert_int_equal(t_release(0), 1);
+  t_free((void *)(uintptr_t)x, (ssize_t)n, 0, NULL); /* the deferred free happens no later than here */
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  assert_int_equal(stat_of("live_bytes"), live0);
+  check_races();
+  assert_int_equal(d_stream_destroy(cs), CUDA_SUCCESS);
+}
+
 /* The adapter's runtime keeps nothing cached in the driver's pool and takes 16 MiB chunks (what
  * held device memory within 1.1x of PyTorch's allocator on the example, H100), unless the
  * environment says otherwise. */
@@ -298,6 +331,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup(test_side_stream_prefetch_without_record_stream, setup),
       cmocka_unit_test_setup(test_frees_from_other_threads, setup),
       cmocka_unit_test_setup(test_outside_capture_then_replays, setup),
+      cmocka_unit_test_setup(test_legacy_frees_during_a_blocking_capture, setup),
       cmocka_unit_test_setup(test_adapter_defaults, setup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
