@@ -115,11 +115,7 @@ static void gpool_segments(const weft_resource_t *self, void (*segment)(void *ct
     weft_segment_t sg = {c->base, c->bytes, 0};
     segment(ctx, &sg);
   }
-  for (unsigned t = 0; t <= p->idle; t++)
-    for (const weft__tlsf_range_t *r = weft__tlsf_oldest(&p->tlsf, t); r != NULL; r = r->next_age) {
-      weft_free_range_t f = {r->addr, r->size, t};
-      free_range(ctx, &f);
-    }
+  weft__tlsf_free_ranges(&p->tlsf, p->idle + 1, free_range, ctx);
   pthread_mutex_unlock(&p->lock);
 }
 

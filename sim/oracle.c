@@ -115,6 +115,17 @@ static void describe(char *out, size_t n, const sim__who_t *w) {
   else snprintf(out, n, "%s%s%s on stream %d (op %" PRIu64 ")", w->what, sep, name, w->stream, w->op);
 }
 
+/* Counts a race; its zeroed log entry, or NULL once SIM_MAX_RACES_KEPT are kept. */
+static weft_sim_race_t *count_race(void) {
+  sim.races++;
+  sim.stats.races = sim.races;
+  if (sim.nrace_log >= SIM_MAX_RACES_KEPT) return NULL;
+  if (sim.race_log == NULL) sim.race_log = sim__xcalloc(SIM_MAX_RACES_KEPT, sizeof *sim.race_log);
+  weft_sim_race_t *r = &sim.race_log[sim.nrace_log++];
+  memset(r, 0, sizeof *r);
+  return r;
+}
+
 /* Reports a race between `first` (earlier access) and `second` (the op executing). `first` may be
  * NULL for an access to unallocated memory. */
 static void report(const sim__who_t *first, int first_writes, const sim__who_t *second, int second_writes,
@@ -123,12 +134,8 @@ static void report(const sim__who_t *first, int first_writes, const sim__who_t *
   for (size_t i = 0; i < g_nseen; i++)
     if (g_seen[i] == key) return;
   if (g_nseen < sizeof g_seen / sizeof g_seen[0]) g_seen[g_nseen++] = key;
-  sim.races++;
-  sim.stats.races = sim.races;
-  if (sim.nrace_log >= SIM_MAX_RACES_KEPT) return;
-  if (sim.race_log == NULL) sim.race_log = sim__xcalloc(SIM_MAX_RACES_KEPT, sizeof *sim.race_log);
-  weft_sim_race_t *r = &sim.race_log[sim.nrace_log++];
-  memset(r, 0, sizeof *r);
+  weft_sim_race_t *r = count_race();
+  if (r == NULL) return;
   if (first) {
     describe(r->first_desc, sizeof r->first_desc, first);
     r->first_op = first->op;
@@ -147,12 +154,8 @@ static void report(const sim__who_t *first, int first_writes, const sim__who_t *
 }
 
 void sim__hazard_report(const char *first, const char *second) {
-  sim.races++;
-  sim.stats.races = sim.races;
-  if (sim.nrace_log >= SIM_MAX_RACES_KEPT) return;
-  if (sim.race_log == NULL) sim.race_log = sim__xcalloc(SIM_MAX_RACES_KEPT, sizeof *sim.race_log);
-  weft_sim_race_t *r = &sim.race_log[sim.nrace_log++];
-  memset(r, 0, sizeof *r);
+  weft_sim_race_t *r = count_race();
+  if (r == NULL) return;
   snprintf(r->first_desc, sizeof r->first_desc, "%s", first);
   snprintf(r->second_desc, sizeof r->second_desc, "%s", second);
   r->first_stream = r->second_stream = -1;

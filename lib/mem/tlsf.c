@@ -326,3 +326,12 @@ bool weft__tlsf_is_valid(const weft__tlsf_t *t) {
   CHECK(chunks == t->chunks && chunk_bytes == t->chunk_bytes, "chunks do not add up");
   return true;
 }
+
+void weft__tlsf_free_ranges(const weft__tlsf_t *t, unsigned lanes, void (*free_range)(void *ctx, const weft_free_range_t *r),
+                            void *ctx) {
+  for (unsigned l = 0; l < lanes; l++)
+    for (const weft__tlsf_range_t *r = weft__tlsf_oldest(t, l); r != NULL; r = r->next_age) {
+      weft_free_range_t f = {r->addr, r->size, l};
+      free_range(ctx, &f);
+    }
+}

@@ -124,6 +124,11 @@ weft__tlsf_range_t *weft__tlsf_move(weft__tlsf_t *t, weft__tlsf_range_t *r, unsi
 static inline weft__tlsf_range_t *weft__tlsf_oldest(const weft__tlsf_t *t, unsigned lane) { return t->lane[lane].oldest; }
 static inline weft__tlsf_range_t *weft__tlsf_newest(const weft__tlsf_t *t, unsigned lane) { return t->lane[lane].newest; }
 
+/** Hands every free range of lanes 0..lanes-1 to `free_range`, lane by lane, oldest first (the
+ * segments op of a resource built on the core: weft_memory_snapshot). */
+void weft__tlsf_free_ranges(const weft__tlsf_t *t, unsigned lanes, void (*free_range)(void *ctx, const weft_free_range_t *r),
+                            void *ctx);
+
 /** The size class of `size` bytes, < WEFT__TLSF_MAX_BYTES (exposed for tests). */
 unsigned weft__tlsf_class(uint64_t size);
 

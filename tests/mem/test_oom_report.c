@@ -175,6 +175,13 @@ static uint64_t number_after(const char *json, const char *key) {
   return strtoull(at + strlen(key), NULL, 10);
 }
 
+/* Runs a shell command that exits 77 when there is no python3 (the C checks then stand alone). */
+static void run_python(const char *cmd) {
+  int rc = system(cmd);
+  if (rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 77) return;
+  assert_int_equal(rc, 0);
+}
+
 /* Checks the JSON with Python when there is one: valid, and its lists add up to its totals. */
 static void python_checks(const char *path) {
   char cmd[1024];
@@ -189,9 +196,24 @@ static void python_checks(const char *path) {
            "assert sum(x['bytes'] for x in s['by_stream'])==t['live_bytes'], 'streams'; "
            "assert all(g['base'] <= x['ptr'] for g in s['segments'] for x in g['blocks']), 'placement'\"",
            path);
-  int rc = system(cmd);
-  if (rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 77) return; /* no python3: the C checks stand */
-  assert_int_equal(rc, 0);
+  run_python(cmd);
+}
+
+/* Writes the runtime's snapshot to <TEST_TMPDIR>/<name> (its path into `path`) and reads it back
+ * into json (NUL-terminated). */
+static void snapshot_to(weft_runtime_t *rt, const char *name, char *path, size_t path_size, char *json,
+                        size_t json_size) {
+  const char *dir = getenv("TEST_TMPDIR");
+  snprintf(path, path_size, "%s/%s", dir ? dir : "/tmp", name);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  assert_int_equal(weft_memory_snapshot(rt, f), WEFT_OK);
+  fclose(f);
+  f = fopen(path, "r");
+  assert_non_null(f);
+  size_t n = fread(json, 1, json_size - 1, f);
+  fclose(f);
+  json[n] = '\0';
 }
 
 /* weft_memory_snapshot: totals equal the resource's statistics; the lists add up (python3). */
@@ -206,17 +228,8 @@ static void test_snapshot_totals_match_the_stats(void **state) {
                      WEFT_OK);
   assert_int_equal(weft_free(b[2], tu_stream(&env, 0)), WEFT_OK); /* a free range */
   char path[512];
-  const char *dir = getenv("TEST_TMPDIR");
-  snprintf(path, sizeof path, "%s/snapshot.json", dir ? dir : "/tmp");
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  assert_int_equal(weft_memory_snapshot(env.rt, f), WEFT_OK);
-  fclose(f);
-  f = fopen(path, "r");
   static char json[1 << 16];
-  size_t n = fread(json, 1, sizeof json - 1, f);
-  fclose(f);
-  json[n] = '\0';
+  snapshot_to(env.rt, "snapshot.json", path, sizeof path, json, sizeof json);
   weft_resource_stats_t rs;
   weft_resource_stats(weft_runtime_resource(env.rt), &rs);
   assert_int_equal(number_after(json, "\"live_bytes\": "), rs.live_bytes); /* the resource's line */
@@ -252,17 +265,8 @@ static void test_snapshot_shows_graph_pools(void **state) {
   assert_int_equal(weft_graph_instantiate(g, s0, &e), WEFT_OK);
   assert_int_equal(weft_exec_launch(e, s0), WEFT_OK);
   char path[512];
-  const char *dir = getenv("TEST_TMPDIR");
-  snprintf(path, sizeof path, "%s/snapshot_gpool.json", dir ? dir : "/tmp");
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  assert_int_equal(weft_memory_snapshot(env.rt, f), WEFT_OK);
-  fclose(f);
-  f = fopen(path, "r");
   static char json[1 << 16];
-  size_t n = fread(json, 1, sizeof json - 1, f);
-  fclose(f);
-  json[n] = '\0';
+  snapshot_to(env.rt, "snapshot_gpool.json", path, sizeof path, json, sizeof json);
   uint64_t reserved = weft_graph_pool_reserved(p);
   assert_true(reserved >= (3u << 20));
   const char *owner = strstr(json, "{\"owner\": \"graph pool\", \"bytes\": ");
@@ -285,8 +289,7 @@ static void test_snapshot_shows_graph_pools(void **state) {
            "g=[x for x in s['segments'] if x['owner']=='graph pool']; "
            "assert any(b['tag']=='graph_out' for x in g for b in x['blocks']), 'output not in a graph pool segment'\"",
            path);
-  int rc = system(cmd);
-  if (!(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 77)) assert_int_equal(rc, 0);
+  run_python(cmd);
   assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
   weft_block_t out;
   for (size_t i = 0; weft_exec_output(e, i, &out) == WEFT_OK; i++) assert_int_equal(weft_free(out, s0), WEFT_OK);
@@ -294,13 +297,7 @@ static void test_snapshot_shows_graph_pools(void **state) {
   assert_int_equal(weft_graph_destroy(g), WEFT_OK);
   assert_int_equal(weft_graph_pool_destroy(p), WEFT_OK);
   /* Destroyed: gone from the next snapshot. */
-  f = fopen(path, "w");
-  assert_int_equal(weft_memory_snapshot(env.rt, f), WEFT_OK);
-  fclose(f);
-  f = fopen(path, "r");
-  n = fread(json, 1, sizeof json - 1, f);
-  fclose(f);
-  json[n] = '\0';
+  snapshot_to(env.rt, "snapshot_gpool.json", path, sizeof path, json, sizeof json);
   assert_null(strstr(json, "\"graph pool\""));
   tu_fini(&env);
 }

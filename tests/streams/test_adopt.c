@@ -51,13 +51,16 @@ static uint64_t waits(const tu_env_t *env) {
   return c.waits_issued;
 }
 
-static CUstream raw_stream(void) {
+/* A raw stream with these flags, destroyed by the teardown. */
+static CUstream raw_stream_with(unsigned flags) {
   CUstream s;
-  assert_int_equal(drv->cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);
+  assert_int_equal(drv->cuStreamCreateWithPriority(&s, flags, 0), CUDA_SUCCESS);
   assert_true(n_made < 16);
   made[n_made++] = s;
   return s;
 }
+
+static CUstream raw_stream(void) { return raw_stream_with(CU_STREAM_NON_BLOCKING); }
 
 static void expect_all(weft_stream_t *s, weft_block_t b, unsigned v) {
   unsigned host[N];
@@ -301,10 +304,7 @@ static void test_legacy_free_waits_for_a_blocking_capture(void **state) {
   assert_int_equal(tu_fill(env, legacy, b, N, 6), WEFT_OK);
   weft_counters_t c0, c1;
   assert_int_equal(weft_runtime_counters(env->rt, &c0), WEFT_OK);
-  CUstream blocking;
-  assert_int_equal(drv->cuStreamCreateWithPriority(&blocking, 0, 0), CUDA_SUCCESS);
-  assert_true(n_made < 16);
-  made[n_made++] = blocking;
+  CUstream blocking = raw_stream_with(0); /* as torch.cuda.graph's capture stream */
   assert_int_equal(drv->cuStreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
   assert_int_equal(weft_free(b, legacy), WEFT_OK); /* deferred */
   assert_int_equal(weft_free(b, legacy), WEFT_ERR_DOUBLE_FREE);

@@ -27,13 +27,25 @@ static long long field(const char *line, const char *key) {
   return at ? strtoll(at + strlen(key), NULL, 10) : -1;
 }
 
+static void trace_path(char *path, size_t n, const char *name) {
+  const char *dir = getenv("TEST_TMPDIR");
+  snprintf(path, n, "%s/%s", dir ? dir : "/tmp", name);
+}
+
+static void check_json(const char *path) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "command -v python3 >/dev/null || exit 77; python3 -c \"import json; json.load(open('%s'))\"",
+           path);
+  int rc = system(cmd);
+  if (!(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 77)) assert_int_equal(rc, 0);
+}
+
 static void test_one_arrow_per_wait_on_the_right_pair(void **state) {
   (void)state;
   tu_env_t env;
   tu_init(&env, NULL);
   char path[512];
-  const char *dir = getenv("TEST_TMPDIR");
-  snprintf(path, sizeof path, "%s/trace.json", dir ? dir : "/tmp");
+  trace_path(path, sizeof path, "trace.json");
   assert_int_equal(weft_trace_start(path), WEFT_OK);
   assert_int_equal(weft_trace_start(path), WEFT_ERR_BUSY);
   weft_stream_t *s[4];
@@ -90,29 +102,12 @@ static void test_one_arrow_per_wait_on_the_right_pair(void **state) {
   assert_int_equal(frees, 1);
   assert_int_equal(allocs, 4);
   assert_int_equal(combine_with_tags, 1); /* the use on s3 read y */
-  char cmd[1024];
-  snprintf(cmd, sizeof cmd, "command -v python3 >/dev/null || exit 77; python3 -c \"import json; json.load(open('%s'))\"",
-           path);
-  int rc = system(cmd);
-  if (!(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 77)) assert_int_equal(rc, 0);
+  check_json(path);
   assert_int_equal(weft_free(y, s[3]), WEFT_OK);
   assert_int_equal(weft_free(z, s[3]), WEFT_OK);
   assert_int_equal(weft_free(w, s[3]), WEFT_OK);
   assert_int_equal(tu_races(&env), 0);
   tu_fini(&env);
-}
-
-static void trace_path(char *path, size_t n, const char *name) {
-  const char *dir = getenv("TEST_TMPDIR");
-  snprintf(path, n, "%s/%s", dir ? dir : "/tmp", name);
-}
-
-static void check_json(const char *path) {
-  char cmd[1024];
-  snprintf(cmd, sizeof cmd, "command -v python3 >/dev/null || exit 77; python3 -c \"import json; json.load(open('%s'))\"",
-           path);
-  int rc = system(cmd);
-  if (!(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 77)) assert_int_equal(rc, 0);
 }
 
 /* A capture's uses, waits and its own slice are on tracks of the capture ("capture C, stream S");
