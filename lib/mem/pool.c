@@ -45,10 +45,17 @@
  * free). A trim retires every lane as far as the host sees completion, then gives wholly idle
  * chunks back to upstream (on stream 0: their work is complete, any stream serves).
  *
- * Large blocks (see DEDICATED_*) get a chunk of their own, exactly their size, which goes back to
- * upstream as soon as they are freed (on the freeing stream: upstream orders its reuse). Mixing
- * them into shared chunks is what fragments a sub-allocator: a few small live blocks pin a chunk
- * that a large request cannot use. The driver's pool below reuses their memory.
+ * Large blocks (see DEDICATED_*) get a chunk of their own, exactly their size. Mixing them into
+ * shared chunks is what fragments a sub-allocator: a few small live blocks pin a chunk that a
+ * large request cannot use. A freed large block's chunk is *kept* whole, with the point of its
+ * free, for the next request of exactly its size (a training step asks for the same shapes every
+ * step): the freeing stream takes it back at once, another stream when it is ordered after the
+ * free or the host sees the free complete (one event query), as for free ranges. Kept chunks are
+ * few (KEEP_*): the oldest goes back to upstream when more are freed (on the freeing stream,
+ * after a wait for the old free unless already ordered), and trim, growth failures and the last
+ * resort give them back as they give back idle chunks. Small requests never carve them. Before,
+ * every large pair was a cuMemAllocFromPoolAsync + cuMemFreeAsync pair (615-1242 ns on an H200,
+ * bench_alloc's native pool row).
  *
  * Sizes are rounded up to 256 bytes (the alignment); live bytes count what callers asked for.
  */
@@ -66,13 +73,20 @@ _Static_assert(WEFT__MEM_MAX_BYTES <= WEFT__TLSF_MAX_BYTES / 2, "the TLSF classe
  * chunk/8 and 1.04-1.07 from chunk/16. */
 #define DEDICATED_FRACTION 16
 #define DEDICATED_MIN (2ull << 20)
+/* Freed dedicated chunks kept for their size: at most KEEP_COUNT chunks and KEEP_CHUNKS times
+ * chunk_bytes (a larger one goes back at once). */
+#define KEEP_COUNT 8
+#define KEEP_CHUNKS 16
 static const char chunk_tag[] = "weft.pool.chunk";
 
 typedef struct chunk {
   CUdeviceptr base;   /* what upstream returned */
   uint64_t bytes;     /* what we asked upstream for */
-  int dedicated;      /* 1: holds one large block, goes back to upstream when it is freed */
+  int dedicated;      /* 1: holds one large block (its range stays allocated in the TLSF) */
+  bool kept;          /* dedicated, its block freed: on the kept list, reusable for its size */
+  weft__point_t freed; /* kept: where its block was freed (stream = idle lane: known complete) */
   struct chunk *prev, *next;
+  struct chunk *kept_next; /* kept list, oldest first */
 } chunk_t;
 
 typedef struct pool {
@@ -85,6 +99,9 @@ typedef struct pool {
   weft__tlsf_t tlsf;
   chunk_t *chunks;            /* every chunk held from upstream */
   uint64_t reserved, reserved_peak; /* chunk bytes held from upstream */
+  chunk_t *kept, *kept_tail;  /* kept dedicated chunks, oldest first */
+  unsigned n_kept;
+  uint64_t kept_bytes, keep_bytes; /* held in kept chunks; the most they may hold */
 } pool_t;
 
 weft_pool_options_t weft_pool_options_default(void) {
@@ -121,6 +138,14 @@ static void retire_all(pool_t *p) {
   }
 }
 
+/* Unlinks a chunk from the pool's chunk list and frees its record (its memory went upstream). */
+static void drop_chunk(pool_t *p, chunk_t *c) {
+  p->reserved -= c->bytes;
+  if (c->prev) c->prev->next = c->next; else p->chunks = c->next;
+  if (c->next) c->next->prev = c->prev;
+  weft__meta_free(c);
+}
+
 /* Gives every wholly idle chunk back to upstream, on stream s (one that takes part in no capture;
  * the frees are complete), while more than `keep` bytes stay reserved. A chunk whose release
  * fails stays in the pool. Returns the first failure (or OK). */
@@ -140,15 +165,123 @@ static weft_status_t release_idle_chunks(pool_t *p, uint64_t keep, weft_stream_t
         if (first == WEFT_OK) first = st;
       } else {
         weft__tlsf_remove_chunk(&p->tlsf, r);
-        p->reserved -= c->bytes;
-        if (c->prev) c->prev->next = c->next; else p->chunks = c->next;
-        if (c->next) c->next->prev = c->prev;
-        weft__meta_free(c);
+        drop_chunk(p, c);
       }
     }
     r = next;
   }
   return first;
+}
+
+/* Whether work on s from now on may use kept chunk c's memory with no wait: s freed it, its free
+ * is known complete, or s is already ordered after it. */
+static bool kept_ready(const pool_t *p, weft_stream_t *s, const chunk_t *c) {
+  return c->freed.stream == s->index || c->freed.stream == p->idle || weft__tracker_is_ordered(s, c->freed);
+}
+
+/* Takes kept chunk c off the kept list (prev: its predecessor there, or NULL). */
+static void unkeep(pool_t *p, chunk_t *c, chunk_t *prev) {
+  if (prev != NULL) prev->kept_next = c->kept_next;
+  else p->kept = c->kept_next;
+  if (p->kept_tail == c) p->kept_tail = prev;
+  c->kept_next = NULL;
+  c->kept = false;
+  p->n_kept--;
+  p->kept_bytes -= c->bytes;
+}
+
+/* A kept chunk of exactly n bytes that work on s may use now (at most one event query, for the
+ * oldest candidate), taken off the kept list; NULL when there is none. */
+static chunk_t *take_kept(pool_t *p, weft_stream_t *s, uint64_t n) {
+  chunk_t *prev = NULL, *cand = NULL, *cand_prev = NULL;
+  for (chunk_t *c = p->kept; c != NULL; prev = c, c = c->kept_next) {
+    if (c->bytes != n) continue;
+    if (kept_ready(p, s, c)) {
+      unkeep(p, c, prev);
+      return c;
+    }
+    if (cand == NULL) {
+      cand = c;
+      cand_prev = prev;
+    }
+  }
+  if (cand == NULL || !weft__tracker_poll(p->tr, cand->freed)) return NULL;
+  unkeep(p, cand, cand_prev);
+  return cand;
+}
+
+/* Gives dedicated chunk c back to upstream on s and forgets it (kept or not). Upstream orders its
+ * reuse after the work on s: the caller made sure s is ordered after c's free. */
+static weft_status_t give_back(pool_t *p, chunk_t *c, chunk_t *kept_prev, weft_stream_t *s) {
+  weft_status_t st = weft__resource_deallocate(p->base.upstream, c->base, c->bytes, s, chunk_tag);
+  if (st != WEFT_OK) return st;
+  if (c->kept) unkeep(p, c, kept_prev);
+  weft__tlsf_range_t *r = weft__tlsf_lookup(&p->tlsf, c->base);
+  weft__tlsf_remove_chunk(&p->tlsf, weft__tlsf_free(&p->tlsf, r, p->idle, 0));
+  drop_chunk(p, c);
+  return WEFT_OK;
+}
+
+/* How far release_kept goes. */
+typedef enum { KEPT_NO_WAIT, KEPT_COMPLETE, KEPT_ALL } kept_release_t;
+
+/* Gives kept chunk c back to upstream without a wait: on s if s may use it at once (kept_ready),
+ * else on the stream that freed it, where stream order covers the free, unless that stream takes
+ * part in a capture or code outside weft may be capturing on it (it was exposed): then c stays
+ * kept and BUSY is returned. */
+static weft_status_t release_no_wait(pool_t *p, chunk_t *c, chunk_t *prev, weft_stream_t *s) {
+  if (kept_ready(p, s, c)) return give_back(p, c, prev, s);
+  weft_stream_t *t = &p->tr->streams[c->freed.stream];
+  if (atomic_load_explicit(&t->exposed, memory_order_relaxed) || weft__tracker_hold(t, "pool") != WEFT_OK)
+    return WEFT_ERR_BUSY; /* (hold's CAPTURE message is not an error of the caller's) */
+  weft_status_t st = give_back(p, c, prev, t);
+  weft__tracker_unhold(t);
+  return st;
+}
+
+/* Gives kept chunks back to upstream: KEPT_NO_WAIT those release_no_wait can; KEPT_COMPLETE also
+ * those the host sees complete (an event query each), on s; KEPT_ALL every one, s first waiting
+ * for each free it is not ordered after (a last resort: the wait ties s to another stream). A
+ * chunk whose wait or release fails stays kept. Returns the first failure (or OK). */
+static weft_status_t release_kept(pool_t *p, weft_stream_t *s, kept_release_t how) {
+  weft_status_t first = WEFT_OK;
+  chunk_t *prev = NULL;
+  for (chunk_t *c = p->kept, *next; c != NULL; c = next) {
+    next = c->kept_next;
+    weft_status_t st = release_no_wait(p, c, prev, s);
+    if (st == WEFT_ERR_BUSY && how != KEPT_NO_WAIT) {
+      if (weft__tracker_poll(p->tr, c->freed)) st = give_back(p, c, prev, s);
+      else if (how == KEPT_ALL && (st = weft__tracker_order(s, c->freed)) == WEFT_OK) st = give_back(p, c, prev, s);
+    }
+    if (st == WEFT_OK) continue; /* c is gone; prev stays */
+    if (st != WEFT_ERR_BUSY && first == WEFT_OK) first = st;
+    prev = c;
+  }
+  return first;
+}
+
+/* Keeps dedicated chunk c, whose block s just freed, for a later request of its size. To stay
+ * within KEEP_*, the oldest kept chunks go back first (release_no_wait); if that is not enough,
+ * c itself goes back at once (on s, where it was freed). Nothing here waits or queries: keeping
+ * never ties s to another stream. */
+static weft_status_t keep_chunk(pool_t *p, chunk_t *c, weft_stream_t *s) {
+  chunk_t *prev = NULL;
+  for (chunk_t *k = p->kept, *next; k != NULL && (p->n_kept == KEEP_COUNT || p->kept_bytes + c->bytes > p->keep_bytes);
+       k = next) {
+    next = k->kept_next;
+    if (release_no_wait(p, k, prev, s) != WEFT_OK) prev = k;
+  }
+  if (p->n_kept == KEEP_COUNT || p->kept_bytes + c->bytes > p->keep_bytes) return give_back(p, c, NULL, s);
+  weft__point_t pt = weft__tracker_point(s);
+  c->freed = pt.tick == 0 ? (weft__point_t){p->idle, 0} : pt;
+  c->kept = true;
+  c->kept_next = NULL;
+  if (p->kept_tail != NULL) p->kept_tail->kept_next = c;
+  else p->kept = c;
+  p->kept_tail = c;
+  p->n_kept++;
+  p->kept_bytes += c->bytes;
+  return WEFT_OK;
 }
 
 /* Takes a new chunk able to hold n bytes from upstream into lane s. When upstream refuses a whole
@@ -228,7 +361,7 @@ static uint64_t whole_free_bytes(const pool_t *p) {
   for (unsigned t = 0; t <= p->idle; t++)
     for (const weft__tlsf_range_t *r = weft__tlsf_oldest(&p->tlsf, t); r != NULL; r = r->next_age)
       if (weft__tlsf_is_whole_chunk(r)) bytes += ((const chunk_t *)r->chunk)->bytes;
-  return bytes;
+  return bytes + p->kept_bytes;
 }
 
 /* Step 7, the last resort before OUT_OF_MEMORY when growth failed (st says why): the host waits
@@ -261,7 +394,8 @@ static weft__tlsf_range_t *settle(pool_t *p, weft_stream_t *s, uint64_t n, weft_
   }
   for (size_t i = 0; i < k; i++) retire(p, pts[i].stream, pts[i].tick);
   weft__tlsf_range_t *r = weft__tlsf_find(&p->tlsf, p->idle, n);
-  if (r == NULL && release_idle_chunks(p, 0, s) == WEFT_OK) *st = grow(p, n, s, false, &r);
+  if (r == NULL && release_kept(p, s, KEPT_ALL) == WEFT_OK && release_idle_chunks(p, 0, s) == WEFT_OK)
+    *st = grow(p, n, s, false, &r);
   return r;
 }
 
@@ -322,9 +456,23 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
   weft_status_t st = WEFT_OK;
   pthread_mutex_lock(&p->lock);
   weft__tlsf_range_t *r = NULL;
-  /* Large blocks get a chunk of their own, returned to upstream when they are freed: they never
-   * pin a shared chunk, and upstream (the driver's pool) reuses their memory. */
-  if (n >= p->dedicated_min) (void)grow(p, n, s, true, &r);
+  /* Large blocks get a chunk of their own (a kept one of their size if s may use it): they never
+   * pin a shared chunk. Where upstream has no room, the kept chunks go back first. */
+  if (n >= p->dedicated_min) {
+    chunk_t *k = take_kept(p, s, n);
+    if (k != NULL) {
+      pthread_mutex_unlock(&p->lock);
+      *out = k->base;
+      return WEFT_OK;
+    }
+    /* A miss: kept chunks s can give back with no wait go back first, so that keeping never
+     * adds to what the pool holds while it grows. */
+    if (p->kept != NULL) (void)release_kept(p, s, KEPT_NO_WAIT);
+    weft_status_t g = grow(p, n, s, true, &r);
+    if ((g == WEFT_ERR_OUT_OF_MEMORY || g == WEFT_ERR_OVER_BUDGET) && p->kept != NULL &&
+        release_kept(p, s, KEPT_ALL) == WEFT_OK)
+      (void)grow(p, n, s, true, &r);
+  }
   /* At the cap (no room for another chunk) placement decides whether later requests fit. */
   bool tight = p->opt.max_bytes != 0 && p->reserved + p->opt.chunk_bytes > p->opt.max_bytes;
   if (r == NULL) r = tight ? find_tight(p, s, n) : find_ready(p, s, n);
@@ -339,7 +487,8 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
     if ((st == WEFT_ERR_OUT_OF_MEMORY || st == WEFT_ERR_OVER_BUDGET) && p->opt.release_empty_chunks) {
       /* Idle chunks too small for n may be what keeps upstream from giving a bigger one. */
       retire_all(p);
-      if ((r = weft__tlsf_find(&p->tlsf, p->idle, n)) == NULL && release_idle_chunks(p, 0, s) == WEFT_OK)
+      if ((r = weft__tlsf_find(&p->tlsf, p->idle, n)) == NULL && release_kept(p, s, KEPT_ALL) == WEFT_OK &&
+          release_idle_chunks(p, 0, s) == WEFT_OK)
         st = grow(p, n, s, false, &r);
     }
   }
@@ -376,6 +525,7 @@ static weft_status_t pool_deallocate(weft_resource_t *self, CUdeviceptr ptr, siz
   pool_t *p = (pool_t *)self;
   pthread_mutex_lock(&p->lock);
   weft__tlsf_range_t *r = weft__tlsf_lookup(&p->tlsf, ptr);
+  if (r != NULL && ((chunk_t *)r->chunk)->kept) r = NULL; /* its block was freed: the chunk is kept */
   if (r == NULL || r->size != weft__tlsf_round_up(bytes)) {
     pthread_mutex_unlock(&p->lock);
     if (r == NULL)
@@ -386,17 +536,11 @@ static weft_status_t pool_deallocate(weft_resource_t *self, CUdeviceptr ptr, siz
   }
   chunk_t *c = r->chunk;
   if (c->dedicated) {
-    /* Upstream orders its reuse after the work on s (the caller made s wait for every use). */
-    weft_status_t st = weft__resource_deallocate(p->base.upstream, c->base, c->bytes, s, chunk_tag);
+    weft_status_t st = keep_chunk(p, c, s);
     if (st != WEFT_OK) {
       pthread_mutex_unlock(&p->lock);
       return st;
     }
-    weft__tlsf_remove_chunk(&p->tlsf, weft__tlsf_free(&p->tlsf, r, p->idle, 0));
-    p->reserved -= c->bytes;
-    if (c->prev) c->prev->next = c->next; else p->chunks = c->next;
-    if (c->next) c->next->prev = c->prev;
-    weft__meta_free(c);
   } else {
     weft__point_t pt = weft__tracker_point(s);
     weft__tlsf_free(&p->tlsf, r, pt.tick == 0 ? p->idle : s->index, pt.tick);
@@ -422,7 +566,8 @@ static weft_status_t pool_trim(weft_resource_t *self, size_t keep) {
   if (on == NULL) return WEFT_ERR_CAPTURE;
   pthread_mutex_lock(&p->lock);
   retire_all(p);
-  weft_status_t st = p->opt.release_empty_chunks ? release_idle_chunks(p, keep, on) : WEFT_OK;
+  weft_status_t st = p->opt.release_empty_chunks ? release_kept(p, on, KEPT_COMPLETE) : WEFT_OK;
+  if (st == WEFT_OK && p->opt.release_empty_chunks) st = release_idle_chunks(p, keep, on);
   pthread_mutex_unlock(&p->lock);
   weft__tracker_unhold(on);
   return st == WEFT_OK ? weft__resource_trim(p->base.upstream, keep) : st;
@@ -446,6 +591,12 @@ static weft_status_t pool_destroy(weft_resource_t *self) {
     if (st != WEFT_OK) st = weft__tracker_sync_points(p->tr, &pt, 1);
     if (st != WEFT_OK && first == WEFT_OK) first = st;
   }
+  for (chunk_t *c = on != NULL ? p->kept : NULL; c != NULL; c = c->kept_next) {
+    if (c->freed.stream == on->index || c->freed.stream == p->idle) continue;
+    weft_status_t st = weft__tracker_order(on, c->freed);
+    if (st != WEFT_OK) st = weft__tracker_sync_points(p->tr, &c->freed, 1);
+    if (st != WEFT_OK && first == WEFT_OK) first = st;
+  }
   for (chunk_t *c = p->chunks, *next; c != NULL; c = next) {
     next = c->next;
     weft_status_t st = on != NULL ? weft__resource_deallocate(p->base.upstream, c->base, c->bytes, on, chunk_tag) : WEFT_OK;
@@ -466,6 +617,10 @@ static void pool_segments(const weft_resource_t *self, void (*segment)(void *ctx
   for (const chunk_t *c = p->chunks; c != NULL; c = c->next) {
     weft_segment_t s = {c->base, c->bytes, c->dedicated};
     segment(ctx, &s);
+    if (c->kept) { /* wholly free, kept for its size */
+      weft_free_range_t f = {c->base, c->bytes, c->freed.stream};
+      free_range(ctx, &f);
+    }
   }
   weft__tlsf_free_ranges(&p->tlsf, p->idle + 1, free_range, ctx);
   pthread_mutex_unlock(&p->lock);
@@ -505,6 +660,7 @@ weft_status_t weft__pool_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_re
   p->opt = o;
   p->idle = tr->n;
   p->dedicated_min = o.chunk_bytes / DEDICATED_FRACTION > DEDICATED_MIN ? o.chunk_bytes / DEDICATED_FRACTION : DEDICATED_MIN;
+  p->keep_bytes = o.chunk_bytes * KEEP_CHUNKS;
   *out = &p->base;
   return WEFT_OK;
 fail_lock:

@@ -165,6 +165,7 @@ static weft_status_t up_free(weft_resource_t *self, CUdeviceptr p, size_t bytes,
     return weft__error(st, "fake upstream: free of 0x%llx (%zu bytes) refused", (unsigned long long)p, bytes);
   }
   u->ptrs[slot] = 0;
+  u->last_free_stream = s->index;
   u->live_bytes -= bytes;
   u->live_count--;
   u->frees++;

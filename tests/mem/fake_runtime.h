@@ -40,6 +40,7 @@ typedef struct fake_upstream {
   weft_status_t fail_alloc;          /* non-OK: allocations fail with it */
   weft_status_t fail_free;           /* non-OK: deallocations fail with it */
   uint64_t capacity;                 /* 0: unlimited; else OUT_OF_MEMORY beyond this many live bytes */
+  unsigned last_free_stream;         /* the stream of the newest successful free */
   CUdeviceptr ptrs[4096];
   uint64_t sizes[4096];
   const char *tags[4096];

@@ -281,7 +281,7 @@ static void test_trim_releases_whole_chunks_only_after_their_frees_complete(void
   drop_pool();
 }
 
-static void test_large_block_gets_its_own_chunk_and_returns_it_at_free(void **state) {
+static void test_large_block_gets_its_own_chunk_kept_for_its_size_then_trimmed(void **state) {
   (void)state;
   make_pool(1 * MIB, 0);
   CUdeviceptr small = alloc_on(0, 4096);
@@ -289,18 +289,92 @@ static void test_large_block_gets_its_own_chunk_and_returns_it_at_free(void **st
   assert_int_equal(fx.up->allocs, 2);
   assert_int_equal(fx.up->live_bytes, 1 * MIB + 5 * MIB + 256);
   free_on(1, a, 5 * MIB + 3);
-  assert_int_equal(fx.up->live_bytes, 1 * MIB); /* back upstream at once, on the freeing stream */
+  /* Kept whole for the next request of its size: the same stream takes it back with no upstream
+   * call, no wait and no query. */
+  assert_int_equal(fx.up->live_bytes, 1 * MIB + 5 * MIB + 256);
+  unsigned polls = fake.polls;
+  assert_int_equal(alloc_on(1, 5 * MIB + 3), a);
+  assert_int_equal(fx.up->allocs, 2);
+  assert_int_equal(fake.waits, 0);
+  assert_int_equal(fake.polls, polls);
+  /* A small request never carves a kept chunk. */
+  free_on(1, a, 5 * MIB + 3);
+  CUdeviceptr s2 = alloc_on(1, 1 * MIB); /* beside `small` there is no room: a new chunk */
+  assert_true(s2 < a || s2 >= a + 5 * MIB + 256);
   weft_resource_stats_t st;
   weft_resource_stats(fx.pool, &st);
+  assert_int_equal(st.reserved_bytes, fx.up->live_bytes);
+  assert_int_equal(fx.up->live_count, 3);
+  free_on(1, s2, 1 * MIB);
+  /* A kept chunk freed at the resource level again is refused, and stays kept. */
+  assert_int_equal(weft_resource_deallocate(fx.pool, a, 5 * MIB + 3, fake_stream(1), "t"), WEFT_ERR_INVALID_ARGUMENT);
+  /* Trim gives kept chunks back at once, on the stream that freed them (stream order covers the
+   * free); a shared chunk goes back once its frees are known complete. */
+  assert_int_equal(weft_resource_trim(fx.pool, 0), WEFT_OK);
+  assert_int_equal(fx.up->live_count, 2);
+  assert_int_equal(fx.up->last_free_stream, 1);
+  assert_int_equal(fake.waits, 0);
+  fake_complete(1);
+  assert_int_equal(weft_resource_trim(fx.pool, 0), WEFT_OK);
+  assert_int_equal(fx.up->live_count, 1); /* small's chunk stays */
+  weft_resource_stats(fx.pool, &st);
   assert_int_equal(st.reserved_bytes, 1 * MIB);
-  assert_int_equal(st.reserved_peak, 6 * MIB + 256);
-  /* A refused upstream free leaves the block live. */
-  a = alloc_on(1, 5 * MIB);
-  fx.up->fail_free = WEFT_ERR_DRIVER;
-  assert_int_equal(weft_resource_deallocate(fx.pool, a, 5 * MIB, fake_stream(1), "t"), WEFT_ERR_DRIVER);
-  fx.up->fail_free = WEFT_OK;
-  free_on(1, a, 5 * MIB);
   free_on(0, small, 4096);
+  drop_pool();
+}
+
+static void test_kept_large_chunk_goes_to_another_stream_only_when_ordered_or_complete(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  CUdeviceptr a = alloc_on(1, 3 * MIB);
+  free_on(1, a, 3 * MIB);
+  fake.known[2 * FAKE_STREAMS + 1] = fake.tick[1]; /* stream 2 is ordered after stream 1's free */
+  assert_int_equal(alloc_on(2, 3 * MIB), a);
+  free_on(2, a, 3 * MIB);
+  fake_complete(2); /* the host sees stream 2's free complete: stream 3 takes it (one query) */
+  unsigned polls = fake.polls;
+  assert_int_equal(alloc_on(3, 3 * MIB), a);
+  assert_int_equal(fake.polls, polls + 1);
+  free_on(3, a, 3 * MIB);
+  /* Stream 0 is not ordered after stream 3's free, which may still run: a new chunk, and the
+   * kept one goes back on stream 3, where stream order covers its free. */
+  CUdeviceptr b = alloc_on(0, 3 * MIB);
+  assert_true(b != a);
+  assert_int_equal(fx.up->last_free_stream, 3);
+  assert_int_equal(fx.up->allocs, 2);
+  assert_int_equal(fx.up->live_count, 1);
+  assert_int_equal(fake.waits, 0);
+  free_on(0, b, 3 * MIB);
+  drop_pool();
+}
+
+static void test_kept_large_chunks_are_bounded_and_go_back_oldest_first_after_their_free(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  enum { N = 12 };
+  CUdeviceptr p[N];
+  for (int i = 0; i < N; i++) p[i] = alloc_on(0, (uint64_t)(3 + i) * MIB); /* all sizes differ */
+  for (int i = 0; i < N; i++) free_on(0, p[i], (uint64_t)(3 + i) * MIB);
+  weft_resource_stats_t st;
+  weft_resource_stats(fx.pool, &st);
+  assert_true(fx.up->live_count < N); /* older ones went back */
+  assert_true(st.reserved_bytes == fx.up->live_bytes);
+  assert_int_equal(fake.waits, 0); /* freed on stream 0, given back on stream 0: stream order */
+  /* The newest is still kept, the oldest is not. */
+  assert_int_equal(alloc_on(0, (uint64_t)(3 + N - 1) * MIB), p[N - 1]);
+  uint64_t allocs = fx.up->allocs;
+  CUdeviceptr again = alloc_on(0, 3 * MIB);
+  assert_int_equal(fx.up->allocs, allocs + 1);
+  /* A miss on another stream gives the kept chunks back with no wait: on the stream that freed
+   * them, where stream order covers their free. */
+  free_on(0, again, 3 * MIB);
+  uint64_t frees = fx.up->frees;
+  CUdeviceptr q = alloc_on(1, 20 * MIB);
+  assert_int_equal(fx.up->frees, frees + 1);
+  assert_int_equal(fx.up->last_free_stream, 0);
+  assert_int_equal(fake.waits, 0);
+  free_on(1, q, 20 * MIB);
+  free_on(0, p[N - 1], (uint64_t)(3 + N - 1) * MIB);
   drop_pool();
 }
 
@@ -420,7 +494,9 @@ int main(void) {
       cmocka_unit_test(test_bad_frees_are_rejected_and_leave_the_block_live),
       cmocka_unit_test(test_zero_and_huge_sizes_are_invalid),
       cmocka_unit_test(test_trim_releases_whole_chunks_only_after_their_frees_complete),
-      cmocka_unit_test(test_large_block_gets_its_own_chunk_and_returns_it_at_free),
+      cmocka_unit_test(test_large_block_gets_its_own_chunk_kept_for_its_size_then_trimmed),
+      cmocka_unit_test(test_kept_large_chunk_goes_to_another_stream_only_when_ordered_or_complete),
+      cmocka_unit_test(test_kept_large_chunks_are_bounded_and_go_back_oldest_first_after_their_free),
       cmocka_unit_test(test_constructor_rejects_bad_arguments),
       cmocka_unit_test(test_random_workload_keeps_reserved_close_to_live),
       cmocka_unit_test(test_threads_share_one_pool),
