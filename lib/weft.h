@@ -800,6 +800,19 @@ WEFT_API int weft_graph_pool_owns(const weft_graph_pool_t *p, CUdeviceptr ptr);
  * Errors: CAPTURE (no outside capture is active on s), BUSY (p serves another capture, or this
  * capture allocates to another pool already), WRONG_DEVICE, STALE_HANDLE. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_capture_allocate_to(weft_stream_t *s, weft_graph_pool_t *p);
+/** Called when weft first meets, on stream s, a capture that code outside weft began (or forked s
+ * into), with the driver's id of that capture: the moment to choose where weft_alloc inside it
+ * allocates (weft_capture_allocate_to), before anything is allocated there. weft meets such a
+ * capture in any call on s that asks the driver (weft_alloc, weft_free, weft_use_begin, ...): a
+ * framework's allocator needs no capture query of its own. Runs on the calling thread with no
+ * weft lock held; may call weft. A status other than WEFT_OK fails the call that met the capture
+ * with that status (the capture stays known to weft; allocations in it then use graph memory
+ * nodes). */
+typedef weft_status_t (*weft_capture_handler_t)(weft_stream_t *s, uint64_t capture_id, void *user);
+/** Sets (fn NULL: clears) the runtime's handler of captures begun outside weft. A handler belongs
+ * to one life of the runtime (cleared at its last release). Errors: STALE_HANDLE,
+ * INVALID_ARGUMENT. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_set_capture_handler(weft_runtime_t *rt, weft_capture_handler_t fn, void *user);
 /** Waits for the last launch that used the pool's memory, then frees it.
  * Errors: STALE_HANDLE (destroyed already), BUSY (graphs still use it), CAPTURE / DRIVER (the
  * wait or a cuMemFree failed: the pool stays with the chunks not yet freed, no capture may draw

@@ -182,6 +182,7 @@ weft_status_t weft__capture_end(weft_stream_t *s, weft__capture_t **out, CUgraph
 }
 
 bool weft__capture_foreign_of(weft_stream_t *s, uint64_t *id) {
+  if (atomic_load_explicit(&s->capture, memory_order_acquire) == NULL) return false; /* the common case */
   lock(s->tr);
   weft__capture_t *c = s->capture;
   bool foreign = c != NULL && c->foreign && c->origin == s;

@@ -511,10 +511,15 @@ unsigned weft__tracker_trace_tid(weft_stream_t *s) {
 weft__capture_t *weft__tracker_capture_of(weft_stream_t *s, weft_resource_t **alloc_to) {
   /* The pointer alone needs no lock (it is written under the lock, atomically): the hot check of
    * every resource call. */
-  if (alloc_to == NULL) return atomic_load_explicit(&s->capture, memory_order_acquire);
+  weft__capture_t *c = atomic_load_explicit(&s->capture, memory_order_acquire);
+  if (alloc_to == NULL) return c;
+  if (c == NULL) { /* none: nothing to read under the lock */
+    *alloc_to = NULL;
+    return NULL;
+  }
   lock(s->tr);
-  weft__capture_t *c = s->capture;
-  if (alloc_to != NULL) *alloc_to = c != NULL ? c->alloc_to : NULL;
+  c = s->capture;
+  *alloc_to = c != NULL ? c->alloc_to : NULL;
   unlock(s->tr);
   return c;
 }

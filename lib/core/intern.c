@@ -1,5 +1,6 @@
-/* A chained hash set of strings under one mutex; it only grows. Tags are few and interning is
- * off the hot path once a tag was seen (weft_alloc interns, then the hash hits). */
+/* A chained hash set of strings under one mutex; it only grows. Tags are few: weft_alloc interns
+ * its tag on every call, so each thread remembers its last tag and asks the set only for a new
+ * one. */
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -39,8 +40,13 @@ static int grow(void) {
   return 1;
 }
 
+/* The calling thread's last tag: the string it was asked for and the interned copy. A caller
+ * may reuse its buffer for another tag, so a hit also compares the text. */
+static _Thread_local const char *last_asked, *last_found;
+
 const char *weft__intern(const char *s) {
   if (s == NULL) s = "";
+  if (s == last_asked && strcmp(s, last_found) == 0) return last_found;
   uint64_t h = fnv1a(s);
   const char *found = NULL;
   pthread_mutex_lock(&g_lock);
@@ -63,5 +69,9 @@ const char *weft__intern(const char *s) {
     }
   }
   pthread_mutex_unlock(&g_lock);
+  if (found != NULL) {
+    last_asked = s;
+    last_found = found;
+  }
   return found;
 }

@@ -41,7 +41,9 @@ static bool size_reads(weft_runtime_t *rt, struct weft__block *rec) {
   return true;
 }
 
-struct weft__block *weft__block_make(weft_runtime_t *rt, size_t bytes, const char *tag, weft_resource_t *resource) {
+/* Takes a record off the FIFO (NULL when none may be reused yet) and reserves a slot in the
+ * address map for it (false when the host is out of memory): one pass under blocks_lock. */
+static struct weft__block *take_record(weft_runtime_t *rt, bool *room) {
   pthread_mutex_lock(&rt->blocks_lock);
   struct weft__block *rec = rt->free_head;
   /* Keep the most recently freed records back so that a double free soon after a free is
@@ -52,28 +54,31 @@ struct weft__block *weft__block_make(weft_runtime_t *rt, size_t bytes, const cha
     if (rt->free_head == NULL) rt->free_tail = NULL;
     rt->free_count--;
   }
+  *room = weft__map_reserve(&rt->by_ptr, rt->by_ptr_room + 1);
+  if (*room) rt->by_ptr_room++;
   pthread_mutex_unlock(&rt->blocks_lock);
-  if (rec == NULL) {
-    rec = weft__meta_calloc(1, sizeof *rec);
-    if (rec == NULL) return NULL;
+  return rec;
+}
+
+struct weft__block *weft__block_make(weft_runtime_t *rt, size_t bytes, const char *tag, weft_resource_t *resource) {
+  bool room;
+  struct weft__block *rec = take_record(rt, &room);
+  if (rec == NULL && (rec = weft__meta_calloc(1, sizeof *rec)) != NULL) {
     atomic_init(&rec->gen, 0);
     atomic_init(&rec->state, WEFT__BLOCK_UNUSED);
+    rec->rt = rt;
   }
-  rec->rt = rt;
-  rec->room = false;
-  if (!size_reads(rt, rec)) {
-    weft__block_retire(rec);
+  if (rec == NULL) {
+    if (room) {
+      pthread_mutex_lock(&rt->blocks_lock);
+      rt->by_ptr_room--;
+      pthread_mutex_unlock(&rt->blocks_lock);
+    }
     return NULL;
   }
-  /* Room in the address map now, so that publishing cannot fail. */
-  pthread_mutex_lock(&rt->blocks_lock);
-  bool room = weft__map_reserve(&rt->by_ptr, rt->by_ptr_room + 1);
-  if (room) {
-    rt->by_ptr_room++;
-    rec->room = true;
-  }
-  pthread_mutex_unlock(&rt->blocks_lock);
-  if (!room) {
+  rec->rt = rt;
+  rec->room = room; /* retire gives the slot back */
+  if (!room || !size_reads(rt, rec)) {
     weft__block_retire(rec);
     return NULL;
   }
@@ -122,9 +127,9 @@ static void unlink_live(weft_runtime_t *rt, struct weft__block *rec) {
   rt->live_count--;
 }
 
-void weft__block_retire(struct weft__block *rec) {
-  weft_runtime_t *rt = rec->rt;
-  pthread_mutex_lock(&rt->blocks_lock);
+/* Puts a record on the FIFO of reusable records, giving back its reserved map slot (blocks_lock
+ * held). */
+static void retire_locked(weft_runtime_t *rt, struct weft__block *rec) {
   if (rec->room) { /* made, never published */
     rec->room = false;
     rt->by_ptr_room--;
@@ -134,6 +139,12 @@ void weft__block_retire(struct weft__block *rec) {
   else rt->free_head = rec;
   rt->free_tail = rec;
   rt->free_count++;
+}
+
+void weft__block_retire(struct weft__block *rec) {
+  weft_runtime_t *rt = rec->rt;
+  pthread_mutex_lock(&rt->blocks_lock);
+  retire_locked(rt, rec);
   pthread_mutex_unlock(&rt->blocks_lock);
 }
 
@@ -142,9 +153,9 @@ void weft__block_end(struct weft__block *rec) {
   weft_runtime_t *rt = rec->rt;
   pthread_mutex_lock(&rt->blocks_lock);
   unlink_live(rt, rec);
-  pthread_mutex_unlock(&rt->blocks_lock);
   atomic_store_explicit(&rec->state, WEFT__BLOCK_FREED, memory_order_release);
-  weft__block_retire(rec);
+  retire_locked(rt, rec);
+  pthread_mutex_unlock(&rt->blocks_lock);
 }
 
 bool weft__block_claim(struct weft__block *rec) {

@@ -292,6 +292,7 @@ static weft_status_t create(weft_runtime_t *rt, int device, const weft_options_t
   rt->deferred = WEFT__VEC_INIT(weft__deferred_t);
   atomic_store(&rt->n_deferred, 0);
   rt->oom_handler = NULL; /* a handler belongs to one life: its user data may be gone */
+  rt->capture_handler = NULL;
   rt->oom_user = NULL;
   weft__map_free(&rt->by_ptr);
   rt->by_ptr_room = 0;

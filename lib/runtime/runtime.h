@@ -97,6 +97,8 @@ struct weft_runtime {
   _Atomic size_t n_deferred;
   weft_oom_handler_t oom_handler; /* blocks_lock */
   void *oom_user;
+  weft_capture_handler_t capture_handler; /* blocks_lock */
+  void *capture_user;
 };
 
 /* ---- runtime.c ------------------------------------------------------------------------------ */

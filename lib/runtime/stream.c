@@ -2,6 +2,7 @@
  * driver's: captures that code outside weft begins on a pool stream are adopted (weft's work on
  * the stream is then recorded into them, allocations go to graph memory) and dropped once their
  * owner ends them. */
+#include <stdio.h>
 #include <string.h>
 
 #include "lib/core/error.h"
@@ -65,7 +66,26 @@ static weft_status_t sync_capture(weft_stream_t *s) {
   st = weft__capture_begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL, true, id, rt->graph_nodes, &nc);
   /* Another thread adopted it first. */
   if (st == WEFT_ERR_CAPTURE && weft__tracker_capture_of(s, NULL) != NULL) return WEFT_OK;
-  return st;
+  if (st != WEFT_OK) return st;
+  /* Its owner may say where weft_alloc inside it allocates (weft_set_capture_handler). */
+  pthread_mutex_lock(&rt->blocks_lock);
+  weft_capture_handler_t fn = rt->capture_handler;
+  void *user = rt->capture_user;
+  pthread_mutex_unlock(&rt->blocks_lock);
+  if (fn == NULL || (st = fn(s, id, user)) == WEFT_OK) return WEFT_OK;
+  char why[256];
+  snprintf(why, sizeof why, "%s", weft_last_error());
+  return weft__error(st, "the capture handler failed for capture %llu on stream %u: %s", (unsigned long long)id,
+                     s->index, why);
+}
+
+weft_status_t weft_set_capture_handler(weft_runtime_t *rt, weft_capture_handler_t fn, void *user) {
+  if (weft__runtime_check(rt, "weft_set_capture_handler") == NULL) return weft__runtime_check_status(rt);
+  pthread_mutex_lock(&rt->blocks_lock);
+  rt->capture_handler = fn;
+  rt->capture_user = fn != NULL ? user : NULL;
+  pthread_mutex_unlock(&rt->blocks_lock);
+  return WEFT_OK;
 }
 
 weft_status_t weft__stream_prepare(weft_stream_t *s) {

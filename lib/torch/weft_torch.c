@@ -7,7 +7,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "lib/core/driver.h"
 #include "lib/torch/weft_torch.h"
 #include "weft/weft.h"
 
@@ -63,6 +62,8 @@ static weft_options_t adapter_options(void) {
   return o;
 }
 
+static weft_status_t on_capture(weft_stream_t *s, uint64_t id, void *user);
+
 /* The runtime of `device`, made on first use (the adapter's defaults, then the environment). */
 static weft_runtime_t *runtime_of(int device) {
   if (device < 0 || device >= MAX_DEVICES) {
@@ -78,6 +79,7 @@ static weft_runtime_t *runtime_of(int device) {
     weft_options_t o = adapter_options();
     weft_status_t st = weft_options_from_env(&o);
     if (st == WEFT_OK) st = weft_runtime_get(device, &o, &rt);
+    if (st == WEFT_OK && (st = weft_set_capture_handler(rt, on_capture, d)) != WEFT_OK) (void)weft_runtime_release(rt);
     if (st != WEFT_OK) {
       fail(st, "weft_torch: weft_runtime_get(%d): %s", device, weft_last_error());
       rt = NULL;
@@ -106,19 +108,13 @@ static weft_stream_t *stream_of(weft_runtime_t *rt, int device, CUstream raw) {
   return s;
 }
 
-/* Inside a capture PyTorch began on s: allocations go to that capture's graph pool. */
-static weft_status_t follow_capture(device_t *d, weft_runtime_t *rt, weft_stream_t *s, CUstream raw) {
-  /* One question to the driver: is the stream capturing, and which capture. */
-  const weft__driver_t *drv;
-  weft_status_t st = weft__driver_get(&drv);
-  if (st != WEFT_OK) return st;
-  if (drv->cuStreamGetCaptureInfo == NULL)
-    return fail(WEFT_ERR_NOT_SUPPORTED, "weft_torch: the driver has no cuStreamGetCaptureInfo");
-  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-  cuuint64_t id = 0;
-  if (drv->cuStreamGetCaptureInfo(raw, &cs, &id, NULL, NULL, NULL, NULL) != CUDA_SUCCESS)
-    return fail(WEFT_ERR_DRIVER, "weft_torch: cuStreamGetCaptureInfo failed");
-  if (cs != CU_STREAM_CAPTURE_STATUS_ACTIVE) return WEFT_OK;
+/* weft met a capture PyTorch began (torch.cuda.graph) on s: allocations inside it go to that
+ * capture's graph pool (one per capture id, kept until weft_torch_release_graph_pools), as
+ * PyTorch's private pools do. weft asks the driver once per call; the adapter asks nothing. */
+static weft_status_t on_capture(weft_stream_t *s, uint64_t id, void *user) {
+  device_t *d = user;
+  weft_runtime_t *rt = atomic_load_explicit(&d->rt, memory_order_acquire);
+  weft_status_t st = WEFT_OK;
   pthread_mutex_lock(&d->lock);
   weft_graph_pool_t *p = NULL;
   for (unsigned i = 0; i < d->n_caps && p == NULL; i++)
@@ -150,11 +146,8 @@ void *weft_torch_alloc(ssize_t size, int device, CUstream stream) {
   }
   weft_stream_t *s = stream_of(rt, device, stream);
   weft_block_t b;
-  weft_status_t st = s == NULL ? WEFT_ERR_INVALID_ARGUMENT : follow_capture(d, rt, s, stream);
-  if (st == WEFT_OK) {
-    st = weft_alloc(rt, (size_t)size, s, "torch", &b);
-    if (st != WEFT_OK) fail(st, "weft_torch: weft_alloc(%zd): %s", size, weft_last_error());
-  }
+  weft_status_t st = s == NULL ? WEFT_ERR_INVALID_ARGUMENT : weft_alloc(rt, (size_t)size, s, "torch", &b);
+  if (s != NULL && st != WEFT_OK) fail(st, "weft_torch: weft_alloc(%zd): %s", size, weft_last_error());
   CUdeviceptr p = 0;
   if (st == WEFT_OK && weft_block_ptr(b, &p) != WEFT_OK) st = WEFT_ERR_STALE_HANDLE;
   if (st != WEFT_OK) {

@@ -380,6 +380,81 @@ static void test_outside_capture_allocates_to_graph_pool(void **state) {
   assert_int_equal(weft_free(in, s), WEFT_OK);
 }
 
+/* The capture handler: weft tells the owner of an outside capture when it first meets it, once,
+ * before anything is allocated in it, and the handler's choice (a graph pool) takes effect for
+ * that very allocation; a failing handler fails the call with its status and reason. */
+typedef struct handler_log {
+  unsigned calls;
+  weft_stream_t *s;
+  uint64_t id;
+  weft_graph_pool_t *pool;
+  weft_status_t answer;
+} handler_log_t;
+
+static weft_status_t log_capture(weft_stream_t *s, uint64_t id, void *user) {
+  handler_log_t *h = user;
+  h->calls++;
+  h->s = s;
+  h->id = id;
+  if (h->answer != WEFT_OK) {
+    weft_status_t st = weft_capture_allocate_to(s, NULL); /* a real failure, with its message */
+    assert_int_not_equal(st, WEFT_OK);
+    return st;
+  }
+  return h->pool != NULL ? weft_capture_allocate_to(s, h->pool) : WEFT_OK;
+}
+
+static void test_capture_handler_chooses_where_an_outside_capture_allocates(void **state) {
+  tu_env_t *env = *state;
+  handler_log_t h = {0};
+  assert_int_equal(weft_set_capture_handler(NULL, log_capture, &h), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_set_capture_handler(env->rt, log_capture, &h), WEFT_OK);
+  assert_int_equal(weft_graph_pool_create(env->rt, &h.pool), WEFT_OK);
+  CUstream raw = raw_stream();
+  weft_stream_t *s;
+  assert_int_equal(weft_stream_adopt(env->rt, raw, &s), WEFT_OK);
+  weft_block_t live = tu_alloc(env, N * 4, 1, "live"); /* no capture: no call */
+  assert_int_equal(h.calls, 0);
+  assert_int_equal(drv->cuStreamBeginCapture(raw, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  cuuint64_t id = 0;
+  CUstreamCaptureStatus cs;
+  assert_int_equal(drv->cuStreamGetCaptureInfo(raw, &cs, &id, NULL, NULL, NULL, NULL), CUDA_SUCCESS);
+  weft_block_t a, b;
+  CUdeviceptr pa;
+  assert_int_equal(weft_alloc(env->rt, N * 4, s, "a", &a), WEFT_OK);
+  assert_int_equal(h.calls, 1);
+  assert_ptr_equal(h.s, s);
+  assert_int_equal(h.id, id);
+  assert_int_equal(weft_block_ptr(a, &pa), WEFT_OK);
+  assert_true(weft_graph_pool_owns(h.pool, pa)); /* the handler's pool served the first allocation */
+  assert_int_equal(weft_alloc(env->rt, N * 4, s, "b", &b), WEFT_OK);
+  assert_int_equal(h.calls, 1); /* once per capture */
+  assert_int_equal(weft_free(a, s), WEFT_OK);
+  assert_int_equal(weft_free(b, s), WEFT_OK);
+  CUgraph g = NULL;
+  assert_int_equal(drv->cuStreamEndCapture(raw, &g), CUDA_SUCCESS);
+  assert_int_equal(drv->cuGraphDestroy(g), CUDA_SUCCESS);
+  /* A second capture: a new call, and a failing handler fails the call that met the capture. */
+  h.answer = WEFT_ERR_INVALID_ARGUMENT;
+  assert_int_equal(drv->cuStreamBeginCapture(raw, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(weft_alloc(env->rt, N * 4, s, "c", &a), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(h.calls, 2);
+  assert_non_null(strstr(weft_last_error(), "capture handler"));
+  assert_int_equal(drv->cuStreamEndCapture(raw, &g), CUDA_SUCCESS);
+  if (g != NULL) assert_int_equal(drv->cuGraphDestroy(g), CUDA_SUCCESS);
+  /* Cleared: a third capture calls nothing. */
+  assert_int_equal(weft_set_capture_handler(env->rt, NULL, NULL), WEFT_OK);
+  assert_int_equal(drv->cuStreamBeginCapture(raw, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(weft_alloc(env->rt, N * 4, s, "d", &a), WEFT_OK);
+  assert_int_equal(weft_free(a, s), WEFT_OK);
+  assert_int_equal(h.calls, 2);
+  assert_int_equal(drv->cuStreamEndCapture(raw, &g), CUDA_SUCCESS);
+  assert_int_equal(drv->cuGraphDestroy(g), CUDA_SUCCESS);
+  assert_int_equal(weft_free(live, tu_stream(env, 1)), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+  assert_int_equal(weft_graph_pool_destroy(h.pool), WEFT_OK);
+}
+
 static void test_adoption_slots_run_out(void **state) {
   (void)state;
   tu_env_t env;
@@ -419,6 +494,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_outside_capture_on_adopted_stream, setup, teardown),
       cmocka_unit_test_setup_teardown(test_outside_capture_allocates_to_graph_pool, setup, teardown),
       cmocka_unit_test_setup_teardown(test_legacy_free_waits_for_a_blocking_capture, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_capture_handler_chooses_where_an_outside_capture_allocates, setup, teardown),
       cmocka_unit_test(test_adoption_slots_run_out),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
