@@ -134,7 +134,9 @@ typedef enum weft_output_policy {
   X(output_policy, unsigned, "WEFT_OUTPUT_POLICY", WEFT_OUTPUT_ERROR, 0, 1,                     \
     "graph relaunch with live outputs: 0 error, 1 free them automatically")                     \
   X(log_format, unsigned, "WEFT_LOG_FORMAT", 0, 0, 1,                                           \
-    "columns of the log_path CSV: 0 weft's, 1 RMM's (Thread,Time,Action,Pointer,Size,Stream)")
+    "columns of the log_path CSV: 0 weft's, 1 RMM's (Thread,Time,Action,Pointer,Size,Stream)")  \
+  X(stream_cache_bytes, uint64_t, "WEFT_STREAM_CACHE_BYTES", 64ull << 20, 0, UINT64_MAX,        \
+    "bytes of freed blocks the streams keep for their next weft_alloc of the same size (0: none)")
 
 /** Runtime options. Start from weft_options_default() (or weft_options_from_env()), change
  * fields, pass to weft_runtime_get(). Plain data: copy it freely. */
@@ -229,6 +231,12 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_options(const weft_runtime_t 
 /** Blocks until all work on all of the runtime's streams is complete; afterwards no stream waits
  * for any of that work again. Errors: STALE_HANDLE, CAPTURE (a stream is capturing), DRIVER. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_synchronize(weft_runtime_t *rt);
+/** Gives back what the runtime holds beyond its live blocks: the blocks its streams cached for
+ * reuse (options.stream_cache_bytes), each freed to its resource on its stream, then the stack's
+ * idle memory (weft_resource_trim of weft_runtime_resource, keeping nothing). A stream taking
+ * part in a capture keeps its cache. Errors: STALE_HANDLE, INVALID_ARGUMENT, CAPTURE, DRIVER
+ * (the first failure; the rest is given back regardless). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_trim(weft_runtime_t *rt);
 
 /** Per-runtime counters (monotonic since creation). */
 typedef struct weft_counters {
@@ -242,6 +250,8 @@ typedef struct weft_counters {
   uint64_t events_recorded;  /**< cuEventRecord calls */
   uint64_t ring_evictions;   /**< waits on an evicted tick served by a newer event */
   uint64_t allocs, frees;    /**< weft_alloc / weft_free successes */
+  uint64_t cached_blocks;    /**< freed blocks the streams keep now (options.stream_cache_bytes) */
+  uint64_t cached_bytes;     /**< their bytes (still live for the resource stack) */
 } weft_counters_t;
 /** Reads the counters. Errors: STALE_HANDLE, INVALID_ARGUMENT. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_counters(const weft_runtime_t *rt, weft_counters_t *out);
@@ -438,7 +448,11 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_stream_set_hot_block(weft_stream_t *s
 WEFT_API WEFT_NODISCARD weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, const char *tag, weft_block_t *out);
 /** Frees the block on stream s: s first waits for every outstanding use of the block on every
  * stream, and the memory is handed out again only once that free is ordered before the new
- * user (no record_stream needed). The handle and all its copies become stale. On the adopted
+ * user (no record_stream needed). The handle and all its copies become stale. Outside captures,
+ * s keeps the block for its next weft_alloc of the same size (options.stream_cache_bytes; not
+ * with the guard or a log): that allocation takes it with no resource or driver call. Cached
+ * memory goes back to the resource when the cache is full, when an allocation runs out of
+ * memory, at weft_runtime_trim and at the runtime's release. On the adopted
  * legacy stream while a blocking stream is capturing (torch.cuda.graph), where any work would
  * invalidate that capture, the free is deferred: it returns OK at once and happens on the legacy
  * stream at the first weft_alloc, weft_free, weft_free_ptr or weft_runtime_synchronize of the
@@ -586,7 +600,8 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_set_oom_handler(weft_runtime_t *rt, w
  * ("pool", "graph pool"), the live blocks inside (address, size, tag, allocating stream,
  * generation, allocation time) and the free ranges (with the stream whose free they wait for);
  * live blocks outside any segment (graph outputs in graph memory, wrapped or direct memory);
- * totals by owner, tag and stream; free bytes, the largest free range and fragmentation
+ * the blocks the streams cached ("cached": freed, memory held for reuse, counted live by the
+ * resource; totals.cached_blocks / cached_bytes); totals by owner, tag and stream; free bytes, the largest free range and fragmentation
  * (1 - largest / free). The stack's segments agree with weft_resource_stats of the runtime's
  * resource, a graph pool's with weft_graph_pool_reserved. tools/weft_view.html draws it.
  * With WEFT_SNAPSHOT_ON_OOM=path, weft_alloc writes one there when it fails for want of memory.

@@ -75,8 +75,8 @@ _Static_assert(WEFT__MEM_MAX_BYTES <= WEFT__TLSF_MAX_BYTES / 2, "the TLSF classe
 #define DEDICATED_MIN (2ull << 20)
 /* Freed dedicated chunks kept for their size: at most KEEP_COUNT chunks and KEEP_CHUNKS times
  * chunk_bytes (a larger one goes back at once). */
-#define KEEP_COUNT 8
-#define KEEP_CHUNKS 16
+#define KEEP_COUNT 4
+#define KEEP_CHUNKS 2
 static const char chunk_tag[] = "weft.pool.chunk";
 
 typedef struct chunk {

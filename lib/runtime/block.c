@@ -12,6 +12,17 @@
 #include "lib/core/trace.h"
 #include "lib/runtime/runtime.h"
 
+/* The tag and size of a record that is not live, for a message: read under blocks_lock, since
+ * the record may be handed out again meanwhile (a stream's cache reuses it at once). */
+static const char *freed_tag(const struct weft__block *rec, size_t *bytes) {
+  weft_runtime_t *rt = rec->rt;
+  pthread_mutex_lock(&rt->blocks_lock);
+  const char *tag = rec->tag ? rec->tag : ""; /* interned: lives as long as the process */
+  *bytes = rec->bytes;
+  pthread_mutex_unlock(&rt->blocks_lock);
+  return tag;
+}
+
 weft_status_t weft__block_check(weft_block_t b, const char *fn, struct weft__block **out) {
   struct weft__block *rec = b.rec;
   if (rec == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: the block handle is null", fn);
@@ -20,9 +31,11 @@ weft_status_t weft__block_check(weft_block_t b, const char *fn, struct weft__blo
   if (gen != b.gen)
     return weft__error(WEFT_ERR_STALE_HANDLE, "%s: stale block handle (generation %llu, the record is now at %llu)",
                        fn, (unsigned long long)b.gen, (unsigned long long)gen);
-  if (state != WEFT__BLOCK_LIVE)
-    return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the block (tag '%s', %zu bytes) was freed", fn,
-                       rec->tag ? rec->tag : "", rec->bytes);
+  if (state != WEFT__BLOCK_LIVE) {
+    size_t bytes;
+    const char *tag = freed_tag(rec, &bytes);
+    return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the block (tag '%s', %zu bytes) was freed", fn, tag, bytes);
+  }
   if (!atomic_load_explicit(&rec->rt->alive, memory_order_acquire))
     return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the block's runtime was released", fn);
   *out = rec;
@@ -199,7 +212,8 @@ static void top_tags(weft_runtime_t *rt, weft_oom_info_t *info) {
   weft__tally_t *t = calloc(1, sizeof *t);
   if (t == NULL) return;
   pthread_mutex_lock(&rt->blocks_lock);
-  for (const struct weft__block *b = rt->live; b != NULL; b = b->next) weft__tally_add(t, b->tag, b->bytes);
+  for (const struct weft__block *b = rt->live; b != NULL; b = b->next)
+    if (atomic_load_explicit(&b->state, memory_order_relaxed) != WEFT__BLOCK_CACHED) weft__tally_add(t, b->tag, b->bytes);
   pthread_mutex_unlock(&rt->blocks_lock);
   for (int k = 0; k < 3; k++) {
     size_t best = t->n;
@@ -230,6 +244,9 @@ static weft_status_t out_of_memory(weft_runtime_t *rt, weft_resource_t *r, size_
   void *user = rt->oom_user;
   pthread_mutex_unlock(&rt->blocks_lock);
   if (fn != NULL && fn(rt, &info, user) != 0) {
+    /* The handler's frees may have gone to the streams' caches: they go back first. */
+    if (r == rt->top && atomic_load_explicit(&rt->cached_blocks, memory_order_relaxed) != 0)
+      (void)weft__cache_flush(rt, false);
     weft_status_t again = weft__resource_allocate(r, bytes, s, tag, out);
     if (again == WEFT_OK || (again != WEFT_ERR_OUT_OF_MEMORY && again != WEFT_ERR_OVER_BUDGET)) return again;
     st = again;
@@ -263,6 +280,52 @@ static weft_status_t out_of_memory(weft_runtime_t *rt, weft_resource_t *r, size_
                      (unsigned long long)info.budget_bytes, tops[0] ? tops : "none", reason);
 }
 
+/* Counts a new block and tells the trace and NVTX of it. */
+static void announce_alloc(weft_runtime_t *rt, weft_stream_t *s, const struct weft__block *rec) {
+  atomic_fetch_add_explicit(&rt->allocs, 1, memory_order_relaxed);
+  if (weft__trace_on()) {
+    char args[320];
+    size_t at = (size_t)snprintf(args, sizeof args, "{\"bytes\": %zu, \"ptr\": \"0x%llx\", \"tag\": \"", rec->bytes,
+                                 (unsigned long long)rec->ptr);
+    (void)weft__json_escape(args, &at, sizeof args - 4, rec->tag);
+    snprintf(args + at, sizeof args - at, "\"}");
+    weft__trace_instant(rt->ordinal, weft__tracker_trace_tid(s), "weft_alloc", args);
+  }
+  if (weft__nvtx_on()) {
+    char m[160];
+    snprintf(m, sizeof m, "weft_alloc '%s' %zu bytes on stream %u", rec->tag ? rec->tag : "", rec->bytes, s->index);
+    weft__nvtx_mark(m);
+  }
+}
+
+/* A block s cached (cache.c) handed out again: a new generation with a new history on s. */
+static weft_status_t reuse_cached(weft_stream_t *s, struct weft__block *rec, const char *itag, weft_block_t *out) {
+  weft_runtime_t *rt = s->runtime;
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+  /* The record stays on the live list, where snapshots and messages read it under the lock. */
+  pthread_mutex_lock(&rt->blocks_lock);
+  rec->tag = itag;
+  rec->alloc_stream = s->index;
+  rec->alloc_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+  pthread_mutex_unlock(&rt->blocks_lock);
+  weft__access_init(&rec->acc, rec->acc.reads);
+  weft_status_t st = weft__tracker_new_block(s, &rec->acc); /* cannot fail outside a capture */
+  if (st != WEFT_OK) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", weft_last_error());
+    if (weft__resource_deallocate(rec->resource, rec->ptr, rec->bytes, s, rec->tag) == WEFT_OK) weft__block_end(rec);
+    else atomic_store_explicit(&rec->state, WEFT__BLOCK_CACHED, memory_order_release); /* held till release */
+    return weft__error(st, "%s", why);
+  }
+  uint64_t gen = atomic_load_explicit(&rec->gen, memory_order_relaxed) + 1;
+  atomic_store_explicit(&rec->gen, gen, memory_order_relaxed);
+  atomic_store_explicit(&rec->state, WEFT__BLOCK_LIVE, memory_order_release);
+  *out = (weft_block_t){rec, gen};
+  announce_alloc(rt, s, rec);
+  return WEFT_OK;
+}
+
 weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, const char *tag, weft_block_t *out) {
   if (weft__runtime_check(rt, "weft_alloc") == NULL) return weft__runtime_check_status(rt);
   weft_status_t st = weft__stream_check(s, "weft_alloc");
@@ -279,7 +342,11 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
   /* Inside a capture, the capture says where to allocate (graph memory); else the runtime's stack. */
   weft_resource_t *r;
   weft__tracker_capture_of(s, &r);
-  if (r == NULL) r = rt->top;
+  if (r == NULL) {
+    r = rt->top;
+    struct weft__block *cached = weft__cache_take(s, bytes, r);
+    if (cached != NULL) return reuse_cached(s, cached, itag, out);
+  }
   struct weft__block *rec = weft__block_make(rt, bytes, itag, r);
   if (rec == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_alloc: no host memory for a block record");
   struct timespec now;
@@ -287,6 +354,12 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
   rec->alloc_stream = s->index;
   rec->alloc_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
   st = weft__resource_allocate(r, bytes, s, itag, &rec->ptr);
+  if ((st == WEFT_ERR_OUT_OF_MEMORY || st == WEFT_ERR_OVER_BUDGET) && r == rt->top &&
+      atomic_load_explicit(&rt->cached_blocks, memory_order_relaxed) != 0) {
+    /* The streams' cached blocks (the stack's memory) go back first, then once more. */
+    (void)weft__cache_flush(rt, false);
+    st = weft__resource_allocate(r, bytes, s, itag, &rec->ptr);
+  }
   if (st == WEFT_ERR_OUT_OF_MEMORY || st == WEFT_ERR_OVER_BUDGET) st = out_of_memory(rt, r, bytes, itag, s, &rec->ptr, st);
   if (st != WEFT_OK) {
     weft__block_retire(rec);
@@ -301,20 +374,7 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
     return weft__error(st, "%s", why);
   }
   *out = weft__block_publish(rec);
-  atomic_fetch_add_explicit(&rt->allocs, 1, memory_order_relaxed);
-  if (weft__trace_on()) {
-    char args[320];
-    size_t at = (size_t)snprintf(args, sizeof args, "{\"bytes\": %zu, \"ptr\": \"0x%llx\", \"tag\": \"", bytes,
-                                 (unsigned long long)rec->ptr);
-    (void)weft__json_escape(args, &at, sizeof args - 4, itag);
-    snprintf(args + at, sizeof args - at, "\"}");
-    weft__trace_instant(rt->ordinal, weft__tracker_trace_tid(s), "weft_alloc", args);
-  }
-  if (weft__nvtx_on()) {
-    char m[160];
-    snprintf(m, sizeof m, "weft_alloc '%s' %zu bytes on stream %u", itag ? itag : "", bytes, s->index);
-    weft__nvtx_mark(m);
-  }
+  announce_alloc(rt, s, rec);
   return WEFT_OK;
 }
 
@@ -355,6 +415,8 @@ weft_status_t weft_free_ptr(weft_runtime_t *rt, CUdeviceptr ptr, weft_stream_t *
   weft_block_t b;
   pthread_mutex_lock(&rt->blocks_lock);
   struct weft__block *rec = ptr != 0 ? starting_at(rt, ptr) : NULL;
+  /* A block its stream cached is freed: no live block starts there. */
+  if (rec != NULL && atomic_load_explicit(&rec->state, memory_order_acquire) == WEFT__BLOCK_CACHED) rec = NULL;
   if (rec != NULL) b = (weft_block_t){rec, atomic_load_explicit(&rec->gen, memory_order_relaxed)};
   pthread_mutex_unlock(&rt->blocks_lock);
   if (rec == NULL && prepared == WEFT_OK)
@@ -387,9 +449,11 @@ static weft_status_t claim_for_free(weft_block_t b, weft_stream_t *s) {
     return weft__error(WEFT_ERR_STALE_HANDLE, "weft_free: stale block handle (the record holds a newer block)");
   if (rec->rt != s->runtime)
     return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_free: the block belongs to another runtime than the stream");
-  if (!weft__block_claim(rec))
-    return weft__error(WEFT_ERR_DOUBLE_FREE, "weft_free: the block (tag '%s', %zu bytes) was already freed",
-                       rec->tag, rec->bytes);
+  if (!weft__block_claim(rec)) {
+    size_t bytes;
+    const char *tag = freed_tag(rec, &bytes);
+    return weft__error(WEFT_ERR_DOUBLE_FREE, "weft_free: the block (tag '%s', %zu bytes) was already freed", tag, bytes);
+  }
   return WEFT_OK;
 }
 
@@ -458,6 +522,16 @@ void weft__runtime_flush_deferred(weft_runtime_t *rt) {
   weft__vec_free(&todo);
 }
 
+/* Counts a free and tells NVTX of it. */
+static void free_announced(weft_stream_t *s, const struct weft__block *rec) {
+  if (weft__nvtx_on()) {
+    char m[160];
+    snprintf(m, sizeof m, "weft_free '%s' %zu bytes on stream %u", rec->tag ? rec->tag : "", rec->bytes, s->index);
+    weft__nvtx_mark(m);
+  }
+  atomic_fetch_add_explicit(&((weft_runtime_t *)s->runtime)->frees, 1, memory_order_relaxed);
+}
+
 /* The free of a claimed block on prepared stream s. */
 static weft_status_t free_claimed(weft_block_t b, weft_stream_t *s) {
   struct weft__block *rec = b.rec;
@@ -479,17 +553,17 @@ static weft_status_t free_claimed(weft_block_t b, weft_stream_t *s) {
   weft_access_t traced = {b, WEFT_WRITE};
   st = weft__tracker_begin(s, &use, 1);
   if (st == WEFT_OK && weft__trace_on()) weft__trace_use(s, "weft_free", &traced, 1, t0);
+  /* s is ordered after every use now: outside a capture, s may keep the block (cache.c). */
+  if (st == WEFT_OK && c == NULL && weft__cache_put(s, rec)) {
+    free_announced(s, rec);
+    return WEFT_OK;
+  }
   /* CORRUPTED from the guard: freed, but the memory around the block was damaged. */
   if (st == WEFT_OK && r != NULL) st = weft__resource_deallocate(r, rec->ptr, rec->bytes, s, rec->tag);
   if (st != WEFT_OK && st != WEFT_ERR_CORRUPTED) return undo_free(rec, st);
   if (c != NULL) weft__tracker_free_block(s, &rec->acc);
-  if (weft__nvtx_on()) {
-    char m[160];
-    snprintf(m, sizeof m, "weft_free '%s' %zu bytes on stream %u", rec->tag ? rec->tag : "", rec->bytes, s->index);
-    weft__nvtx_mark(m);
-  }
+  free_announced(s, rec);
   weft__block_end(rec);
-  atomic_fetch_add_explicit(&((weft_runtime_t *)s->runtime)->frees, 1, memory_order_relaxed);
   return st;
 }
 

@@ -225,6 +225,7 @@ weft_status_t weft_resource_destroy(weft_resource_t *r) {
 /* Gives every live block back to its resource (the streams were synchronised) and keeps the
  * records. Returns the first failure; every block is dealt with regardless. */
 static weft_status_t free_all_blocks(weft_runtime_t *rt) {
+  weft__cache_forget(rt); /* cached blocks are on the live list: freed below */
   pthread_mutex_lock(&rt->blocks_lock);
   struct weft__block *b = rt->live;
   rt->live = NULL;
@@ -278,6 +279,11 @@ static weft_status_t create(weft_runtime_t *rt, int device, const weft_options_t
   if (first_life) {
     int e = pthread_mutex_init(&rt->blocks_lock, NULL);
     if (e != 0) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_runtime_get: cannot create a lock (%s)", strerror(e));
+    weft_status_t cst = weft__cache_init(rt);
+    if (cst != WEFT_OK) {
+      pthread_mutex_destroy(&rt->blocks_lock);
+      return cst;
+    }
   }
   rt->drv = drv;
   rt->top = NULL;
@@ -304,6 +310,9 @@ static weft_status_t create(weft_runtime_t *rt, int device, const weft_options_t
     (void)weft__tracker_destroy(&rt->tracker);
     return st;
   }
+  /* The guard and the log must see every free: no stream cache with them. */
+  rt->cache_on = o.stream_cache_bytes > 0 && !o.guard && o.log_path == NULL;
+  weft__cache_forget(rt);
   rt->refs = 1;
   atomic_store_explicit(&rt->alive, 1, memory_order_release);
   return WEFT_OK;
@@ -427,7 +436,16 @@ weft_status_t weft_runtime_counters(const weft_runtime_t *rt, weft_counters_t *o
   pthread_mutex_unlock(&tr->lock);
   out->allocs = atomic_load(&rt->allocs);
   out->frees = atomic_load(&rt->frees);
+  out->cached_blocks = atomic_load(&rt->cached_blocks);
+  out->cached_bytes = atomic_load(&rt->cached_bytes);
   return WEFT_OK;
+}
+
+weft_status_t weft_runtime_trim(weft_runtime_t *rt) {
+  if (weft__runtime_check(rt, "weft_runtime_trim") == NULL) return weft__runtime_check_status(rt);
+  weft_status_t first = weft__cache_flush(rt, true);
+  weft_status_t st = weft__resource_trim(rt->top, 0);
+  return first != WEFT_OK ? first : st;
 }
 
 void weft_runtime_print(const weft_runtime_t *rt, FILE *out) {
@@ -442,7 +460,8 @@ void weft_runtime_print(const weft_runtime_t *rt, FILE *out) {
   fprintf(out, "  uses %" PRIu64 ", accesses %" PRIu64 ", waits issued %" PRIu64 ", skipped %" PRIu64
                " (host-known %" PRIu64 "), events %" PRIu64 ", ring evictions %" PRIu64 "\n",
           c.uses, c.accesses, c.waits_issued, c.waits_skipped, c.waits_host_known, c.events_recorded, c.ring_evictions);
-  fprintf(out, "  allocs %" PRIu64 ", frees %" PRIu64 ", live blocks %zu\n", c.allocs, c.frees, live);
+  fprintf(out, "  allocs %" PRIu64 ", frees %" PRIu64 ", live blocks %zu (of them cached by streams %" PRIu64 ", %" PRIu64
+               " bytes)\n", c.allocs, c.frees, live, c.cached_blocks, c.cached_bytes);
   for (unsigned i = rt->stack_n; i-- > 0;) {
     weft_resource_stats_t s;
     weft_resource_stats(rt->stack[i], &s);
@@ -461,7 +480,7 @@ weft_status_t weft_runtime_set_resource(weft_runtime_t *rt, weft_resource_t *r) 
   if (weft__runtime_check(rt, "weft_runtime_set_resource") == NULL) return weft__runtime_check_status(rt);
   if (r == NULL || r->ops == NULL || r->ops->allocate == NULL || r->ops->deallocate == NULL)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_runtime_set_resource: incomplete resource");
-  weft_status_t st = WEFT_OK;
+  weft_status_t st = weft__cache_flush(rt, false); /* cached blocks belong to the old resource */
   pthread_mutex_lock(&rt->blocks_lock);
   if (rt->live_count != 0)
     st = weft__error(WEFT_ERR_BUSY, "weft_runtime_set_resource: %zu blocks are live", rt->live_count);

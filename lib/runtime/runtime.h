@@ -31,7 +31,20 @@ typedef enum weft__block_state {
   WEFT__BLOCK_LIVE = 1,
   WEFT__BLOCK_FREEING = 2, /* weft_free in progress (guards against a concurrent double free) */
   WEFT__BLOCK_FREED = 3,   /* freed; the record waits on the free list for reuse */
+  WEFT__BLOCK_CACHED = 4,  /* freed into its stream's cache (cache.c): memory still held from its
+                              resource, record still in the live list and the address map */
 } weft__block_state_t;
+
+/* Blocks one stream's cache holds at most (whatever their bytes). */
+#define WEFT__CACHE_SLOTS 16
+
+/** Blocks freed on one stream, kept for that stream's next weft_alloc of the same size (cache.c).
+ * Slots are oldest first. */
+typedef struct weft__stream_cache {
+  pthread_mutex_t lock; /* a leaf: nothing else is locked while it is held */
+  struct weft__block *slot[WEFT__CACHE_SLOTS];
+  unsigned n;
+} weft__stream_cache_t;
 
 /** One allocation's record. */
 struct weft__block {
@@ -99,6 +112,11 @@ struct weft_runtime {
   void *oom_user;
   weft_capture_handler_t capture_handler; /* blocks_lock */
   void *capture_user;
+  /* The stream cache (cache.c): per lane; on when opts.stream_cache_bytes > 0 and the stack has
+   * no guard or log (they must see every free). cached_* count every lane's blocks. */
+  weft__stream_cache_t cache[WEFT__MAX_STREAMS];
+  bool cache_on;
+  _Atomic uint64_t cached_blocks, cached_bytes;
 };
 
 /* ---- runtime.c ------------------------------------------------------------------------------ */
@@ -174,6 +192,26 @@ void weft__block_forget(struct weft__block *rec);
 bool weft__block_claim(struct weft__block *rec);
 void weft__block_unclaim(struct weft__block *rec);
 void weft__block_end(struct weft__block *rec);
+
+/* ---- cache.c ------------------------------------------------------------------------------------ */
+
+/** Initialises the lanes' cache locks (once per runtime slot). HOST_OUT_OF_MEMORY on failure. */
+weft_status_t weft__cache_init(weft_runtime_t *rt);
+/** Keeps claimed block rec, whose free on s (live, prepared, every use waited for) is done as
+ * far as ordering goes, in s's cache instead of giving it to its resource; older blocks of s go
+ * back to their resource on s to make room. False (rec untouched) when the cache is off, rec is
+ * not from the runtime's stack or does not fit. */
+bool weft__cache_put(weft_stream_t *s, struct weft__block *rec);
+/** A block of exactly `bytes` from resource r that s cached, taken out of the cache (state
+ * FREEING until the caller publishes it again), or NULL. */
+struct weft__block *weft__cache_take(weft_stream_t *s, size_t bytes, weft_resource_t *r);
+/** Gives every cached block back to its resource on its stream; lanes that take part in a
+ * capture (or cannot be used now) keep theirs. Returns the first failure (CAPTURE for a kept lane
+ * only when `strict`). */
+weft_status_t weft__cache_flush(weft_runtime_t *rt, bool strict);
+/** Forgets every lane's blocks without freeing them (the runtime's release frees them as live
+ * records). */
+void weft__cache_forget(weft_runtime_t *rt);
 
 /* ---- use.c -------------------------------------------------------------------------------------- */
 

@@ -16,6 +16,7 @@ typedef struct snap_block {
   uint64_t bytes, gen, alloc_ns;
   const char *tag;
   unsigned stream;
+  bool cached; /* kept by its stream's cache (cache.c): freed, memory still held */
 } snap_block_t;
 
 typedef struct snap_seg {
@@ -73,8 +74,24 @@ static void put_block(FILE *out, const snap_block_t *b, bool first) {
   fprintf(out, "%s\n      {\"ptr\": \"0x%llx\", \"bytes\": %" PRIu64 ", \"tag\": ", first ? "" : ",",
           (unsigned long long)b->ptr, b->bytes);
   put_string(out, b->tag);
-  fprintf(out, ", \"stream\": %u, \"state\": \"live\", \"generation\": %" PRIu64 ", \"alloc_ns\": %" PRIu64 "}",
-          b->stream, b->gen, b->alloc_ns);
+  fprintf(out, ", \"stream\": %u, \"state\": \"%s\", \"generation\": %" PRIu64 ", \"alloc_ns\": %" PRIu64 "}",
+          b->stream, b->cached ? "cached" : "live", b->gen, b->alloc_ns);
+}
+
+/* Moves the cached blocks of blk[0..*nb) to the end, keeping both parts in order; returns how
+ * many are cached (they stay out of the segments' block lists and the live totals). */
+static size_t split_cached(snap_block_t *blk, size_t *nb) {
+  size_t live = 0, n = *nb;
+  snap_block_t *tmp = weft__meta_calloc(n + 1, sizeof *tmp);
+  if (tmp == NULL) return 0; /* no host memory: cached blocks show among the live ones */
+  size_t c = 0;
+  for (size_t k = 0; k < n; k++)
+    if (blk[k].cached) tmp[c++] = blk[k];
+    else blk[live++] = blk[k];
+  memcpy(blk + live, tmp, c * sizeof *tmp);
+  weft__meta_free(tmp);
+  *nb = live;
+  return c;
 }
 
 weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out) {
@@ -86,7 +103,8 @@ weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out) {
   snap_block_t *blk = weft__meta_calloc(cap + 1, sizeof *blk);
   for (const struct weft__block *b = rt->live; blk != NULL && b != NULL && nb < cap; b = b->next)
     blk[nb++] = (snap_block_t){b->ptr, b->bytes, atomic_load_explicit(&b->gen, memory_order_relaxed), b->alloc_ns,
-                               b->tag, b->alloc_stream};
+                               b->tag, b->alloc_stream,
+                               atomic_load_explicit(&b->state, memory_order_relaxed) == WEFT__BLOCK_CACHED};
   pthread_mutex_unlock(&rt->blocks_lock);
   if (blk == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_memory_snapshot: no host memory");
   /* Segments and free ranges of every resource of the stack that has them. */
@@ -115,6 +133,8 @@ weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out) {
   const weft_free_range_t *fr = c.fr.data;
   size_t n_seg = c.seg.len, n_fr = c.fr.len;
   qsort(blk, nb, sizeof *blk, by_block);
+  size_t n_cached = split_cached(blk, &nb);
+  const snap_block_t *cached = blk + nb;
   if (n_seg) qsort(c.seg.data, n_seg, sizeof *seg, by_segment);
   if (n_fr) qsort(c.fr.data, n_fr, sizeof *fr, by_range);
   weft_resource_stats_t rs;
@@ -167,6 +187,13 @@ weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out) {
       first = false;
     }
   free(placed);
+  /* Blocks the streams cached (cache.c): freed, their memory still held for reuse. */
+  fprintf(out, "\n  ],\n  \"cached\": [");
+  uint64_t cached_bytes = 0;
+  for (size_t k = 0; k < n_cached; k++) {
+    put_block(out, &cached[k], k == 0);
+    cached_bytes += cached[k].bytes;
+  }
   /* Totals. */
   weft__tally_t *tags = calloc(1, sizeof *tags), *streams = calloc(1, sizeof *streams);
   uint64_t live = 0;
@@ -175,9 +202,11 @@ weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out) {
     if (tags) weft__tally_add(tags, blk[k].tag, blk[k].bytes);
     if (streams) weft__tally_add(streams, (const void *)(uintptr_t)(blk[k].stream + 1), blk[k].bytes);
   }
-  fprintf(out, "\n  ],\n  \"totals\": {\"blocks\": %zu, \"live_bytes\": %" PRIu64 ", \"segment_bytes\": %" PRIu64
-               ", \"free_bytes\": %" PRIu64 ", \"largest_free\": %" PRIu64 ", \"fragmentation\": %.6f},\n  \"by_owner\": [",
-          nb, live, seg_bytes, free_bytes, largest, free_bytes ? 1.0 - (double)largest / (double)free_bytes : 0.0);
+  fprintf(out, "\n  ],\n  \"totals\": {\"blocks\": %zu, \"live_bytes\": %" PRIu64 ", \"cached_blocks\": %zu"
+               ", \"cached_bytes\": %" PRIu64 ", \"segment_bytes\": %" PRIu64 ", \"free_bytes\": %" PRIu64
+               ", \"largest_free\": %" PRIu64 ", \"fragmentation\": %.6f},\n  \"by_owner\": [",
+          nb, live, n_cached, cached_bytes, seg_bytes, free_bytes, largest,
+          free_bytes ? 1.0 - (double)largest / (double)free_bytes : 0.0);
   /* Segment bytes by owner (the stack's pool, graph pools). */
   weft__tally_t *owners = calloc(1, sizeof *owners);
   for (size_t k = 0; owners != NULL && k < n_seg; k++) weft__tally_add(owners, seg[k].owner, seg[k].s.bytes);

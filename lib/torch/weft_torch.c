@@ -252,12 +252,13 @@ int weft_torch_stats(int device, char *buf, size_t len) {
                    ", \"graph_pool_reserved\": %" PRIu64 ", \"adapter_allocs\": %" PRIu64 ", \"adapter_frees\": %" PRIu64
                    ", \"zero_byte_allocs\": %" PRIu64 ", \"alloc_failures\": %" PRIu64 ", \"free_failures\": %" PRIu64
                    ", \"graph_frees_ignored\": %" PRIu64 ", \"pool_chunk_bytes\": %" PRIu64
-                   ", \"release_threshold\": %" PRIu64 "}",
+                   ", \"release_threshold\": %" PRIu64 ", \"cached_blocks\": %" PRIu64 ", \"cached_bytes\": %" PRIu64 "}",
                    c.uses, c.accesses, c.waits_issued, c.waits_skipped, c.events_recorded, c.allocs, c.frees,
-                   r.live_bytes, r.live_peak, r.reserved_bytes, r.reserved_peak, pools, graph_reserved,
+                   r.live_bytes - (c.cached_bytes <= r.live_bytes ? c.cached_bytes : r.live_bytes), r.live_peak,
+                   r.reserved_bytes, r.reserved_peak, pools, graph_reserved,
                    atomic_load(&d->allocs), atomic_load(&d->frees), atomic_load(&d->zero_bytes),
                    atomic_load(&d->alloc_failures), atomic_load(&d->free_failures), atomic_load(&d->graph_frees),
-                   o.pool_chunk_bytes, o.release_threshold);
+                   o.pool_chunk_bytes, o.release_threshold, c.cached_blocks, c.cached_bytes);
   if (n < 0) return -1;
   return (size_t)n >= len ? (int)len - 1 : n;
 }

@@ -53,8 +53,10 @@ WEFT_TORCH_API int weft_torch_use_end(int device, CUstream stream, const uint64_
                                       const uint64_t *writes, size_t n_writes);
 
 /** A JSON object of the device's counters: weft's (weft_counters_t), the runtime resource's
- * (weft_resource_stats_t: live and reserved bytes with peaks), graph pools of captures and the
- * adapter's own (allocs, frees, zero-byte requests, failures). Returns the bytes written (without
+ * (weft_resource_stats_t: live and reserved bytes with peaks; live_bytes leaves out the blocks the
+ * streams cached, cached_bytes, as PyTorch's "allocated" leaves out its cache; live_peak counts
+ * them), graph pools of captures and the adapter's own (allocs, frees, zero-byte requests,
+ * failures). Returns the bytes written (without
  * the NUL; truncated to len - 1), or -1 when the device has no runtime yet. */
 WEFT_TORCH_API int weft_torch_stats(int device, char *buf, size_t len);
 /** Destroys the graph pools of captures that have ended (call once their graphs are gone:

@@ -466,7 +466,7 @@ static void phases(weft_runtime_t *rt) {
   if (vc && ld) builder_phase(rt, c, d);
   free_(c, S[1], &lc);
   free_(d, S[2], &ld);
-  CLEANUP("weft_resource_trim", weft_resource_trim(weft_runtime_resource(rt), 0));
+  CLEANUP("weft_runtime_trim", weft_runtime_trim(rt));
   CLEANUP("weft_graph_memory_trim", weft_graph_memory_trim(rt));
 }
 

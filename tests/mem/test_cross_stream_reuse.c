@@ -114,6 +114,7 @@ static void test_pool_reuses_memory_freed_on_a_only_after_b_read_it(void **state
   (void)state;
   weft_options_t o = weft_options_default();
   o.memory = WEFT_MEMORY_ASYNC;
+  o.stream_cache_bytes = 0; /* the resource's reuse across streams is under test */
   assert_int_equal(tu_init(&env, &o), 0);
   bottom = weft_runtime_resource(env.rt);
   weft_pool_options_t po = weft_pool_options_default();
@@ -136,6 +137,7 @@ static void test_pool_reuses_memory_freed_on_a_only_after_b_read_it(void **state
 static void test_driver_resource_reuse_waits_for_reader(weft_memory_kind_t kind) {
   weft_options_t o = weft_options_default();
   o.memory = kind;
+  o.stream_cache_bytes = 0; /* the resource's reuse across streams is under test */
   assert_int_equal(tu_init(&env, &o), 0);
   bool reused = free_while_read_then_allocate_elsewhere(&env, kind == WEFT_MEMORY_DIRECT);
   print_message("%s: C %s the freed memory\n", kind == WEFT_MEMORY_ASYNC ? "async" : "direct",

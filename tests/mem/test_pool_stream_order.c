@@ -283,15 +283,15 @@ static void test_trim_releases_whole_chunks_only_after_their_frees_complete(void
 
 static void test_large_block_gets_its_own_chunk_kept_for_its_size_then_trimmed(void **state) {
   (void)state;
-  make_pool(1 * MIB, 0);
+  make_pool(4 * MIB, 0); /* large: >= 2 MiB; kept: up to 8 MiB */
   CUdeviceptr small = alloc_on(0, 4096);
   CUdeviceptr a = alloc_on(1, 5 * MIB + 3);
   assert_int_equal(fx.up->allocs, 2);
-  assert_int_equal(fx.up->live_bytes, 1 * MIB + 5 * MIB + 256);
+  assert_int_equal(fx.up->live_bytes, 4 * MIB + 5 * MIB + 256);
   free_on(1, a, 5 * MIB + 3);
   /* Kept whole for the next request of its size: the same stream takes it back with no upstream
    * call, no wait and no query. */
-  assert_int_equal(fx.up->live_bytes, 1 * MIB + 5 * MIB + 256);
+  assert_int_equal(fx.up->live_bytes, 4 * MIB + 5 * MIB + 256);
   unsigned polls = fake.polls;
   assert_int_equal(alloc_on(1, 5 * MIB + 3), a);
   assert_int_equal(fx.up->allocs, 2);
@@ -299,13 +299,16 @@ static void test_large_block_gets_its_own_chunk_kept_for_its_size_then_trimmed(v
   assert_int_equal(fake.polls, polls);
   /* A small request never carves a kept chunk. */
   free_on(1, a, 5 * MIB + 3);
-  CUdeviceptr s2 = alloc_on(1, 1 * MIB); /* beside `small` there is no room: a new chunk */
-  assert_true(s2 < a || s2 >= a + 5 * MIB + 256);
+  CUdeviceptr s2[4];
+  for (int i = 0; i < 4; i++) { /* three fit beside `small`, the fourth takes a new chunk */
+    s2[i] = alloc_on(1, 1 * MIB);
+    assert_true(s2[i] < a || s2[i] >= a + 5 * MIB + 256);
+  }
   weft_resource_stats_t st;
   weft_resource_stats(fx.pool, &st);
   assert_int_equal(st.reserved_bytes, fx.up->live_bytes);
   assert_int_equal(fx.up->live_count, 3);
-  free_on(1, s2, 1 * MIB);
+  for (int i = 0; i < 4; i++) free_on(1, s2[i], 1 * MIB);
   /* A kept chunk freed at the resource level again is refused, and stays kept. */
   assert_int_equal(weft_resource_deallocate(fx.pool, a, 5 * MIB + 3, fake_stream(1), "t"), WEFT_ERR_INVALID_ARGUMENT);
   /* Trim gives kept chunks back at once, on the stream that freed them (stream order covers the
@@ -318,14 +321,14 @@ static void test_large_block_gets_its_own_chunk_kept_for_its_size_then_trimmed(v
   assert_int_equal(weft_resource_trim(fx.pool, 0), WEFT_OK);
   assert_int_equal(fx.up->live_count, 1); /* small's chunk stays */
   weft_resource_stats(fx.pool, &st);
-  assert_int_equal(st.reserved_bytes, 1 * MIB);
+  assert_int_equal(st.reserved_bytes, 4 * MIB);
   free_on(0, small, 4096);
   drop_pool();
 }
 
 static void test_kept_large_chunk_goes_to_another_stream_only_when_ordered_or_complete(void **state) {
   (void)state;
-  make_pool(1 * MIB, 0);
+  make_pool(4 * MIB, 0); /* large: >= 2 MiB; kept: up to 8 MiB */
   CUdeviceptr a = alloc_on(1, 3 * MIB);
   free_on(1, a, 3 * MIB);
   fake.known[2 * FAKE_STREAMS + 1] = fake.tick[1]; /* stream 2 is ordered after stream 1's free */
@@ -350,18 +353,19 @@ static void test_kept_large_chunk_goes_to_another_stream_only_when_ordered_or_co
 
 static void test_kept_large_chunks_are_bounded_and_go_back_oldest_first_after_their_free(void **state) {
   (void)state;
-  make_pool(1 * MIB, 0);
+  make_pool(4 * MIB, 0); /* large: >= 2 MiB; kept: up to 8 MiB */
   enum { N = 12 };
   CUdeviceptr p[N];
-  for (int i = 0; i < N; i++) p[i] = alloc_on(0, (uint64_t)(3 + i) * MIB); /* all sizes differ */
-  for (int i = 0; i < N; i++) free_on(0, p[i], (uint64_t)(3 + i) * MIB);
+#define SIZE(i) (2 * MIB + (uint64_t)(i) * 256 * KIB) /* all large, all different */
+  for (int i = 0; i < N; i++) p[i] = alloc_on(0, SIZE(i));
+  for (int i = 0; i < N; i++) free_on(0, p[i], SIZE(i));
   weft_resource_stats_t st;
   weft_resource_stats(fx.pool, &st);
   assert_true(fx.up->live_count < N); /* older ones went back */
   assert_true(st.reserved_bytes == fx.up->live_bytes);
   assert_int_equal(fake.waits, 0); /* freed on stream 0, given back on stream 0: stream order */
   /* The newest is still kept, the oldest is not. */
-  assert_int_equal(alloc_on(0, (uint64_t)(3 + N - 1) * MIB), p[N - 1]);
+  assert_int_equal(alloc_on(0, SIZE(N - 1)), p[N - 1]);
   uint64_t allocs = fx.up->allocs;
   CUdeviceptr again = alloc_on(0, 3 * MIB);
   assert_int_equal(fx.up->allocs, allocs + 1);
@@ -374,7 +378,8 @@ static void test_kept_large_chunks_are_bounded_and_go_back_oldest_first_after_th
   assert_int_equal(fx.up->last_free_stream, 0);
   assert_int_equal(fake.waits, 0);
   free_on(1, q, 20 * MIB);
-  free_on(0, p[N - 1], (uint64_t)(3 + N - 1) * MIB);
+  free_on(0, p[N - 1], SIZE(N - 1));
+#undef SIZE
   drop_pool();
 }
 

@@ -219,6 +219,7 @@ static uint64_t run(const config_t *cfg, weft_resource_stats_t *stats, long *mis
   weft_options_t o = weft_options_default();
   o.memory = WEFT_MEMORY_ASYNC; /* the pool below sits on the driver's pool, as in a default runtime */
   o.stream_count = STREAMS;
+  o.stream_cache_bytes = 0; /* the pool's own reuse is under test, not the stream cache's */
   assert_int_equal(tu_init(&S.env, &o), 0);
   if (S.env.sim) {
     S.env.sim->seed(cfg->seed);

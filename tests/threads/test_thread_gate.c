@@ -1017,6 +1017,8 @@ static void run(const char *name, int m, unsigned ring, unsigned default_iters) 
   printf("%s: %lu errors, %lu data mismatches, %lu threads stopped early, %llu oracle races, tracker %s\n", name,
          errors, mismatches, fatal, (unsigned long long)races, valid ? "valid" : "INVALID");
   fflush(stdout);
+  /* Blocks the streams cached are on the live list until given back. */
+  if (weft_runtime_trim(env.rt) != WEFT_OK) printf("%s: weft_runtime_trim: %s\n", name, weft_last_error());
   pthread_mutex_lock(&env.rt->blocks_lock);
   size_t live = env.rt->live_count;
   pthread_mutex_unlock(&env.rt->blocks_lock);

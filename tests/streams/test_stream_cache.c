@@ -1,0 +1,362 @@
+/* The stream cache (lib/runtime/cache.c): a block freed on a stream is kept for that stream's next
+ * weft_alloc of the same size, which takes it without the resource, the block table's map or a
+ * driver call; every other path (another stream, a capture, a full cache, an allocation that
+ * fails for want of memory, weft_runtime_trim, the runtime's release) gives cached memory back
+ * or leaves it alone, and the race oracle sees every reuse ordered. On the simulator and a GPU. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "tests/util/cmocka_env.h"
+
+#define N 4096 /* elements (unsigned) of the test blocks */
+#define MIB (1024ull * 1024ull)
+
+static weft_counters_t counters(const tu_env_t *env) {
+  weft_counters_t c;
+  assert_int_equal(weft_runtime_counters(env->rt, &c), WEFT_OK);
+  return c;
+}
+
+static weft_resource_stats_t top_stats(const tu_env_t *env) {
+  weft_resource_stats_t s;
+  weft_resource_stats(weft_runtime_resource(env->rt), &s);
+  return s;
+}
+
+static CUdeviceptr ptr_of(weft_block_t b) {
+  CUdeviceptr p = 0;
+  assert_int_equal(weft_block_ptr(b, &p), WEFT_OK);
+  return p;
+}
+
+static int setup_with(void **state, const weft_options_t *o) {
+  tu_env_t *env = calloc(1, sizeof *env);
+  assert_non_null(env);
+  tu_init(env, o);
+  *state = env;
+  return 0;
+}
+
+static int setup(void **state) { return setup_with(state, NULL); }
+
+static int teardown(void **state) {
+  tu_env_t *env = *state;
+  assert_int_equal(tu_races(env), 0);
+  tu_fini(env);
+  free(env);
+  return 0;
+}
+
+/* Same stream, same size: the block comes back with no resource call; the old handle is stale,
+ * and while cached the memory is no block (find, free by pointer and a second free refuse). */
+static void test_same_stream_same_size_reuses_without_the_resource(void **state) {
+  tu_env_t *env = *state;
+  weft_stream_t *s0 = tu_stream(env, 0);
+  weft_block_t a = tu_alloc(env, N * 4, 0, "a");
+  CUdeviceptr pa = ptr_of(a);
+  assert_int_equal(tu_fill(env, s0, a, N, 1), WEFT_OK);
+  weft_resource_stats_t r0 = top_stats(env);
+  weft_counters_t c0 = counters(env);
+  assert_int_equal(weft_free(a, s0), WEFT_OK);
+  weft_counters_t c1 = counters(env);
+  assert_int_equal(c1.cached_blocks, c0.cached_blocks + 1);
+  assert_int_equal(c1.cached_bytes, c0.cached_bytes + N * 4);
+  assert_int_equal(c1.frees, c0.frees + 1);
+  weft_block_t found;
+  assert_int_equal(weft_block_find(env->rt, pa, &found), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_free_ptr(env->rt, pa, s0), WEFT_ERR_INVALID_ARGUMENT); /* no live block there */
+  assert_int_equal(weft_free(a, s0), WEFT_ERR_DOUBLE_FREE);
+  CUdeviceptr p;
+  assert_int_equal(weft_block_ptr(a, &p), WEFT_ERR_STALE_HANDLE);
+
+  weft_block_t b = tu_alloc(env, N * 4, 0, "b");
+  assert_int_equal(ptr_of(b), pa);
+  assert_string_equal(weft_block_tag(b), "b");
+  weft_resource_stats_t r1 = top_stats(env);
+  assert_int_equal(r1.allocs, r0.allocs); /* the resource saw neither the free nor the alloc */
+  assert_int_equal(r1.frees, r0.frees);
+  weft_counters_t c2 = counters(env);
+  assert_int_equal(c2.cached_blocks, c0.cached_blocks);
+  assert_int_equal(c2.allocs, c1.allocs + 1);
+  assert_int_equal(weft_free(a, s0), WEFT_ERR_STALE_HANDLE); /* the record holds b now */
+  assert_int_equal(weft_block_find(env->rt, pa, &found), WEFT_OK);
+  assert_true(found.rec == b.rec && found.gen == b.gen);
+  /* b works as a new block: written on s0, read on s1 (which waits for s0). */
+  assert_int_equal(tu_fill(env, s0, b, N, 7), WEFT_OK);
+  unsigned host[N];
+  assert_int_equal(tu_read(tu_stream(env, 1), b, host, sizeof host), WEFT_OK);
+  for (unsigned i = 0; i < N; i++) assert_int_equal(host[i], 7);
+  assert_int_equal(weft_free(b, s0), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+}
+
+/* Another stream or another size never takes a cached block. */
+static void test_other_stream_or_size_does_not_take_it(void **state) {
+  tu_env_t *env = *state;
+  weft_stream_t *s0 = tu_stream(env, 0), *s1 = tu_stream(env, 1);
+  weft_block_t a = tu_alloc(env, N * 4, 0, "a");
+  CUdeviceptr pa = ptr_of(a);
+  assert_int_equal(weft_free(a, s0), WEFT_OK);
+  weft_block_t b = tu_alloc(env, N * 4, 1, "b"), c = tu_alloc(env, N * 4 + 256, 0, "c");
+  assert_true(ptr_of(b) != pa && ptr_of(c) != pa);
+  assert_int_equal(counters(env).cached_blocks, 1);
+  assert_int_equal(weft_free(b, s1), WEFT_OK);
+  assert_int_equal(weft_free(c, s0), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+}
+
+/* A block read on another stream and freed on s: the free waits for the reader, so the cached
+ * block's next user on s is ordered after it (the oracle sees no race, the data is right). */
+static void test_reuse_after_a_read_elsewhere_is_ordered(void **state) {
+  tu_env_t *env = *state;
+  weft_stream_t *s0 = tu_stream(env, 0), *s1 = tu_stream(env, 1);
+  for (int round = 0; round < 8; round++) {
+    weft_block_t a = tu_alloc(env, N * 4, 0, "a"), out = tu_alloc(env, N * 4, 1, "out");
+    assert_int_equal(tu_fill(env, s0, a, N, 3 + round), WEFT_OK);
+    assert_int_equal(tu_combine(env, s1, out, (weft_block_t){0}, a, (weft_block_t){0}, (weft_block_t){0}, N, 5), WEFT_OK);
+    assert_int_equal(weft_free(a, s0), WEFT_OK);
+    weft_block_t b = tu_alloc(env, N * 4, 0, "b"); /* a's memory again */
+    assert_int_equal(tu_fill(env, s0, b, N, 99), WEFT_OK);
+    unsigned first[N], again[N];
+    assert_int_equal(tu_read(s1, out, first, sizeof first), WEFT_OK);
+    /* The same combine from a fresh copy of a's value gives the same output. */
+    weft_block_t a2 = tu_alloc(env, N * 4, 2, "a2"), out2 = tu_alloc(env, N * 4, 2, "out2");
+    weft_stream_t *s2 = tu_stream(env, 2);
+    assert_int_equal(tu_fill(env, s2, a2, N, 3 + round), WEFT_OK);
+    assert_int_equal(tu_combine(env, s2, out2, (weft_block_t){0}, a2, (weft_block_t){0}, (weft_block_t){0}, N, 5), WEFT_OK);
+    assert_int_equal(tu_read(s2, out2, again, sizeof again), WEFT_OK);
+    assert_memory_equal(first, again, sizeof first);
+    assert_int_equal(weft_free(b, s0), WEFT_OK);
+    assert_int_equal(weft_free(out, s1), WEFT_OK);
+    assert_int_equal(weft_free(a2, s2), WEFT_OK);
+    assert_int_equal(weft_free(out2, s2), WEFT_OK);
+  }
+  assert_int_equal(tu_races(env), 0);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+}
+
+/* The cache holds at most stream_cache_bytes; older blocks go back to the resource. */
+static void test_cache_is_bounded(void **state) {
+  (void)state;
+  weft_options_t o = weft_options_default();
+  o.stream_cache_bytes = 3 * N * 4;
+  void *st;
+  setup_with(&st, &o);
+  tu_env_t *env = st;
+  weft_stream_t *s0 = tu_stream(env, 0);
+  weft_block_t b[6];
+  for (int i = 0; i < 6; i++) b[i] = tu_alloc(env, N * 4, 0, "b");
+  weft_resource_stats_t r0 = top_stats(env);
+  for (int i = 0; i < 6; i++) assert_int_equal(weft_free(b[i], s0), WEFT_OK);
+  weft_counters_t c = counters(env);
+  assert_int_equal(c.cached_bytes, 3 * N * 4);
+  assert_int_equal(c.cached_blocks, 3);
+  assert_int_equal(top_stats(env).frees, r0.frees + 3);
+  /* A block larger than the whole cache is never cached. */
+  weft_block_t big = tu_alloc(env, 4 * N * 4, 0, "big");
+  assert_int_equal(weft_free(big, s0), WEFT_OK);
+  assert_int_equal(counters(env).cached_bytes, 3 * N * 4);
+  teardown(&st);
+  /* 0 turns the cache off. */
+  o.stream_cache_bytes = 0;
+  setup_with(&st, &o);
+  env = st;
+  s0 = tu_stream(env, 0);
+  weft_block_t a = tu_alloc(env, N * 4, 0, "a");
+  assert_int_equal(weft_free(a, s0), WEFT_OK);
+  assert_int_equal(counters(env).cached_blocks, 0);
+  teardown(&st);
+}
+
+/* An allocation refused for want of memory first takes back what the streams cached. */
+static void test_out_of_memory_empties_the_cache_first(void **state) {
+  (void)state;
+  weft_options_t o = weft_options_default();
+  o.budget_bytes = 6 * MIB;
+  void *st;
+  setup_with(&st, &o);
+  tu_env_t *env = st;
+  weft_stream_t *s0 = tu_stream(env, 0), *s1 = tu_stream(env, 1);
+  weft_block_t a = tu_alloc(env, 4 * MIB, 0, "a");
+  assert_int_equal(weft_free(a, s0), WEFT_OK);
+  assert_int_equal(counters(env).cached_bytes, 4 * MIB);
+  weft_block_t b = tu_alloc(env, 3 * MIB, 1, "b"); /* 4 + 3 > 6: the cache gives a back */
+  assert_int_equal(counters(env).cached_bytes, 0);
+  assert_int_equal(weft_free(b, s1), WEFT_OK);
+  teardown(&st);
+}
+
+/* weft_runtime_trim gives every cached block back, then trims the resource stack. */
+static void test_runtime_trim_gives_cached_blocks_back(void **state) {
+  tu_env_t *env = *state;
+  weft_stream_t *s0 = tu_stream(env, 0), *s1 = tu_stream(env, 1);
+  weft_block_t a = tu_alloc(env, N * 4, 0, "a"), b = tu_alloc(env, 8 * MIB, 1, "b");
+  uint64_t live = top_stats(env).live_bytes;
+  assert_int_equal(weft_free(a, s0), WEFT_OK);
+  assert_int_equal(weft_free(b, s1), WEFT_OK);
+  assert_int_equal(top_stats(env).live_bytes, live); /* held by the cache */
+  assert_int_equal(weft_runtime_trim(NULL), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_runtime_trim(env->rt), WEFT_OK);
+  weft_counters_t c = counters(env);
+  assert_int_equal(c.cached_blocks, 0);
+  assert_int_equal(c.cached_bytes, 0);
+  assert_int_equal(top_stats(env).live_bytes, live - N * 4 - 8 * MIB);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+}
+
+/* Inside a capture weft_alloc takes graph memory, never a cached block; after it the cache serves
+ * again. */
+static void test_capture_does_not_use_the_cache(void **state) {
+  tu_env_t *env = *state;
+  weft_stream_t *s0 = tu_stream(env, 0);
+  weft_block_t a = tu_alloc(env, N * 4, 0, "a");
+  CUdeviceptr pa = ptr_of(a);
+  assert_int_equal(weft_free(a, s0), WEFT_OK);
+  assert_int_equal(weft_capture_begin(s0, NULL), WEFT_OK);
+  weft_block_t g;
+  assert_int_equal(weft_alloc(env->rt, N * 4, s0, "g", &g), WEFT_OK);
+  assert_true(ptr_of(g) != pa);
+  assert_int_equal(tu_fill(env, s0, g, N, 1), WEFT_OK);
+  assert_int_equal(weft_free(g, s0), WEFT_OK);
+  assert_int_equal(counters(env).cached_blocks, 1);
+  weft_graph_t *graph;
+  assert_int_equal(weft_capture_end(s0, &graph), WEFT_OK);
+  assert_int_equal(weft_graph_destroy(graph), WEFT_OK);
+  weft_block_t b = tu_alloc(env, N * 4, 0, "b");
+  assert_int_equal(ptr_of(b), pa);
+  assert_int_equal(weft_free(b, s0), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+}
+
+/* The memory snapshot shows cached blocks as cached, not as live. */
+static void test_snapshot_shows_cached_blocks(void **state) {
+  tu_env_t *env = *state;
+  weft_stream_t *s0 = tu_stream(env, 0);
+  weft_block_t a = tu_alloc(env, N * 4, 0, "cached-one");
+  assert_int_equal(weft_free(a, s0), WEFT_OK);
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  assert_non_null(f);
+  assert_int_equal(weft_memory_snapshot(env->rt, f), WEFT_OK);
+  fclose(f);
+  char *at = strstr(text, "cached-one");
+  assert_non_null(at);
+  assert_non_null(strstr(at, "\"state\": \"cached\""));
+  free(text);
+  assert_int_equal(weft_runtime_trim(env->rt), WEFT_OK);
+}
+
+/* The guard sees every free (poison, canaries): with it on, nothing is cached. */
+static void test_guard_turns_the_cache_off(void **state) {
+  (void)state;
+  weft_options_t o = weft_options_default();
+  o.guard = 1;
+  void *st;
+  setup_with(&st, &o);
+  tu_env_t *env = st;
+  weft_block_t a = tu_alloc(env, N * 4, 0, "a");
+  assert_int_equal(weft_free(a, tu_stream(env, 0)), WEFT_OK);
+  assert_int_equal(counters(env).cached_blocks, 0);
+  teardown(&st);
+}
+
+/* The runtime's release gives cached memory back with the rest: no device memory is left. */
+static void test_release_leaves_no_cached_memory(void **state) {
+  (void)state;
+  void *st;
+  setup_with(&st, NULL);
+  tu_env_t *env = st;
+  if (env->sim == NULL) {
+    teardown(&st);
+    skip(); /* on a GPU the driver's own allocations move cuMemGetInfo: no exact count */
+  }
+  weft_sim_stats_t before, after;
+  weft_block_t a = tu_alloc(env, N * 4, 0, "a"), b = tu_alloc(env, 8 * MIB, 1, "b");
+  assert_int_equal(weft_free(a, tu_stream(env, 0)), WEFT_OK);
+  assert_int_equal(weft_free(b, tu_stream(env, 1)), WEFT_OK);
+  assert_int_equal(counters(env).cached_blocks, 2);
+  const weft_sim_api_t *sim = env->sim;
+  teardown(&st);
+  sim->stats(&after);
+  (void)before;
+  assert_int_equal(after.bytes_in_use, 0);
+}
+
+/* Eight threads allocate and free on shared streams, sizes from a small set: every reuse is
+ * ordered (oracle), the counters add up. Run under tsan in CI. */
+typedef struct worker {
+  tu_env_t *env;
+  unsigned id;
+  weft_status_t st;
+} worker_t;
+
+static void *churn(void *arg) {
+  worker_t *w = arg;
+  tu_env_t *env = w->env;
+  uint64_t x = 0x9E3779B97F4A7C15ull * (w->id + 1);
+  weft_block_t held[4] = {{0}};
+  weft_stream_t *held_on[4] = {0};
+  for (int i = 0; i < 400 && w->st == WEFT_OK; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    unsigned k = (unsigned)(x % 4);
+    weft_stream_t *s;
+    if ((w->st = weft_stream_get(env->rt, (unsigned)((x >> 8) % 3), &s)) != WEFT_OK) break;
+    if (held[k].rec != NULL) {
+      w->st = weft_free(held[k], (x >> 16) % 2 ? s : held_on[k]);
+      held[k] = (weft_block_t){0};
+      continue;
+    }
+    size_t bytes = (size_t)N * 4 * (1 + (x >> 24) % 3);
+    if ((w->st = weft_alloc(env->rt, bytes, s, "churn", &held[k])) != WEFT_OK) break;
+    held_on[k] = s;
+    w->st = tu_fill(env, s, held[k], N, w->id);
+  }
+  for (int k = 0; k < 4; k++)
+    if (held[k].rec != NULL && w->st == WEFT_OK) w->st = weft_free(held[k], held_on[k]);
+  return NULL;
+}
+
+static void test_threads_share_the_cache(void **state) {
+  tu_env_t *env = *state;
+  worker_t w[8];
+  pthread_t t[8];
+  weft_counters_t c0 = counters(env);
+  for (unsigned i = 0; i < 8; i++) {
+    w[i] = (worker_t){env, i, WEFT_OK};
+    assert_int_equal(pthread_create(&t[i], NULL, churn, &w[i]), 0);
+  }
+  for (unsigned i = 0; i < 8; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+  for (unsigned i = 0; i < 8; i++)
+    if (w[i].st != WEFT_OK) fail_msg("worker %u: %s: %s", i, weft_status_name(w[i].st), weft_last_error());
+  weft_counters_t c1 = counters(env);
+  assert_int_equal(c1.allocs - c0.allocs, c1.frees - c0.frees);
+  assert_true(c1.cached_blocks > 0);
+  assert_int_equal(tu_races(env), 0);
+  assert_int_equal(weft_runtime_trim(env->rt), WEFT_OK);
+  assert_int_equal(counters(env).cached_bytes, 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(test_same_stream_same_size_reuses_without_the_resource, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_other_stream_or_size_does_not_take_it, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_reuse_after_a_read_elsewhere_is_ordered, setup, teardown),
+      cmocka_unit_test(test_cache_is_bounded),
+      cmocka_unit_test(test_out_of_memory_empties_the_cache_first),
+      cmocka_unit_test_setup_teardown(test_runtime_trim_gives_cached_blocks_back, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_capture_does_not_use_the_cache, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_snapshot_shows_cached_blocks, setup, teardown),
+      cmocka_unit_test(test_guard_turns_the_cache_off),
+      cmocka_unit_test(test_release_leaves_no_cached_memory),
+      cmocka_unit_test_setup_teardown(test_threads_share_the_cache, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
