@@ -112,7 +112,7 @@ static CUresult begin_capture(CUstream hs, CUstreamCaptureMode mode) {
   if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
       mode != CU_STREAM_CAPTURE_MODE_RELAXED)
     return CUDA_ERROR_INVALID_VALUE;
-  if (s == sim.null_stream) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  if (s->is_null) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (s->cap != NULL) return CUDA_ERROR_ILLEGAL_STATE;
   sim__capture_t *c = sim__xcalloc(1, sizeof *c);
   c->id = sim.next_capture_id++;

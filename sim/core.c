@@ -18,6 +18,7 @@ sim__state_t sim = {
     .oracle = 1,
     .rng = 1,
     .memory_limit = 80ull << 30,
+    .ndev = 1,
     .next_op_id = 1,
     .next_lane = 1,
     .next_stream_id = 1,
@@ -150,6 +151,12 @@ static void config_once(void) {
   const char *seed = getenv("WEFT_SIM_SEED");
   sim__seed(seed && *seed ? strtoull(seed, NULL, 0) : 1);
   sim.memory_limit = parse_bytes(getenv("WEFT_SIM_MEMORY"), 80ull << 30);
+  const char *ndev = getenv("WEFT_SIM_DEVICES");
+  long n = ndev && *ndev ? strtol(ndev, NULL, 10) : 1;
+  sim.ndev = n < 1 ? 1 : n > SIM_MAX_DEVICES ? SIM_MAX_DEVICES : (int)n;
+  const char *peer = getenv("WEFT_SIM_PEER");
+  sim.no_peer = peer && strcmp(peer, "0") == 0;
+  for (int d = 0; d < SIM_MAX_DEVICES; d++) sim.ctxs[d] = (sim__ctx_t){SIM_MAGIC_CTX, d, 0, 0};
   const char *oracle = getenv("WEFT_SIM_ORACLE");
   sim.oracle = !(oracle && strcmp(oracle, "0") == 0);
   const char *lazy = getenv("WEFT_SIM_LAZY");
@@ -163,24 +170,29 @@ static void config_once(void) {
 
 static void config(void) { pthread_once(&g_config_once, config_once); }
 
-/* The legacy stream and the default pool exist from cuInit on. */
+/* Each device's legacy stream and default pool exist from cuInit on. */
 static void init_objects(void) {
-  if (sim.null_stream != NULL) return;
-  sim__stream_t *s = sim__xcalloc(1, sizeof *s);
-  s->magic = SIM_MAGIC_STREAM;
-  s->id = 0;
-  s->lane = sim.next_lane++;
-  s->busy_index = -1;
-  sim__grow(&sim.streams, &sim.capstreams, sim.nstreams + 1, sizeof *sim.streams);
-  s->all_index = sim.nstreams;
-  sim.streams[sim.nstreams++] = s;
-  sim.null_stream = s;
-  CUmemPoolProps props;
-  memset(&props, 0, sizeof props);
-  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  sim.default_pool = sim__pool_new(&props);
-  sim.default_pool->is_default = 1;
+  if (sim.null_streams[0] != NULL) return;
+  for (int d = 0; d < sim.ndev; d++) {
+    sim__stream_t *s = sim__xcalloc(1, sizeof *s);
+    s->magic = SIM_MAGIC_STREAM;
+    s->id = 0;
+    s->dev = d;
+    s->is_null = 1;
+    s->lane = sim.next_lane++;
+    s->busy_index = -1;
+    sim__grow(&sim.streams, &sim.capstreams, sim.nstreams + 1, sizeof *sim.streams);
+    s->all_index = sim.nstreams;
+    sim.streams[sim.nstreams++] = s;
+    sim.null_streams[d] = s;
+    CUmemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    props.location.id = d;
+    sim.default_pools[d] = sim__pool_new(&props);
+    sim.default_pools[d]->is_default = 1;
+  }
 }
 
 /* Graph calls (launch, instantiate, upload, exec and graph destroy, trim; the free of graph memory,
@@ -195,6 +207,7 @@ static int enqueues(sim__fn_t fn) {
     case SIM_FN_cuEventRecordWithFlags: case SIM_FN_cuStreamWaitEvent: case SIM_FN_cuStreamWriteValue32:
     case SIM_FN_cuStreamWriteValue64: case SIM_FN_cuStreamWaitValue32: case SIM_FN_cuStreamWaitValue64:
     case SIM_FN_cuMemcpyHtoDAsync: case SIM_FN_cuMemcpyDtoHAsync: case SIM_FN_cuMemcpyDtoDAsync:
+    case SIM_FN_cuMemcpyPeerAsync:
     case SIM_FN_cuMemsetD8Async: case SIM_FN_cuMemsetD32Async: case SIM_FN_cuMemAlloc:
     case SIM_FN_cuMemAllocAsync: case SIM_FN_cuMemAllocFromPoolAsync: case SIM_FN_cuMemFreeAsync:
     case SIM_FN_cuStreamBeginCapture: case SIM_FN_cuStreamEndCapture: case SIM_FN_cuGraphInstantiateWithFlags:
@@ -254,7 +267,11 @@ void sim__leave(void) {
   g_self.enqueue_bits >>= 1;
 }
 
-CUresult sim__need_ctx(void) { return g_self.ctx != NULL && sim.ctx_refs > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT; }
+CUresult sim__need_ctx(void) {
+  return g_self.ctx != NULL && ((sim__ctx_t *)g_self.ctx)->refs > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+int sim__cur_dev(void) { return g_self.ctx != NULL ? ((sim__ctx_t *)g_self.ctx)->dev : 0; }
 
 /* ---- cuInit, versions, error names ---- */
 

@@ -1,8 +1,14 @@
-/* The simulated device and its primary context, context synchronisation, and graph memory
- * attributes.
+/* The simulated devices and their primary contexts, peer access, context synchronisation, and
+ * graph memory attributes.
  *
- * One device, "weft-sim H100": compute capability 9.0, 132 SMs, memory WEFT_SIM_MEMORY (default
- * 80 GiB). Attributes not listed below read as 0, like a feature the device lacks.
+ * WEFT_SIM_DEVICES devices (default 1, at most 8), each a "weft-sim H100": compute capability
+ * 9.0, 132 SMs, memory WEFT_SIM_MEMORY (default 80 GiB) each. Attributes not listed below read as
+ * 0, like a feature the device lacks; the PCI bus id tells devices apart. Every device can access
+ * every other's memory (cuDeviceCanAccessPeer), as the two NVLinked H100s of the project's GPU
+ * machine can, unless WEFT_SIM_PEER=0. Peer access is what those H100s answer
+ * (tests/conformance/README.md, "two devices"): cuCtxEnablePeerAccess needs flags 0, refuses the
+ * context's own device (PEER_ACCESS_UNSUPPORTED), a second enable (PEER_ACCESS_ALREADY_ENABLED) and
+ * a disable of what was not enabled (PEER_ACCESS_NOT_ENABLED).
  */
 #include <string.h>
 
@@ -64,10 +70,12 @@ static const struct { CUdevice_attribute attr; int value; } g_attrs[] = {
 
 static const char g_name[] = "weft-sim H100";
 
+static int valid_dev(CUdevice dev) { return dev >= 0 && dev < sim.ndev; }
+
 static CUresult device_get(CUdevice *out, int ordinal) {
   if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
-  if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
-  *out = 0;
+  if (!valid_dev(ordinal)) return CUDA_ERROR_INVALID_DEVICE;
+  *out = ordinal;
   return CUDA_SUCCESS;
 }
 
@@ -75,7 +83,7 @@ CUresult CUDAAPI cuDeviceGet(CUdevice *device, int ordinal) { SIM_CALL(cuDeviceG
 
 static CUresult device_count(int *out) {
   if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
-  *out = 1;
+  *out = sim.ndev;
   return CUDA_SUCCESS;
 }
 
@@ -83,7 +91,7 @@ CUresult CUDAAPI cuDeviceGetCount(int *count) { SIM_CALL(cuDeviceGetCount, devic
 
 static CUresult device_name(char *name, int len, CUdevice dev) {
   if (name == NULL || len <= 0) return CUDA_ERROR_INVALID_VALUE;
-  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
   size_t n = (size_t)len - 1 < sizeof g_name - 1 ? (size_t)len - 1 : sizeof g_name - 1;
   memcpy(name, g_name, n);
   name[n] = '\0';
@@ -94,10 +102,11 @@ CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev) { SIM_CALL(c
 
 static CUresult device_attribute(int *out, CUdevice_attribute attr, CUdevice dev) {
   if (out == NULL || attr <= 0 || attr >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
-  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
   *out = 0;
   for (size_t i = 0; i < sizeof g_attrs / sizeof g_attrs[0]; i++)
     if (g_attrs[i].attr == attr) *out = g_attrs[i].value;
+  if (attr == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID) *out += (int)dev * 0x20;
   return CUDA_SUCCESS;
 }
 
@@ -107,24 +116,21 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
 
 static CUresult total_mem(size_t *out, CUdevice dev) {
   if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
-  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
   *out = (size_t)sim.memory_limit;
   return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuDeviceTotalMem(size_t *bytes, CUdevice dev) { SIM_CALL(cuDeviceTotalMem, total_mem(bytes, dev)); }
 
-/* ---- the primary context ---- */
-
-static struct {
-  uint32_t magic;
-} g_ctx = {SIM_MAGIC_CTX};
+/* ---- the primary contexts ---- */
 
 static CUresult primary_retain(CUcontext *out, CUdevice dev) {
   if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
-  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
-  if (sim.ctx_refs++ == 0) sim__handle_add(&g_ctx);
-  *out = (CUcontext)&g_ctx;
+  if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  sim__ctx_t *c = &sim.ctxs[dev];
+  if (c->refs++ == 0) sim__handle_add(c);
+  *out = (CUcontext)c;
   return CUDA_SUCCESS;
 }
 
@@ -133,13 +139,16 @@ CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
 }
 
 static CUresult primary_release(CUdevice dev) {
-  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
-  if (sim.ctx_refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
-  if (--sim.ctx_refs == 0) {
-    sim__handle_remove(&g_ctx);
+  if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  sim__ctx_t *c = &sim.ctxs[dev];
+  if (c->refs == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  if (--c->refs == 0) {
+    sim__handle_remove(c);
+    c->peers = 0;
+    for (int e = 0; e < sim.ndev; e++) sim.ctxs[e].peers &= ~(1u << dev);
     /* The context goes, and the streams made in it with it: later calls on them fail (H100,
      * driver 580.159.04: cuStreamDestroy gives INVALID_HANDLE; tests/conformance). */
-    sim__streams_destroy_all();
+    sim__streams_destroy_all(dev);
   }
   return CUDA_SUCCESS;
 }
@@ -162,12 +171,69 @@ static CUresult ctx_get_current(CUcontext *out) {
 
 CUresult CUDAAPI cuCtxGetCurrent(CUcontext *pctx) { SIM_CALL(cuCtxGetCurrent, ctx_get_current(pctx)); }
 
+/* ---- peer access ---- */
+
+static CUresult can_access_peer(int *out, CUdevice dev, CUdevice peer) {
+  if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
+  if (!valid_dev(dev) || !valid_dev(peer)) return CUDA_ERROR_INVALID_DEVICE;
+  *out = dev != peer && !sim.no_peer;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceCanAccessPeer(int *canAccessPeer, CUdevice dev, CUdevice peerDev) {
+  SIM_CALL(cuDeviceCanAccessPeer, can_access_peer(canAccessPeer, dev, peerDev));
+}
+
+/* The current context and a peer context handle, both live. */
+static CUresult peer_pair(CUcontext peer, sim__ctx_t **cur, sim__ctx_t **other) {
+  CUresult r = sim__need_ctx();
+  if (r != CUDA_SUCCESS) return r;
+  *other = sim__handle_get(peer, SIM_MAGIC_CTX);
+  if (*other == NULL) return CUDA_ERROR_INVALID_CONTEXT;
+  *cur = (sim__ctx_t *)sim__self()->ctx;
+  return CUDA_SUCCESS;
+}
+
+static CUresult enable_peer(CUcontext peer, unsigned flags) {
+  sim__ctx_t *cur, *other;
+  CUresult r = peer_pair(peer, &cur, &other);
+  if (r != CUDA_SUCCESS) return r;
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (other->dev == cur->dev || sim.no_peer) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+  if (cur->peers & (1u << other->dev)) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+  cur->peers |= 1u << other->dev;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) {
+  SIM_CALL(cuCtxEnablePeerAccess, enable_peer(peerContext, Flags));
+}
+
+static CUresult disable_peer(CUcontext peer) {
+  sim__ctx_t *cur, *other;
+  CUresult r = peer_pair(peer, &cur, &other);
+  if (r != CUDA_SUCCESS) return r;
+  if (!(cur->peers & (1u << other->dev))) return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+  cur->peers &= ~(1u << other->dev);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxDisablePeerAccess(CUcontext peerContext) {
+  SIM_CALL(cuCtxDisablePeerAccess, disable_peer(peerContext));
+}
+
+int sim__dev_can_touch(int dev, const sim__alloc_t *a) {
+  if (a == NULL || a->dev == dev) return 1;
+  if (a->pool != NULL) return (a->pool->access >> dev) & 1u;
+  return (sim.ctxs[dev].peers >> a->dev) & 1u;
+}
+
 static CUresult ctx_synchronize(void) {
   CUresult r = sim__need_ctx();
   if (r != CUDA_SUCCESS) return r;
   if ((r = sim__capture_unsafe()) != CUDA_SUCCESS) return r;
   if ((r = sim__drain()) != CUDA_SUCCESS) return r;
-  for (size_t i = 0; i < sim.nstreams; i++) sim__host_join(&sim.streams[i]->vc);
+  for (size_t i = 0; i < sim.nstreams; i++) sim__host_join(&sim.streams[i]->vc); /* (every device's: a superset) */
   sim__host_join(&sim.retired_vc);
   sim__pools_release();
   return CUDA_SUCCESS;
@@ -201,7 +267,7 @@ void sim__device_graph_reserved(int64_t delta) {
 }
 
 static CUresult graph_mem_get(CUdevice dev, CUgraphMem_attribute attr, void *value) {
-  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
   if (value == NULL) return CUDA_ERROR_INVALID_VALUE;
   cuuint64_t *v = value;
   switch (attr) {
@@ -219,7 +285,7 @@ CUresult CUDAAPI cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attrib
 
 /* Only the high watermarks can be set, and only to 0 (which resets them to the current value). */
 static CUresult graph_mem_set(CUdevice dev, CUgraphMem_attribute attr, void *value) {
-  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
   if (value == NULL || *(cuuint64_t *)value != 0) return CUDA_ERROR_INVALID_VALUE;
   switch (attr) {
     case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: sim.graph_used_high = sim.graph_used; return CUDA_SUCCESS;
@@ -233,7 +299,7 @@ CUresult CUDAAPI cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attrib
 }
 
 static CUresult graph_mem_trim(CUdevice dev) {
-  if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
   sim__galloc_trim();
   return CUDA_SUCCESS;
 }

@@ -73,6 +73,7 @@ static CUresult event_create(CUevent *out, unsigned flags) {
   sim__event_t *e = sim__xcalloc(1, sizeof *e);
   e->magic = SIM_MAGIC_EVENT;
   e->flags = flags;
+  e->dev = sim__cur_dev();
   e->refs = 1;
   sim__handle_add(e);
   *out = (CUevent)e;
@@ -85,6 +86,9 @@ static CUresult event_record(CUevent h, CUstream hs, unsigned flags) {
   sim__event_t *e = event_get(h);
   sim__stream_t *s = sim__stream_get(hs);
   if (e == NULL || s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  /* An event is recorded only on a stream of its own context's device; any stream may wait on
+   * it (2 x H100, driver 580.159.04). */
+  if (e->dev != s->dev) return CUDA_ERROR_INVALID_HANDLE;
   CUresult li_ = sim__legacy_implicit(hs, 1);
   if (li_ != CUDA_SUCCESS) return li_;
   if ((flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL) != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -166,7 +170,7 @@ static CUresult stream_wait_event(CUstream hs, CUevent h, unsigned flags) {
     return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
   }
   if (e->cap != NULL) {
-    if (s == sim.null_stream) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    if (s->is_null) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
     sim__capture_join(s, e->cap, e->cap_deps, e->ncap_deps);
     return CUDA_SUCCESS;
   }

@@ -96,7 +96,13 @@
   X(cuGraphExecDestroy)                   \
   X(cuDeviceGetGraphMemAttribute)         \
   X(cuDeviceSetGraphMemAttribute)         \
-  X(cuDeviceGraphMemTrim)
+  X(cuDeviceGraphMemTrim)                 \
+  X(cuDeviceCanAccessPeer)                \
+  X(cuCtxEnablePeerAccess)                \
+  X(cuCtxDisablePeerAccess)               \
+  X(cuMemPoolSetAccess)                   \
+  X(cuMemPoolGetAccess)                   \
+  X(cuMemcpyPeerAsync)
 
 typedef enum sim__fn {
 #define SIM__FN_ENUM(name) SIM_FN_##name,

@@ -33,6 +33,7 @@ sim__alloc_t *sim__galloc_new(size_t bytes, const CUmemPoolProps *props) {
   a->region = r;
   a->refs = 1;
   if (props) a->props = *props;
+  a->dev = props && props->location.id >= 0 && props->location.id < sim.ndev ? props->location.id : 0;
   sim__addr_insert(a);
   sim__grow(&g_gallocs, &g_capgallocs, g_ngallocs + 1, sizeof *g_gallocs);
   a->list_index = g_ngallocs;
@@ -45,7 +46,7 @@ void sim__galloc_ref(sim__alloc_t *a) { a->refs++; }
 static void galloc_unmap(sim__alloc_t *a) {
   if (!a->mapped) return;
   a->mapped = 0;
-  sim__unreserve(a->size);
+  sim__unreserve(a->dev, a->size);
   sim__device_graph_reserved(-(int64_t)a->size);
 }
 

@@ -71,7 +71,7 @@ static CUresult map_allocations(sim__exec_t *x) {
     if (x->nodes[i].type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) continue;
     sim__alloc_t *a = x->nodes[i].act.u.mem.a;
     if (a->mapped) continue;
-    if (sim__reserve(a->size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (sim__reserve(a->dev, a->size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
     a->mapped = 1;
     sim__device_graph_reserved((int64_t)a->size);
   }

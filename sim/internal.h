@@ -41,6 +41,15 @@
 #define SIM_ALIGN 256u              /* device allocation alignment, bytes */
 #define SIM_MAX_RACES_KEPT 1024u    /* race descriptions kept (all are counted) */
 #define SIM_HOST_LANE 0u            /* vector-clock lane of the host (all host threads are one) */
+#define SIM_MAX_DEVICES 8           /* WEFT_SIM_DEVICES: 1 (default) .. 8 */
+
+/** A device's primary context (the only kind of context the simulator has). */
+typedef struct sim__ctx {
+  uint32_t magic;               /* SIM_MAGIC_CTX */
+  int dev;
+  int refs;                     /* cuDevicePrimaryCtxRetain count */
+  uint32_t peers;               /* bit e: cuCtxEnablePeerAccess to device e's context */
+} sim__ctx_t;
 
 typedef struct sim__stream sim__stream_t;
 typedef struct sim__event sim__event_t;
@@ -126,8 +135,9 @@ void sim__race_report(void);
 /** Reports a host-side hazard as a race of its own (no bytes): `first` and `second` describe the
  * two overlapping driver calls. */
 void sim__hazard_report(const char *first, const char *second);
-/** Destroys every stream but the NULL stream (the primary context was released to nothing). */
-void sim__streams_destroy_all(void);
+/** Destroys every stream of device `dev` but its NULL stream (its primary context was released to
+ * nothing). */
+void sim__streams_destroy_all(int dev);
 
 /* ---- sched.c: PRNG, actions, ops, the scheduler ---- */
 
@@ -250,8 +260,12 @@ typedef struct sim__state {
   int oracle;                   /* race oracle on */
   int lazy;                     /* WEFT_SIM_LAZY=1: work runs only when a sync or query needs it */
   uint64_t rng;                 /* scheduler PRNG state */
-  uint64_t memory_limit;        /* bytes of device memory (WEFT_SIM_MEMORY) */
-  uint64_t reserved;            /* bytes reserved from the device now, all kinds */
+  uint64_t memory_limit;        /* bytes of memory of each device (WEFT_SIM_MEMORY) */
+  uint64_t reserved;            /* bytes reserved from all devices now, all kinds */
+  uint64_t dev_reserved[SIM_MAX_DEVICES]; /* of them, per device */
+  int ndev;                     /* devices (WEFT_SIM_DEVICES) */
+  int no_peer;                  /* WEFT_SIM_PEER=0: no device can access another's memory */
+  sim__ctx_t ctxs[SIM_MAX_DEVICES]; /* primary contexts */
   uint64_t next_op_id;
   uint32_t next_lane;           /* lane 0 is the host */
   int next_stream_id;
@@ -259,13 +273,13 @@ typedef struct sim__state {
   sim__vc_t host_vc;            /* the host's clock */
   sim__snap_t *host_snap;       /* cached snapshot of host_vc, or NULL when stale */
   sim__vc_t retired_vc;         /* clocks of destroyed streams that finished */
-  sim__stream_t *null_stream;   /* the legacy stream (handle 0) */
+  sim__stream_t *null_streams[SIM_MAX_DEVICES]; /* each device's legacy stream (handle 0) */
   sim__stream_t **busy;         /* streams with queued ops */
   size_t nbusy, capbusy;
   sim__stream_t **streams;      /* every stream alive (for cuCtxSynchronize) */
   size_t nstreams, capstreams;
   sim__capture_t *captures;     /* active captures, linked */
-  sim__pool_t *default_pool;
+  sim__pool_t *default_pools[SIM_MAX_DEVICES];
   weft_sim_stats_t stats;
   uint64_t races;               /* counted races */
   weft_sim_race_t *race_log;    /* the first SIM_MAX_RACES_KEPT */
@@ -273,7 +287,6 @@ typedef struct sim__state {
   int report_at_exit;
   /* graph memory counters (cuDeviceGetGraphMemAttribute) */
   uint64_t graph_used, graph_used_high, graph_reserved, graph_reserved_high;
-  int ctx_refs;                 /* primary context retain count */
 } sim__state_t;
 
 extern sim__state_t sim;
@@ -295,6 +308,13 @@ void sim__graph_call_check(const char *what);
 sim__thread_t *sim__self(void);
 /** CUDA_ERROR_INVALID_CONTEXT unless the calling thread has a current context. */
 CUresult sim__need_ctx(void);
+/** The device of the calling thread's current context (0 when it has none). */
+int sim__cur_dev(void);
+/** Device d's legacy stream. */
+static inline sim__stream_t *sim__null_stream(int dev) { return sim.null_streams[dev]; }
+/** Whether work on device `dev` may touch memory of allocation a (its own device's memory, a
+ * peer's with cuCtxEnablePeerAccess for cuMemAlloc memory, or cuMemPoolSetAccess for a pool's). */
+int sim__dev_can_touch(int dev, const sim__alloc_t *a);
 void sim__handle_add(void *obj);
 void sim__handle_remove(void *obj);
 /** obj if it is a live handle with this magic, else NULL. */
@@ -317,6 +337,8 @@ void sim__device_graph_reserved(int64_t delta);
 struct sim__stream {
   uint32_t magic;
   int id;                     /* cuStreamGetId; 0 for the legacy stream */
+  int dev;                    /* the device of the context it was made in */
+  int is_null;                /* a device's legacy stream */
   unsigned flags;
   int priority;
   uint32_t lane;              /* vector-clock lane */
@@ -358,6 +380,7 @@ struct sim__einst {
 struct sim__event {
   uint32_t magic;
   unsigned flags;
+  int dev;                  /* the device of the context it was made in: recorded only there */
   int refs;                 /* user handle + ops/nodes referencing it */
   int destroyed;
   sim__einst_t *latest;     /* latest non-captured record, or NULL if never recorded */
@@ -393,6 +416,7 @@ struct sim__region {
 /** One allocation as the host sees it. */
 struct sim__alloc {
   sim__alloc_kind_t kind;
+  int dev;               /* the device whose memory it is */
   CUdeviceptr ptr;
   size_t bytes;          /* requested */
   size_t size;           /* rounded to SIM_ALIGN */
@@ -414,9 +438,9 @@ struct sim__alloc {
 sim__region_t *sim__region_new(size_t size);
 void sim__region_free(sim__region_t *r);
 sim__region_t *sim__region_find(uintptr_t p);
-/** Reserves `size` bytes against WEFT_SIM_MEMORY; 0 or -1 when over it. */
-int sim__reserve(uint64_t size);
-void sim__unreserve(uint64_t size);
+/** Reserves `size` bytes of device `dev` against WEFT_SIM_MEMORY; 0 or -1 when over it. */
+int sim__reserve(int dev, uint64_t size);
+void sim__unreserve(int dev, uint64_t size);
 void sim__addr_insert(sim__alloc_t *a);
 void sim__addr_remove(sim__alloc_t *a);
 /** The host-valid allocation whose base is exactly p, or NULL. */
@@ -443,7 +467,8 @@ typedef struct sim__chunk {
 
 struct sim__pool {
   uint32_t magic;
-  CUmemPoolProps props;
+  CUmemPoolProps props;     /* props.location.id: the device whose memory it holds */
+  uint32_t access;          /* bit d: device d may access its memory (its own always) */
   uint64_t threshold;
   int reuse_follow, reuse_opportunistic, reuse_internal;
   uint64_t reserved, reserved_high, used, used_high;

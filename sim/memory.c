@@ -20,13 +20,18 @@
 
 size_t sim__round(size_t n) { return (n + SIM_ALIGN - 1) & ~(size_t)(SIM_ALIGN - 1); }
 
-int sim__reserve(uint64_t size) {
-  if (size > sim.memory_limit || sim.reserved > sim.memory_limit - size) return -1;
+int sim__reserve(int dev, uint64_t size) {
+  uint64_t *used = &sim.dev_reserved[dev];
+  if (size > sim.memory_limit || *used > sim.memory_limit - size) return -1;
+  *used += size;
   sim.reserved += size;
   return 0;
 }
 
-void sim__unreserve(uint64_t size) { sim.reserved -= size; }
+void sim__unreserve(int dev, uint64_t size) {
+  sim.dev_reserved[dev] -= size;
+  sim.reserved -= size;
+}
 
 /* ---- regions, sorted by base ---- */
 
@@ -132,14 +137,16 @@ static CUresult mem_alloc(CUdeviceptr *out, size_t bytes) {
   if (r != CUDA_SUCCESS) return r;
   if ((r = sim__capture_unsafe()) != CUDA_SUCCESS) return r;
   size_t size = sim__round(bytes);
-  if (sim__reserve(size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  int dev = sim__cur_dev();
+  if (sim__reserve(dev, size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
   sim__region_t *reg = sim__region_new(size);
   if (reg == NULL) {
-    sim__unreserve(size);
+    sim__unreserve(dev, size);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   sim__alloc_t *a = sim__xcalloc(1, sizeof *a);
   a->kind = SIM_ALLOC_PLAIN;
+  a->dev = dev;
   a->ptr = (CUdeviceptr)reg->base;
   a->bytes = bytes;
   a->size = size;
@@ -158,8 +165,8 @@ static CUresult mem_alloc(CUdeviceptr *out, size_t bytes) {
 CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t bytesize) { SIM_CALL(cuMemAlloc, mem_alloc(dptr, bytesize)); }
 
 static int null_stream_done(void *arg) {
-  (void)arg;
-  return sim.null_stream->done >= sim.null_stream->issued;
+  const sim__stream_t *s = arg;
+  return s->done >= s->issued;
 }
 
 /* cuMemFree synchronises the device first (as cudaFree does), so queued work that still uses the
@@ -179,7 +186,7 @@ static CUresult mem_free(CUdeviceptr p) {
   sim__oracle_access(a->ptr, a->size, 1, &ctx);
   sim__addr_remove(a);
   sim.stats.bytes_in_use -= a->size;
-  sim__unreserve(a->size);
+  sim__unreserve(a->dev, a->size);
   sim__region_free(a->region);
   free(a);
   return CUDA_SUCCESS;
@@ -189,7 +196,7 @@ CUresult CUDAAPI cuMemFree(CUdeviceptr dptr) { SIM_CALL(cuMemFree, mem_free(dptr
 
 void sim__plain_free_executed(sim__alloc_t *a, const sim__actx_t *ctx) {
   sim__oracle_access(a->ptr, a->size, 1, ctx);
-  sim__unreserve(a->size);
+  sim__unreserve(a->dev, a->size);
   sim__region_free(a->region);
   free(a);
 }
@@ -199,7 +206,7 @@ static CUresult mem_get_info(size_t *free_bytes, size_t *total) {
   CUresult r = sim__need_ctx();
   if (r != CUDA_SUCCESS) return r;
   *total = (size_t)sim.memory_limit;
-  *free_bytes = (size_t)(sim.memory_limit - sim.reserved);
+  *free_bytes = (size_t)(sim.memory_limit - sim.dev_reserved[sim__cur_dev()]);
   return CUDA_SUCCESS;
 }
 
@@ -213,8 +220,9 @@ static CUresult copy_sync(CUdeviceptr dev, void *host_dst, const void *host_src,
   if ((host_dst == NULL && host_src == NULL) || (n > 0 && !sim__addr_contains(dev, n))) return CUDA_ERROR_INVALID_VALUE;
   /* Not an unsafe call: measured on an H200, a synchronous copy under GLOBAL capture succeeds and
    * leaves the capture valid. */
-  if ((r = sim__run_until(null_stream_done, NULL)) != CUDA_SUCCESS) return r;
-  sim__host_join(&sim.null_stream->vc);
+  sim__stream_t *legacy = sim__null_stream(sim__cur_dev());
+  if ((r = sim__run_until(null_stream_done, legacy)) != CUDA_SUCCESS) return r;
+  sim__host_join(&legacy->vc);
   if (n == 0) return CUDA_SUCCESS;
   sim__actx_t ctx;
   sim__host_access_ctx(&ctx, host_src ? "cuMemcpyHtoD" : "cuMemcpyDtoH");
@@ -274,6 +282,19 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
   SIM_CALL(cuMemcpyDtoDAsync, copy_async(SIM_DTOD, dstDevice, NULL, srcDevice, NULL, ByteCount, hStream));
 }
 
+/* Unified addressing: a peer copy is a device-to-device copy; the contexts must be live ones.
+ * Copies between devices need no peer access (2 x H100: the driver stages them). */
+static CUresult copy_peer(CUdeviceptr dst, CUcontext dc, CUdeviceptr src, CUcontext sc, size_t n, CUstream hs) {
+  if (sim__handle_get(dc, SIM_MAGIC_CTX) == NULL || sim__handle_get(sc, SIM_MAGIC_CTX) == NULL)
+    return CUDA_ERROR_INVALID_CONTEXT;
+  return copy_async(SIM_DTOD, dst, NULL, src, NULL, n, hs);
+}
+
+CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,
+                                   CUcontext srcContext, size_t ByteCount, CUstream hStream) {
+  SIM_CALL(cuMemcpyPeerAsync, copy_peer(dstDevice, dstContext, srcDevice, srcContext, ByteCount, hStream));
+}
+
 static CUresult set_async(CUdeviceptr dst, unsigned value, unsigned elem, size_t count, CUstream hs) {
   sim__stream_t *s = sim__stream_get(hs);
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
@@ -282,6 +303,9 @@ static CUresult set_async(CUdeviceptr dst, unsigned value, unsigned elem, size_t
   CUresult r = sim__need_ctx();
   if (r != CUDA_SUCCESS) return r;
   if ((dst & (elem - 1)) != 0 || (count > 0 && !sim__addr_contains(dst, count * elem))) return CUDA_ERROR_INVALID_VALUE;
+  /* Memory of another device: refused at enqueue unless the stream's device may touch it (2 x
+   * H100: INVALID_VALUE without peer access). */
+  if (count > 0 && !sim__dev_can_touch(s->dev, sim__addr_owner(dst, count * elem))) return CUDA_ERROR_INVALID_VALUE;
   sim__action_t act = {.kind = SIM_ACT_MEMSET};
   act.u.set.dst = dst;
   act.u.set.value = value;

@@ -28,6 +28,7 @@ sim__pool_t *sim__pool_new(const CUmemPoolProps *props) {
   sim__pool_t *p = sim__xcalloc(1, sizeof *p);
   p->magic = SIM_MAGIC_POOL;
   p->props = *props;
+  p->access = 1u << props->location.id;
   p->reuse_follow = p->reuse_opportunistic = p->reuse_internal = 1;
   sim__handle_add(p);
   sim__grow(&g_pools, &g_cappools, g_npools + 1, sizeof *g_pools);
@@ -55,7 +56,7 @@ static void pool_trim(sim__pool_t *p, uint64_t keep) {
     }
     *link = c->next;
     p->reserved -= c->size;
-    sim__unreserve(c->size);
+    sim__unreserve(p->props.location.id, c->size);
     sim__region_free(c->region);
     free(c);
   }
@@ -71,7 +72,7 @@ static CUresult pool_create(CUmemoryPool *out, const CUmemPoolProps *props) {
   if (out == NULL || props == NULL) return CUDA_ERROR_INVALID_VALUE;
   if (props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
   if (props->location.type != CU_MEM_LOCATION_TYPE_DEVICE) return sim__unimplemented();
-  if (props->location.id != 0) return CUDA_ERROR_INVALID_DEVICE;
+  if (props->location.id < 0 || props->location.id >= sim.ndev) return CUDA_ERROR_INVALID_DEVICE;
   unsigned known = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR | CU_MEM_HANDLE_TYPE_FABRIC;
   if ((props->handleTypes & ~known) != 0) return CUDA_ERROR_NOT_SUPPORTED;
   CUresult r = sim__capture_unsafe(); /* measured on an H200 */
@@ -229,10 +230,10 @@ static sim__region_t *map_new(sim__pool_t *p, size_t size) {
   if (!within_max_size(p, (size + page - 1) & ~(page - 1))) return NULL;
   sim__region_t *r = sim__region_new(size);
   if (r == NULL) return NULL;
-  if (sim__reserve(r->size) != 0) {
+  if (sim__reserve(p->props.location.id, r->size) != 0) {
     /* Over the device's memory: give back what every pool holds beyond what it must, then retry. */
     for (size_t i = 0; i < g_npools; i++) pool_trim(g_pools[i], 0);
-    if (sim__reserve(r->size) != 0) {
+    if (sim__reserve(p->props.location.id, r->size) != 0) {
       sim__region_free(r);
       return NULL;
     }
@@ -277,6 +278,7 @@ static CUresult alloc_async(CUdeviceptr *out, size_t bytes, sim__pool_t *p, CUst
   if (reg == NULL && (reg = map_new(p, size)) == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
   sim__alloc_t *a = sim__xcalloc(1, sizeof *a);
   a->kind = SIM_ALLOC_POOL;
+  a->dev = p->props.location.id;
   a->ptr = (CUdeviceptr)reg->base;
   a->bytes = bytes;
   a->size = size;
@@ -299,8 +301,54 @@ CUresult CUDAAPI cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUm
   SIM_CALL(cuMemAllocFromPoolAsync, alloc_async(dptr, bytesize, pool_get(pool), hStream));
 }
 
+/* cuMemAllocAsync: the default pool of the stream's device. */
+static CUresult alloc_default(CUdeviceptr *out, size_t bytes, CUstream hs) {
+  sim__stream_t *s = sim__stream_get(hs);
+  if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  return alloc_async(out, bytes, sim.default_pools[s->dev], hs);
+}
+
 CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
-  SIM_CALL(cuMemAllocAsync, alloc_async(dptr, bytesize, sim.default_pool, hStream));
+  SIM_CALL(cuMemAllocAsync, alloc_default(dptr, bytesize, hStream));
+}
+
+/* ---- access from other devices (2 x H100, driver 580.159.04; tests/conformance/README.md) ----
+ * A pool's own device always has READWRITE access: setting it (to anything) is INVALID_DEVICE, as
+ * is a device that does not exist. Other devices start with none; READ and READWRITE grant it
+ * (the simulator does not tell them apart), NONE takes it back. Allocation from a pool on another
+ * device's stream succeeds with or without access; access matters to the work that touches it. */
+
+static CUresult pool_set_access(sim__pool_t *p, const CUmemAccessDesc *map, size_t count) {
+  if (p == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  if (map == NULL && count != 0) return CUDA_ERROR_INVALID_VALUE;
+  uint32_t access = p->access;
+  for (size_t i = 0; i < count; i++) {
+    int d = map[i].location.id;
+    if (map[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+    if (d < 0 || d >= sim.ndev || d == p->props.location.id) return CUDA_ERROR_INVALID_DEVICE;
+    if (map[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE) access &= ~(1u << d);
+    else if (map[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ || map[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+      access |= 1u << d;
+    else return CUDA_ERROR_INVALID_VALUE;
+  }
+  p->access = access;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count) {
+  SIM_CALL(cuMemPoolSetAccess, pool_set_access(pool_get(pool), map, count));
+}
+
+static CUresult pool_get_access(CUmemAccess_flags *out, sim__pool_t *p, const CUmemLocation *loc) {
+  if (p == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  if (out == NULL || loc == NULL || loc->type != CU_MEM_LOCATION_TYPE_DEVICE) return CUDA_ERROR_INVALID_VALUE;
+  if (loc->id < 0 || loc->id >= sim.ndev) return CUDA_ERROR_INVALID_DEVICE;
+  *out = (p->access >> loc->id) & 1u ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemPoolGetAccess(CUmemAccess_flags *flags, CUmemoryPool memPool, CUmemLocation *location) {
+  SIM_CALL(cuMemPoolGetAccess, pool_get_access(flags, pool_get(memPool), location));
 }
 
 void sim__pool_free_executed(sim__alloc_t *a, const sim__who_t *who) {

@@ -13,7 +13,7 @@
 #include "sim/internal.h"
 
 sim__stream_t *sim__stream_get(CUstream h) {
-  if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) return sim.null_stream;
+  if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) return sim__null_stream(sim__cur_dev());
   return sim__handle_get(h, SIM_MAGIC_STREAM);
 }
 
@@ -48,6 +48,7 @@ static CUresult stream_create(CUstream *out, unsigned flags, int priority) {
   sim__stream_t *s = sim__xcalloc(1, sizeof *s);
   s->magic = SIM_MAGIC_STREAM;
   s->id = sim.next_stream_id++;
+  s->dev = sim__cur_dev();
   s->flags = flags;
   s->priority = priority;
   s->lane = sim.next_lane++;
@@ -79,12 +80,12 @@ static CUresult stream_destroy(CUstream h) {
 
 CUresult CUDAAPI cuStreamDestroy(CUstream hStream) { SIM_CALL(cuStreamDestroy, stream_destroy(hStream)); }
 
-void sim__streams_destroy_all(void) {
+void sim__streams_destroy_all(int dev) {
   /* stream_destroy may free a stream and shrink the list: collect the live ones first. */
   size_t n = 0;
   sim__stream_t **live = sim__xcalloc(sim.nstreams + 1, sizeof *live);
   for (size_t i = 0; i < sim.nstreams; i++)
-    if (sim.streams[i] != sim.null_stream && !sim.streams[i]->destroyed) live[n++] = sim.streams[i];
+    if (!sim.streams[i]->is_null && sim.streams[i]->dev == dev && !sim.streams[i]->destroyed) live[n++] = sim.streams[i];
   for (size_t i = 0; i < n; i++) (void)stream_destroy((CUstream)live[i]);
   free(live);
 }

@@ -14,7 +14,9 @@
  *
  * Environment:
  *   WEFT_SIM_SEED=<u64>      scheduler seed (default 1); the same seed gives the same interleaving
- *   WEFT_SIM_MEMORY=<bytes>  device memory reported and enforced (default 80 GiB; K/M/G suffixes)
+ *   WEFT_SIM_MEMORY=<bytes>  memory of each device, reported and enforced (default 80 GiB; K/M/G)
+ *   WEFT_SIM_DEVICES=<n>     devices, 1 (default) to 8, every one a peer of every other
+ *   WEFT_SIM_PEER=0          no device can access another's memory (cuDeviceCanAccessPeer 0)
  *   WEFT_SIM_FAIL=<spec>     fault injection, see weft_sim_api_t.fail
  *   WEFT_SIM_REPORT=1        print the race report to stderr at exit
  *   WEFT_SIM_ORACLE=0        turn the race oracle off (faster)

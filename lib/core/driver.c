@@ -302,6 +302,8 @@ static weft__driver_t g_raw;
   X(cuMemcpyHtoDAsync, (CUdeviceptr d, const void *h, size_t n, CUstream s), (d, h, n, s))            \
   X(cuMemcpyDtoHAsync, (void *h, CUdeviceptr d, size_t n, CUstream s), (h, d, n, s))                  \
   X(cuMemcpyDtoDAsync, (CUdeviceptr d, CUdeviceptr src, size_t n, CUstream s), (d, src, n, s))        \
+  X(cuMemcpyPeerAsync, (CUdeviceptr d, CUcontext dc, CUdeviceptr src, CUcontext sc, size_t n, CUstream s), \
+    (d, dc, src, sc, n, s))                                                                           \
   X(cuMemsetD8Async, (CUdeviceptr d, unsigned char v, size_t n, CUstream s), (d, v, n, s))            \
   X(cuMemsetD32Async, (CUdeviceptr d, unsigned v, size_t n, CUstream s), (d, v, n, s))                \
   X(cuMemAlloc, (CUdeviceptr *p, size_t n), (p, n))                                                   \

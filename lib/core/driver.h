@@ -114,7 +114,13 @@
   X(cuGraphExecDestroy, 1)                  \
   X(cuDeviceGetGraphMemAttribute, 0)        \
   X(cuDeviceSetGraphMemAttribute, 0)        \
-  X(cuDeviceGraphMemTrim, 0)
+  X(cuDeviceGraphMemTrim, 0)               \
+  X(cuDeviceCanAccessPeer, 0)               \
+  X(cuCtxEnablePeerAccess, 0)               \
+  X(cuCtxDisablePeerAccess, 0)              \
+  X(cuMemPoolSetAccess, 0)                  \
+  X(cuMemPoolGetAccess, 0)                  \
+  X(cuMemcpyPeerAsync, 0)
 
 /* cuGetProcAddress(cuCtxSynchronize, 13000) returns cuCtxSynchronize_v2(CUcontext), while
  * cuda.h 13.0 declares cuCtxSynchronize(void): measured on an H200 with driver 580, calling the

@@ -23,6 +23,7 @@
 
 static const weft__driver_t *d;
 static CUcontext g_ctx;
+static CUcontext g_ctx1; /* device 1's, retained by the first two-device case */
 static CUmodule g_mod;
 static CUfunction g_fill, g_copy;
 static const weft_sim_api_t *g_sim; /* NULL on a GPU */
@@ -53,6 +54,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
   (void)state;
   d->cuModuleUnload(g_mod);
+  if (g_ctx1 != NULL) d->cuDevicePrimaryCtxRelease(1);
   d->cuDevicePrimaryCtxRelease(0);
   return 0;
 }
@@ -985,6 +987,129 @@ static void test_stream_memory_operations_need_cuMemAlloc_memory(void **state) {
   PASS("stream memory operations work on cuMemAlloc memory, return INVALID_VALUE on pool memory");
 }
 
+/* ---- two devices (issue 14; 2 x H100, driver 580.159.04; skipped with one device) ---- */
+
+/* Device 1's primary context, retained once for the program (g_ctx1, declared at the top:
+ * streams made in it die with it, and each case's teardown still synchronises them); the case
+ * skips without a second device. */
+static CUcontext second_device(void) {
+  int n = 0;
+  OK(d->cuDeviceGetCount(&n));
+  if (n < 2 || d->cuDeviceCanAccessPeer == NULL) skip();
+  if (g_ctx1 == NULL) OK(d->cuDevicePrimaryCtxRetain(&g_ctx1, 1));
+  return g_ctx1;
+}
+
+static void test_two_devices_peer_access_rules(void **state) {
+  (void)state;
+  CUcontext c1 = second_device();
+  int can = -1;
+  OK(d->cuDeviceCanAccessPeer(&can, 0, 1));
+  assert_int_equal(can, 1);
+  OK(d->cuDeviceCanAccessPeer(&can, 0, 0));
+  assert_int_equal(can, 0); /* not its own peer */
+  IS(CUDA_ERROR_INVALID_DEVICE, d->cuDeviceCanAccessPeer(&can, 0, 64));
+  OK(d->cuCtxSetCurrent(g_ctx));
+  IS(CUDA_ERROR_INVALID_VALUE, d->cuCtxEnablePeerAccess(c1, 1));
+  IS(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, d->cuCtxEnablePeerAccess(g_ctx, 0));
+  IS(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, d->cuCtxDisablePeerAccess(c1));
+  OK(d->cuCtxEnablePeerAccess(c1, 0));
+  IS(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, d->cuCtxEnablePeerAccess(c1, 0));
+  OK(d->cuCtxDisablePeerAccess(c1));
+  IS(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, d->cuCtxDisablePeerAccess(c1));
+  PASS("peer access: 0 <-> 1 yes, a device is not its own peer, flags 0, enable/disable once");
+}
+
+static void test_two_devices_events_wait_across_record_only_at_home(void **state) {
+  (void)state;
+  CUcontext c1 = second_device();
+  OK(d->cuCtxSetCurrent(g_ctx));
+  CUstream s0 = new_stream();
+  CUevent e0;
+  OK(d->cuEventCreate(&e0, CU_EVENT_DISABLE_TIMING));
+  CUdeviceptr m0, m1;
+  OK(d->cuMemAlloc(&m0, 1 << 20));
+  OK(d->cuCtxSetCurrent(c1));
+  CUstream s1 = new_stream();
+  OK(d->cuMemAlloc(&m1, 1 << 20));
+  size_t fr = 0, total = 0, total0 = 0;
+  OK(d->cuMemGetInfo(&fr, &total));
+  OK(d->cuDeviceTotalMem(&total0, 1));
+  assert_true(total > 0 && total <= total0);
+  /* Device 0's work, then device 1 waits on its event and copies the data over (unified
+   * addressing; no peer access needed for a copy). */
+  OK(d->cuMemsetD32Async(m0, 0x5eed, (1 << 20) / 4, s0));
+  OK(d->cuEventRecord(e0, s0)); /* the current context does not matter */
+  OK(d->cuStreamWaitEvent(s1, e0, 0));
+  IS(CUDA_ERROR_INVALID_HANDLE, d->cuEventRecord(e0, s1)); /* an event records only at home */
+  OK(d->cuMemcpyDtoDAsync(m1, m0, 1 << 20, s1));
+  OK(d->cuStreamSynchronize(s1));
+  assert_int_equal(read_at(m1, 0), 0x5eed);
+  assert_int_equal(read_at(m1, (1 << 18) - 1), 0x5eed);
+  /* A memset of another device's memory is refused without peer access, allowed with it. */
+  IS(CUDA_ERROR_INVALID_VALUE, d->cuMemsetD32Async(m0, 7, 256, s1));
+  OK(d->cuCtxEnablePeerAccess(g_ctx, 0)); /* device 1 may access device 0's memory */
+  OK(d->cuMemsetD32Async(m0, 7, 256, s1));
+  OK(d->cuStreamSynchronize(s1));
+  assert_int_equal(read_at(m0, 0), 7);
+  OK(d->cuCtxDisablePeerAccess(g_ctx));
+  OK(d->cuMemcpyPeerAsync(m1, c1, m0, g_ctx, 1024, s1));
+  OK(d->cuStreamSynchronize(s1));
+  assert_int_equal(read_at(m1, 0), 7);
+  OK(d->cuMemFree(m1));
+  OK(d->cuCtxSetCurrent(g_ctx));
+  OK(d->cuMemFree(m0));
+  OK(d->cuEventDestroy(e0));
+  PASS("events: any device waits on them, they record only on their device; copies cross devices; "
+       "memsets of a peer's memory need peer access");
+}
+
+static void test_two_devices_pool_access(void **state) {
+  (void)state;
+  CUcontext c1 = second_device();
+  OK(d->cuCtxSetCurrent(g_ctx));
+  CUmemPoolProps props;
+  memset(&props, 0, sizeof props);
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = 0;
+  CUmemoryPool p0;
+  OK(d->cuMemPoolCreate(&p0, &props));
+  CUmemLocation l0 = {CU_MEM_LOCATION_TYPE_DEVICE, 0}, l1 = {CU_MEM_LOCATION_TYPE_DEVICE, 1};
+  CUmemAccess_flags fl;
+  OK(d->cuMemPoolGetAccess(&fl, p0, &l0));
+  assert_int_equal(fl, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  OK(d->cuMemPoolGetAccess(&fl, p0, &l1));
+  assert_int_equal(fl, CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  CUmemAccessDesc own = {l0, CU_MEM_ACCESS_FLAGS_PROT_NONE}, rw = {l1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE},
+                  none = {l1, CU_MEM_ACCESS_FLAGS_PROT_NONE}, far = {{CU_MEM_LOCATION_TYPE_DEVICE, 64}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  IS(CUDA_ERROR_INVALID_DEVICE, d->cuMemPoolSetAccess(p0, &own, 1));
+  IS(CUDA_ERROR_INVALID_DEVICE, d->cuMemPoolSetAccess(p0, &far, 1));
+  OK(d->cuMemPoolSetAccess(p0, &rw, 1));
+  OK(d->cuMemPoolGetAccess(&fl, p0, &l1));
+  assert_int_equal(fl, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  /* A stream of device 1 allocates from device 0's pool, and with access writes it. */
+  OK(d->cuCtxSetCurrent(c1));
+  CUstream s1 = new_stream();
+  CUdeviceptr q = 0;
+  OK(d->cuMemAllocFromPoolAsync(&q, 4096, p0, s1));
+  OK(d->cuMemsetD32Async(q, 9, 1024, s1));
+  OK(d->cuStreamSynchronize(s1));
+  assert_int_equal(read_at(q, 1023), 9);
+  OK(d->cuMemFreeAsync(q, s1));
+  OK(d->cuStreamSynchronize(s1));
+  OK(d->cuMemPoolSetAccess(p0, &none, 1));
+  OK(d->cuMemPoolGetAccess(&fl, p0, &l1));
+  assert_int_equal(fl, CU_MEM_ACCESS_FLAGS_PROT_NONE);
+  OK(d->cuMemAllocFromPoolAsync(&q, 4096, p0, s1)); /* allocation needs no access */
+  OK(d->cuMemFreeAsync(q, s1));
+  OK(d->cuStreamSynchronize(s1));
+  OK(d->cuCtxSetCurrent(g_ctx));
+  OK(d->cuMemPoolDestroy(p0));
+  PASS("pools: their own device always has access, others none until cuMemPoolSetAccess; "
+       "another device's stream may allocate from them");
+}
+
 #define CASE(f) cmocka_unit_test_teardown(f, check_clean)
 
 int main(void) {
@@ -1017,6 +1142,9 @@ int main(void) {
       CASE(test_stream_priority_range_and_events),
       CASE(test_cuMemAlloc_memory_can_be_freed_in_stream_order),
       CASE(test_stream_memory_operations_need_cuMemAlloc_memory),
+      CASE(test_two_devices_peer_access_rules),
+      CASE(test_two_devices_events_wait_across_record_only_at_home),
+      CASE(test_two_devices_pool_access),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

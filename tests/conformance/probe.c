@@ -76,6 +76,82 @@ static CUresult in_thread(CUstream s, int what) {
   return a.r;
 }
 
+/* Issue 14: what two devices answer (peer access, events and pools across devices). */
+static void two_devices(void) {
+  int n = 0;
+  d->cuDeviceGetCount(&n);
+  printf("probe   devices: %d\n", n);
+  if (n < 2 || d->cuDeviceCanAccessPeer == NULL) return;
+  int can = -1;
+  show("cuDeviceCanAccessPeer(0, 1)", d->cuDeviceCanAccessPeer(&can, 0, 1));
+  printf("probe   can access 0 -> 1: %d\n", can);
+  show("cuDeviceCanAccessPeer(0, 0)", d->cuDeviceCanAccessPeer(&can, 0, 0));
+  printf("probe   can access 0 -> 0: %d\n", can);
+  show("cuDeviceCanAccessPeer(0, 7)", d->cuDeviceCanAccessPeer(&can, 0, 7));
+  CUcontext c1 = NULL;
+  d->cuDevicePrimaryCtxRetain(&c1, 1);
+  d->cuCtxSetCurrent(g_ctx);
+  show("cuCtxEnablePeerAccess(ctx1, 1)", d->cuCtxEnablePeerAccess(c1, 1));
+  show("cuCtxEnablePeerAccess(ctx0 itself, 0)", d->cuCtxEnablePeerAccess(g_ctx, 0));
+  show("cuCtxDisablePeerAccess(ctx1) never enabled", d->cuCtxDisablePeerAccess(c1));
+  show("cuCtxEnablePeerAccess(ctx1, 0)", d->cuCtxEnablePeerAccess(c1, 0));
+  show("cuCtxEnablePeerAccess(ctx1, 0) again", d->cuCtxEnablePeerAccess(c1, 0));
+  show("cuCtxDisablePeerAccess(ctx1)", d->cuCtxDisablePeerAccess(c1));
+  show("cuCtxDisablePeerAccess(ctx1) again", d->cuCtxDisablePeerAccess(c1));
+  CUstream s0 = stream();
+  CUevent e0;
+  d->cuEventCreate(&e0, CU_EVENT_DISABLE_TIMING);
+  CUdeviceptr m0 = 0, m1 = 0;
+  d->cuMemAlloc(&m0, 1 << 20);
+  d->cuCtxSetCurrent(c1);
+  CUstream s1 = stream();
+  CUevent e1;
+  d->cuEventCreate(&e1, CU_EVENT_DISABLE_TIMING);
+  d->cuMemAlloc(&m1, 1 << 20);
+  size_t fr = 0, tot = 0;
+  d->cuMemGetInfo(&fr, &tot);
+  printf("probe   cuMemGetInfo with ctx1 current: total %zu\n", tot);
+  show("ctx1 current: cuEventRecord(event of ctx0, stream of dev 0)", d->cuEventRecord(e0, s0));
+  show("ctx1 current: cuStreamWaitEvent(stream of dev 1, event of dev 0)", d->cuStreamWaitEvent(s1, e0, 0));
+  show("ctx1 current: cuEventRecord(event of ctx0, stream of dev 1)", d->cuEventRecord(e0, s1));
+  show("ctx1 current: cuStreamSynchronize(stream of dev 0)", d->cuStreamSynchronize(s0));
+  show("ctx1 current: cuMemsetD32Async(dev 0 memory, stream of dev 1)", d->cuMemsetD32Async(m0, 7, 256, s1));
+  show("ctx1 current: cuMemcpyDtoDAsync(dev1 <- dev0, stream of dev 1), no peer access",
+       d->cuMemcpyDtoDAsync(m1, m0, 1 << 20, s1));
+  show("ctx1 current: cuMemcpyPeerAsync(dev1 <- dev0, stream of dev 1)", d->cuMemcpyPeerAsync(m1, c1, m0, g_ctx, 1 << 20, s1));
+  show("ctx1 current: cuStreamSynchronize(s1)", d->cuStreamSynchronize(s1));
+  d->cuCtxSetCurrent(g_ctx);
+  show("ctx0 current: cuMemsetD32Async(dev 0 memory, stream of dev 1)", d->cuMemsetD32Async(m0, 7, 256, s1));
+  show("ctx0 current: cuEventRecord(event of ctx1, stream of dev 1)", d->cuEventRecord(e1, s1));
+  show("ctx0 current: cuStreamWaitEvent(stream of dev 0, event of dev 1)", d->cuStreamWaitEvent(s0, e1, 0));
+  CUmemoryPool p0 = pool(CU_MEM_HANDLE_TYPE_NONE);
+  CUmemLocation l1 = {CU_MEM_LOCATION_TYPE_DEVICE, 1}, l0 = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+  CUmemAccess_flags fl = 99;
+  show("cuMemPoolGetAccess(pool of dev 0, dev 1)", d->cuMemPoolGetAccess(&fl, p0, &l1));
+  printf("probe   access of dev 1 to pool of dev 0: %d\n", (int)fl);
+  show("cuMemPoolGetAccess(pool of dev 0, dev 0)", d->cuMemPoolGetAccess(&fl, p0, &l0));
+  printf("probe   access of dev 0 to its pool: %d\n", (int)fl);
+  CUdeviceptr q = 0;
+  show("cuMemAllocFromPoolAsync(pool of dev 0, stream of dev 1), no access", d->cuMemAllocFromPoolAsync(&q, 4096, p0, s1));
+  if (q) d->cuMemFreeAsync(q, s1);
+  d->cuStreamSynchronize(s1);
+  CUmemAccessDesc a1 = {l1, CU_MEM_ACCESS_FLAGS_PROT_READWRITE}, a0n = {l0, CU_MEM_ACCESS_FLAGS_PROT_NONE};
+  show("cuMemPoolSetAccess(pool of dev 0, dev 1 READWRITE)", d->cuMemPoolSetAccess(p0, &a1, 1));
+  show("cuMemPoolGetAccess(pool of dev 0, dev 1) after", d->cuMemPoolGetAccess(&fl, p0, &l1));
+  printf("probe   access of dev 1 to pool of dev 0 now: %d\n", (int)fl);
+  show("cuMemPoolSetAccess(pool of dev 0, dev 0 NONE)", d->cuMemPoolSetAccess(p0, &a0n, 1));
+  q = 0;
+  show("cuMemAllocFromPoolAsync(pool of dev 0, stream of dev 1), with access", d->cuMemAllocFromPoolAsync(&q, 4096, p0, s1));
+  if (q) d->cuMemFreeAsync(q, s1);
+  show("cuStreamSynchronize(s1) after pool calls", d->cuStreamSynchronize(s1));
+  CUmemAccessDesc a7 = {{CU_MEM_LOCATION_TYPE_DEVICE, 7}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+  show("cuMemPoolSetAccess(pool of dev 0, dev 7)", d->cuMemPoolSetAccess(p0, &a7, 1));
+  d->cuMemPoolDestroy(p0);
+  d->cuMemFree(m0);
+  d->cuMemFree(m1);
+  d->cuDevicePrimaryCtxRelease(1);
+}
+
 int main(void) {
   if (weft__driver_get(&d) != WEFT_OK) {
     fprintf(stderr, "probe: no driver: %s\n", weft_last_error());
@@ -274,5 +350,6 @@ int main(void) {
   show("cuMemAllocAsync(0 bytes)", d->cuMemAllocAsync(&x, 0, s));
   show("cuMemFree(0)", d->cuMemFree(0));
   show("cuLaunchHostFunc(NULL fn)", d->cuLaunchHostFunc(s, NULL, NULL));
+  two_devices();
   return 0;
 }
