@@ -282,7 +282,7 @@ int sim__exec_step(sim__exec_t *x, size_t r) {
     if (in) sim__vc_join(&x->nvc[i], in);
     sim__vc_set(&x->nvc[i], lane, tick);
   }
-  sim__actx_t ctx = {.vc = &x->nvc[i]};
+  sim__actx_t ctx = {.vc = &x->nvc[i], .dev = x->run_stream != NULL ? x->run_stream->dev : 0};
   ctx.who = (sim__who_t){.op = x->run_id + i, .lane = lane, .tick = tick, .stream = -2,
                          .what = sim__action_what(&xn->act),
                          .name = xn->act.kind == SIM_ACT_KERNEL ? xn->act.u.kernel.k->name : NULL};

@@ -92,6 +92,7 @@ typedef struct sim__who {
 typedef struct sim__actx {
   const sim__vc_t *vc;
   sim__who_t who;
+  int dev; /* the device running it (kernels touch only memory it may access); -1 for the host */
 } sim__actx_t;
 
 /** One interval of a region's history: bytes [lo, hi) share a last write and reads since. */

@@ -97,6 +97,7 @@ void sim__host_access_ctx(sim__actx_t *ctx, const char *what) {
   }
   ctx->vc = &sim.host_vc;
   ctx->who = (sim__who_t){.op = sim.next_op_id++, .lane = SIM_HOST_LANE, .tick = tick, .stream = -1, .what = what};
+  ctx->dev = -1;
 }
 
 /* ---- races ---- */

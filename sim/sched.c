@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <stdio.h>
+
 #include "sim/internal.h"
 
 /* ---- PRNG: splitmix64 ---- */
@@ -181,6 +183,18 @@ static void run_kernel(sim__action_t *act, const sim__actx_t *ctx) {
   int ok = 1;
   for (size_t i = 0; i < n; i++) {
     if (ranges[i].bytes == 0) continue;
+    /* Another device's memory needs peer access (cuCtxEnablePeerAccess for cuMemAlloc memory,
+     * cuMemPoolSetAccess for a pool's): without it a GPU faults; the simulator reports it. */
+    const sim__alloc_t *owner = ctx->dev >= 0 ? sim__addr_owner(ranges[i].ptr, ranges[i].bytes) : NULL;
+    if (owner != NULL && !sim__dev_can_touch(ctx->dev, owner)) {
+      char first[160], second[160];
+      snprintf(first, sizeof first, "kernel '%s' on device %d (stream %d)", k->name, ctx->dev, ctx->who.stream);
+      snprintf(second, sizeof second, "%zu bytes at 0x%llx of device %d, with no peer access to it", ranges[i].bytes,
+               (unsigned long long)ranges[i].ptr, owner->dev);
+      sim__hazard_report(first, second);
+      ok = 0;
+      continue;
+    }
     /* A read-write range is checked as a write (it conflicts with everything a write does). */
     if (sim__oracle_access(ranges[i].ptr, ranges[i].bytes, (ranges[i].access & WEFT_SIM_WRITE) != 0, ctx) != 0) ok = 0;
   }
@@ -382,7 +396,7 @@ static void run_head(sim__stream_t *s) {
   s->head = op->next;
   if (s->head == NULL) s->tail = NULL;
   op->next = NULL;
-  sim__actx_t ctx = {.vc = &s->vc};
+  sim__actx_t ctx = {.vc = &s->vc, .dev = s->dev};
   uint32_t tick = 0;
   if (sim.oracle) {
     join_issue_clock(s, op);
