@@ -1,4 +1,5 @@
-/* Every driver entry point the simulator exports, as X(cuda.h name).
+/* Every driver entry point the simulator exports, as X(cuda.h name), then the NCCL functions of
+ * its simulated NCCL (nccl.c).
  *
  * One list gives each function an id (sim__fn_t) for fault injection ("cuMemAlloc:3:2") and call
  * counting. The names are the *base* cuda.h names; X() must only stringify (#) or paste (##) its
@@ -102,7 +103,28 @@
   X(cuCtxDisablePeerAccess)               \
   X(cuMemPoolSetAccess)                   \
   X(cuMemPoolGetAccess)                   \
-  X(cuMemcpyPeerAsync)
+  X(cuMemcpyPeerAsync)                    \
+  X(ncclGetVersion)                       \
+  X(ncclGetUniqueId)                      \
+  X(ncclCommInitAll)                      \
+  X(ncclCommInitRank)                     \
+  X(ncclCommInitRankConfig)               \
+  X(ncclCommDestroy)                      \
+  X(ncclCommAbort)                        \
+  X(ncclCommFinalize)                     \
+  X(ncclCommCount)                        \
+  X(ncclCommCuDevice)                     \
+  X(ncclCommUserRank)                     \
+  X(ncclCommGetAsyncError)                \
+  X(ncclAllReduce)                        \
+  X(ncclBroadcast)                        \
+  X(ncclReduce)                           \
+  X(ncclAllGather)                        \
+  X(ncclReduceScatter)                    \
+  X(ncclSend)                             \
+  X(ncclRecv)                             \
+  X(ncclGroupStart)                       \
+  X(ncclGroupEnd)
 
 typedef enum sim__fn {
 #define SIM__FN_ENUM(name) SIM_FN_##name,

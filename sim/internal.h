@@ -154,7 +154,8 @@ typedef enum sim__act_kind {
   SIM_ACT_WAIT_VALUE,
   SIM_ACT_MEM_ALLOC,
   SIM_ACT_MEM_FREE,
-  SIM_ACT_GRAPH
+  SIM_ACT_GRAPH,
+  SIM_ACT_NCCL /* a rank's fused NCCL operation (nccl.c): runs with its partners at once */
 } sim__act_kind_t;
 
 typedef enum sim__copy_dir { SIM_HTOD, SIM_DTOH, SIM_DTOD, SIM_HTOH } sim__copy_dir_t;
@@ -209,6 +210,9 @@ typedef struct sim__action {
       sim__exec_t *exec;   /* referenced */
       sim__einst_t **inst; /* per node: event instance bound at the launch call (record/wait) */
     } graph;
+    struct {
+      struct fused *fused; /* owned (nccl.c) */
+    } nccl;
   } u;
 } sim__action_t;
 
@@ -484,6 +488,16 @@ sim__pool_t *sim__pool_new(const CUmemPoolProps *props);
 void sim__pools_release(void);
 void sim__pool_free_executed(sim__alloc_t *a, const sim__who_t *who);
 /** Frees a graph allocation or pool allocation in stream order (cuMemFreeAsync, not captured). */
+
+/* ---- nccl.c: the simulated NCCL ---- */
+
+/** Whether the fused NCCL operation of act can run: every partner is at its stream's head. */
+int sim__nccl_ready(const sim__action_t *act);
+/** Runs the fused NCCL operation at s's head together with its partners, popping all of them. */
+void sim__nccl_run(sim__stream_t *s);
+void sim__nccl_release(sim__action_t *act);
+/** Completes and removes the op at s's head (sched.c). */
+void sim__pop_head(sim__stream_t *s);
 
 /* ---- module.c: kernel registry, modules, launches ---- */
 

@@ -109,6 +109,7 @@ const char *sim__action_what(const sim__action_t *act) {
     case SIM_ACT_MEM_ALLOC: return "alloc";
     case SIM_ACT_MEM_FREE: return "free";
     case SIM_ACT_GRAPH: return "graph launch";
+    case SIM_ACT_NCCL: return "nccl";
   }
   return "op";
 }
@@ -147,6 +148,7 @@ int sim__action_ready(const sim__action_t *act, const sim__einst_t *bound) {
     return i == NULL || i->done;
   }
   if (act->kind == SIM_ACT_WAIT_VALUE) return value_satisfied(act);
+  if (act->kind == SIM_ACT_NCCL) return sim__nccl_ready(act);
   return 1;
 }
 
@@ -296,6 +298,7 @@ void sim__action_run(sim__action_t *act, const sim__actx_t *ctx, sim__einst_t *b
     case SIM_ACT_EVENT_WAIT:
     case SIM_ACT_WAIT_VALUE:
     case SIM_ACT_GRAPH: break;
+    case SIM_ACT_NCCL: break; /* run by sim__nccl_run, with its partners */
   }
 }
 
@@ -324,6 +327,7 @@ void sim__action_release(sim__action_t *act) {
       }
       sim__exec_unref(act->u.graph.exec);
       break;
+    case SIM_ACT_NCCL: sim__nccl_release(act); break;
     default: break;
   }
   memset(act, 0, sizeof *act);
@@ -362,7 +366,7 @@ void sim__action_clone(sim__action_t *dst, const sim__action_t *src) {
 /* ---- executing stream ops ---- */
 
 /* Pops s's head op once it finished (a plain op, or a graph launch that completed). */
-static void finish_head(sim__stream_t *s) {
+void sim__pop_head(sim__stream_t *s) {
   sim__op_t *op = s->head;
   s->head = op->next;
   if (s->head == NULL) s->tail = NULL;
@@ -389,7 +393,11 @@ static void run_head(sim__stream_t *s) {
   if (op->act.kind == SIM_ACT_GRAPH) {
     join_issue_clock(s, op);
     sim__exec_start(s, op);
-    if (!op->act.u.graph.exec->running) finish_head(s);
+    if (!op->act.u.graph.exec->running) sim__pop_head(s);
+    return;
+  }
+  if (op->act.kind == SIM_ACT_NCCL) { /* with its partners on other streams */
+    sim__nccl_run(s);
     return;
   }
   /* Pop before running: a host callback may queue more work on this stream. */
@@ -462,7 +470,7 @@ static int step(void) {
   if (c.ready_index == SIZE_MAX) {
     run_head(c.s);
   } else if (sim__exec_step(c.s->head->act.u.graph.exec, c.ready_index)) {
-    finish_head(c.s);
+    sim__pop_head(c.s);
   }
   return 1;
 }

@@ -30,11 +30,11 @@ def _cuda_impl(ctx):
     ctx.file("BUILD", """
 package(default_visibility = ["//visibility:public"])
 
-# The driver API headers and NVTX v3 (header-only) only: weft never links libcuda, it loads it at
-# run time.
+# The driver API headers, NVTX v3 (header-only) and what nccl.h includes (the runtime API's
+# headers): weft never links libcuda or NCCL, it loads them at run time.
 cc_library(
     name = "headers",
-    hdrs = glob(["include/*.h", "include/crt/*.h", "include/crt/*.hpp", "include/nvtx3/*.h", "include/nvtx3/nvtxDetail/*.h"]),
+    hdrs = glob(["include/*.h", "include/*.hpp", "include/nv/**", "include/crt/*.h", "include/crt/*.hpp", "include/nvtx3/*.h", "include/nvtx3/nvtxDetail/*.h"]),
     includes = ["include"],
 )
 

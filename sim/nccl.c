@@ -1,0 +1,662 @@
+/* Simulated NCCL: nccl.h's ABI over the simulated devices of one process, so that programs that
+ * drive collectives (weft's communicators, the data-parallel example) run in CI with the race
+ * oracle. libweft_sim.so exports nccl* next to cu*.
+ *
+ * Communicators: ncclCommInitAll (one rank per listed device), or ncclCommInitRank with one
+ * unique id from ncclGetUniqueId (each rank on its own thread, blocking until all joined, or all
+ * ranks inside one ncclGroupStart/End). Ranks of one id form a *clique*.
+ *
+ * A collective or a send/receive is an operation on the caller's stream. Inside a group, every
+ * operation of one communicator on one stream becomes one fused operation, as NCCL fuses a
+ * group's work into one kernel per rank (so a rank may post its send and its receive in either
+ * order). Each collective call of a communicator takes the next sequence number; the calls with
+ * the same number on every rank are one collective. A send from a to b matches b's receive from
+ * a with the same per-pair number.
+ *
+ * Rendezvous: a fused operation is ready when, for every part of it, the partners (the same
+ * collective on every other rank, the matching receive or send) are fused operations at the
+ * heads of their streams, and so on transitively. Then the whole set runs at once: every member
+ * stream's clock becomes the join of all members' clocks (a collective synchronises its ranks)
+ * and is ticked on its own lane; each rank's part reads its send range and writes its receive
+ * range with its own clock (the oracle sees a collective that starts before its input is written
+ * as a race), and the results are computed from copies of every send buffer taken first (so
+ * in-place collectives are right). Partners never posted leave the operation waiting: a
+ * synchronisation then times out (CUDA_ERROR_LAUNCH_TIMEOUT), where NCCL would hang.
+ *
+ * Data types: int8, uint8, int32, uint32, int64, uint64, float32, float64; operations sum, prod,
+ * max, min, avg. float16 / bfloat16, pre-multiplied sums, captures of collectives and several
+ * processes are not modelled (ncclInvalidArgument / ncclInvalidUsage, counted as
+ * unimplemented). Fault injection reaches every nccl function ("ncclAllReduce:1:2": the first
+ * call returns ncclResult_t 2).
+ */
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim/internal.h"
+
+#define SIM_MAGIC_COMM 0x434f4d4du
+
+typedef enum { P_ALLREDUCE, P_BROADCAST, P_REDUCE, P_ALLGATHER, P_REDUCESCATTER, P_SEND, P_RECV } part_kind_t;
+
+/* One collective call, or one side of a send / receive, of one rank. */
+typedef struct part {
+  part_kind_t kind;
+  const void *send;
+  void *recv;
+  size_t count; /* elements: per rank for all-gather (send) and reduce-scatter (receive) */
+  ncclDataType_t dt;
+  ncclRedOp_t op;
+  int root, peer;
+  uint64_t seq; /* collectives: the communicator's; send / receive: per peer and direction */
+} part_t;
+
+typedef struct sim__clique sim__clique_t;
+
+struct sim__comm {
+  uint32_t magic;
+  sim__clique_t *q;
+  int rank, dev;
+  uint64_t coll_seq;
+  uint64_t *send_seq, *recv_seq; /* [nranks] */
+  ncclResult_t async;
+};
+typedef struct sim__comm sim__comm_t;
+
+/* One rank's fused operation queued on a stream, until it runs. */
+typedef struct fused {
+  sim__comm_t *comm;
+  sim__stream_t *stream;
+  sim__op_t *op;
+  part_t *parts;
+  size_t n;
+  struct fused *next; /* the clique's queued operations */
+  int mark;           /* visited by the readiness walk */
+} fused_t;
+
+struct sim__clique {
+  ncclUniqueId id;
+  int by_id;          /* made by ncclCommInitRank (found by id) */
+  int nranks, joined;
+  sim__comm_t **ranks;
+  fused_t *queued;
+  sim__clique_t *next;
+};
+
+static sim__clique_t *g_cliques;
+static pthread_cond_t g_joined = PTHREAD_COND_INITIALIZER;
+static uint64_t g_next_id = 1;
+
+/* A group in progress on this thread: its parts by (communicator, stream), in call order. */
+typedef struct grouped {
+  sim__comm_t *comm;
+  sim__stream_t *stream;
+  part_t *parts;
+  size_t n, cap;
+} grouped_t;
+static __thread int g_depth;
+static __thread grouped_t *g_grouped;
+static __thread size_t g_ngrouped, g_capgrouped;
+static __thread ncclResult_t g_group_error;
+
+/* ---- entry and exit ---- */
+
+#define NCCL_CALL(fn, expr)                                            \
+  do {                                                                 \
+    CUresult sim_r_ = sim__enter(SIM_FN_##fn, 1);                      \
+    ncclResult_t nr_ = sim_r_ == CUDA_SUCCESS ? (expr) : from_cu(sim_r_); \
+    sim__leave();                                                      \
+    return nr_;                                                        \
+  } while (0)
+
+/* A refused entry: not initialised (cuInit), or an injected fault's code as an ncclResult_t. */
+static ncclResult_t from_cu(CUresult r) {
+  return r == CUDA_ERROR_NOT_INITIALIZED ? ncclUnhandledCudaError : (ncclResult_t)r;
+}
+
+static sim__comm_t *comm_get(ncclComm_t c) { return sim__handle_get(c, SIM_MAGIC_COMM); }
+
+static size_t dt_size(ncclDataType_t dt) {
+  switch (dt) {
+    case ncclInt8: case ncclUint8: return 1;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    default: return 0; /* half types and the rest: not modelled */
+  }
+}
+
+/* ---- versions, ids, errors ---- */
+
+static ncclResult_t get_version(int *v) {
+  if (v == NULL) return ncclInvalidArgument;
+  *v = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGetVersion(int *version) { NCCL_CALL(ncclGetVersion, get_version(version)); }
+
+static ncclResult_t unique_id(ncclUniqueId *id) {
+  if (id == NULL) return ncclInvalidArgument;
+  memset(id, 0, sizeof *id);
+  uint64_t n = g_next_id++;
+  memcpy(id->internal, "weft-sim", 8);
+  memcpy(id->internal + 8, &n, sizeof n);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId) { NCCL_CALL(ncclGetUniqueId, unique_id(uniqueId)); }
+
+const char *ncclGetErrorString(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+    default: return "unknown result code";
+  }
+}
+
+static __thread char g_last_error[256];
+const char *ncclGetLastError(ncclComm_t comm) {
+  (void)comm;
+  return g_last_error;
+}
+
+static ncclResult_t fail(ncclResult_t r, const char *what) {
+  snprintf(g_last_error, sizeof g_last_error, "weft-sim nccl: %s", what);
+  return r;
+}
+
+/* ---- communicators ---- */
+
+static sim__comm_t *comm_new(sim__clique_t *q, int rank, int dev) {
+  sim__comm_t *c = sim__xcalloc(1, sizeof *c);
+  c->magic = SIM_MAGIC_COMM;
+  c->q = q;
+  c->rank = rank;
+  c->dev = dev;
+  c->send_seq = sim__xcalloc((size_t)q->nranks, sizeof *c->send_seq);
+  c->recv_seq = sim__xcalloc((size_t)q->nranks, sizeof *c->recv_seq);
+  q->ranks[rank] = c;
+  q->joined++;
+  sim__handle_add(c);
+  return c;
+}
+
+static sim__clique_t *clique_new(int nranks) {
+  sim__clique_t *q = sim__xcalloc(1, sizeof *q);
+  q->nranks = nranks;
+  q->ranks = sim__xcalloc((size_t)nranks, sizeof *q->ranks);
+  q->next = g_cliques;
+  g_cliques = q;
+  return q;
+}
+
+static ncclResult_t init_all(ncclComm_t *comms, int ndev, const int *devlist) {
+  if (comms == NULL || ndev <= 0) return fail(ncclInvalidArgument, "ncclCommInitAll: no communicators or ndev <= 0");
+  for (int i = 0; i < ndev; i++) {
+    int dev = devlist ? devlist[i] : i;
+    if (dev < 0 || dev >= sim.ndev) return fail(ncclInvalidArgument, "ncclCommInitAll: no such device");
+  }
+  sim__clique_t *q = clique_new(ndev);
+  for (int i = 0; i < ndev; i++) comms[i] = (ncclComm_t)comm_new(q, i, devlist ? devlist[i] : i);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist) {
+  NCCL_CALL(ncclCommInitAll, init_all(comm, ndev, devlist));
+}
+
+/* Rank `rank` of the clique of `id` on the current context's device. Outside a group it waits
+ * (the simulator's lock released) until every rank joined, as ncclCommInitRank blocks. */
+static ncclResult_t init_rank(ncclComm_t *out, int nranks, ncclUniqueId id, int rank) {
+  if (out == NULL || nranks <= 0 || rank < 0 || rank >= nranks)
+    return fail(ncclInvalidArgument, "ncclCommInitRank: bad communicator pointer, nranks or rank");
+  if (sim__need_ctx() != CUDA_SUCCESS) return fail(ncclUnhandledCudaError, "ncclCommInitRank: no current context");
+  sim__clique_t *q = g_cliques;
+  while (q != NULL && !(q->by_id && memcmp(&q->id, &id, sizeof id) == 0)) q = q->next;
+  if (q == NULL) {
+    q = clique_new(nranks);
+    q->by_id = 1;
+    q->id = id;
+  }
+  if (q->nranks != nranks || q->ranks[rank] != NULL)
+    return fail(ncclInvalidUsage, "ncclCommInitRank: nranks differs from the other ranks', or the rank joined twice");
+  sim__comm_t *c = comm_new(q, rank, sim__cur_dev());
+  pthread_cond_broadcast(&g_joined);
+  if (g_depth == 0)
+    while (q->joined < q->nranks) pthread_cond_wait(&g_joined, &sim.lock);
+  *out = (ncclComm_t)c;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {
+  NCCL_CALL(ncclCommInitRank, init_rank(comm, nranks, commId, rank));
+}
+
+ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank, ncclConfig_t *config) {
+  (void)config; /* blocking communicators only */
+  NCCL_CALL(ncclCommInitRankConfig, init_rank(comm, nranks, commId, rank));
+}
+
+static ncclResult_t comm_destroy(ncclComm_t h) {
+  sim__comm_t *c = comm_get(h);
+  if (c == NULL) return fail(ncclInvalidArgument, "ncclCommDestroy: not a communicator");
+  sim__clique_t *q = c->q;
+  for (fused_t *f = q->queued; f != NULL; f = f->next)
+    if (f->comm == c) return fail(ncclInvalidUsage, "ncclCommDestroy: operations of this rank have not run");
+  sim__handle_remove(c);
+  q->ranks[c->rank] = NULL;
+  q->joined--;
+  free(c->send_seq);
+  free(c->recv_seq);
+  free(c);
+  if (q->joined == 0 && q->queued == NULL) {
+    sim__clique_t **link = &g_cliques;
+    while (*link != q) link = &(*link)->next;
+    *link = q->next;
+    free(q->ranks);
+    free(q);
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) { NCCL_CALL(ncclCommDestroy, comm_destroy(comm)); }
+ncclResult_t ncclCommAbort(ncclComm_t comm) { NCCL_CALL(ncclCommAbort, comm_destroy(comm)); }
+
+static ncclResult_t comm_finalize(ncclComm_t h) {
+  return comm_get(h) != NULL ? ncclSuccess : fail(ncclInvalidArgument, "ncclCommFinalize: not a communicator");
+}
+
+ncclResult_t ncclCommFinalize(ncclComm_t comm) { NCCL_CALL(ncclCommFinalize, comm_finalize(comm)); }
+
+static ncclResult_t comm_query(ncclComm_t h, int *count, int *device, int *rank, ncclResult_t *async) {
+  sim__comm_t *c = comm_get(h);
+  if (c == NULL) return fail(ncclInvalidArgument, "not a communicator");
+  if (count) *count = c->q->nranks;
+  if (device) *device = c->dev;
+  if (rank) *rank = c->rank;
+  if (async) *async = c->async;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommCount(const ncclComm_t comm, int *count) {
+  if (count == NULL) return ncclInvalidArgument;
+  NCCL_CALL(ncclCommCount, comm_query(comm, count, NULL, NULL, NULL));
+}
+ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int *device) {
+  if (device == NULL) return ncclInvalidArgument;
+  NCCL_CALL(ncclCommCuDevice, comm_query(comm, NULL, device, NULL, NULL));
+}
+ncclResult_t ncclCommUserRank(const ncclComm_t comm, int *rank) {
+  if (rank == NULL) return ncclInvalidArgument;
+  NCCL_CALL(ncclCommUserRank, comm_query(comm, NULL, NULL, rank, NULL));
+}
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *asyncError) {
+  if (asyncError == NULL) return ncclInvalidArgument;
+  NCCL_CALL(ncclCommGetAsyncError, comm_query(comm, NULL, NULL, NULL, asyncError));
+}
+
+/* ---- posting operations ---- */
+
+/* Queues one fused operation of comm c on stream s. */
+static void enqueue_fused(sim__comm_t *c, sim__stream_t *s, part_t *parts, size_t n) {
+  fused_t *f = sim__xcalloc(1, sizeof *f);
+  f->comm = c;
+  f->stream = s;
+  f->parts = parts;
+  f->n = n;
+  sim__action_t act = {.kind = SIM_ACT_NCCL};
+  act.u.nccl.fused = f;
+  sim__enqueue(s, &act);
+  f->op = s->tail;
+  f->next = c->q->queued;
+  c->q->queued = f;
+}
+
+static ncclResult_t post(ncclComm_t h, cudaStream_t hs, part_t p) {
+  sim__comm_t *c = comm_get(h);
+  if (c == NULL) return fail(ncclInvalidArgument, "not a communicator");
+  sim__stream_t *s = sim__stream_get((CUstream)hs);
+  if (s == NULL) return fail(ncclInvalidArgument, "not a stream");
+  if (s->dev != c->dev) return fail(ncclInvalidArgument, "the stream is not on the communicator's device");
+  if (dt_size(p.dt) == 0) {
+    sim.stats.unimplemented++;
+    return fail(ncclInvalidArgument, "data type not modelled by the simulator");
+  }
+  if ((p.kind == P_SEND || p.kind == P_RECV || p.kind == P_BROADCAST || p.kind == P_REDUCE) &&
+      ((p.kind == P_SEND || p.kind == P_RECV ? p.peer : p.root) < 0 ||
+       (p.kind == P_SEND || p.kind == P_RECV ? p.peer : p.root) >= c->q->nranks))
+    return fail(ncclInvalidArgument, "peer or root out of range");
+  if ((p.kind != P_SEND && p.kind != P_RECV && p.op > ncclAvg) || p.op < 0)
+    return fail(ncclInvalidArgument, "reduction operation not modelled by the simulator");
+  if (s->cap != NULL) {
+    sim.stats.unimplemented++;
+    return fail(ncclInvalidUsage, "captured collectives are not modelled by the simulator");
+  }
+  if (p.kind == P_SEND) p.seq = c->send_seq[p.peer]++;
+  else if (p.kind == P_RECV) p.seq = c->recv_seq[p.peer]++;
+  else p.seq = c->coll_seq++;
+  if (g_depth == 0) {
+    part_t *one = sim__xmalloc(sizeof *one);
+    *one = p;
+    enqueue_fused(c, s, one, 1);
+    return ncclSuccess;
+  }
+  size_t g = 0;
+  while (g < g_ngrouped && !(g_grouped[g].comm == c && g_grouped[g].stream == s)) g++;
+  if (g == g_ngrouped) {
+    sim__grow(&g_grouped, &g_capgrouped, g_ngrouped + 1, sizeof *g_grouped);
+    g_grouped[g_ngrouped++] = (grouped_t){c, s, NULL, 0, 0};
+  }
+  grouped_t *gr = &g_grouped[g];
+  sim__grow(&gr->parts, &gr->cap, gr->n + 1, sizeof *gr->parts);
+  gr->parts[gr->n++] = p;
+  return ncclSuccess;
+}
+
+#define POST(fn, ...) NCCL_CALL(fn, post(comm, stream, (part_t){__VA_ARGS__}))
+
+ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
+  POST(ncclAllReduce, .kind = P_ALLREDUCE, .send = sendbuff, .recv = recvbuff, .count = count, .dt = datatype, .op = op);
+}
+ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, int root,
+                           ncclComm_t comm, cudaStream_t stream) {
+  POST(ncclBroadcast, .kind = P_BROADCAST, .send = sendbuff, .recv = recvbuff, .count = count, .dt = datatype,
+       .root = root);
+}
+ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
+                        int root, ncclComm_t comm, cudaStream_t stream) {
+  POST(ncclReduce, .kind = P_REDUCE, .send = sendbuff, .recv = recvbuff, .count = count, .dt = datatype, .op = op,
+       .root = root);
+}
+ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
+                           ncclComm_t comm, cudaStream_t stream) {
+  POST(ncclAllGather, .kind = P_ALLGATHER, .send = sendbuff, .recv = recvbuff, .count = sendcount, .dt = datatype);
+}
+ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount, ncclDataType_t datatype,
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  POST(ncclReduceScatter, .kind = P_REDUCESCATTER, .send = sendbuff, .recv = recvbuff, .count = recvcount,
+       .dt = datatype, .op = op);
+}
+ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  POST(ncclSend, .kind = P_SEND, .send = sendbuff, .count = count, .dt = datatype, .peer = peer);
+}
+ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  POST(ncclRecv, .kind = P_RECV, .recv = recvbuff, .count = count, .dt = datatype, .peer = peer);
+}
+
+/* ---- groups ---- */
+
+static ncclResult_t group_start(void) {
+  if (g_depth++ == 0) g_group_error = ncclSuccess;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupStart(void) { NCCL_CALL(ncclGroupStart, group_start()); }
+
+static ncclResult_t group_end(void) {
+  if (g_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  if (--g_depth > 0) return ncclSuccess;
+  for (size_t g = 0; g < g_ngrouped; g++) enqueue_fused(g_grouped[g].comm, g_grouped[g].stream, g_grouped[g].parts, g_grouped[g].n);
+  g_ngrouped = 0;
+  /* Ranks initialised in the group: complete once all joined. */
+  for (sim__clique_t *q = g_cliques; q != NULL; q = q->next)
+    while (q->by_id && q->joined < q->nranks) pthread_cond_wait(&g_joined, &sim.lock);
+  return g_group_error;
+}
+
+ncclResult_t ncclGroupEnd(void) { NCCL_CALL(ncclGroupEnd, group_end()); }
+
+/* ---- rendezvous (the scheduler's side) ---- */
+
+static int part_is_coll(const part_t *p) { return p->kind != P_SEND && p->kind != P_RECV; }
+
+/* The queued fused operation of rank r holding the partner of part p of rank `me`, or NULL. */
+static fused_t *partner(sim__clique_t *q, int me, const part_t *p, int r) {
+  for (fused_t *f = q->queued; f != NULL; f = f->next) {
+    if (f->comm->rank != r) continue;
+    for (size_t i = 0; i < f->n; i++) {
+      const part_t *o = &f->parts[i];
+      if (part_is_coll(p) ? (part_is_coll(o) && o->seq == p->seq)
+                          : (o->kind == (p->kind == P_SEND ? P_RECV : P_SEND) && o->peer == me && o->seq == p->seq))
+        return f;
+    }
+  }
+  return NULL;
+}
+
+static int at_head(const fused_t *f) { return f->stream->head == f->op; }
+
+/* Collects the fused operations that must run with f (f included) into set; 0 when one is
+ * missing or not yet at its stream's head. */
+static size_t closure(fused_t *f, fused_t ***set, size_t *cap) {
+  sim__clique_t *q = f->comm->q;
+  for (fused_t *g = q->queued; g != NULL; g = g->next) g->mark = 0;
+  size_t n = 0;
+  sim__grow(set, cap, 1, sizeof **set);
+  (*set)[n++] = f;
+  f->mark = 1;
+  for (size_t k = 0; k < n; k++) {
+    fused_t *m = (*set)[k];
+    if (!at_head(m)) return 0;
+    for (size_t i = 0; i < m->n; i++) {
+      const part_t *p = &m->parts[i];
+      for (int r = 0; r < q->nranks; r++) {
+        if (r == m->comm->rank || (!part_is_coll(p) && r != p->peer)) continue;
+        fused_t *o = partner(q, m->comm->rank, p, r);
+        if (o == NULL) return 0;
+        if (o->mark) continue;
+        o->mark = 1;
+        sim__grow(set, cap, n + 1, sizeof **set);
+        (*set)[n++] = o;
+      }
+    }
+  }
+  return n;
+}
+
+static fused_t **g_set;
+static size_t g_capset;
+
+int sim__nccl_ready(const sim__action_t *act) { return closure(act->u.nccl.fused, &g_set, &g_capset) != 0; }
+
+/* Element-wise a = a (op) b, for `count` elements of type dt. */
+static void reduce_into(void *a, const void *b, size_t count, ncclDataType_t dt, ncclRedOp_t op) {
+#define RED(T)                                                               \
+  for (size_t i = 0; i < count; i++) {                                       \
+    T x = ((T *)a)[i], y = ((const T *)b)[i];                                \
+    ((T *)a)[i] = op == ncclProd ? (T)(x * y) : op == ncclMax ? (x > y ? x : y) \
+                  : op == ncclMin ? (x < y ? x : y) : (T)(x + y);            \
+  }
+  switch (dt) {
+    case ncclInt8: RED(int8_t) break;
+    case ncclUint8: RED(uint8_t) break;
+    case ncclInt32: RED(int32_t) break;
+    case ncclUint32: RED(uint32_t) break;
+    case ncclInt64: RED(int64_t) break;
+    case ncclUint64: RED(uint64_t) break;
+    case ncclFloat32: RED(float) break;
+    case ncclFloat64: RED(double) break;
+    default: break;
+  }
+#undef RED
+}
+
+static void divide(void *a, size_t count, ncclDataType_t dt, int n) {
+#define DIV(T) for (size_t i = 0; i < count; i++) ((T *)a)[i] = (T)(((T *)a)[i] / (T)n);
+  switch (dt) {
+    case ncclInt8: DIV(int8_t) break;
+    case ncclUint8: DIV(uint8_t) break;
+    case ncclInt32: DIV(int32_t) break;
+    case ncclUint32: DIV(uint32_t) break;
+    case ncclInt64: DIV(int64_t) break;
+    case ncclUint64: DIV(uint64_t) break;
+    case ncclFloat32: DIV(float) break;
+    case ncclFloat64: DIV(double) break;
+    default: break;
+  }
+#undef DIV
+}
+
+/* The bytes part p reads and writes on its rank. */
+static size_t send_bytes(const part_t *p, int nranks) {
+  size_t e = dt_size(p->dt);
+  switch (p->kind) {
+    case P_REDUCESCATTER: return p->count * e * (size_t)nranks;
+    case P_RECV: return 0;
+    default: return p->count * e;
+  }
+}
+static size_t recv_bytes(const part_t *p, int nranks, int rank) {
+  size_t e = dt_size(p->dt);
+  switch (p->kind) {
+    case P_ALLGATHER: return p->count * e * (size_t)nranks;
+    case P_REDUCE: return rank == p->root ? p->count * e : 0;
+    case P_SEND: return 0;
+    default: return p->count * e;
+  }
+}
+
+/* The part of member m that is the same collective as p (or p's partner), or NULL. */
+static part_t *same_coll(fused_t *m, const part_t *p) {
+  for (size_t i = 0; i < m->n; i++)
+    if (part_is_coll(&m->parts[i]) && m->parts[i].seq == p->seq) return &m->parts[i];
+  return NULL;
+}
+
+/* Runs the rendezvous set of the fused operation at s's head: clocks, accesses, data, pops. */
+void sim__nccl_run(sim__stream_t *s) {
+  fused_t *f = s->head->act.u.nccl.fused;
+  size_t n = closure(f, &g_set, &g_capset);
+  if (n == 0) return; /* not ready: collect() would not have offered it */
+  fused_t **set = sim__xmalloc(n * sizeof *set);
+  memcpy(set, g_set, n * sizeof *set);
+  sim__clique_t *q = f->comm->q;
+  int nranks = q->nranks;
+  /* Clocks: every member after all members' work before the collective. */
+  sim__vc_t join = {0};
+  if (sim.oracle) {
+    for (size_t k = 0; k < n; k++) {
+      sim__stream_t *ms = set[k]->stream;
+      sim__op_t *op = set[k]->op;
+      if (op->snap != NULL) sim__vc_join(&ms->vc, &op->snap->vc);
+      sim__vc_join(&join, &ms->vc);
+    }
+  }
+  sim__actx_t *ctx = sim__xcalloc(n, sizeof *ctx);
+  for (size_t k = 0; k < n; k++) {
+    sim__stream_t *ms = set[k]->stream;
+    uint32_t tick = 0;
+    if (sim.oracle) {
+      sim__vc_join(&ms->vc, &join);
+      tick = sim__vc_get(&ms->vc, ms->lane) + 1;
+      sim__vc_set(&ms->vc, ms->lane, tick);
+    }
+    ctx[k] = (sim__actx_t){.vc = &ms->vc, .dev = -1};
+    ctx[k].who = (sim__who_t){.op = set[k]->op->id, .lane = ms->lane, .tick = tick, .stream = ms->id, .what = "nccl"};
+  }
+  sim__vc_free(&join);
+  /* Accesses: every member's send ranges read, receive ranges written; a part whose ranges are
+   * not allocated is skipped (reported by the oracle). Inputs are copied before any output. */
+  int *ok = sim__xcalloc(n, sizeof *ok);
+  for (size_t k = 0; k < n; k++) {
+    ok[k] = 1;
+    sim__oracle_begin();
+    for (size_t i = 0; i < set[k]->n; i++) {
+      const part_t *p = &set[k]->parts[i];
+      size_t sb = send_bytes(p, nranks), rb = recv_bytes(p, nranks, set[k]->comm->rank);
+      if (sb && sim__oracle_access((CUdeviceptr)(uintptr_t)p->send, sb, 0, &ctx[k]) != 0) ok[k] = 0;
+      if (rb && sim__oracle_access((CUdeviceptr)(uintptr_t)p->recv, rb, 1, &ctx[k]) != 0) ok[k] = 0;
+    }
+  }
+  /* Inputs first: a copy of every part's send range (in-place collectives overwrite them). */
+  void ***snap = sim__xcalloc(n, sizeof *snap);
+  for (size_t k = 0; k < n; k++) {
+    snap[k] = sim__xcalloc(set[k]->n + 1, sizeof **snap);
+    for (size_t i = 0; ok[k] && i < set[k]->n; i++) {
+      size_t sb = send_bytes(&set[k]->parts[i], nranks);
+      if (sb == 0) continue;
+      snap[k][i] = sim__xmalloc(sb);
+      memcpy(snap[k][i], set[k]->parts[i].send, sb);
+    }
+  }
+  /* Outputs, part by part of each member, from those copies. */
+  for (size_t k = 0; k < n; k++) {
+    if (!ok[k]) continue;
+    int me = set[k]->comm->rank;
+    for (size_t i = 0; i < set[k]->n; i++) {
+      part_t *p = &set[k]->parts[i];
+      size_t e = dt_size(p->dt), bytes = p->count * e;
+      if (p->kind == P_SEND) continue; /* the receiving side copies */
+      if (p->kind == P_RECV) {
+        for (size_t j = 0; j < n; j++)
+          for (size_t t = 0; t < set[j]->n; t++) {
+            const part_t *o = &set[j]->parts[t];
+            if (set[j]->comm->rank == p->peer && o->kind == P_SEND && o->peer == me && o->seq == p->seq &&
+                snap[j][t] != NULL)
+              memcpy(p->recv, snap[j][t], bytes < o->count * e ? bytes : o->count * e);
+          }
+        continue;
+      }
+      const void **src = sim__xcalloc((size_t)nranks, sizeof *src);
+      for (size_t j = 0; j < n; j++) {
+        part_t *o = same_coll(set[j], p);
+        if (o != NULL) src[set[j]->comm->rank] = snap[j][o - set[j]->parts];
+      }
+      int complete = 1;
+      for (int r = 0; r < nranks; r++) complete &= src[r] != NULL;
+      size_t sb = send_bytes(p, nranks);
+      if (complete) {
+        unsigned char *acc = sim__xmalloc(sb + 1);
+        switch (p->kind) {
+          case P_ALLREDUCE: case P_REDUCE: case P_REDUCESCATTER:
+            memcpy(acc, src[0], sb);
+            for (int r = 1; r < nranks; r++) reduce_into(acc, src[r], sb / e, p->dt, p->op);
+            if (p->op == ncclAvg) divide(acc, sb / e, p->dt, nranks);
+            if (p->kind == P_REDUCESCATTER) memcpy(p->recv, acc + (size_t)me * bytes, bytes);
+            else if (p->kind == P_ALLREDUCE || me == p->root) memcpy(p->recv, acc, bytes);
+            break;
+          case P_BROADCAST: memcpy(p->recv, src[p->root], bytes); break;
+          case P_ALLGATHER:
+            for (int r = 0; r < nranks; r++) memcpy((unsigned char *)p->recv + (size_t)r * bytes, src[r], bytes);
+            break;
+          default: break;
+        }
+        free(acc);
+      }
+      free(src);
+    }
+  }
+  for (size_t k = 0; k < n; k++) {
+    for (size_t i = 0; i < set[k]->n; i++) free(snap[k][i]);
+    free(snap[k]);
+  }
+  free(snap);
+  free(ok);
+  free(ctx);
+  /* Every member leaves the clique's queue and its stream's head. */
+  for (size_t k = 0; k < n; k++) {
+    fused_t **link = &q->queued;
+    while (*link != set[k]) link = &(*link)->next;
+    *link = set[k]->next;
+    sim__pop_head(set[k]->stream);
+  }
+  free(set);
+}
+
+void sim__nccl_release(sim__action_t *act) {
+  fused_t *f = act->u.nccl.fused;
+  if (f == NULL) return;
+  free(f->parts);
+  free(f);
+  act->u.nccl.fused = NULL;
+}
