@@ -72,7 +72,8 @@ WEFT_API unsigned weft_version(void);
   X(ERR_BUSY, -11, "the object is busy or still in use")                                        \
   X(ERR_HOST_OUT_OF_MEMORY, -12, "out of host memory for weft's metadata")                      \
   X(ERR_CORRUPTED, -13, "guard check failed: memory around a block was overwritten")            \
-  X(ERR_NOT_READY, -14, "the work has not completed yet")
+  X(ERR_NOT_READY, -14, "the work has not completed yet")                                       \
+  X(ERR_COMM, -15, "the collective library (NCCL) reported an error (see weft_last_error)")
 
 typedef enum weft_status {
 #define WEFT__STATUS_ENUM(name, code, msg) WEFT_##name = code,
@@ -871,6 +872,81 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_builder_finish(weft_builder_t *b, wef
 /** Abandons a builder and its graph. Errors: STALE_HANDLE (destroyed or finished already),
  * INVALID_ARGUMENT (NULL). */
 WEFT_API weft_status_t weft_builder_destroy(weft_builder_t *b);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Collectives: NCCL communicators whose operations are tracked uses                           */
+/* ------------------------------------------------------------------------------------------ */
+
+/* weft drives NCCL, loaded at run time (never linked): WEFT_NCCL names the library (unset:
+ * libnccl.so.2; "sim": the simulator's NCCL, with WEFT_DRIVER=sim; else a path). A collective is
+ * a use like any other: its send buffers are READ and its receive buffers WRITTEN, so the stream
+ * it runs on first waits for exactly the work that wrote or reads them, and later work waits for
+ * it (no hand-placed events around NCCL). Collectives of one rank order against the other ranks
+ * through NCCL itself. Errors from NCCL become WEFT_ERR_COMM (WEFT_ERR_INVALID_ARGUMENT for its
+ * invalid-argument and invalid-usage results) with NCCL's message in weft_last_error(). */
+
+/** A communicator: one rank of an NCCL communicator, bound to one runtime (device). */
+typedef struct weft_comm weft_comm_t;
+/** What every rank of one communicator is created from (ncclUniqueId's 128 bytes). */
+typedef struct weft_comm_id {
+  char bytes[128];
+} weft_comm_id_t;
+/** Element types (NCCL's). */
+typedef enum weft_dtype {
+  WEFT_INT8 = 0, WEFT_UINT8 = 1, WEFT_INT32 = 2, WEFT_UINT32 = 3, WEFT_INT64 = 4, WEFT_UINT64 = 5,
+  WEFT_FLOAT16 = 6, WEFT_FLOAT32 = 7, WEFT_FLOAT64 = 8, WEFT_BFLOAT16 = 9,
+} weft_dtype_t;
+/** Reductions (NCCL's). */
+typedef enum weft_redop { WEFT_SUM = 0, WEFT_PROD = 1, WEFT_MAX = 2, WEFT_MIN = 3, WEFT_AVG = 4 } weft_redop_t;
+
+/** A new unique id, made by one rank and given to the others (a file, a socket, MPI).
+ * Errors: NOT_SUPPORTED (no NCCL), COMM. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_comm_unique_id(weft_comm_id_t *out);
+/** Rank `rank` of `nranks` on rt's device, from the id every rank shares: blocks until every
+ * rank joined, as ncclCommInitRank does (one process per GPU, or one thread per rank).
+ * Errors: INVALID_ARGUMENT, STALE_HANDLE, NOT_SUPPORTED (no NCCL), COMM. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_comm_init_rank(weft_runtime_t *rt, int nranks, const weft_comm_id_t *id, int rank, weft_comm_t **out);
+/** One communicator over the runtimes rts[0..n) of this process (rank i on rts[i]'s device), as
+ * ncclCommInitAll; out[i] is rank i. Nothing is made on failure. Errors: those of
+ * weft_comm_init_rank, WRONG_DEVICE (two runtimes of one device). */
+WEFT_API WEFT_NODISCARD weft_status_t weft_comm_init_all(weft_runtime_t *const *rts, int n, weft_comm_t **out);
+/** Takes in a communicator the program made (an ncclComm_t of rt's device, from the same NCCL
+ * library weft loads): weft tracks its collectives but never destroys it. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_comm_adopt(weft_runtime_t *rt, void *nccl_comm, weft_comm_t **out);
+/** Destroys the communicator (ncclCommDestroy, unless adopted); its collectives already enqueued
+ * complete. Errors: STALE_HANDLE, COMM (NCCL refused: the communicator stays). */
+WEFT_API weft_status_t weft_comm_destroy(weft_comm_t *c);
+/** This rank, the number of ranks, the runtime, and the stream collectives run on by default (a
+ * pool stream of the runtime chosen at creation, the last high-priority one when there is one). */
+WEFT_API int weft_comm_rank(const weft_comm_t *c);
+WEFT_API int weft_comm_size(const weft_comm_t *c);
+WEFT_API weft_runtime_t *weft_comm_runtime(const weft_comm_t *c);
+WEFT_API weft_stream_t *weft_comm_stream(const weft_comm_t *c);
+/** NCCL's asynchronous error of the communicator (ncclCommGetAsyncError): OK, or COMM with
+ * NCCL's message. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_comm_check(weft_comm_t *c);
+
+/** Collectives. Buffers are blocks of c's runtime at byte offsets; `count` is in elements of
+ * `dt` (per rank where NCCL says so: all-gather's send, reduce-scatter's receive); send and
+ * receive may be the same block and offset (in place). `s` is a stream of c's runtime, NULL for
+ * weft_comm_stream(c). Inside weft_comm_group_begin/end the call is recorded and enqueued at the
+ * end. Errors: INVALID_ARGUMENT (a range outside its block, a bad type, root or peer; NCCL's
+ * invalid argument), WRONG_DEVICE (a block or stream of another runtime), STALE_HANDLE, CAPTURE,
+ * COMM. On error nothing was enqueued and no use recorded. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_all_reduce(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv, size_t recv_offset, size_t count, weft_dtype_t dt, weft_redop_t op, weft_stream_t *s);
+WEFT_API WEFT_NODISCARD weft_status_t weft_broadcast(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv, size_t recv_offset, size_t count, weft_dtype_t dt, int root, weft_stream_t *s);
+WEFT_API WEFT_NODISCARD weft_status_t weft_reduce_scatter(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv, size_t recv_offset, size_t recv_count, weft_dtype_t dt, weft_redop_t op, weft_stream_t *s);
+WEFT_API WEFT_NODISCARD weft_status_t weft_all_gather(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv, size_t recv_offset, size_t send_count, weft_dtype_t dt, weft_stream_t *s);
+WEFT_API WEFT_NODISCARD weft_status_t weft_send(weft_comm_t *c, weft_block_t send, size_t send_offset, size_t count, weft_dtype_t dt, int peer, weft_stream_t *s);
+WEFT_API WEFT_NODISCARD weft_status_t weft_recv(weft_comm_t *c, weft_block_t recv, size_t recv_offset, size_t count, weft_dtype_t dt, int peer, weft_stream_t *s);
+/** Groups the collectives this thread calls until the matching end (nestable), as
+ * ncclGroupStart/End: required to drive several ranks from one thread, and for sends and
+ * receives between the same ranks. At the end every stream of the group waits for what its
+ * calls need, then NCCL enqueues the group, then the uses are recorded. The group's blocks must
+ * not be used by other threads until weft_comm_group_end returns. Errors of the end: those of
+ * the collectives (nothing is enqueued then), COMM. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_comm_group_begin(void);
+WEFT_API WEFT_NODISCARD weft_status_t weft_comm_group_end(void);
 
 /** Looks up `name` in the loaded driver library (for example the simulator's weft_sim_get_api,
  * see sim/weft_sim.h); NULL if absent or if no driver loads. */

@@ -17,6 +17,7 @@ typedef enum weft__handle_kind {
   WEFT__HANDLE_GRAPH_POOL = 3,
   WEFT__HANDLE_BUILDER = 4,
   WEFT__HANDLE_RESOURCE = 5,
+  WEFT__HANDLE_COMM = 6,
 } weft__handle_kind_t;
 
 /** Registers a new object; false when out of host memory. */

@@ -79,9 +79,8 @@ weft_status_t weft_use_end(weft_stream_t *s, const weft_access_t *accesses, size
   return split(s, accesses, n, false);
 }
 
-/* Runs `fn` as one use with the given accesses. */
-static weft_status_t tracked(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name,
-                             weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
+weft_status_t weft__use_run(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name,
+                           weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
   weft__use_t small[SMALL], *uses;
   weft_status_t st = prepare(s, acc, n, small, &uses, name);
   if (st != WEFT_OK) return st;
@@ -106,7 +105,7 @@ static weft_status_t do_launch(weft_stream_t *s, void *arg) {
 weft_status_t weft_launch(weft_stream_t *s, const weft_launch_t *launch, const weft_access_t *accesses, size_t n) {
   if (launch == NULL || launch->func == NULL)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_launch: launch or its function is NULL");
-  return tracked(s, accesses, n, "weft_launch", do_launch, (void *)launch);
+  return weft__use_run(s, accesses, n, "weft_launch", do_launch, (void *)launch);
 }
 
 /* ---- tracked stream operations -------------------------------------------------------------- */
@@ -178,7 +177,7 @@ static weft_status_t block_op(weft_stream_t *s, weft_block_t b, weft_access_kind
   weft_status_t st = range_of(b, offset, bytes, align, fn, &o->dptr);
   if (st != WEFT_OK) return st;
   weft_access_t a = {b, kind};
-  return tracked(s, &a, 1, fn, do_op, o);
+  return weft__use_run(s, &a, 1, fn, do_op, o);
 }
 
 weft_status_t weft_copy_to_block(weft_stream_t *s, weft_block_t dst, size_t offset, const void *src, size_t bytes) {
@@ -202,7 +201,7 @@ weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_off
   weft_access_t a[2] = {{dst, WEFT_WRITE}, {src, WEFT_READ}};
   /* A copy within one block reads and writes it. */
   if (dst.rec == src.rec) a[0].kind = WEFT_READ_WRITE;
-  return tracked(s, a, dst.rec == src.rec ? 1 : 2, "weft_copy_block", do_op, &o);
+  return weft__use_run(s, a, dst.rec == src.rec ? 1 : 2, "weft_copy_block", do_op, &o);
 }
 
 weft_status_t weft_memset8(weft_stream_t *s, weft_block_t dst, size_t offset, unsigned char value, size_t bytes) {
@@ -218,7 +217,7 @@ weft_status_t weft_memset32(weft_stream_t *s, weft_block_t dst, size_t offset, u
 weft_status_t weft_host_func(weft_stream_t *s, CUhostFn fn, void *user, const weft_access_t *accesses, size_t n) {
   if (fn == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_host_func: fn is NULL");
   op_t o = {.what = OP_HOST, .fn = fn, .host = user};
-  return tracked(s, accesses, n, "weft_host_func", do_op, &o);
+  return weft__use_run(s, accesses, n, "weft_host_func", do_op, &o);
 }
 
 static weft_status_t value_op(weft_stream_t *s, weft_block_t b, size_t offset, uint64_t value, unsigned flags, int what,

@@ -1,0 +1,494 @@
+/* Communicators (weft.h, "Collectives"): NCCL communicators bound to runtimes, whose collectives
+ * run as tracked uses (weft__use_run): the send range READ, the receive range WRITE (one
+ * READ_WRITE access when they share a block). NCCL is reached through lib/core/nccl.h, and each
+ * NCCL call that enqueues runs in the graph gate's shared side, as the driver's enqueueing calls
+ * do (gate.h: graph calls must not overlap another thread's enqueue).
+ *
+ * Groups: between weft_comm_group_begin and _end this thread's calls are only checked and
+ * recorded. At the end, per stream, the union of the recorded accesses opens one use
+ * (weft_use_begin: the stream waits for what they need), NCCL enqueues the whole group, and the
+ * uses close (weft_use_end: the collectives are recorded as the blocks' newest uses). A failure
+ * before NCCL enqueues anything closes the opened uses with no work (conservative) and enqueues
+ * nothing. */
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/core/error.h"
+#include "lib/core/gate.h"
+#include "lib/core/handle.h"
+#include "lib/core/meta.h"
+#include "lib/core/nccl.h"
+#include "lib/runtime/runtime.h"
+
+struct weft_comm {
+  weft_runtime_t *rt;
+  ncclComm_t nc;
+  int rank, nranks;
+  bool adopted; /* the program's communicator: never destroyed by weft */
+  weft_stream_t *stream;
+};
+
+typedef enum { C_ALLREDUCE, C_BROADCAST, C_REDUCESCATTER, C_ALLGATHER, C_SEND, C_RECV } coll_kind_t;
+
+/* One collective call, checked and resolved. */
+typedef struct call {
+  coll_kind_t kind;
+  weft_comm_t *c;
+  weft_stream_t *s;
+  weft_block_t send, recv; /* {0} where the call has none */
+  CUdeviceptr send_ptr, recv_ptr;
+  size_t count;
+  ncclDataType_t dt;
+  ncclRedOp_t op;
+  int root_or_peer;
+} call_t;
+
+static const char *const kind_name[] = {"weft_all_reduce", "weft_broadcast", "weft_reduce_scatter",
+                                        "weft_all_gather", "weft_send",       "weft_recv"};
+
+/* ---- a group on this thread ---- */
+
+static _Thread_local int g_depth;
+static _Thread_local call_t *g_calls;
+static _Thread_local size_t g_ncalls, g_capcalls;
+static _Thread_local weft_status_t g_group_error; /* the first refused call of the group */
+static _Thread_local char g_group_message[512];
+
+/* ---- helpers ---- */
+
+static weft_status_t comm_check(const weft_comm_t *c, const char *fn) {
+  if (c == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: the communicator is NULL", fn);
+  if (!weft__handle_live(c, WEFT__HANDLE_COMM)) return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the communicator was destroyed", fn);
+  if (weft__runtime_check(c->rt, fn) == NULL) return weft__runtime_check_status(c->rt);
+  return WEFT_OK;
+}
+
+static size_t dt_size(weft_dtype_t dt) {
+  switch (dt) {
+    case WEFT_INT8: case WEFT_UINT8: return 1;
+    case WEFT_FLOAT16: case WEFT_BFLOAT16: return 2;
+    case WEFT_INT32: case WEFT_UINT32: case WEFT_FLOAT32: return 4;
+    case WEFT_INT64: case WEFT_UINT64: case WEFT_FLOAT64: return 8;
+    default: return 0;
+  }
+}
+
+static ncclDataType_t nccl_dt(weft_dtype_t dt) {
+  switch (dt) {
+    case WEFT_INT8: return ncclInt8;
+    case WEFT_UINT8: return ncclUint8;
+    case WEFT_INT32: return ncclInt32;
+    case WEFT_UINT32: return ncclUint32;
+    case WEFT_INT64: return ncclInt64;
+    case WEFT_UINT64: return ncclUint64;
+    case WEFT_FLOAT16: return ncclFloat16;
+    case WEFT_FLOAT32: return ncclFloat32;
+    case WEFT_FLOAT64: return ncclFloat64;
+    default: return ncclBfloat16;
+  }
+}
+
+/* The device address of [offset, offset + bytes) of block b, a live block of c's runtime. */
+static weft_status_t range(const weft_comm_t *c, weft_block_t b, size_t offset, size_t bytes, const char *what,
+                           const char *fn, CUdeviceptr *out) {
+  struct weft__block *rec;
+  weft_status_t st = weft__block_check(b, fn, &rec);
+  if (st != WEFT_OK) return st;
+  if (rec->rt != c->rt) return weft__error(WEFT_ERR_WRONG_DEVICE, "%s: the %s block belongs to another runtime", fn, what);
+  if (offset > rec->bytes || bytes > rec->bytes - offset)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: %zu bytes at offset %zu of the %s block pass its end (%zu bytes)",
+                       fn, bytes, offset, what, rec->bytes);
+  *out = rec->ptr + offset;
+  return WEFT_OK;
+}
+
+/* Checks a call and resolves its buffers and stream. */
+static weft_status_t prepare(call_t *k, weft_comm_t *c, weft_stream_t *s, weft_block_t send, size_t send_off,
+                             weft_block_t recv, size_t recv_off, size_t count, weft_dtype_t dt) {
+  const char *fn = kind_name[k->kind];
+  weft_status_t st = comm_check(c, fn);
+  if (st != WEFT_OK) return st;
+  size_t e = dt_size(dt);
+  if (e == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: %d is not a weft_dtype_t", fn, (int)dt);
+  if (count == 0 || count > SIZE_MAX / e / (size_t)c->nranks)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: count %zu is 0 or too large", fn, count);
+  if (s == NULL) s = c->stream;
+  if ((st = weft__stream_check(s, fn)) != WEFT_OK) return st;
+  if (s->runtime != c->rt) return weft__error(WEFT_ERR_WRONG_DEVICE, "%s: the stream belongs to another runtime", fn);
+  size_t sb = count * e, rb = count * e;
+  if (k->kind == C_REDUCESCATTER) sb *= (size_t)c->nranks;
+  if (k->kind == C_ALLGATHER) rb *= (size_t)c->nranks;
+  if (k->kind != C_RECV && (st = range(c, send, send_off, sb, "send", fn, &k->send_ptr)) != WEFT_OK) return st;
+  if (k->kind != C_SEND && (st = range(c, recv, recv_off, rb, "receive", fn, &k->recv_ptr)) != WEFT_OK) return st;
+  if ((k->kind == C_BROADCAST || k->kind == C_SEND || k->kind == C_RECV) &&
+      (k->root_or_peer < 0 || k->root_or_peer >= c->nranks))
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: %s %d is not a rank of %d", fn,
+                       k->kind == C_BROADCAST ? "root" : "peer", k->root_or_peer, c->nranks);
+  k->c = c;
+  k->s = s;
+  k->send = k->kind == C_RECV ? (weft_block_t){0} : send;
+  k->recv = k->kind == C_SEND ? (weft_block_t){0} : recv;
+  k->count = count;
+  k->dt = nccl_dt(dt);
+  return WEFT_OK;
+}
+
+/* The accesses of a call: send READ, receive WRITE, one READ_WRITE when they share a block. */
+static size_t accesses(const call_t *k, weft_access_t acc[2]) {
+  size_t n = 0;
+  if (k->send.rec != NULL) acc[n++] = (weft_access_t){k->send, WEFT_READ};
+  if (k->recv.rec != NULL) {
+    if (n == 1 && acc[0].block.rec == k->recv.rec) acc[0].kind = WEFT_READ_WRITE;
+    else acc[n++] = (weft_access_t){k->recv, WEFT_WRITE};
+  }
+  return n;
+}
+
+/* Enqueues a call's NCCL operation on its stream (in the gate's shared side). */
+static ncclResult_t enqueue(const weft__nccl_t *nl, const call_t *k) {
+  cudaStream_t cs = (cudaStream_t)k->s->raw;
+  void *sp = (void *)(uintptr_t)k->send_ptr, *rp = (void *)(uintptr_t)k->recv_ptr;
+  ncclResult_t r;
+  weft__gate_enter();
+  switch (k->kind) {
+    case C_ALLREDUCE: r = nl->ncclAllReduce(sp, rp, k->count, k->dt, k->op, k->c->nc, cs); break;
+    case C_BROADCAST: r = nl->ncclBroadcast(sp, rp, k->count, k->dt, k->root_or_peer, k->c->nc, cs); break;
+    case C_REDUCESCATTER: r = nl->ncclReduceScatter(sp, rp, k->count, k->dt, k->op, k->c->nc, cs); break;
+    case C_ALLGATHER: r = nl->ncclAllGather(sp, rp, k->count, k->dt, k->c->nc, cs); break;
+    case C_SEND: r = nl->ncclSend(sp, k->count, k->dt, k->root_or_peer, k->c->nc, cs); break;
+    default: r = nl->ncclRecv(rp, k->count, k->dt, k->root_or_peer, k->c->nc, cs); break;
+  }
+  weft__gate_leave();
+  return r;
+}
+
+static weft_status_t run_one(weft_stream_t *s, void *arg) {
+  (void)s;
+  const call_t *k = arg;
+  const weft__nccl_t *nl;
+  weft_status_t st = weft__nccl_get(&nl);
+  if (st != WEFT_OK) return st;
+  ncclResult_t r = enqueue(nl, k);
+  return r == ncclSuccess ? WEFT_OK : weft__nccl_fail(nl, r, kind_name[k->kind]);
+}
+
+/* A checked call: run now as one use, or recorded for the group's end. */
+static weft_status_t submit(weft_status_t st, const call_t *k) {
+  if (g_depth > 0) {
+    if (st != WEFT_OK) {
+      if (g_group_error == WEFT_OK) {
+        g_group_error = st;
+        snprintf(g_group_message, sizeof g_group_message, "%s", weft_last_error());
+      }
+      return st;
+    }
+    if (g_ncalls == g_capcalls) {
+      size_t cap = g_capcalls ? 2 * g_capcalls : 16;
+      call_t *n = weft__meta_realloc(g_calls, cap * sizeof *n);
+      if (n == NULL) {
+        st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory to record the call", kind_name[k->kind]);
+        if (g_group_error == WEFT_OK) g_group_error = st;
+        return st;
+      }
+      g_calls = n;
+      g_capcalls = cap;
+    }
+    g_calls[g_ncalls++] = *k;
+    return WEFT_OK;
+  }
+  if (st != WEFT_OK) return st;
+  const weft__nccl_t *nl;
+  if ((st = weft__nccl_get(&nl)) != WEFT_OK) return st;
+  weft_access_t acc[2];
+  size_t n = accesses(k, acc);
+  return weft__use_run(k->s, acc, n, kind_name[k->kind], run_one, (void *)k);
+}
+
+/* ---- collectives ---- */
+
+weft_status_t weft_all_reduce(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv,
+                              size_t recv_offset, size_t count, weft_dtype_t dt, weft_redop_t op, weft_stream_t *s) {
+  call_t k = {.kind = C_ALLREDUCE, .op = (ncclRedOp_t)op};
+  weft_status_t st = prepare(&k, c, s, send, send_offset, recv, recv_offset, count, dt);
+  if (st == WEFT_OK && (unsigned)op > WEFT_AVG)
+    st = weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_all_reduce: %d is not a weft_redop_t", (int)op);
+  return submit(st, &k);
+}
+
+weft_status_t weft_broadcast(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv,
+                             size_t recv_offset, size_t count, weft_dtype_t dt, int root, weft_stream_t *s) {
+  call_t k = {.kind = C_BROADCAST, .root_or_peer = root};
+  return submit(prepare(&k, c, s, send, send_offset, recv, recv_offset, count, dt), &k);
+}
+
+weft_status_t weft_reduce_scatter(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv,
+                                  size_t recv_offset, size_t recv_count, weft_dtype_t dt, weft_redop_t op,
+                                  weft_stream_t *s) {
+  call_t k = {.kind = C_REDUCESCATTER, .op = (ncclRedOp_t)op};
+  weft_status_t st = prepare(&k, c, s, send, send_offset, recv, recv_offset, recv_count, dt);
+  if (st == WEFT_OK && (unsigned)op > WEFT_AVG)
+    st = weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_reduce_scatter: %d is not a weft_redop_t", (int)op);
+  return submit(st, &k);
+}
+
+weft_status_t weft_all_gather(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv,
+                              size_t recv_offset, size_t send_count, weft_dtype_t dt, weft_stream_t *s) {
+  call_t k = {.kind = C_ALLGATHER};
+  return submit(prepare(&k, c, s, send, send_offset, recv, recv_offset, send_count, dt), &k);
+}
+
+weft_status_t weft_send(weft_comm_t *c, weft_block_t send, size_t send_offset, size_t count, weft_dtype_t dt, int peer,
+                        weft_stream_t *s) {
+  call_t k = {.kind = C_SEND, .root_or_peer = peer};
+  return submit(prepare(&k, c, s, send, send_offset, (weft_block_t){0}, 0, count, dt), &k);
+}
+
+weft_status_t weft_recv(weft_comm_t *c, weft_block_t recv, size_t recv_offset, size_t count, weft_dtype_t dt, int peer,
+                        weft_stream_t *s) {
+  call_t k = {.kind = C_RECV, .root_or_peer = peer};
+  return submit(prepare(&k, c, s, (weft_block_t){0}, 0, recv, recv_offset, count, dt), &k);
+}
+
+/* ---- groups ---- */
+
+weft_status_t weft_comm_group_begin(void) {
+  if (g_depth++ == 0) {
+    g_ncalls = 0;
+    g_group_error = WEFT_OK;
+  }
+  return WEFT_OK;
+}
+
+/* The union of the group's accesses on stream s (one per block, kinds merged). */
+static weft_status_t stream_accesses(weft_stream_t *s, weft_access_t **out, size_t *n) {
+  weft_access_t *acc = weft__meta_calloc(2 * g_ncalls + 1, sizeof *acc);
+  if (acc == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm_group_end: no host memory");
+  size_t m = 0;
+  for (size_t i = 0; i < g_ncalls; i++) {
+    if (g_calls[i].s != s) continue;
+    weft_access_t a[2];
+    size_t k = accesses(&g_calls[i], a);
+    for (size_t j = 0; j < k; j++) {
+      size_t t = 0;
+      while (t < m && acc[t].block.rec != a[j].block.rec) t++;
+      if (t < m) acc[t].kind = (weft_access_kind_t)(acc[t].kind | a[j].kind);
+      else acc[m++] = a[j];
+    }
+  }
+  *out = acc;
+  *n = m;
+  return WEFT_OK;
+}
+
+weft_status_t weft_comm_group_end(void) {
+  if (g_depth == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_comm_group_end: no weft_comm_group_begin");
+  if (--g_depth > 0) return WEFT_OK;
+  size_t ncalls = g_ncalls;
+  g_ncalls = 0;
+  if (g_group_error != WEFT_OK) return weft__error(g_group_error, "weft_comm_group_end: %s", g_group_message);
+  if (ncalls == 0) return WEFT_OK;
+  g_ncalls = ncalls; /* for stream_accesses */
+  const weft__nccl_t *nl;
+  weft_status_t st = weft__nccl_get(&nl);
+  /* The group's streams, each once, in call order, with their accesses. */
+  weft_stream_t **streams = st == WEFT_OK ? weft__meta_calloc(ncalls, sizeof *streams) : NULL;
+  weft_access_t **acc = st == WEFT_OK ? weft__meta_calloc(ncalls, sizeof *acc) : NULL;
+  size_t *nacc = st == WEFT_OK ? weft__meta_calloc(ncalls, sizeof *nacc) : NULL;
+  size_t ns = 0, opened = 0;
+  if (st == WEFT_OK && (streams == NULL || acc == NULL || nacc == NULL))
+    st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm_group_end: no host memory");
+  for (size_t i = 0; st == WEFT_OK && i < ncalls; i++) {
+    size_t j = 0;
+    while (j < ns && streams[j] != g_calls[i].s) j++;
+    if (j == ns) streams[ns++] = g_calls[i].s;
+  }
+  for (size_t j = 0; st == WEFT_OK && j < ns; j++) st = stream_accesses(streams[j], &acc[j], &nacc[j]);
+  /* Each stream waits for what its calls need. */
+  for (; st == WEFT_OK && opened < ns; opened++) st = weft_use_begin(streams[opened], acc[opened], nacc[opened]);
+  char why[512] = "";
+  if (st == WEFT_OK) {
+    ncclResult_t r = nl->ncclGroupStart();
+    for (size_t i = 0; r == ncclSuccess && i < ncalls; i++) r = enqueue(nl, &g_calls[i]);
+    weft__gate_enter(); /* NCCL enqueues the group's work here */
+    ncclResult_t e = nl->ncclGroupEnd();
+    weft__gate_leave();
+    if (r == ncclSuccess) r = e;
+    if (r != ncclSuccess) {
+      st = weft__nccl_fail(nl, r, "weft_comm_group_end");
+      snprintf(why, sizeof why, "%s", weft_last_error());
+    }
+  } else {
+    snprintf(why, sizeof why, "%s", weft_last_error());
+  }
+  /* Every opened use closes (after a failure, with no work: conservative). */
+  for (size_t j = 0; j < opened; j++) (void)weft_use_end(streams[j], acc[j], nacc[j]);
+  for (size_t j = 0; acc != NULL && j < ns; j++) weft__meta_free(acc[j]);
+  weft__meta_free(acc);
+  weft__meta_free(nacc);
+  weft__meta_free(streams);
+  g_ncalls = 0;
+  return st == WEFT_OK ? WEFT_OK : weft__error(st, "%s", why);
+}
+
+/* ---- communicators ---- */
+
+/* The default stream of a runtime's collectives: its last high-priority pool stream, else its
+ * last pool stream. */
+static weft_stream_t *comm_stream(weft_runtime_t *rt) {
+  weft_stream_t *s = NULL;
+  unsigned n = rt->tracker.n_pool;
+  if (weft_stream_get(rt, n - 1, &s) != WEFT_OK) return NULL;
+  return s;
+}
+
+static weft_status_t comm_new(weft_runtime_t *rt, ncclComm_t nc, bool adopted, const weft__nccl_t *nl,
+                              weft_comm_t **out) {
+  weft_comm_t *c = weft__meta_calloc(1, sizeof *c);
+  if (c == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm: no host memory");
+  c->rt = rt;
+  c->nc = nc;
+  c->adopted = adopted;
+  c->stream = comm_stream(rt);
+  ncclResult_t r = nl->ncclCommUserRank(nc, &c->rank);
+  if (r == ncclSuccess) r = nl->ncclCommCount(nc, &c->nranks);
+  if (r != ncclSuccess) {
+    weft__meta_free(c);
+    return weft__nccl_fail(nl, r, "weft_comm: ncclCommUserRank / ncclCommCount");
+  }
+  if (!weft__handle_add(c, WEFT__HANDLE_COMM)) {
+    weft__meta_free(c);
+    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm: no host memory for a handle");
+  }
+  weft__runtime_depend(rt, 1);
+  *out = c;
+  return WEFT_OK;
+}
+
+/* Makes rt's context current for NCCL (which works on the current device). */
+static weft_status_t bind(weft_runtime_t *rt, const char *fn) {
+  if (weft__runtime_check(rt, fn) == NULL) return weft__runtime_check_status(rt);
+  return weft__tracker_bind(&rt->tracker);
+}
+
+weft_status_t weft_comm_unique_id(weft_comm_id_t *out) {
+  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_comm_unique_id: out is NULL");
+  const weft__nccl_t *nl;
+  weft_status_t st = weft__nccl_get(&nl);
+  if (st != WEFT_OK) return st;
+  _Static_assert(sizeof(ncclUniqueId) == sizeof(weft_comm_id_t), "weft_comm_id_t is ncclUniqueId");
+  ncclUniqueId id;
+  ncclResult_t r = nl->ncclGetUniqueId(&id);
+  if (r != ncclSuccess) return weft__nccl_fail(nl, r, "weft_comm_unique_id");
+  memcpy(out->bytes, id.internal, sizeof out->bytes);
+  return WEFT_OK;
+}
+
+weft_status_t weft_comm_init_rank(weft_runtime_t *rt, int nranks, const weft_comm_id_t *id, int rank, weft_comm_t **out) {
+  static const char fn[] = "weft_comm_init_rank";
+  if (id == NULL || out == NULL || nranks <= 0 || rank < 0 || rank >= nranks)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: NULL id or out, or rank %d not in 0..%d", fn, rank, nranks - 1);
+  const weft__nccl_t *nl;
+  weft_status_t st = bind(rt, fn);
+  if (st == WEFT_OK) st = weft__nccl_get(&nl);
+  if (st != WEFT_OK) return st;
+  ncclUniqueId nid;
+  memcpy(nid.internal, id->bytes, sizeof nid.internal);
+  ncclComm_t nc;
+  ncclResult_t r = nl->ncclCommInitRank(&nc, nranks, nid, rank);
+  if (r != ncclSuccess) return weft__nccl_fail(nl, r, fn);
+  if ((st = comm_new(rt, nc, false, nl, out)) != WEFT_OK) (void)nl->ncclCommDestroy(nc);
+  return st;
+}
+
+weft_status_t weft_comm_init_all(weft_runtime_t *const *rts, int n, weft_comm_t **out) {
+  static const char fn[] = "weft_comm_init_all";
+  if (rts == NULL || out == NULL || n <= 0)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: NULL runtimes or out, or n <= 0", fn);
+  const weft__nccl_t *nl;
+  weft_status_t st = weft__nccl_get(&nl);
+  int *devs = st == WEFT_OK ? weft__meta_calloc((size_t)n, sizeof *devs) : NULL;
+  ncclComm_t *nc = st == WEFT_OK ? weft__meta_calloc((size_t)n, sizeof *nc) : NULL;
+  if (st == WEFT_OK && (devs == NULL || nc == NULL)) st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory", fn);
+  for (int i = 0; st == WEFT_OK && i < n; i++) {
+    if (weft__runtime_check(rts[i], fn) == NULL) {
+      st = weft__runtime_check_status(rts[i]);
+      break;
+    }
+    devs[i] = rts[i]->ordinal;
+    for (int j = 0; j < i; j++)
+      if (devs[j] == devs[i]) st = weft__error(WEFT_ERR_WRONG_DEVICE, "%s: runtimes %d and %d are of one device", fn, j, i);
+  }
+  if (st == WEFT_OK) st = bind(rts[0], fn);
+  if (st == WEFT_OK) {
+    ncclResult_t r = nl->ncclCommInitAll(nc, n, devs);
+    if (r != ncclSuccess) st = weft__nccl_fail(nl, r, fn);
+  }
+  int made = 0;
+  for (; st == WEFT_OK && made < n; made++) st = comm_new(rts[made], nc[made], false, nl, &out[made]);
+  if (st != WEFT_OK && nc != NULL && nc[0] != NULL) {
+    for (int i = 0; i < made; i++) {
+      weft__handle_remove(out[i], WEFT__HANDLE_COMM);
+      weft__runtime_depend(rts[i], -1);
+      weft__meta_free(out[i]);
+      out[i] = NULL;
+    }
+    for (int i = 0; i < n; i++) (void)nl->ncclCommDestroy(nc[i]);
+  }
+  weft__meta_free(devs);
+  weft__meta_free(nc);
+  return st;
+}
+
+weft_status_t weft_comm_adopt(weft_runtime_t *rt, void *nccl_comm, weft_comm_t **out) {
+  static const char fn[] = "weft_comm_adopt";
+  if (nccl_comm == NULL || out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: NULL communicator or out", fn);
+  if (weft__runtime_check(rt, fn) == NULL) return weft__runtime_check_status(rt);
+  const weft__nccl_t *nl;
+  weft_status_t st = weft__nccl_get(&nl);
+  if (st != WEFT_OK) return st;
+  int dev = -1;
+  ncclResult_t r = nl->ncclCommCuDevice((ncclComm_t)nccl_comm, &dev);
+  if (r != ncclSuccess) return weft__nccl_fail(nl, r, fn);
+  if (dev != rt->ordinal)
+    return weft__error(WEFT_ERR_WRONG_DEVICE, "%s: the communicator is on device %d, the runtime on %d", fn, dev, rt->ordinal);
+  return comm_new(rt, (ncclComm_t)nccl_comm, true, nl, out);
+}
+
+weft_status_t weft_comm_destroy(weft_comm_t *c) {
+  static const char fn[] = "weft_comm_destroy";
+  if (c == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: the communicator is NULL", fn);
+  if (!weft__handle_remove(c, WEFT__HANDLE_COMM)) return weft__error(WEFT_ERR_STALE_HANDLE, "%s: destroyed already", fn);
+  if (!c->adopted) {
+    const weft__nccl_t *nl;
+    weft_status_t st = weft__nccl_get(&nl);
+    ncclResult_t r = st == WEFT_OK ? nl->ncclCommDestroy(c->nc) : ncclSuccess;
+    if (st != WEFT_OK || r != ncclSuccess) {
+      weft__handle_restore(c, WEFT__HANDLE_COMM);
+      return st != WEFT_OK ? st : weft__nccl_fail(nl, r, fn);
+    }
+  }
+  weft__runtime_depend(c->rt, -1);
+  weft__meta_free(c);
+  return WEFT_OK;
+}
+
+int weft_comm_rank(const weft_comm_t *c) { return comm_check(c, "weft_comm_rank") == WEFT_OK ? c->rank : -1; }
+int weft_comm_size(const weft_comm_t *c) { return comm_check(c, "weft_comm_size") == WEFT_OK ? c->nranks : -1; }
+weft_runtime_t *weft_comm_runtime(const weft_comm_t *c) {
+  return comm_check(c, "weft_comm_runtime") == WEFT_OK ? c->rt : NULL;
+}
+weft_stream_t *weft_comm_stream(const weft_comm_t *c) {
+  return comm_check(c, "weft_comm_stream") == WEFT_OK ? c->stream : NULL;
+}
+
+weft_status_t weft_comm_check(weft_comm_t *c) {
+  weft_status_t st = comm_check(c, "weft_comm_check");
+  if (st != WEFT_OK) return st;
+  const weft__nccl_t *nl;
+  if ((st = weft__nccl_get(&nl)) != WEFT_OK) return st;
+  ncclResult_t async = ncclSuccess;
+  ncclResult_t r = nl->ncclCommGetAsyncError(c->nc, &async);
+  if (r != ncclSuccess) return weft__nccl_fail(nl, r, "weft_comm_check");
+  return async == ncclSuccess ? WEFT_OK : weft__nccl_fail(nl, async, "weft_comm_check (asynchronous error)");
+}

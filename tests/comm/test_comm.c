@@ -1,0 +1,283 @@
+/* Communicators and collectives as tracked uses (issue 14), over two devices: in CI two simulated
+ * devices and the simulated NCCL (WEFT_SIM_DEVICES=2, WEFT_NCCL=sim, see BUILD); on a machine
+ * with two GPUs the real driver and NCCL (libnccl.so.2). Skipped with one device.
+ *
+ * The point: the program writes a collective's input on one stream, runs the collective on the
+ * communicator's stream and reads its output on a third, with no event of its own; weft inserts
+ * the waits (the oracle sees no race; with waits turned off it sees them), and the data is right. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "lib/core/driver.h"
+#include "lib/runtime/runtime.h"
+#include "sim/weft_sim.h"
+#include "weft/weft.h"
+
+#define N 4096 /* elements */
+
+static const weft__driver_t *drv;
+static const weft_sim_api_t *sim; /* NULL on a GPU */
+static weft_runtime_t *rt[2];
+static weft_comm_t *comm[2];
+static int g_two;
+
+static weft_stream_t *stream(int r, unsigned i) {
+  weft_stream_t *s;
+  assert_int_equal(weft_stream_get(rt[r], i, &s), WEFT_OK);
+  return s;
+}
+
+static weft_block_t alloc(int r, size_t bytes) {
+  weft_block_t b;
+  weft_status_t st = weft_alloc(rt[r], bytes, stream(r, 0), "comm", &b);
+  if (st != WEFT_OK) fail_msg("weft_alloc: %s", weft_last_error());
+  return b;
+}
+
+static void expect(int r, weft_block_t b, size_t offset, const float *want, size_t n) {
+  float *got = malloc(n * sizeof *got);
+  assert_int_equal(weft_copy_from_block(stream(r, 2), got, b, offset, n * sizeof *got), WEFT_OK);
+  assert_int_equal(weft_stream_synchronize(stream(r, 2)), WEFT_OK);
+  for (size_t i = 0; i < n; i++)
+    if (got[i] != want[i]) fail_msg("rank %d element %zu: %g, want %g", r, i, (double)got[i], (double)want[i]);
+  free(got);
+}
+
+static uint64_t races(void) { return sim ? sim->race_count() : 0; }
+
+static int setup(void **state) {
+  (void)state;
+  setenv("NCCL_SOCKET_IFNAME", "lo", 0); /* the GPU machines' NCCL bootstrap needs it */
+  if (weft__driver_get(&drv) != WEFT_OK) return -1;
+  sim = weft_sim_api(weft_driver_symbol);
+  int n = 0;
+  if (drv->cuDeviceGetCount(&n) != CUDA_SUCCESS) return -1;
+  if (n < 2) return 0;
+  g_two = 1;
+  for (int r = 0; r < 2; r++)
+    if (weft_runtime_get(r, NULL, &rt[r]) != WEFT_OK) return -1;
+  weft_status_t st = weft_comm_init_all(rt, 2, comm);
+  if (st != WEFT_OK) fprintf(stderr, "weft_comm_init_all: %s\n", weft_last_error());
+  return st == WEFT_OK ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  if (!g_two) return 0;
+  for (int r = 0; r < 2; r++) {
+    if (weft_comm_destroy(comm[r]) != WEFT_OK) return -1;
+    if (weft_runtime_release(rt[r]) != WEFT_OK) return -1;
+  }
+  return 0;
+}
+
+static void test_communicators_know_their_rank_runtime_and_stream(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(weft_comm_rank(comm[r]), r);
+    assert_int_equal(weft_comm_size(comm[r]), 2);
+    assert_ptr_equal(weft_comm_runtime(comm[r]), rt[r]);
+    assert_non_null(weft_comm_stream(comm[r]));
+    assert_int_equal(weft_comm_check(comm[r]), WEFT_OK);
+  }
+  assert_int_equal(weft_comm_rank(NULL), -1);
+  /* A runtime with a live communicator refuses its last release, and stays as it was. */
+  assert_int_equal(weft_runtime_release(rt[0]), WEFT_ERR_BUSY);
+  assert_int_equal(weft_runtime_device(rt[0]), 0);
+  assert_int_equal(weft_comm_check(comm[0]), WEFT_OK);
+}
+
+/* Input written on stream 0, all-reduce on the communicator's stream, output read on stream 2:
+ * no event of the program's, weft orders all three. */
+static void run_all_reduce(weft_block_t *in, weft_block_t *out, int in_place) {
+  for (int r = 0; r < 2; r++) {
+    in[r] = alloc(r, N * 4);
+    out[r] = in_place ? in[r] : alloc(r, N * 4);
+    float h[N];
+    for (int i = 0; i < N; i++) h[i] = (float)(i + 1000 * r);
+    assert_int_equal(weft_copy_to_block(stream(r, 0), in[r], 0, h, sizeof h), WEFT_OK);
+  }
+  assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+  for (int r = 0; r < 2; r++)
+    assert_int_equal(weft_all_reduce(comm[r], in[r], 0, out[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_OK);
+  weft_status_t st = weft_comm_group_end();
+  if (st != WEFT_OK) fail_msg("weft_comm_group_end: %s", weft_last_error());
+}
+
+static void test_all_reduce_waits_for_its_input_and_its_readers_wait_for_it(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  for (int in_place = 0; in_place < 2; in_place++) {
+    weft_block_t in[2], out[2];
+    run_all_reduce(in, out, in_place);
+    float want[N];
+    for (int i = 0; i < N; i++) want[i] = (float)(2 * i + 1000);
+    for (int r = 0; r < 2; r++) expect(r, out[r], 0, want, N);
+    assert_int_equal(races(), 0);
+    for (int r = 0; r < 2; r++) {
+      assert_int_equal(weft_free(in[r], stream(r, 0)), WEFT_OK);
+      if (!in_place) assert_int_equal(weft_free(out[r], stream(r, 1)), WEFT_OK);
+    }
+  }
+}
+
+/* Positive control (simulator): the same program with weft's waits turned off races. */
+static void test_without_waits_the_oracle_sees_the_races(void **state) {
+  (void)state;
+  if (!g_two || sim == NULL) skip();
+  for (int r = 0; r < 2; r++) rt[r]->tracker.no_waits = true;
+  weft_block_t in[2], out[2];
+  run_all_reduce(in, out, 0);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
+  for (int r = 0; r < 2; r++) rt[r]->tracker.no_waits = false;
+  assert_true(races() > 0);
+  sim->reset_races();
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(weft_free(in[r], stream(r, 0)), WEFT_OK);
+    assert_int_equal(weft_free(out[r], stream(r, 0)), WEFT_OK);
+    assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
+  }
+}
+
+static void test_every_collective_at_offsets(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  weft_block_t a[2], b[2];
+  for (int r = 0; r < 2; r++) {
+    a[r] = alloc(r, 4 * N * 4);
+    b[r] = alloc(r, 4 * N * 4);
+    float h[2 * N];
+    for (int i = 0; i < 2 * N; i++) h[i] = (float)(i * (r + 1));
+    assert_int_equal(weft_copy_to_block(stream(r, 0), a[r], 1024, h, sizeof h), WEFT_OK); /* at an offset */
+  }
+  float want[2 * N];
+  /* Broadcast from rank 1. */
+  assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_broadcast(comm[r], a[r], 1024, b[r], 0, N, WEFT_FLOAT32, 1, NULL), WEFT_OK);
+  assert_int_equal(weft_comm_group_end(), WEFT_OK);
+  for (int i = 0; i < N; i++) want[i] = (float)(2 * i);
+  for (int r = 0; r < 2; r++) expect(r, b[r], 0, want, N);
+  /* All-gather of N each, then reduce-scatter (sum) of 2N into N each. */
+  assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_all_gather(comm[r], a[r], 1024, b[r], 0, N, WEFT_FLOAT32, NULL), WEFT_OK);
+  assert_int_equal(weft_comm_group_end(), WEFT_OK);
+  for (int i = 0; i < N; i++) want[i] = (float)i, want[N + i] = (float)(2 * i);
+  for (int r = 0; r < 2; r++) expect(r, b[r], 0, want, 2 * N);
+  assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+  for (int r = 0; r < 2; r++)
+    assert_int_equal(weft_reduce_scatter(comm[r], a[r], 1024, b[r], 8 * N, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_OK);
+  assert_int_equal(weft_comm_group_end(), WEFT_OK);
+  for (int r = 0; r < 2; r++) {
+    for (int i = 0; i < N; i++) want[i] = (float)(3 * (r * N + i));
+    expect(r, b[r], 8 * N, want, N);
+  }
+  /* Send and receive both ways in one group, on another stream than the communicator's. */
+  assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(weft_send(comm[r], a[r], 1024, N, WEFT_FLOAT32, 1 - r, stream(r, 1)), WEFT_OK);
+    assert_int_equal(weft_recv(comm[r], b[r], 0, N, WEFT_FLOAT32, 1 - r, stream(r, 1)), WEFT_OK);
+  }
+  assert_int_equal(weft_comm_group_end(), WEFT_OK);
+  for (int r = 0; r < 2; r++) {
+    for (int i = 0; i < N; i++) want[i] = (float)(i * (2 - r));
+    expect(r, b[r], 0, want, N);
+  }
+  assert_int_equal(races(), 0);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(weft_free(a[r], stream(r, 0)), WEFT_OK);
+    assert_int_equal(weft_free(b[r], stream(r, 0)), WEFT_OK);
+  }
+}
+
+static void test_bad_calls_and_nccl_failures_change_nothing(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  weft_block_t a0 = alloc(0, N * 4), a1 = alloc(1, N * 4);
+  weft_counters_t c0, c1;
+  assert_int_equal(weft_runtime_counters(rt[0], &c0), WEFT_OK);
+  assert_int_equal(weft_all_reduce(comm[0], a1, 0, a0, 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_ERR_WRONG_DEVICE);
+  assert_int_equal(weft_all_reduce(comm[0], a0, 0, a0, 0, N, WEFT_FLOAT32, WEFT_SUM, stream(1, 0)), WEFT_ERR_WRONG_DEVICE);
+  assert_int_equal(weft_all_reduce(comm[0], a0, 4, a0, 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(weft_last_error(), "pass its end"));
+  assert_int_equal(weft_all_gather(comm[0], a0, 0, a0, 0, N, WEFT_FLOAT32, NULL), WEFT_ERR_INVALID_ARGUMENT); /* 2N out */
+  assert_int_equal(weft_broadcast(comm[0], a0, 0, a0, 0, N, WEFT_FLOAT32, 2, NULL), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_all_reduce(comm[0], a0, 0, a0, 0, N, (weft_dtype_t)42, WEFT_SUM, NULL), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_all_reduce(comm[0], a0, 0, a0, 0, N, WEFT_FLOAT32, (weft_redop_t)9, NULL), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_all_reduce(NULL, a0, 0, a0, 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_comm_group_end(), WEFT_ERR_INVALID_ARGUMENT);
+  /* A refused call in a group fails the group's end, which enqueues nothing. */
+  assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+  assert_int_equal(weft_all_reduce(comm[0], a0, 0, a0, 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_OK);
+  assert_int_equal(weft_all_reduce(comm[1], a0, 0, a0, 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_ERR_WRONG_DEVICE);
+  assert_int_equal(weft_comm_group_end(), WEFT_ERR_WRONG_DEVICE);
+  assert_int_equal(weft_runtime_counters(rt[0], &c1), WEFT_OK);
+  assert_int_equal(c1.uses, c0.uses); /* no use recorded */
+  /* NCCL's failure (an injected fault on the simulator) becomes WEFT_ERR_COMM with its message. */
+  if (sim != NULL) {
+    assert_int_equal((sim->fail)("ncclAllReduce:1:2"), 0);
+    assert_int_equal(weft_all_reduce(comm[0], a0, 0, a0, 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_ERR_COMM);
+    assert_non_null(strstr(weft_last_error(), "NCCL error 2"));
+    assert_int_equal((sim->fail)(""), 0);
+    assert_int_equal(weft_runtime_counters(rt[0], &c1), WEFT_OK);
+    assert_int_equal(c1.uses, c0.uses);
+  }
+  assert_int_equal(weft_free(a0, stream(0, 0)), WEFT_OK);
+  assert_int_equal(weft_free(a1, stream(1, 0)), WEFT_OK);
+  assert_int_equal(races(), 0);
+}
+
+typedef struct joiner {
+  weft_comm_id_t id;
+  int rank;
+  weft_comm_t *c;
+  weft_status_t st;
+} joiner_t;
+
+static void *join(void *arg) {
+  joiner_t *j = arg;
+  j->st = weft_comm_init_rank(rt[j->rank], 2, &j->id, j->rank, &j->c);
+  return NULL;
+}
+
+/* One thread per rank, as one process per GPU would: a unique id, then each rank joins. */
+static void test_ranks_join_by_unique_id_and_a_destroyed_communicator_is_stale(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  joiner_t j[2];
+  assert_int_equal(weft_comm_unique_id(&j[0].id), WEFT_OK);
+  j[1].id = j[0].id;
+  pthread_t t[2];
+  for (int r = 0; r < 2; r++) {
+    j[r].rank = r;
+    assert_int_equal(pthread_create(&t[r], NULL, join, &j[r]), 0);
+  }
+  for (int r = 0; r < 2; r++) assert_int_equal(pthread_join(t[r], NULL), 0);
+  for (int r = 0; r < 2; r++) {
+    if (j[r].st != WEFT_OK) fail_msg("rank %d: %s", r, weft_status_name(j[r].st));
+    assert_int_equal(weft_comm_rank(j[r].c), r);
+  }
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_comm_destroy(j[r].c), WEFT_OK);
+  assert_int_equal(weft_comm_destroy(j[0].c), WEFT_ERR_STALE_HANDLE);
+  assert_int_equal(weft_comm_init_rank(rt[0], 2, NULL, 0, &j[0].c), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_comm_init_rank(rt[0], 2, &j[0].id, 2, &j[0].c), WEFT_ERR_INVALID_ARGUMENT);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_communicators_know_their_rank_runtime_and_stream),
+      cmocka_unit_test(test_all_reduce_waits_for_its_input_and_its_readers_wait_for_it),
+      cmocka_unit_test(test_without_waits_the_oracle_sees_the_races),
+      cmocka_unit_test(test_every_collective_at_offsets),
+      cmocka_unit_test(test_bad_calls_and_nccl_failures_change_nothing),
+      cmocka_unit_test(test_ranks_join_by_unique_id_and_a_destroyed_communicator_is_stale),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
