@@ -77,6 +77,7 @@ void bench_csv(const bench_t *b, const char *section, const char *row, const cha
 /* ---- the sections, one file each ---------------------------------------------------------- */
 
 void bench_alloc(bench_t *b);
+void bench_comm(bench_t *b);
 void bench_tracker(bench_t *b);
 void bench_waits(bench_t *b);
 void bench_replay(bench_t *b);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs the benchmark harness ($1) on the simulator with --quick; its CSV goes to the test's
-# scratch folder. Passes when the harness exits 0 and printed every section.
+# scratch folder. Passes when the harness exits 0 and printed every section (the collectives
+# section again on two simulated devices, where it measures).
 set -euo pipefail
 export WEFT_DRIVER=sim OUT="${TEST_TMPDIR:-$(mktemp -d)}"
 "$1" --quick | tee "$OUT/bench.md"
@@ -9,3 +10,7 @@ for section in "Allocation" "Tracker" "Waits issued" "Captured-step replay" "Pip
 done
 grep -q "simulator: not performance numbers" "$OUT/bench.md"
 test -s "$OUT/bench.csv"
+# The collectives section on two simulated devices with the simulated NCCL: a table row per size.
+WEFT_SIM_DEVICES=2 WEFT_NCCL=sim "$1" --quick comm | tee "$OUT/comm.md"
+grep -q "^## Collectives" "$OUT/comm.md" || { echo "bench_smoke: section 'Collectives' missing" >&2; exit 1; }
+grep -q "^| 1048576 |" "$OUT/comm.md" || { echo "bench_smoke: the collectives section measured nothing" >&2; exit 1; }

@@ -5,6 +5,8 @@
  * The point: the program writes a collective's input on one stream, runs the collective on the
  * communicator's stream and reads its output on a third, with no event of its own; weft inserts
  * the waits (the oracle sees no race; with waits turned off it sees them), and the data is right. */
+#include <dlfcn.h>
+#include <nccl.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -270,6 +272,55 @@ static void test_ranks_join_by_unique_id_and_a_destroyed_communicator_is_stale(v
   assert_int_equal(weft_comm_init_rank(rt[0], 2, &j[0].id, 2, &j[0].c), WEFT_ERR_INVALID_ARGUMENT);
 }
 
+/* NCCL's own entry point, from the library weft loads (the simulator's with WEFT_NCCL=sim). */
+static void *nccl_sym(const char *name) {
+  const char *w = getenv("WEFT_NCCL");
+  if (w != NULL && strcmp(w, "sim") == 0) return weft_driver_symbol(name);
+  void *h = dlopen(w != NULL && *w ? w : "libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+  return h != NULL ? dlsym(h, name) : NULL;
+}
+
+/* A communicator the program made: weft tracks its collectives and leaves it to its owner. */
+static void test_adopted_communicator_is_tracked_and_left_to_its_owner(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  __typeof__(&ncclCommInitAll) init_all = (__typeof__(&ncclCommInitAll))nccl_sym("ncclCommInitAll");
+  __typeof__(&ncclCommCount) count = (__typeof__(&ncclCommCount))nccl_sym("ncclCommCount");
+  __typeof__(&ncclCommDestroy) destroy = (__typeof__(&ncclCommDestroy))nccl_sym("ncclCommDestroy");
+  assert_non_null(init_all);
+  assert_non_null(count);
+  assert_non_null(destroy);
+  ncclComm_t nc[2];
+  assert_int_equal(init_all(nc, 2, (int[]){0, 1}), ncclSuccess);
+  weft_comm_t *a[2];
+  assert_int_equal(weft_comm_adopt(rt[1], nc[0], &a[0]), WEFT_ERR_WRONG_DEVICE);
+  assert_int_equal(weft_comm_adopt(rt[0], NULL, &a[0]), WEFT_ERR_INVALID_ARGUMENT);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_comm_adopt(rt[r], nc[r], &a[r]), WEFT_OK);
+  weft_block_t b[2];
+  for (int r = 0; r < 2; r++) {
+    b[r] = alloc(r, N * 4);
+    float h[N];
+    for (int i = 0; i < N; i++) h[i] = (float)(r + 1);
+    assert_int_equal(weft_copy_to_block(stream(r, 0), b[r], 0, h, sizeof h), WEFT_OK);
+  }
+  assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_all_reduce(a[r], b[r], 0, b[r], 0, N, WEFT_FLOAT32, WEFT_MAX, NULL), WEFT_OK);
+  assert_int_equal(weft_comm_group_end(), WEFT_OK);
+  float want[N];
+  for (int i = 0; i < N; i++) want[i] = 2.0f;
+  for (int r = 0; r < 2; r++) expect(r, b[r], 0, want, N);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_comm_destroy(a[r]), WEFT_OK);
+  int n = 0;
+  assert_int_equal(count(nc[0], &n), ncclSuccess); /* still the owner's */
+  assert_int_equal(n, 2);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(weft_free(b[r], stream(r, 0)), WEFT_OK);
+    assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
+  }
+  for (int r = 0; r < 2; r++) assert_int_equal(destroy(nc[r]), ncclSuccess);
+  assert_int_equal(races(), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_communicators_know_their_rank_runtime_and_stream),
@@ -278,6 +329,7 @@ int main(void) {
       cmocka_unit_test(test_every_collective_at_offsets),
       cmocka_unit_test(test_bad_calls_and_nccl_failures_change_nothing),
       cmocka_unit_test(test_ranks_join_by_unique_id_and_a_destroyed_communicator_is_stale),
+      cmocka_unit_test(test_adopted_communicator_is_tracked_and_left_to_its_owner),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

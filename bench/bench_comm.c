@@ -1,0 +1,106 @@
+/* Collectives (issue 14): an all-reduce of float32 data over two devices of this process, through
+ * weft (weft_all_reduce of both ranks in one weft_comm_group_begin/end: each a tracked use) and
+ * through raw NCCL (ncclAllReduce of both ranks in one ncclGroupStart/End), on the same buffers
+ * and the same streams, sizes 1 MiB to 256 MiB. Each repetition times `iters` all-reduces ending
+ * in one synchronisation of both streams, the two ways alternating repetition by repetition; the
+ * medians are compared. Goal (issue 14): weft within 2% of raw NCCL at every size. Needs two
+ * devices and NCCL (WEFT_NCCL); skipped otherwise. */
+#include <string.h>
+
+#include "bench/bench.h"
+#include "lib/core/nccl.h"
+
+#define MIB (1u << 20)
+
+typedef struct pair {
+  weft_runtime_t *rt[2];
+  weft_comm_t *comm[2];
+  weft_block_t buf[2];
+  CUdeviceptr ptr[2];
+  CUstream raw[2];
+  ncclComm_t nc[2];
+} pair_t;
+
+/* The NCCL communicators under weft's (the same ones the raw path uses): made separately with
+ * ncclCommInitAll, and adopted by weft. */
+static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, unsigned iters, int use_weft) {
+  uint64_t t0 = bench_now_ns();
+  for (unsigned i = 0; i < iters; i++) {
+    if (use_weft) {
+      BENCH_WEFT(weft_comm_group_begin());
+      for (int r = 0; r < 2; r++)
+        BENCH_WEFT(weft_all_reduce(p->comm[r], p->buf[r], 0, p->buf[r], 0, count, WEFT_FLOAT32, WEFT_SUM, NULL));
+      BENCH_WEFT(weft_comm_group_end());
+    } else {
+      if (nl->ncclGroupStart() != ncclSuccess) bench_die("ncclGroupStart");
+      for (int r = 0; r < 2; r++)
+        if (nl->ncclAllReduce((void *)p->ptr[r], (void *)p->ptr[r], count, ncclFloat32, ncclSum, p->nc[r],
+                              (cudaStream_t)p->raw[r]) != ncclSuccess)
+          bench_die("ncclAllReduce");
+      if (nl->ncclGroupEnd() != ncclSuccess) bench_die("ncclGroupEnd");
+    }
+  }
+  for (int r = 0; r < 2; r++) BENCH_WEFT(weft_stream_synchronize(weft_comm_stream(p->comm[r])));
+  (void)b;
+  return (double)(bench_now_ns() - t0) / iters / 1000.0;
+}
+
+void bench_comm(bench_t *b) {
+  bench_section(b, "Collectives: all-reduce through weft and raw NCCL",
+                "float32 sum over two devices of one process, in place; weft_all_reduce (a tracked use per rank, one "
+                "weft group) against ncclAllReduce (one NCCL group) on the same buffers and streams; microseconds per "
+                "all-reduce, median of the repetitions, the two alternating. Goal: within 2% at every size.");
+  int ndev = 0;
+  BENCH_CU(b->drv->cuDeviceGetCount(&ndev));
+  const weft__nccl_t *nl = NULL;
+  if (ndev < 2 || weft__nccl_get(&nl) != WEFT_OK) {
+    printf("skipped: %s\n\n", ndev < 2 ? "one device" : weft_last_error());
+    return;
+  }
+  pair_t p = {0};
+  p.rt[0] = bench_runtime(NULL);
+  BENCH_WEFT(weft_runtime_get(1, NULL, &p.rt[1]));
+  if (nl->ncclCommInitAll(p.nc, 2, (int[]){0, 1}) != ncclSuccess) bench_die("ncclCommInitAll");
+  size_t max_count = (b->quick ? 1 : 64) * MIB; /* floats: 256 MiB */
+  for (int r = 0; r < 2; r++) {
+    BENCH_WEFT(weft_comm_adopt(p.rt[r], p.nc[r], &p.comm[r]));
+    weft_stream_t *s = weft_comm_stream(p.comm[r]);
+    BENCH_WEFT(weft_alloc(p.rt[r], max_count * 4, s, "allreduce", &p.buf[r]));
+    BENCH_WEFT(weft_block_ptr(p.buf[r], &p.ptr[r]));
+    BENCH_WEFT(weft_memset32(s, p.buf[r], 0, 0, max_count * 4));
+    p.raw[r] = weft_stream_raw(s);
+  }
+  static const char *const cols[] = {"bytes", "weft us", "raw NCCL us", "weft / raw", "range of weft / raw"};
+  bench_table(cols, 5);
+  for (size_t count = MIB / 4; count <= max_count; count *= 4) {
+    unsigned iters = bench_count(b, count >= 16 * MIB ? 20 : 200, 2);
+    double w[16], raw[16], ratio[16];
+    unsigned reps = b->reps < 16 ? b->reps : 16;
+    (void)run(b, nl, &p, count, 2, 1); /* warm both paths */
+    (void)run(b, nl, &p, count, 2, 0);
+    for (unsigned k = 0; k < reps; k++) {
+      w[k] = run(b, nl, &p, count, iters, 1);
+      raw[k] = run(b, nl, &p, count, iters, 0);
+      ratio[k] = w[k] / raw[k];
+    }
+    double lo = ratio[0], hi = ratio[0];
+    for (unsigned k = 1; k < reps; k++) {
+      if (ratio[k] < lo) lo = ratio[k];
+      if (ratio[k] > hi) hi = ratio[k];
+    }
+    double mw = bench_median(w, reps), mr = bench_median(raw, reps), mq = bench_median(ratio, reps);
+    char row[64];
+    snprintf(row, sizeof row, "%zu", count * 4);
+    printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f |\n", count * 4, mw, mr, mq, lo, hi);
+    bench_csv(b, "comm", row, "all_reduce_us", mw, "us", "raw_nccl", mr);
+  }
+  printf("\n");
+  for (int r = 0; r < 2; r++) {
+    BENCH_WEFT(weft_free(p.buf[r], weft_comm_stream(p.comm[r])));
+    BENCH_WEFT(weft_runtime_synchronize(p.rt[r]));
+    BENCH_WEFT(weft_comm_destroy(p.comm[r]));
+    if (nl->ncclCommDestroy(p.nc[r]) != ncclSuccess) bench_die("ncclCommDestroy");
+  }
+  BENCH_WEFT(weft_runtime_release(p.rt[1]));
+  BENCH_WEFT(weft_runtime_release(p.rt[0]));
+}
