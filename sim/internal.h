@@ -496,6 +496,8 @@ int sim__nccl_ready(const sim__action_t *act);
 /** Runs the fused NCCL operation at s's head together with its partners, popping all of them. */
 void sim__nccl_run(sim__stream_t *s);
 void sim__nccl_release(sim__action_t *act);
+/** Whether any NCCL operation is queued (waiting for partners, or not yet run). */
+int sim__nccl_pending(void);
 /** Completes and removes the op at s's head (sched.c). */
 void sim__pop_head(sim__stream_t *s);
 

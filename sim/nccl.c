@@ -653,6 +653,12 @@ void sim__nccl_run(sim__stream_t *s) {
   free(set);
 }
 
+int sim__nccl_pending(void) {
+  for (sim__clique_t *q = g_cliques; q != NULL; q = q->next)
+    if (q->queued != NULL) return 1;
+  return 0;
+}
+
 void sim__nccl_release(sim__action_t *act) {
   fused_t *f = act->u.nccl.fused;
   if (f == NULL) return;

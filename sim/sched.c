@@ -14,6 +14,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <stdio.h>
 
@@ -49,7 +50,12 @@ void sim__busy_remove(sim__stream_t *s) {
   s->busy_index = -1;
 }
 
+/* Signalled at every enqueue: a synchronisation that waits for an NCCL partner another thread has
+ * not posted yet sleeps on it (sim__run_until). */
+static pthread_cond_t g_enqueued = PTHREAD_COND_INITIALIZER;
+
 void sim__enqueue(sim__stream_t *s, sim__action_t *act) {
+  pthread_cond_broadcast(&g_enqueued);
   sim__op_t *op = sim__xcalloc(1, sizeof *op);
   op->id = sim.next_op_id++;
   op->seq = ++s->issued;
@@ -489,10 +495,26 @@ void sim__progress(sim__fn_t fn) {
     if (!step()) break;
 }
 
+/* Nothing can run, but an NCCL operation waits for partners: another thread may still post them
+ * (one thread per rank), as on a GPU, where the synchronisation would block. Sleeps until the
+ * next enqueue; 0 after WEFT_SIM_NCCL_WAIT_MS (default 10000) without one: then the partner never
+ * comes (a hang on a GPU). */
+static int wait_for_partner(void) {
+  if (!sim__nccl_pending()) return 0;
+  const char *env = getenv("WEFT_SIM_NCCL_WAIT_MS");
+  long ms = env && *env ? strtol(env, NULL, 10) : 10000;
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += ms / 1000;
+  until.tv_nsec += (ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  return pthread_cond_timedwait(&g_enqueued, &sim.lock, &until) == 0;
+}
+
 CUresult sim__run_until(int (*done)(void *), void *arg) {
   while (!done(arg)) {
     if (sim.in_callback) return CUDA_ERROR_NOT_PERMITTED;
-    if (!step()) return CUDA_ERROR_LAUNCH_TIMEOUT;
+    if (!step() && !wait_for_partner()) return CUDA_ERROR_LAUNCH_TIMEOUT;
   }
   return CUDA_SUCCESS;
 }
