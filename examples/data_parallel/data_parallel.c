@@ -7,10 +7,11 @@
  *
  * Launch modes, one binary:
  *   data_parallel [--steps N] [--ranks K]           one process driving K devices (default: all)
- *   data_parallel [--steps N] --rank R --world K --id-file F
- *                                                   one process per device: rank 0 writes the
- *                                                   unique id to F, the others read it (the mode a
- *                                                   run across machines uses, F on a shared disk)
+ *   data_parallel [--steps N] --rank R --world K --id-file F [--device D]
+ *                                                   one process per device (D, default R): rank 0
+ *                                                   writes the unique id to F, the others read it
+ *                                                   (the mode a run across machines uses, F on a
+ *                                                   shared disk, K the GPUs of all machines)
  *   data_parallel [--steps N] --rank-threads K --id-file F
  *                                                   the per-process mode's code with one thread
  *                                                   per rank (the simulator runs one process)
@@ -218,8 +219,9 @@ static void set_weights(rank_t *t) {
 }
 
 /* The same steps on t's device alone over the whole batch of t->world slices: every slice's
- * gradient at the same weights, then their average applied (lr / world each). Uses t's buffers
- * (its data-parallel run is over) with weights of its own. */
+ * gradient at the same weights, their average (the sum of each times 1 / world, which for two
+ * slices rounds exactly as NCCL's average does), then the update. Uses t's buffers (its
+ * data-parallel run is over) with weights of its own. */
 static void reference(rank_t *t, float *w) {
   rank_t ref = *t;
   ref.w1 = floats(t, NW1, "ref w1");
@@ -230,6 +232,7 @@ static void reference(rank_t *t, float *w) {
   int world = t->world;
   weft_block_t *g1 = calloc((size_t)world, sizeof *g1), *g2 = calloc((size_t)world, sizeof *g2);
   for (int s = 0; s < world; s++) g1[s] = floats(t, NDW1, "ref dw1"), g2[s] = floats(t, NDW2, "ref dw2");
+  weft_block_t avg1 = floats(t, NDW1, "ref avg dw1"), avg2 = floats(t, NDW2, "ref avg dw2");
   for (int i = 0; i < g_steps; i++) {
     for (int s = 0; s < world; s++) {
       forward_and_out(&ref, i, s);
@@ -237,8 +240,16 @@ static void reference(rank_t *t, float *w) {
       CHECK(weft_copy_block(t->compute, g1[s], 0, ref.dw1, 0, NDW1 * sizeof(float)));
       CHECK(weft_copy_block(t->compute, g2[s], 0, ref.dw2, 0, NDW2 * sizeof(float)));
     }
-    for (int s = 0; s < world; s++) update(&ref, g1[s], g2[s], ref.lr / (float)world);
+    CHECK(weft_memset32(t->compute, avg1, 0, 0, NDW1 * sizeof(float)));
+    CHECK(weft_memset32(t->compute, avg2, 0, 0, NDW2 * sizeof(float)));
+    for (int s = 0; s < world; s++) { /* avg += g / world, as p -= lr g with lr = -1 / world */
+      sgd(&ref, avg1, g1[s], 0, NDW1, -1.0f / (float)world);
+      sgd(&ref, avg2, g2[s], 0, NDW2, -1.0f / (float)world);
+    }
+    update(&ref, avg1, avg2, ref.lr);
   }
+  CHECK(weft_free(avg1, t->compute));
+  CHECK(weft_free(avg2, t->compute));
   read_weights(&ref, w);
   for (int s = 0; s < world; s++) {
     CHECK(weft_free(g1[s], t->compute));
@@ -299,12 +310,17 @@ static int run_all(int world) {
   CHECK(weft_comm_init_all(rts, world, comms));
   for (int r = 0; r < world; r++) t[r].comm = comms[r];
   float first = 0, last = 0;
+  struct timespec t0, t1;
   for (int i = 0; i < g_steps; i++) {
+    if (i == 1) clock_gettime(CLOCK_MONOTONIC, &t0); /* after the first step's loss read */
     step(t, world, i);
     if (i == 0) first = read_loss(&t[0]);
   }
   last = read_loss(&t[0]);
-  printf("one process, %d devices: loss of rank 0's slice %.5f -> %.5f over %d steps\n", world, first, last, g_steps);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double us = ((double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec)) / 1e3 / (g_steps - 1);
+  printf("one process, %d devices: loss of rank 0's slice %.5f -> %.5f over %d steps; %.1f us a step\n", world, first,
+         last, g_steps, us);
   int bad = last < first ? 0 : 1;
   for (int r = 0; r < world; r++) bad |= check(&t[r]);
   for (int r = 0; r < world; r++) CHECK(weft_comm_destroy(comms[r]));
@@ -317,7 +333,7 @@ static int run_all(int world) {
 /* ---- one process (or thread) per device ---- */
 
 typedef struct per_rank {
-  int r, world;
+  int r, world, dev;
   const char *id_file;
   int bad;
 } per_rank_t;
@@ -339,7 +355,7 @@ static void *run_rank(void *arg) {
     fclose(f);
   }
   rank_t t;
-  rank_init(&t, pr->r, pr->world, pr->r);
+  rank_init(&t, pr->r, pr->world, pr->dev);
   CHECK(weft_comm_init_rank(t.rt, pr->world, &id, pr->r, &t.comm));
   float first = 0;
   for (int i = 0; i < g_steps; i++) {
@@ -354,7 +370,7 @@ static void *run_rank(void *arg) {
 }
 
 int main(int argc, char **argv) {
-  int ranks = 0, rank = -1, world = 0, threads = 0;
+  int ranks = 0, rank = -1, world = 0, threads = 0, device = -1;
   const char *id_file = NULL;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (strcmp(argv[i], "--steps") == 0) g_steps = atoi(argv[i + 1]);
@@ -363,6 +379,7 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "--world") == 0) world = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--rank-threads") == 0) threads = atoi(argv[i + 1]);
     else if (strcmp(argv[i], "--id-file") == 0) id_file = argv[i + 1];
+    else if (strcmp(argv[i], "--device") == 0) device = atoi(argv[i + 1]);
     else return fprintf(stderr, "unknown argument %s\n", argv[i]), 2;
   }
   if (g_steps < 2) g_steps = 2;
@@ -375,18 +392,19 @@ int main(int argc, char **argv) {
          MLP_BATCH, g_steps, ndev, info.is_simulator ? " (simulated, with the simulated NCCL)" : "");
   if (threads > 0 || rank >= 0) {
     int w = threads > 0 ? threads : world;
-    if (id_file == NULL || w < 1 || w > ndev || (threads == 0 && (rank >= w)))
-      return fprintf(stderr, "need --id-file and 0 <= rank < world <= %d devices\n", ndev), 2;
+    if (device < 0) device = rank;
+    if (id_file == NULL || w < 1 || (threads > 0 && w > ndev) || (threads == 0 && (rank >= w || device >= ndev)))
+      return fprintf(stderr, "need --id-file, 0 <= rank < world, and a device (--device) of the %d here\n", ndev), 2;
     make_data(w);
     per_rank_t *pr = calloc((size_t)w, sizeof *pr);
     int bad = 0;
     if (threads > 0) {
       pthread_t *th = calloc((size_t)w, sizeof *th);
-      for (int r = 0; r < w; r++) pr[r] = (per_rank_t){r, w, id_file, 0}, pthread_create(&th[r], NULL, run_rank, &pr[r]);
+      for (int r = 0; r < w; r++) pr[r] = (per_rank_t){r, w, r, id_file, 0}, pthread_create(&th[r], NULL, run_rank, &pr[r]);
       for (int r = 0; r < w; r++) pthread_join(th[r], NULL), bad |= pr[r].bad;
       free(th);
     } else {
-      pr[0] = (per_rank_t){rank, w, id_file, 0};
+      pr[0] = (per_rank_t){rank, w, device, id_file, 0};
       run_rank(&pr[0]);
       bad = pr[0].bad;
     }
