@@ -1,7 +1,7 @@
 /* weft_bench: every benchmark of issue 7 in one run, each weft figure next to its raw-driver
  * baseline from the same run.
  *
- *   weft_bench [--quick] [section ...]     sections: alloc tracker waits replay pipeline comm (default all)
+ *   weft_bench [--quick] [section ...]     sections: alloc tracker waits replay pipeline comm dp (default all)
  *
  * On a GPU (WEFT_DRIVER unset) the whole run takes well under a minute. On the simulator
  * (WEFT_DRIVER=sim) counts are scaled down and every table says the figures are not performance
@@ -28,6 +28,7 @@ static const section_t sections[] = {
     {"replay", bench_replay},
     {"pipeline", bench_pipeline},
     {"comm", bench_comm},
+    {"dp", bench_dp},
 };
 #define NSECTIONS (sizeof sections / sizeof sections[0])
 

@@ -78,6 +78,7 @@ void bench_csv(const bench_t *b, const char *section, const char *row, const cha
 
 void bench_alloc(bench_t *b);
 void bench_comm(bench_t *b);
+void bench_dp(bench_t *b);
 void bench_tracker(bench_t *b);
 void bench_waits(bench_t *b);
 void bench_replay(bench_t *b);

@@ -11,6 +11,8 @@ done
 grep -q "simulator: not performance numbers" "$OUT/bench.md"
 test -s "$OUT/bench.csv"
 # The collectives section on two simulated devices with the simulated NCCL: a table row per size.
-WEFT_SIM_DEVICES=2 WEFT_NCCL=sim "$1" --quick comm | tee "$OUT/comm.md"
+WEFT_SIM_DEVICES=2 WEFT_NCCL=sim "$1" --quick comm dp | tee "$OUT/comm.md"
 grep -q "^## Collectives" "$OUT/comm.md" || { echo "bench_smoke: section 'Collectives' missing" >&2; exit 1; }
 grep -q "^| 1048576 |" "$OUT/comm.md" || { echo "bench_smoke: the collectives section measured nothing" >&2; exit 1; }
+grep -q "^## Data-parallel step" "$OUT/comm.md" || { echo "bench_smoke: section 'Data-parallel step' missing" >&2; exit 1; }
+grep -qE "^\| 1 \| [0-9]" "$OUT/comm.md" || { echo "bench_smoke: the data-parallel section measured nothing" >&2; exit 1; }

@@ -1,0 +1,169 @@
+/* The data-parallel step (issue 14): does an all-reduce hide behind the backward pass it follows?
+ *
+ * A synthetic step per rank: BUCKETS gradient buckets of BUCKET_MIB each, written one after the
+ * other by a compute kernel (the pipeline example's LCG kernel, `rounds` steps per element; the
+ * "backward pass"), each all-reduced (sum, float32 data) on the communicator's stream as soon as
+ * it is written (weft_all_reduce: the stream waits for that bucket's kernel only), then a short
+ * kernel reading every bucket (the "update", which waits for every all-reduce). `rounds` is
+ * calibrated on the GPU so that the all-reduces alone take about 40% of the compute alone: the
+ * issue's case of an all-reduce at least 30% of the compute.
+ *
+ * Measured, each as the median of repetitions of `steps` steps ending in one synchronisation:
+ *   compute alone   the step on one GPU without all-reduces (the one-GPU step at the same
+ *                   per-GPU work);
+ *   all-reduce alone the buckets' all-reduces on two GPUs without compute;
+ *   step on two GPUs the whole step on two GPUs, one thread driving both ranks.
+ * Goal (issue 14): the two-GPU step <= 1.15 x the one-GPU step. The overlap column says how much
+ * of the all-reduce time the step hid: (compute + all-reduce - step) / all-reduce. Needs two
+ * devices and NCCL; skipped otherwise. */
+#include <string.h>
+
+#include "bench/bench.h"
+#include "examples/pipeline/pipeline_kernels.h"
+
+#define BUCKETS 4
+#define BUCKET_MIB 16
+
+typedef struct rank {
+  weft_runtime_t *rt;
+  weft_comm_t *comm;
+  weft_stream_t *compute;
+  CUfunction lcg;
+  weft_block_t grad[BUCKETS], seed;
+} rank_t;
+
+typedef struct dp {
+  bench_t *b;
+  rank_t r[2];
+  unsigned n;      /* elements per bucket */
+  unsigned rounds; /* LCG steps per element of the compute kernel */
+} dp_t;
+
+static void compute(dp_t *d, rank_t *r, int bucket, unsigned rounds) {
+  CUdeviceptr out, in;
+  BENCH_WEFT(weft_block_ptr(r->grad[bucket], &out));
+  BENCH_WEFT(weft_block_ptr(r->seed, &in));
+  void *params[] = {&out, &in, &d->n, &rounds};
+  weft_access_t acc[] = {{r->grad[bucket], WEFT_WRITE}, {r->seed, WEFT_READ}};
+  weft_launch_t l = {.func = r->lcg, .grid = {264}, .block = {256}, .params = params};
+  BENCH_WEFT(weft_launch(r->compute, &l, acc, 2));
+}
+
+/* The update: reads every bucket (a short kernel writing the seed, which the next step reads). */
+static void update(dp_t *d, rank_t *r) {
+  for (int k = 0; k < BUCKETS; k++) {
+    CUdeviceptr out, in;
+    BENCH_WEFT(weft_block_ptr(r->seed, &out));
+    BENCH_WEFT(weft_block_ptr(r->grad[k], &in));
+    unsigned one = 1, n = d->n / 64;
+    void *params[] = {&out, &in, &n, &one};
+    weft_access_t acc[] = {{r->seed, WEFT_WRITE}, {r->grad[k], WEFT_READ}};
+    weft_launch_t l = {.func = r->lcg, .grid = {64}, .block = {256}, .params = params};
+    BENCH_WEFT(weft_launch(r->compute, &l, acc, 2));
+  }
+}
+
+typedef enum { COMPUTE_ALONE, ALLREDUCE_ALONE, STEP } what_t;
+
+/* Microseconds per step of `what` over `steps` steps. */
+static double run(dp_t *d, what_t what, unsigned steps, unsigned rounds) {
+  int nranks = what == COMPUTE_ALONE ? 1 : 2;
+  for (int k = 0; k < nranks; k++) BENCH_WEFT(weft_runtime_synchronize(d->r[k].rt));
+  uint64_t t0 = bench_now_ns();
+  for (unsigned s = 0; s < steps; s++) {
+    for (int bkt = 0; bkt < BUCKETS; bkt++) {
+      if (what != ALLREDUCE_ALONE)
+        for (int k = 0; k < nranks; k++) compute(d, &d->r[k], bkt, rounds);
+      if (what == COMPUTE_ALONE) continue;
+      BENCH_WEFT(weft_comm_group_begin());
+      for (int k = 0; k < 2; k++)
+        BENCH_WEFT(weft_all_reduce(d->r[k].comm, d->r[k].grad[bkt], 0, d->r[k].grad[bkt], 0, d->n, WEFT_FLOAT32, WEFT_SUM,
+                                   NULL));
+      BENCH_WEFT(weft_comm_group_end());
+    }
+    if (what != ALLREDUCE_ALONE)
+      for (int k = 0; k < nranks; k++) update(d, &d->r[k]);
+  }
+  for (int k = 0; k < nranks; k++) BENCH_WEFT(weft_runtime_synchronize(d->r[k].rt));
+  return (double)(bench_now_ns() - t0) / steps / 1000.0;
+}
+
+static double median_of(dp_t *d, what_t what, unsigned steps, unsigned rounds) {
+  double v[16];
+  unsigned reps = d->b->reps < 16 ? d->b->reps : 16;
+  for (unsigned k = 0; k < reps; k++) v[k] = run(d, what, steps, rounds);
+  return bench_median(v, reps);
+}
+
+void bench_dp(bench_t *b) {
+  bench_section(b, "Data-parallel step: all-reduce behind the backward pass",
+                "4 buckets of 16 MiB written one after the other by a compute kernel, each all-reduced on the "
+                "communicator's stream as soon as it is written, then an update reading all of them; one thread drives "
+                "both ranks. Compute calibrated so that the all-reduces alone take about 40% of the compute alone. "
+                "Microseconds per step, medians. Goal: two GPUs <= 1.15 x one GPU.");
+  int ndev = 0;
+  BENCH_CU(b->drv->cuDeviceGetCount(&ndev));
+  weft_comm_id_t probe;
+  if (ndev < 2 || weft_comm_unique_id(&probe) != WEFT_OK) {
+    printf("skipped: %s\n\n", ndev < 2 ? "one device" : weft_last_error());
+    return;
+  }
+  dp_t d = {.b = b, .n = (unsigned)((b->quick ? 1u : BUCKET_MIB) << 20) / 4};
+  d.r[0].rt = bench_runtime(NULL);
+  BENCH_WEFT(weft_runtime_get(1, NULL, &d.r[1].rt));
+  weft_runtime_t *rts[2] = {d.r[0].rt, d.r[1].rt};
+  weft_comm_t *comms[2];
+  BENCH_WEFT(weft_comm_init_all(rts, 2, comms));
+  CUmodule mod1 = NULL;
+  for (int k = 0; k < 2; k++) {
+    rank_t *r = &d.r[k];
+    r->comm = comms[k];
+    BENCH_WEFT(weft_stream_get(r->rt, 0, &r->compute));
+    if (k == 0) {
+      r->lcg = b->lcg;
+    } else { /* the kernel in device 1's context */
+      CUcontext c1;
+      BENCH_CU(b->drv->cuDevicePrimaryCtxRetain(&c1, 1));
+      BENCH_CU(b->drv->cuCtxSetCurrent(c1));
+      BENCH_CU(b->drv->cuModuleLoadData(&mod1, pipeline_kernels_fatbin));
+      BENCH_CU(b->drv->cuModuleGetFunction(&r->lcg, mod1, "pipeline_transform"));
+      BENCH_CU(b->drv->cuCtxSetCurrent(b->ctx));
+    }
+    for (int bkt = 0; bkt < BUCKETS; bkt++) BENCH_WEFT(weft_alloc(r->rt, (size_t)d.n * 4, r->compute, "grad", &r->grad[bkt]));
+    BENCH_WEFT(weft_alloc(r->rt, (size_t)d.n * 4, r->compute, "seed", &r->seed));
+    BENCH_WEFT(weft_memset32(r->compute, r->seed, 0, 7, (size_t)d.n * 4));
+  }
+  unsigned steps = bench_count(b, 20, 2);
+  /* Calibration: double the rounds until compute alone takes 2.5 x the all-reduces alone. */
+  double ar = median_of(&d, ALLREDUCE_ALONE, steps, 1);
+  unsigned rounds = 1;
+  while (!b->sim && rounds < (1u << 16) && run(&d, COMPUTE_ALONE, steps, rounds) < 2.5 * ar) rounds *= 2;
+  double comp = median_of(&d, COMPUTE_ALONE, steps, rounds);
+  ar = median_of(&d, ALLREDUCE_ALONE, steps, rounds);
+  double step2 = median_of(&d, STEP, steps, rounds);
+  static const char *const cols[] = {"LCG rounds", "compute alone (1 GPU) us", "all-reduce alone us",
+                                     "all-reduce / compute", "step on 2 GPUs us", "2 GPUs / 1 GPU", "all-reduce hidden"};
+  bench_table(cols, 7);
+  printf("| %u | %.1f | %.1f | %.2f | %.1f | %.3f | %.0f%% |\n\n", rounds, comp, ar, ar / comp, step2, step2 / comp,
+         100.0 * (comp + ar - step2) / ar);
+  bench_csv(b, "dp", "step", "step_2gpu_us", step2, "us", "compute_1gpu", comp);
+  bench_csv(b, "dp", "allreduce", "allreduce_alone_us", ar, "us", "compute_1gpu", comp);
+  for (int k = 0; k < 2; k++) {
+    rank_t *r = &d.r[k];
+    for (int bkt = 0; bkt < BUCKETS; bkt++) BENCH_WEFT(weft_free(r->grad[bkt], r->compute));
+    BENCH_WEFT(weft_free(r->seed, r->compute));
+    BENCH_WEFT(weft_runtime_synchronize(r->rt));
+    BENCH_WEFT(weft_comm_destroy(r->comm));
+  }
+  if (mod1 != NULL) {
+    CUcontext c1;
+    BENCH_CU(b->drv->cuDevicePrimaryCtxRetain(&c1, 1));
+    BENCH_CU(b->drv->cuCtxSetCurrent(c1));
+    BENCH_CU(b->drv->cuModuleUnload(mod1));
+    BENCH_CU(b->drv->cuCtxSetCurrent(b->ctx));
+    BENCH_CU(b->drv->cuDevicePrimaryCtxRelease(1));
+    BENCH_CU(b->drv->cuDevicePrimaryCtxRelease(1));
+  }
+  BENCH_WEFT(weft_runtime_release(d.r[1].rt));
+  BENCH_WEFT(weft_runtime_release(d.r[0].rt));
+}
