@@ -43,28 +43,24 @@ typedef struct dp {
   unsigned rounds; /* LCG steps per element of the compute kernel */
 } dp_t;
 
-static void compute(dp_t *d, rank_t *r, int bucket, unsigned rounds) {
-  CUdeviceptr out, in;
-  BENCH_WEFT(weft_block_ptr(r->grad[bucket], &out));
-  BENCH_WEFT(weft_block_ptr(r->seed, &in));
-  void *params[] = {&out, &in, &d->n, &rounds};
-  weft_access_t acc[] = {{r->grad[bucket], WEFT_WRITE}, {r->seed, WEFT_READ}};
-  weft_launch_t l = {.func = r->lcg, .grid = {264}, .block = {256}, .params = params};
+/* The LCG kernel as a use on r's compute stream: out = LCG^rounds(in) over n elements, with
+ * `blocks` blocks of 256 threads. */
+static void lcg(rank_t *r, weft_block_t out, weft_block_t in, unsigned n, unsigned rounds, unsigned blocks) {
+  CUdeviceptr po, pi;
+  BENCH_WEFT(weft_block_ptr(out, &po));
+  BENCH_WEFT(weft_block_ptr(in, &pi));
+  void *params[] = {&po, &pi, &n, &rounds};
+  weft_access_t acc[] = {{out, WEFT_WRITE}, {in, WEFT_READ}};
+  weft_launch_t l = {.func = r->lcg, .grid = {blocks}, .block = {256}, .params = params};
   BENCH_WEFT(weft_launch(r->compute, &l, acc, 2));
 }
 
+/* The "backward" of a bucket: its gradient from the seed. */
+static void compute(dp_t *d, rank_t *r, int bucket, unsigned rounds) { lcg(r, r->grad[bucket], r->seed, d->n, rounds, 264); }
+
 /* The update: reads every bucket (a short kernel writing the seed, which the next step reads). */
 static void update(dp_t *d, rank_t *r) {
-  for (int k = 0; k < BUCKETS; k++) {
-    CUdeviceptr out, in;
-    BENCH_WEFT(weft_block_ptr(r->seed, &out));
-    BENCH_WEFT(weft_block_ptr(r->grad[k], &in));
-    unsigned one = 1, n = d->n / 64;
-    void *params[] = {&out, &in, &n, &one};
-    weft_access_t acc[] = {{r->seed, WEFT_WRITE}, {r->grad[k], WEFT_READ}};
-    weft_launch_t l = {.func = r->lcg, .grid = {64}, .block = {256}, .params = params};
-    BENCH_WEFT(weft_launch(r->compute, &l, acc, 2));
-  }
+  for (int k = 0; k < BUCKETS; k++) lcg(r, r->seed, r->grad[k], d->n / 64, 1, 64);
 }
 
 typedef enum { COMPUTE_ALONE, ALLREDUCE_ALONE, STEP, RAW_STEP } what_t;

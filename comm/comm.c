@@ -121,6 +121,8 @@ static weft_status_t prepare(call_t *k, weft_comm_t *c, weft_stream_t *s, weft_b
   if (k->kind == C_ALLGATHER) rb *= (size_t)c->nranks;
   if (k->kind != C_RECV && (st = range(c, send, send_off, sb, "send", fn, &k->send_ptr)) != WEFT_OK) return st;
   if (k->kind != C_SEND && (st = range(c, recv, recv_off, rb, "receive", fn, &k->recv_ptr)) != WEFT_OK) return st;
+  if ((k->kind == C_ALLREDUCE || k->kind == C_REDUCESCATTER) && (unsigned)k->op > WEFT_AVG)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: %d is not a weft_redop_t", fn, (int)k->op);
   if ((k->kind == C_BROADCAST || k->kind == C_SEND || k->kind == C_RECV) &&
       (k->root_or_peer < 0 || k->root_or_peer >= c->nranks))
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: %s %d is not a rank of %d", fn,
@@ -210,10 +212,7 @@ static weft_status_t submit(weft_status_t st, const call_t *k) {
 weft_status_t weft_all_reduce(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv,
                               size_t recv_offset, size_t count, weft_dtype_t dt, weft_redop_t op, weft_stream_t *s) {
   call_t k = {.kind = C_ALLREDUCE, .op = (ncclRedOp_t)op};
-  weft_status_t st = prepare(&k, c, s, send, send_offset, recv, recv_offset, count, dt);
-  if (st == WEFT_OK && (unsigned)op > WEFT_AVG)
-    st = weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_all_reduce: %d is not a weft_redop_t", (int)op);
-  return submit(st, &k);
+  return submit(prepare(&k, c, s, send, send_offset, recv, recv_offset, count, dt), &k);
 }
 
 weft_status_t weft_broadcast(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv,
@@ -226,10 +225,7 @@ weft_status_t weft_reduce_scatter(weft_comm_t *c, weft_block_t send, size_t send
                                   size_t recv_offset, size_t recv_count, weft_dtype_t dt, weft_redop_t op,
                                   weft_stream_t *s) {
   call_t k = {.kind = C_REDUCESCATTER, .op = (ncclRedOp_t)op};
-  weft_status_t st = prepare(&k, c, s, send, send_offset, recv, recv_offset, recv_count, dt);
-  if (st == WEFT_OK && (unsigned)op > WEFT_AVG)
-    st = weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_reduce_scatter: %d is not a weft_redop_t", (int)op);
-  return submit(st, &k);
+  return submit(prepare(&k, c, s, send, send_offset, recv, recv_offset, recv_count, dt), &k);
 }
 
 weft_status_t weft_all_gather(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv,

@@ -152,6 +152,16 @@ static void test_send_and_receive_in_a_group_in_either_order(void **state) {
   assert_int_equal(api->race_count(), 0);
 }
 
+/* Both ranks' all-reduce (sum) of buf into out, in one group from this thread. */
+static void all_reduce_buf_to_out(void) {
+  assert_int_equal(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 2; r++) {
+    on(r);
+    assert_int_equal(ncclAllReduce((void *)buf[r], (void *)out[r], N, ncclFloat32, ncclSum, comm[r], st[r]), ncclSuccess);
+  }
+  assert_int_equal(ncclGroupEnd(), ncclSuccess);
+}
+
 /* Positive control: rank 0's input is written by a kernel on another stream of device 0 that the
  * collective's stream never waits for. */
 static void test_collective_before_its_input_is_written_is_a_race(void **state) {
@@ -159,12 +169,7 @@ static void test_collective_before_its_input_is_written_is_a_race(void **state) 
   on(0);
   CUstream writer = sim_test_stream();
   CU_OK(sim_test_fill(writer, buf[0], N, 3));
-  assert_int_equal(ncclGroupStart(), ncclSuccess);
-  for (int r = 0; r < 2; r++) {
-    on(r);
-    assert_int_equal(ncclAllReduce((void *)buf[r], (void *)out[r], N, ncclFloat32, ncclSum, comm[r], st[r]), ncclSuccess);
-  }
-  assert_int_equal(ncclGroupEnd(), ncclSuccess);
+  all_reduce_buf_to_out();
   on(0);
   CU_OK(cuCtxSynchronize());
   assert_true(api->race_count() >= 1);
@@ -175,12 +180,7 @@ static void test_collective_before_its_input_is_written_is_a_race(void **state) 
   CU_OK(sim_test_fill(writer, buf[0], N, 3));
   CU_OK(cuEventRecord(e, writer));
   CU_OK(cuStreamWaitEvent(st[0], e, 0));
-  assert_int_equal(ncclGroupStart(), ncclSuccess);
-  for (int r = 0; r < 2; r++) {
-    on(r);
-    assert_int_equal(ncclAllReduce((void *)buf[r], (void *)out[r], N, ncclFloat32, ncclSum, comm[r], st[r]), ncclSuccess);
-  }
-  assert_int_equal(ncclGroupEnd(), ncclSuccess);
+  all_reduce_buf_to_out();
   on(0);
   CU_OK(cuCtxSynchronize());
   assert_int_equal(api->race_count(), 0);
@@ -244,12 +244,7 @@ static void test_bad_arguments_and_faults_queue_nothing(void **state) {
   assert_int_equal(ncclAllReduce((void *)buf[0], (void *)out[0], N, ncclFloat32, ncclSum, comm[0], st[0]), ncclSystemError);
   assert_int_equal((api->fail)(""), 0);
   /* Nothing was queued: the next all-reduce pair runs, and the stream drains. */
-  assert_int_equal(ncclGroupStart(), ncclSuccess);
-  for (int r = 0; r < 2; r++) {
-    on(r);
-    assert_int_equal(ncclAllReduce((void *)buf[r], (void *)out[r], N, ncclFloat32, ncclSum, comm[r], st[r]), ncclSuccess);
-  }
-  assert_int_equal(ncclGroupEnd(), ncclSuccess);
+  all_reduce_buf_to_out();
   for (int r = 0; r < 2; r++) {
     on(r);
     CU_OK(cuStreamSynchronize(st[r]));
