@@ -420,8 +420,9 @@ weft_status_t weft_comm_init_all(weft_runtime_t *const *rts, int n, weft_comm_t 
     ncclResult_t r = nl->ncclCommInitAll(nc, n, devs);
     if (r != ncclSuccess) st = weft__nccl_fail(nl, r, fn);
   }
-  int made = 0;
-  for (; st == WEFT_OK && made < n; made++) st = comm_new(rts[made], nc[made], false, nl, &out[made]);
+  int made = 0; /* communicators made (out[0..made)) */
+  while (st == WEFT_OK && made < n)
+    if ((st = comm_new(rts[made], nc[made], false, nl, &out[made])) == WEFT_OK) made++;
   if (st != WEFT_OK && nc != NULL && nc[0] != NULL) {
     for (int i = 0; i < made; i++) {
       weft__handle_remove(out[i], WEFT__HANDLE_COMM);

@@ -102,10 +102,14 @@ static __thread ncclResult_t g_group_error;
 
 /* ---- entry and exit ---- */
 
+/* A call that fails inside a group fails the group: its end returns the first failure and
+ * enqueues nothing (the simulator's model: only injected faults make a call of a valid group fail,
+ * which cannot be done on a GPU). */
 #define NCCL_CALL(fn, expr)                                            \
   do {                                                                 \
     CUresult sim_r_ = sim__enter(SIM_FN_##fn, 1);                      \
     ncclResult_t nr_ = sim_r_ == CUDA_SUCCESS ? (expr) : from_cu(sim_r_); \
+    if (nr_ != ncclSuccess && g_depth > 0 && g_group_error == ncclSuccess) g_group_error = nr_; \
     sim__leave();                                                      \
     return nr_;                                                        \
   } while (0)
@@ -406,7 +410,10 @@ ncclResult_t ncclGroupStart(void) { NCCL_CALL(ncclGroupStart, group_start()); }
 static ncclResult_t group_end(void) {
   if (g_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
   if (--g_depth > 0) return ncclSuccess;
-  for (size_t g = 0; g < g_ngrouped; g++) enqueue_fused(g_grouped[g].comm, g_grouped[g].stream, g_grouped[g].parts, g_grouped[g].n);
+  for (size_t g = 0; g < g_ngrouped; g++) {
+    if (g_group_error == ncclSuccess) enqueue_fused(g_grouped[g].comm, g_grouped[g].stream, g_grouped[g].parts, g_grouped[g].n);
+    else free(g_grouped[g].parts); /* the group failed: nothing of it runs */
+  }
   g_ngrouped = 0;
   /* Ranks initialised in the group: complete once all joined. */
   for (sim__clique_t *q = g_cliques; q != NULL; q = q->next)

@@ -70,12 +70,29 @@ static int setup(void **state) {
   return st == WEFT_OK ? 0 : -1;
 }
 
+/* The last case: the communicators and runtimes go, with nothing left (the group's teardown's
+ * failures do not fail a cmocka run, a case's do). */
+static void test_communicators_and_runtimes_go(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(weft_comm_destroy(comm[r]), WEFT_OK);
+    assert_int_equal(weft_runtime_release(rt[r]), WEFT_OK);
+  }
+  assert_int_equal(races(), 0);
+  g_two = 0; /* released */
+}
+
 static int teardown(void **state) {
   (void)state;
   if (!g_two) return 0;
   for (int r = 0; r < 2; r++) {
-    if (weft_comm_destroy(comm[r]) != WEFT_OK) return -1;
-    if (weft_runtime_release(rt[r]) != WEFT_OK) return -1;
+    weft_status_t st = weft_comm_destroy(comm[r]);
+    if (st == WEFT_OK) st = weft_runtime_release(rt[r]);
+    if (st != WEFT_OK) {
+      fprintf(stderr, "teardown, rank %d: %s: %s\n", r, weft_status_name(st), weft_last_error());
+      return -1;
+    }
   }
   return 0;
 }
@@ -321,6 +338,84 @@ static void test_adopted_communicator_is_tracked_and_left_to_its_owner(void **st
   assert_int_equal(races(), 0);
 }
 
+/* A small workload of every communicator call, with the first call of one NCCL function failing
+ * (simulator fault injection): each call either succeeds or fails with a status and NCCL's
+ * message, and once the workload has cleaned up (retrying destroys, as weft.h allows) no device
+ * memory, block or communicator is left and no use of a failed call was recorded. */
+static int workload(const char *fault) {
+  weft_comm_t *c[2] = {NULL, NULL};
+  int failures = 0;
+  weft_status_t st = weft_comm_init_all(rt, 2, c);
+  if (st != WEFT_OK) {
+    assert_true(st == WEFT_ERR_COMM || st == WEFT_ERR_INVALID_ARGUMENT);
+    assert_non_null(strstr(weft_last_error(), "NCCL error"));
+    assert_null(c[0]);
+    return 1;
+  }
+  weft_block_t b[2];
+  for (int r = 0; r < 2; r++) {
+    b[r] = alloc(r, 2 * N * 4);
+    assert_int_equal(weft_memset32(stream(r, 0), b[r], 0, 1, 2 * N * 4), WEFT_OK);
+  }
+  weft_counters_t before[2], after[2];
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_counters(rt[r], &before[r]), WEFT_OK);
+  for (int round = 0; round < 3; round++) {
+    if ((st = weft_comm_group_begin()) != WEFT_OK) failures++;
+    for (int r = 0; r < 2; r++) {
+      weft_status_t a = round == 0   ? weft_all_reduce(c[r], b[r], 0, b[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL)
+                        : round == 1 ? weft_all_gather(c[r], b[r], 0, b[r], 0, N, WEFT_FLOAT32, NULL)
+                                     : weft_send(c[r], b[r], 0, N, WEFT_FLOAT32, 1 - r, NULL);
+      if (a != WEFT_OK) failures++;
+      if (round == 2 && weft_recv(c[r], b[r], 4 * N, N, WEFT_FLOAT32, 1 - r, NULL) != WEFT_OK) failures++;
+    }
+    st = weft_comm_group_end();
+    if (st != WEFT_OK) {
+      failures++;
+      assert_true(st == WEFT_ERR_COMM || st == WEFT_ERR_INVALID_ARGUMENT);
+      assert_non_null(strstr(weft_last_error(), "NCCL"));
+    }
+  }
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
+    assert_int_equal(weft_runtime_counters(rt[r], &after[r]), WEFT_OK);
+    /* A group that failed records its uses with no work (conservative): never more than 3. */
+    assert_true(after[r].uses - before[r].uses <= 3);
+    assert_int_equal(weft_free(b[r], stream(r, 0)), WEFT_OK);
+    if (weft_comm_destroy(c[r]) != WEFT_OK) {
+      failures++;
+      assert_int_equal(weft_comm_destroy(c[r]), WEFT_OK); /* the retry succeeds: nothing changed */
+    }
+  }
+  (void)fault;
+  return failures;
+}
+
+static void test_nccl_faults_leave_nothing_behind(void **state) {
+  (void)state;
+  if (!g_two || sim == NULL) skip(); /* fault injection */
+  static const char *const fns[] = {"ncclCommInitAll", "ncclCommCount", "ncclCommUserRank", "ncclAllReduce",
+                                    "ncclAllGather", "ncclSend", "ncclRecv", "ncclGroupStart",
+                                    "ncclGroupEnd", "ncclCommDestroy"};
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
+  weft_sim_stats_t s0, s1;
+  sim->stats(&s0);
+  for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
+    char spec[64];
+    snprintf(spec, sizeof spec, "%s:1:2", fns[i]); /* the first call: ncclSystemError */
+    assert_int_equal((sim->fail)(spec), 0);
+    int failures = workload(spec);
+    assert_int_equal((sim->fail)(""), 0);
+    if (failures == 0) fail_msg("%s: the fault fired nowhere", fns[i]);
+    for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_trim(rt[r]), WEFT_OK);
+    sim->stats(&s1);
+    assert_int_equal(s1.races, s0.races);
+  }
+  /* Nothing left: the runtimes hold what they held before (their caches trimmed). */
+  sim->stats(&s1);
+  assert_true(s1.bytes_in_use <= s0.bytes_in_use);
+  assert_int_equal(workload(NULL), 0); /* and everything works again */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_communicators_know_their_rank_runtime_and_stream),
@@ -330,6 +425,8 @@ int main(void) {
       cmocka_unit_test(test_bad_calls_and_nccl_failures_change_nothing),
       cmocka_unit_test(test_ranks_join_by_unique_id_and_a_destroyed_communicator_is_stale),
       cmocka_unit_test(test_adopted_communicator_is_tracked_and_left_to_its_owner),
+      cmocka_unit_test(test_nccl_faults_leave_nothing_behind),
+      cmocka_unit_test(test_communicators_and_runtimes_go),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
