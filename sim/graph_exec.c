@@ -263,11 +263,32 @@ void sim__exec_start(sim__stream_t *s, sim__op_t *op) {
     x->pending[i] = x->nodes[i].npred;
     if (x->pending[i] == 0) x->ready[x->nready++] = i;
   }
+  sim__nccl_exec_start(x);
   if (x->n == 0) complete(x);
 }
 
 int sim__exec_node_ready(const sim__exec_t *x, size_t node) {
+  if (x->nodes[node].act.kind == SIM_ACT_NCCL) return sim__nccl_node_ready(x, node);
   return sim__action_ready(&x->nodes[node].act, x->inst ? x->inst[node] : NULL);
+}
+
+void sim__exec_finish_node(sim__exec_t *x, size_t node) {
+  size_t r = 0;
+  while (r < x->nready && x->ready[r] != node) r++;
+  if (r < x->nready) {
+    memmove(x->ready + r, x->ready + r + 1, (x->nready - r - 1) * sizeof *x->ready);
+    x->nready--;
+  }
+  sim__xnode_t *xn = &x->nodes[node];
+  for (size_t j = 0; j < xn->nsucc; j++) {
+    size_t k = xn->succ[j];
+    if (sim.oracle) sim__vc_join(&x->nvc[k], &x->nvc[node]);
+    if (--x->pending[k] == 0) x->ready[x->nready++] = k;
+  }
+  if (++x->ndone < x->n) return;
+  sim__stream_t *s = x->run_stream;
+  complete(x);
+  sim__pop_head(s);
 }
 
 int sim__exec_step(sim__exec_t *x, size_t r) {

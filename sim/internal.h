@@ -498,6 +498,19 @@ void sim__nccl_run(sim__stream_t *s);
 void sim__nccl_release(sim__action_t *act);
 /** Whether any NCCL operation is queued (waiting for partners, or not yet run). */
 int sim__nccl_pending(void);
+/** A captured NCCL operation's copy for a graph (instantiation). */
+void sim__nccl_clone(sim__action_t *dst, const sim__action_t *src);
+/** At a launch's start: each NCCL node of x becomes an operation of this launch (sequence numbers
+ * taken now, in node order), queued with its clique. */
+void sim__nccl_exec_start(sim__exec_t *x);
+/** Whether NCCL node `node` of the running launch of x can run (its partners are ready too). */
+int sim__nccl_node_ready(const sim__exec_t *x, size_t node);
+/** Runs NCCL node `node` of x's running launch with its partners (graph nodes or stream ops),
+ * finishing every one of them. */
+void sim__nccl_run_node(sim__exec_t *x, size_t node);
+/** Finishes node `node` of x's running launch that ran elsewhere (its successors, the launch's
+ * end: then the launch's stream head is popped). */
+void sim__exec_finish_node(sim__exec_t *x, size_t node);
 /** Completes and removes the op at s's head (sched.c). */
 void sim__pop_head(sim__stream_t *s);
 
@@ -596,6 +609,7 @@ void sim__galloc_trim(void);
 typedef struct sim__xnode {
   sim__action_t act;
   CUgraphNodeType type;
+  struct fused *nccl;        /* an NCCL node's operation of the running launch (nccl.c), or NULL */
   size_t *succ;
   size_t nsucc, npred;
   uint32_t chain;            /* index into exec->lanes: nodes of one chain are totally ordered */

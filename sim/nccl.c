@@ -23,10 +23,14 @@
  * in-place collectives are right). Partners never posted leave the operation waiting: a
  * synchronisation then times out (CUDA_ERROR_LAUNCH_TIMEOUT), where NCCL would hang.
  *
+ * Captured on a capturing stream, an operation becomes a graph node (a kernel node, as NCCL's
+ * are) holding a template; each launch of the graph makes it an operation of that launch, with the
+ * communicator's next sequence numbers taken at the launch's start in node order, which runs when
+ * its partners (nodes of the other ranks' launches, or queued operations) are ready, as above.
+ *
  * Data types: int8, uint8, int32, uint32, int64, uint64, float32, float64; operations sum, prod,
- * max, min, avg. float16 / bfloat16, pre-multiplied sums, captures of collectives and several
- * processes are not modelled (ncclInvalidArgument / ncclInvalidUsage, counted as
- * unimplemented). Fault injection reaches every nccl function ("ncclAllReduce:1:2": the first
+ * max, min, avg. float16 / bfloat16, pre-multiplied sums and several processes are not modelled
+ * (ncclInvalidArgument, counted as unimplemented). Fault injection reaches every nccl function ("ncclAllReduce:1:2": the first
  * call returns ncclResult_t 2).
  */
 #include <nccl.h>
@@ -64,11 +68,14 @@ struct sim__comm {
 };
 typedef struct sim__comm sim__comm_t;
 
-/* One rank's fused operation queued on a stream, until it runs. */
+/* One rank's fused operation: queued on a stream until it runs (stream and op), or a node of a
+ * graph launch (exec and node), or, in a graph, the template its launches copy (none of them). */
 typedef struct fused {
   sim__comm_t *comm;
   sim__stream_t *stream;
   sim__op_t *op;
+  sim__exec_t *exec;
+  size_t node;
   part_t *parts;
   size_t n;
   struct fused *next; /* the clique's queued operations */
@@ -323,6 +330,22 @@ static void enqueue_fused(sim__comm_t *c, sim__stream_t *s, part_t *parts, size_
   c->q->queued = f;
 }
 
+/* A fused operation of comm c on stream s: queued, or a graph node when s captures (the node
+ * then holds it as the template its launches copy). */
+static ncclResult_t submit_fused(sim__comm_t *c, sim__stream_t *s, part_t *parts, size_t n) {
+  if (s->cap == NULL) {
+    enqueue_fused(c, s, parts, n);
+    return ncclSuccess;
+  }
+  fused_t *f = sim__xcalloc(1, sizeof *f);
+  f->comm = c;
+  f->parts = parts;
+  f->n = n;
+  sim__action_t act = {.kind = SIM_ACT_NCCL};
+  act.u.nccl.fused = f;
+  return sim__capture_add(s, &act, CU_GRAPH_NODE_TYPE_KERNEL, NULL) == CUDA_SUCCESS ? ncclSuccess : ncclInvalidUsage;
+}
+
 static ncclResult_t post(ncclComm_t h, cudaStream_t hs, part_t p) {
   sim__comm_t *c = comm_get(h);
   if (c == NULL) return fail(ncclInvalidArgument, "not a communicator");
@@ -339,18 +362,16 @@ static ncclResult_t post(ncclComm_t h, cudaStream_t hs, part_t p) {
     return fail(ncclInvalidArgument, "peer or root out of range");
   if ((p.kind != P_SEND && p.kind != P_RECV && p.op > ncclAvg) || p.op < 0)
     return fail(ncclInvalidArgument, "reduction operation not modelled by the simulator");
-  if (s->cap != NULL) {
-    sim.stats.unimplemented++;
-    return fail(ncclInvalidUsage, "captured collectives are not modelled by the simulator");
+  /* Captured, it takes its sequence number at each launch; queued, now. */
+  if (s->cap == NULL) {
+    if (p.kind == P_SEND) p.seq = c->send_seq[p.peer]++;
+    else if (p.kind == P_RECV) p.seq = c->recv_seq[p.peer]++;
+    else p.seq = c->coll_seq++;
   }
-  if (p.kind == P_SEND) p.seq = c->send_seq[p.peer]++;
-  else if (p.kind == P_RECV) p.seq = c->recv_seq[p.peer]++;
-  else p.seq = c->coll_seq++;
   if (g_depth == 0) {
     part_t *one = sim__xmalloc(sizeof *one);
     *one = p;
-    enqueue_fused(c, s, one, 1);
-    return ncclSuccess;
+    return submit_fused(c, s, one, 1);
   }
   size_t g = 0;
   while (g < g_ngrouped && !(g_grouped[g].comm == c && g_grouped[g].stream == s)) g++;
@@ -411,8 +432,10 @@ static ncclResult_t group_end(void) {
   if (g_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
   if (--g_depth > 0) return ncclSuccess;
   for (size_t g = 0; g < g_ngrouped; g++) {
-    if (g_group_error == ncclSuccess) enqueue_fused(g_grouped[g].comm, g_grouped[g].stream, g_grouped[g].parts, g_grouped[g].n);
+    ncclResult_t r = ncclSuccess;
+    if (g_group_error == ncclSuccess) r = submit_fused(g_grouped[g].comm, g_grouped[g].stream, g_grouped[g].parts, g_grouped[g].n);
     else free(g_grouped[g].parts); /* the group failed: nothing of it runs */
+    if (r != ncclSuccess && g_group_error == ncclSuccess) g_group_error = r;
   }
   g_ngrouped = 0;
   /* Ranks initialised in the group: complete once all joined. */
@@ -441,7 +464,12 @@ static fused_t *partner(sim__clique_t *q, int me, const part_t *p, int r) {
   return NULL;
 }
 
-static int at_head(const fused_t *f) { return f->stream->head == f->op; }
+/* Whether f may run now: the head of its stream, or a node of a running launch whose
+ * predecessors are done. */
+static int at_head(const fused_t *f) {
+  if (f->exec != NULL) return f->exec->running && f->exec->pending[f->node] == 0;
+  return f->stream->head == f->op;
+}
 
 /* Collects the fused operations that must run with f (f included) into set; 0 when one is
  * missing or not yet at its stream's head. */
@@ -475,6 +503,44 @@ static fused_t **g_set;
 static size_t g_capset;
 
 int sim__nccl_ready(const sim__action_t *act) { return closure(act->u.nccl.fused, &g_set, &g_capset) != 0; }
+
+int sim__nccl_node_ready(const sim__exec_t *x, size_t node) {
+  return x->nodes[node].nccl != NULL && closure(x->nodes[node].nccl, &g_set, &g_capset) != 0;
+}
+
+void sim__nccl_clone(sim__action_t *dst, const sim__action_t *src) {
+  const fused_t *t = src->u.nccl.fused;
+  fused_t *f = sim__xcalloc(1, sizeof *f);
+  f->comm = t->comm;
+  f->n = t->n;
+  f->parts = sim__xmalloc(t->n * sizeof *f->parts);
+  memcpy(f->parts, t->parts, t->n * sizeof *f->parts);
+  dst->u.nccl.fused = f;
+}
+
+void sim__nccl_exec_start(sim__exec_t *x) {
+  for (size_t i = 0; i < x->n; i++) {
+    if (x->nodes[i].act.kind != SIM_ACT_NCCL) continue;
+    const fused_t *t = x->nodes[i].act.u.nccl.fused;
+    sim__comm_t *c = t->comm;
+    fused_t *f = sim__xcalloc(1, sizeof *f);
+    f->comm = c;
+    f->exec = x;
+    f->node = i;
+    f->n = t->n;
+    f->parts = sim__xmalloc(t->n * sizeof *f->parts);
+    for (size_t k = 0; k < t->n; k++) {
+      part_t p = t->parts[k];
+      if (p.kind == P_SEND) p.seq = c->send_seq[p.peer]++;
+      else if (p.kind == P_RECV) p.seq = c->recv_seq[p.peer]++;
+      else p.seq = c->coll_seq++;
+      f->parts[k] = p;
+    }
+    f->next = c->q->queued;
+    c->q->queued = f;
+    x->nodes[i].nccl = f;
+  }
+}
 
 /* Element-wise a = a (op) b, for `count` elements of type dt. */
 static void reduce_into(void *a, const void *b, size_t count, ncclDataType_t dt, ncclRedOp_t op) {
@@ -540,9 +606,9 @@ static part_t *same_coll(fused_t *m, const part_t *p) {
   return NULL;
 }
 
-/* Runs the rendezvous set of the fused operation at s's head: clocks, accesses, data, pops. */
-void sim__nccl_run(sim__stream_t *s) {
-  fused_t *f = s->head->act.u.nccl.fused;
+/* Runs the rendezvous set of f (a stream's head op or a launch's node): clocks, accesses, data,
+ * then every member is finished (popped from its stream, or finished in its launch). */
+static void run_set(fused_t *f) {
   size_t n = closure(f, &g_set, &g_capset);
   if (n == 0) return; /* not ready: collect() would not have offered it */
   fused_t **set = sim__xmalloc(n * sizeof *set);
@@ -551,26 +617,33 @@ void sim__nccl_run(sim__stream_t *s) {
   int nranks = q->nranks;
   /* Clocks: every member after all members' work before the collective. */
   sim__vc_t join = {0};
-  if (sim.oracle) {
-    for (size_t k = 0; k < n; k++) {
-      sim__stream_t *ms = set[k]->stream;
-      sim__op_t *op = set[k]->op;
-      if (op->snap != NULL) sim__vc_join(&ms->vc, &op->snap->vc);
-      sim__vc_join(&join, &ms->vc);
-    }
+  sim__vc_t **vcs = sim__xcalloc(n, sizeof *vcs); /* each member's clock: its stream's or its node's */
+  for (size_t k = 0; k < n; k++) {
+    fused_t *m = set[k];
+    vcs[k] = m->exec != NULL ? &m->exec->nvc[m->node] : &m->stream->vc;
+    if (sim.oracle && m->exec == NULL && m->op->snap != NULL) sim__vc_join(vcs[k], &m->op->snap->vc);
+    if (sim.oracle) sim__vc_join(&join, vcs[k]);
   }
   sim__actx_t *ctx = sim__xcalloc(n, sizeof *ctx);
   for (size_t k = 0; k < n; k++) {
-    sim__stream_t *ms = set[k]->stream;
-    uint32_t tick = 0;
-    if (sim.oracle) {
-      sim__vc_join(&ms->vc, &join);
-      tick = sim__vc_get(&ms->vc, ms->lane) + 1;
-      sim__vc_set(&ms->vc, ms->lane, tick);
+    fused_t *m = set[k];
+    uint32_t lane, tick;
+    if (m->exec != NULL) {
+      lane = m->exec->lanes[m->exec->nodes[m->node].chain];
+      tick = ++m->exec->ticks[m->exec->nodes[m->node].chain];
+    } else {
+      lane = m->stream->lane;
+      tick = sim__vc_get(vcs[k], lane) + 1;
     }
-    ctx[k] = (sim__actx_t){.vc = &ms->vc, .dev = -1};
-    ctx[k].who = (sim__who_t){.op = set[k]->op->id, .lane = ms->lane, .tick = tick, .stream = ms->id, .what = "nccl"};
+    if (sim.oracle) {
+      sim__vc_join(vcs[k], &join);
+      sim__vc_set(vcs[k], lane, tick);
+    }
+    ctx[k] = (sim__actx_t){.vc = vcs[k], .dev = -1};
+    ctx[k].who = (sim__who_t){.op = m->exec != NULL ? m->exec->run_id + m->node : m->op->id, .lane = lane, .tick = tick,
+                              .stream = m->exec != NULL ? -2 : m->stream->id, .what = "nccl"};
   }
+  free(vcs);
   sim__vc_free(&join);
   /* Accesses: every member's send ranges read, receive ranges written; a part whose ranges are
    * not allocated is skipped (reported by the oracle). Inputs are copied before any output. */
@@ -650,14 +723,32 @@ void sim__nccl_run(sim__stream_t *s) {
   free(snap);
   free(ok);
   free(ctx);
-  /* Every member leaves the clique's queue and its stream's head. */
+  /* Every member leaves the clique's queue, then its stream's head or its launch. */
   for (size_t k = 0; k < n; k++) {
     fused_t **link = &q->queued;
     while (*link != set[k]) link = &(*link)->next;
     *link = set[k]->next;
-    sim__pop_head(set[k]->stream);
+  }
+  for (size_t k = 0; k < n; k++) {
+    fused_t *m = set[k];
+    if (m->exec == NULL) {
+      sim__pop_head(m->stream); /* releases the op's action, m with it */
+      continue;
+    }
+    sim__exec_t *x = m->exec;
+    size_t node = m->node;
+    x->nodes[node].nccl = NULL;
+    free(m->parts);
+    free(m);
+    sim__exec_finish_node(x, node);
   }
   free(set);
+}
+
+void sim__nccl_run(sim__stream_t *s) { run_set(s->head->act.u.nccl.fused); }
+
+void sim__nccl_run_node(sim__exec_t *x, size_t node) {
+  if (x->nodes[node].nccl != NULL) run_set(x->nodes[node].nccl);
 }
 
 int sim__nccl_pending(void) {

@@ -365,6 +365,7 @@ void sim__action_clone(sim__action_t *dst, const sim__action_t *src) {
     case SIM_ACT_MEM_FREE:
       if (dst->u.mem.a && dst->u.mem.a->kind == SIM_ALLOC_GRAPH) sim__galloc_ref(dst->u.mem.a);
       break;
+    case SIM_ACT_NCCL: sim__nccl_clone(dst, src); break;
     default: break;
   }
 }
@@ -475,8 +476,11 @@ static int step(void) {
   cand_t c = g_cand[sim__rand() % n];
   if (c.ready_index == SIZE_MAX) {
     run_head(c.s);
-  } else if (sim__exec_step(c.s->head->act.u.graph.exec, c.ready_index)) {
-    sim__pop_head(c.s);
+  } else {
+    sim__exec_t *x = c.s->head->act.u.graph.exec;
+    size_t node = x->ready[c.ready_index];
+    if (x->nodes[node].act.kind == SIM_ACT_NCCL) sim__nccl_run_node(x, node); /* with its partners */
+    else if (sim__exec_step(x, c.ready_index)) sim__pop_head(c.s);
   }
   return 1;
 }

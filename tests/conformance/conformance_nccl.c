@@ -202,6 +202,50 @@ static void test_send_receive(void **state) {
   printf("conformance-nccl: send and receive in one group, posted in either order ok\n");
 }
 
+static void test_captured_all_reduce(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  CUgraph g[2];
+  CUgraphExec x[2];
+  for (int r = 0; r < 2; r++) {
+    on(r);
+    OK(d->cuStreamBeginCapture(st[r], CU_STREAM_CAPTURE_MODE_RELAXED));
+  }
+  NOK(NCCL(ncclGroupStart)());
+  for (int r = 0; r < 2; r++) {
+    on(r);
+    NOK(NCCL(ncclAllReduce)((void *)buf[r], (void *)buf[r], N, ncclFloat32, ncclSum, comm[r], (cudaStream_t)st[r]));
+  }
+  NOK(NCCL(ncclGroupEnd)());
+  for (int r = 0; r < 2; r++) {
+    on(r);
+    OK(d->cuStreamEndCapture(st[r], &g[r]));
+    OK(d->cuGraphInstantiateWithFlags(&x[r], g[r], 0));
+  }
+  static float h[2][N], got[N];
+  for (int launch = 0; launch < 3; launch++) {
+    for (int r = 0; r < 2; r++) {
+      for (int i = 0; i < N; i++) h[r][i] = (float)(i * (launch + 1) + r);
+      put(r, buf[r], h[r], N * 4);
+    }
+    for (int r = 0; r < 2; r++) {
+      on(r);
+      OK(d->cuGraphLaunch(x[r], st[r]));
+    }
+    for (int r = 0; r < 2; r++) {
+      get(r, buf[r], got, N * 4);
+      for (int i = 0; i < N; i++) assert_true(got[i] == h[0][i] + h[1][i]);
+    }
+  }
+  for (int r = 0; r < 2; r++) {
+    on(r);
+    OK(d->cuGraphExecDestroy(x[r]));
+    OK(d->cuGraphDestroy(g[r]));
+  }
+  printf("conformance-nccl: an all-reduce captured on each rank's stream (RELAXED, one thread, one group) "
+         "replays with new inputs ok\n");
+}
+
 static void test_bad_arguments(void **state) {
   (void)state;
   if (!g_two) skip();
@@ -221,6 +265,7 @@ int main(void) {
       cmocka_unit_test(test_all_reduce_in_place),
       cmocka_unit_test(test_collectives),
       cmocka_unit_test(test_send_receive),
+      cmocka_unit_test(test_captured_all_reduce),
       cmocka_unit_test(test_bad_arguments),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
