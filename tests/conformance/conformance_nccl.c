@@ -116,6 +116,17 @@ static void test_communicators(void **state) {
   printf("conformance-nccl: ncclCommInitAll: rank i on device i, no async error ok\n");
 }
 
+/* Both ranks' in-place all-reduce (sum) of buf, in one group from this thread (under capture when
+ * the streams capture). */
+static void all_reduce_in_place(void) {
+  NOK(NCCL(ncclGroupStart)());
+  for (int r = 0; r < 2; r++) {
+    on(r);
+    NOK(NCCL(ncclAllReduce)((void *)buf[r], (void *)buf[r], N, ncclFloat32, ncclSum, comm[r], (cudaStream_t)st[r]));
+  }
+  NOK(NCCL(ncclGroupEnd)());
+}
+
 static void test_all_reduce_in_place(void **state) {
   (void)state;
   if (!g_two) skip();
@@ -124,12 +135,7 @@ static void test_all_reduce_in_place(void **state) {
     for (int i = 0; i < N; i++) h[r][i] = (float)(i + 1000 * r);
     put(r, buf[r], h[r], N * 4);
   }
-  NOK(NCCL(ncclGroupStart)());
-  for (int r = 0; r < 2; r++) {
-    on(r);
-    NOK(NCCL(ncclAllReduce)((void *)buf[r], (void *)buf[r], N, ncclFloat32, ncclSum, comm[r], (cudaStream_t)st[r]));
-  }
-  NOK(NCCL(ncclGroupEnd)());
+  all_reduce_in_place();
   for (int r = 0; r < 2; r++) {
     get(r, buf[r], got, N * 4);
     for (int i = 0; i < N; i++) assert_true(got[i] == (float)(2 * i + 1000));
@@ -211,12 +217,7 @@ static void test_captured_all_reduce(void **state) {
     on(r);
     OK(d->cuStreamBeginCapture(st[r], CU_STREAM_CAPTURE_MODE_RELAXED));
   }
-  NOK(NCCL(ncclGroupStart)());
-  for (int r = 0; r < 2; r++) {
-    on(r);
-    NOK(NCCL(ncclAllReduce)((void *)buf[r], (void *)buf[r], N, ncclFloat32, ncclSum, comm[r], (cudaStream_t)st[r]));
-  }
-  NOK(NCCL(ncclGroupEnd)());
+  all_reduce_in_place();
   for (int r = 0; r < 2; r++) {
     on(r);
     OK(d->cuStreamEndCapture(st[r], &g[r]));

@@ -66,6 +66,17 @@ static void test_communicators_say_who_they_are(void **state) {
   assert_int_equal(v, NCCL_VERSION_CODE);
 }
 
+/* Both ranks' in-place all-reduce (sum) of buf, in one group from this thread (under capture when
+ * the streams capture). */
+static void all_reduce_in_place(void) {
+  assert_int_equal(ncclGroupStart(), ncclSuccess);
+  for (int r = 0; r < 2; r++) {
+    on(r);
+    assert_int_equal(ncclAllReduce((void *)buf[r], (void *)buf[r], N, ncclFloat32, ncclSum, comm[r], st[r]), ncclSuccess);
+  }
+  assert_int_equal(ncclGroupEnd(), ncclSuccess);
+}
+
 static void test_all_reduce_in_place_from_one_thread(void **state) {
   (void)state;
   float h[2][N];
@@ -73,12 +84,7 @@ static void test_all_reduce_in_place_from_one_thread(void **state) {
     for (int i = 0; i < N; i++) h[r][i] = (float)(i + 1000 * r);
     put(r, buf[r], h[r], sizeof h[r]);
   }
-  assert_int_equal(ncclGroupStart(), ncclSuccess);
-  for (int r = 0; r < 2; r++) {
-    on(r);
-    assert_int_equal(ncclAllReduce((void *)buf[r], (void *)buf[r], N, ncclFloat32, ncclSum, comm[r], st[r]), ncclSuccess);
-  }
-  assert_int_equal(ncclGroupEnd(), ncclSuccess);
+  all_reduce_in_place();
   for (int r = 0; r < 2; r++) {
     float got[N];
     get(r, buf[r], got, sizeof got);
@@ -239,12 +245,7 @@ static void test_captured_all_reduce_replays(void **state) {
     on(r);
     CU_OK(cuStreamBeginCapture(st[r], CU_STREAM_CAPTURE_MODE_RELAXED));
   }
-  assert_int_equal(ncclGroupStart(), ncclSuccess);
-  for (int r = 0; r < 2; r++) {
-    on(r);
-    assert_int_equal(ncclAllReduce((void *)buf[r], (void *)buf[r], N, ncclFloat32, ncclSum, comm[r], st[r]), ncclSuccess);
-  }
-  assert_int_equal(ncclGroupEnd(), ncclSuccess);
+  all_reduce_in_place();
   for (int r = 0; r < 2; r++) {
     on(r);
     CU_OK(cuStreamEndCapture(st[r], &g[r]));
