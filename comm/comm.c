@@ -318,7 +318,10 @@ weft_status_t weft_comm_group_end(void) {
     snprintf(why, sizeof why, "%s", weft_last_error());
   }
   /* Every opened use closes (after a failure, with no work: conservative). */
-  for (size_t j = 0; j < opened; j++) (void)weft_use_end(streams[j], acc[j], nacc[j]);
+  for (size_t j = 0; j < opened; j++) {
+    weft_status_t closed = weft_use_end(streams[j], acc[j], nacc[j]);
+    (void)closed; /* a failure was reported already, or closing cannot fail here */
+  }
   for (size_t j = 0; acc != NULL && j < ns; j++) weft__meta_free(acc[j]);
   weft__meta_free(acc);
   weft__meta_free(nacc);

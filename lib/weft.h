@@ -412,6 +412,12 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_copy_to_block(weft_stream_t *s, weft_
 WEFT_API WEFT_NODISCARD weft_status_t weft_copy_from_block(weft_stream_t *s, void *dst, weft_block_t src, size_t offset, size_t bytes);
 /** cuMemcpyDtoDAsync (READ src, WRITE dst). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_offset, weft_block_t src, size_t src_offset, size_t bytes);
+/* weft_copy_block between devices: dst and src may be blocks of two runtimes when s is a stream
+ * of one of them. s first waits for the other block's conflicting work (an event of the other
+ * runtime: a cross-device wait), and the other runtime's later work on its block waits for the
+ * copy (one of its streams waits for an event after the copy and records the access there). No
+ * peer access is needed for a copy. Not inside captures (CAPTURE). WRONG_DEVICE when s belongs
+ * to neither block's runtime. */
 /** cuMemsetD8Async / cuMemsetD32Async over a range of the block (a WRITE). For D32, offset and
  * bytes must be multiples of 4. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_memset8(weft_stream_t *s, weft_block_t dst, size_t offset, unsigned char value, size_t bytes);

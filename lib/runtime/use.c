@@ -192,12 +192,69 @@ weft_status_t weft_copy_from_block(weft_stream_t *s, void *dst, weft_block_t src
   return block_op(s, src, WEFT_READ, offset, bytes, 1, &o, "weft_copy_from_block");
 }
 
+static weft_status_t no_work(weft_stream_t *s, void *arg) {
+  (void)s;
+  (void)arg;
+  return WEFT_OK;
+}
+
+/* A copy between blocks of two runtimes (two devices), on s, a stream of the runtime of `near`
+ * (one of the two blocks); `far` is the other block, `far_kind` its access (READ for a source,
+ * WRITE for a destination). The far runtime orders the copy with events, each waited on across
+ * devices:
+ *   1. s waits for an event recorded in the far runtime after the far block's conflicting work
+ *      (weft_block_export_event);
+ *   2. the copy runs on s as a use of the near block;
+ *   3. a live stream of the far runtime waits for an event recorded on s after the copy, and
+ *      records a use of the far block there: the far runtime's later work on it waits for the
+ *      copy.
+ * Correct, not minimal: the far runtime's waits go through one of its streams. */
+static weft_status_t copy_across(weft_stream_t *s, weft_block_t near, weft_access_kind_t near_kind, weft_block_t far,
+                                 weft_access_kind_t far_kind, op_t *o) {
+  static const char fn[] = "weft_copy_block";
+  weft_runtime_t *far_rt = ((struct weft__block *)far.rec)->rt;
+  const weft__driver_t *d = s->tr->drv;
+  if (weft__tracker_capture_of(s, NULL) != NULL)
+    return weft__error(WEFT_ERR_CAPTURE, "%s: a copy between devices on a capturing stream is not supported", fn);
+  CUevent before;
+  weft_status_t st = weft_block_export_event(far, far_kind, &before);
+  if (st != WEFT_OK) return st;
+  if ((st = weft__stream_prepare(s)) == WEFT_OK) st = weft__tracker_import_event(s, before);
+  d->cuEventDestroy(before); /* the wait stays */
+  if (st != WEFT_OK) return st;
+  weft_access_t a = {near, near_kind};
+  if ((st = weft__use_run(s, &a, 1, fn, do_op, o)) != WEFT_OK) return st;
+  /* The far side learns of the copy. */
+  CUevent after;
+  WEFT__CU_TRY(d->cuEventCreate(&after, CU_EVENT_DISABLE_TIMING));
+  CUresult r = d->cuEventRecord(after, s->raw);
+  weft_stream_t *t = r == CUDA_SUCCESS ? weft__tracker_hold_live(&far_rt->tracker, fn) : NULL;
+  if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuEventRecord");
+  else if (t == NULL) st = WEFT_ERR_CAPTURE;
+  if (t != NULL) {
+    if ((st = weft__stream_prepare(t)) == WEFT_OK) st = weft__tracker_import_event(t, after);
+    weft_access_t fa = {far, far_kind};
+    if (st == WEFT_OK) st = weft__use_run(t, &fa, 1, fn, no_work, NULL);
+    weft__tracker_unhold(t);
+  }
+  d->cuEventDestroy(after);
+  return st;
+}
+
 weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_offset, weft_block_t src, size_t src_offset,
                               size_t bytes) {
   op_t o = {.what = OP_DTOD, .bytes = bytes};
   weft_status_t st = range_of(dst, dst_offset, bytes, 1, "weft_copy_block", &o.dptr);
   if (st == WEFT_OK) st = range_of(src, src_offset, bytes, 1, "weft_copy_block", &o.dptr2);
+  if (st == WEFT_OK) st = weft__stream_check(s, "weft_copy_block");
   if (st != WEFT_OK) return st;
+  /* Between devices: one block of s's runtime, the other ordered by its own (copy_across). */
+  weft_runtime_t *dr = ((struct weft__block *)dst.rec)->rt, *sr = ((struct weft__block *)src.rec)->rt;
+  if (dr != sr) {
+    if (s->runtime == dr) return copy_across(s, dst, WEFT_WRITE, src, WEFT_READ, &o);
+    if (s->runtime == sr) return copy_across(s, src, WEFT_READ, dst, WEFT_WRITE, &o);
+    return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_copy_block: the stream belongs to neither block's runtime");
+  }
   weft_access_t a[2] = {{dst, WEFT_WRITE}, {src, WEFT_READ}};
   /* A copy within one block reads and writes it. */
   if (dst.rec == src.rec) a[0].kind = WEFT_READ_WRITE;

@@ -11,12 +11,18 @@
 #include <cmocka.h>
 
 #include "lib/core/driver.h"
+#include "lib/runtime/runtime.h"
 #include "sim/weft_sim.h"
 #include "weft/weft.h"
 
 #define N 4096 /* unsigned elements per block */
 
 static const weft__driver_t *drv;
+
+/* Positive controls: every runtime's tracker issues no waits (on) or does again (off). */
+static void weft_test_no_waits(weft_runtime_t **rt, int on) {
+  for (int d = 0; d < 2; d++) rt[d]->tracker.no_waits = on != 0;
+}
 
 static int two_devices(void) {
   assert_int_equal(weft__driver_get(&drv), WEFT_OK);
@@ -80,9 +86,67 @@ static void test_each_device_has_its_runtime(void **state) {
   }
 }
 
+/* A copy between devices with weft_copy_block: the destination's stream waits for the source's
+ * writer on the other device, and the source's later writer waits for the copy; both directions,
+ * data right, no race (the oracle), and a positive control with the waits turned off. */
+static void test_copy_between_devices_is_ordered_both_ways(void **state) {
+  (void)state;
+  if (!two_devices()) skip();
+  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
+  weft_runtime_t *rt[2];
+  weft_stream_t *s[2][3];
+  for (int d = 0; d < 2; d++) {
+    assert_int_equal(weft_runtime_get(d, NULL, &rt[d]), WEFT_OK);
+    for (unsigned i = 0; i < 3; i++) assert_int_equal(weft_stream_get(rt[d], i, &s[d][i]), WEFT_OK);
+  }
+  enum { BYTES = 8u << 20 };
+  for (int round = 0; round < 3; round++) {
+    int positive = round == 2 && sim != NULL; /* no waits: the copy races with its writer */
+    weft_block_t a, b;
+    assert_int_equal(weft_alloc(rt[0], BYTES, s[0][0], "a", &a), WEFT_OK);
+    assert_int_equal(weft_alloc(rt[1], BYTES, s[1][0], "b", &b), WEFT_OK);
+    if (positive) weft_test_no_waits(rt, 1);
+    assert_int_equal(weft_memset32(s[0][1], a, 0, 0x1000u + (unsigned)round, BYTES), WEFT_OK); /* device 0 writes a */
+    /* Device 1 copies a into b on its stream 2: waits for the memset on device 0. */
+    assert_int_equal(weft_copy_block(s[1][2], b, 0, a, 0, BYTES), WEFT_OK);
+    /* Device 0 writes a again on another stream: waits for the copy's read on device 1. */
+    assert_int_equal(weft_memset32(s[0][2], a, 0, 0xdead, BYTES), WEFT_OK);
+    /* And back: device 0 copies b into a on its stream 1 (b is device 1's: the far side). */
+    assert_int_equal(weft_copy_block(s[0][1], a, 0, b, 0, BYTES), WEFT_OK);
+    if (positive) {
+      weft_test_no_waits(rt, 0);
+      for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_synchronize(rt[d]), WEFT_OK);
+      weft_sim_stats_t st;
+      sim->stats(&st);
+      assert_true(st.races > 0);
+      sim->reset_races();
+    } else {
+      unsigned host[1024];
+      assert_int_equal(weft_copy_from_block(s[0][0], host, a, BYTES - sizeof host, sizeof host), WEFT_OK);
+      assert_int_equal(weft_stream_synchronize(s[0][0]), WEFT_OK);
+      for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], 0x1000u + (unsigned)round);
+      if (sim != NULL) {
+        weft_sim_stats_t st;
+        sim->stats(&st);
+        assert_int_equal(st.races, 0);
+      }
+    }
+    assert_int_equal(weft_free(a, s[0][0]), WEFT_OK);
+    assert_int_equal(weft_free(b, s[1][0]), WEFT_OK);
+  }
+  weft_block_t x, y;
+  assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "x", &x), WEFT_OK);
+  assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "y", &y), WEFT_OK);
+  assert_int_equal(weft_copy_block(s[1][0], y, 0, x, 0, 4096), WEFT_ERR_WRONG_DEVICE); /* neither is device 1's */
+  assert_int_equal(weft_free(x, s[0][0]), WEFT_OK);
+  assert_int_equal(weft_free(y, s[0][0]), WEFT_OK);
+  for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_each_device_has_its_runtime),
+      cmocka_unit_test(test_copy_between_devices_is_ordered_both_ways),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
