@@ -243,8 +243,24 @@ CUresult CUDAAPI cuMemcpyDtoH(void *dstHost, CUdeviceptr srcDevice, size_t ByteC
 
 /* ---- stream-ordered copies and sets ---- */
 
+/* Whether a device-to-device copy on a stream of device `dev` may touch allocation a: pool memory
+ * of another device needs the pool's access for `dev` (2 x H100: INVALID_VALUE without it);
+ * cuMemAlloc memory of any device may be copied (the driver stages it), as may anything with
+ * cuMemcpyPeerAsync. */
+static int copy_can_touch(int dev, const sim__alloc_t *a) {
+  return a == NULL || a->pool == NULL || a->dev == dev || ((a->pool->access >> dev) & 1u);
+}
+
+static CUresult copy_async_as(sim__copy_dir_t dir, CUdeviceptr dst_dev, void *dst_host, CUdeviceptr src_dev,
+                              const void *src_host, size_t n, CUstream hs, int peer);
+
 static CUresult copy_async(sim__copy_dir_t dir, CUdeviceptr dst_dev, void *dst_host, CUdeviceptr src_dev,
                            const void *src_host, size_t n, CUstream hs) {
+  return copy_async_as(dir, dst_dev, dst_host, src_dev, src_host, n, hs, 0);
+}
+
+static CUresult copy_async_as(sim__copy_dir_t dir, CUdeviceptr dst_dev, void *dst_host, CUdeviceptr src_dev,
+                              const void *src_host, size_t n, CUstream hs, int peer) {
   sim__stream_t *s = sim__stream_get(hs);
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
   CUresult li_ = sim__legacy_implicit(hs, 1);
@@ -254,6 +270,9 @@ static CUresult copy_async(sim__copy_dir_t dir, CUdeviceptr dst_dev, void *dst_h
   if ((dir == SIM_HTOD && src_host == NULL) || (dir == SIM_DTOH && dst_host == NULL)) return CUDA_ERROR_INVALID_VALUE;
   if (n > 0 && (dir == SIM_HTOD || dir == SIM_DTOD) && !sim__addr_contains(dst_dev, n)) return CUDA_ERROR_INVALID_VALUE;
   if (n > 0 && (dir == SIM_DTOH || dir == SIM_DTOD) && !sim__addr_contains(src_dev, n)) return CUDA_ERROR_INVALID_VALUE;
+  if (n > 0 && dir == SIM_DTOD && !peer &&
+      (!copy_can_touch(s->dev, sim__addr_owner(dst_dev, n)) || !copy_can_touch(s->dev, sim__addr_owner(src_dev, n))))
+    return CUDA_ERROR_INVALID_VALUE;
   sim__action_t act = {.kind = SIM_ACT_MEMCPY};
   act.u.copy.dir = dir;
   act.u.copy.dst_dev = dst_dev;
@@ -283,11 +302,11 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
 }
 
 /* Unified addressing: a peer copy is a device-to-device copy; the contexts must be live ones.
- * Copies between devices need no peer access (2 x H100: the driver stages them). */
+ * It needs no peer or pool access (2 x H100: the driver stages it). */
 static CUresult copy_peer(CUdeviceptr dst, CUcontext dc, CUdeviceptr src, CUcontext sc, size_t n, CUstream hs) {
   if (sim__handle_get(dc, SIM_MAGIC_CTX) == NULL || sim__handle_get(sc, SIM_MAGIC_CTX) == NULL)
     return CUDA_ERROR_INVALID_CONTEXT;
-  return copy_async(SIM_DTOD, dst, NULL, src, NULL, n, hs);
+  return copy_async_as(SIM_DTOD, dst, NULL, src, NULL, n, hs, 1);
 }
 
 CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dstDevice, CUcontext dstContext, CUdeviceptr srcDevice,

@@ -113,6 +113,7 @@ weft_status_t weft_launch(weft_stream_t *s, const weft_launch_t *launch, const w
 typedef struct op {
   int what;
   CUdeviceptr dptr, dptr2;
+  CUcontext dctx, sctx; /* OP_PEER: the contexts of dptr and dptr2 */
   void *host;
   const void *chost;
   size_t bytes;
@@ -121,7 +122,7 @@ typedef struct op {
   CUhostFn fn;
 } op_t;
 
-enum { OP_HTOD, OP_DTOH, OP_DTOD, OP_SET8, OP_SET32, OP_HOST, OP_WRITE32, OP_WRITE64, OP_WAIT32, OP_WAIT64 };
+enum { OP_HTOD, OP_DTOH, OP_DTOD, OP_PEER, OP_SET8, OP_SET32, OP_HOST, OP_WRITE32, OP_WRITE64, OP_WAIT32, OP_WAIT64 };
 
 /* weft checks range and alignment first, so INVALID_VALUE from a stream memory operation means
  * the memory's kind: the driver refuses memory from stream-ordered pools (measured on an H200,
@@ -144,6 +145,7 @@ static weft_status_t do_op(weft_stream_t *s, void *arg) {
     case OP_HTOD: WEFT__CU_TRY(d->cuMemcpyHtoDAsync(o->dptr, o->chost, o->bytes, s->raw)); break;
     case OP_DTOH: WEFT__CU_TRY(d->cuMemcpyDtoHAsync(o->host, o->dptr, o->bytes, s->raw)); break;
     case OP_DTOD: WEFT__CU_TRY(d->cuMemcpyDtoDAsync(o->dptr, o->dptr2, o->bytes, s->raw)); break;
+    case OP_PEER: WEFT__CU_TRY(d->cuMemcpyPeerAsync(o->dptr, o->dctx, o->dptr2, o->sctx, o->bytes, s->raw)); break;
     case OP_SET8: WEFT__CU_TRY(d->cuMemsetD8Async(o->dptr, (unsigned char)o->value, o->bytes, s->raw)); break;
     case OP_SET32: WEFT__CU_TRY(d->cuMemsetD32Async(o->dptr, (unsigned)o->value, o->bytes / 4, s->raw)); break;
     case OP_HOST: WEFT__CU_TRY(d->cuLaunchHostFunc(s->raw, o->fn, o->host)); break;
@@ -251,6 +253,13 @@ weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_off
   /* Between devices: one block of s's runtime, the other ordered by its own (copy_across). */
   weft_runtime_t *dr = ((struct weft__block *)dst.rec)->rt, *sr = ((struct weft__block *)src.rec)->rt;
   if (dr != sr) {
+    /* A peer copy: it needs no peer or pool access (2 x H100; cuMemcpyDtoDAsync of another
+     * device's pool memory does, tests/conformance/README.md "two devices"). */
+    if (s->tr->drv->cuMemcpyPeerAsync == NULL)
+      return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_copy_block: the driver has no cuMemcpyPeerAsync");
+    o.what = OP_PEER;
+    o.dctx = dr->tracker.ctx;
+    o.sctx = sr->tracker.ctx;
     if (s->runtime == dr) return copy_across(s, dst, WEFT_WRITE, src, WEFT_READ, &o);
     if (s->runtime == sr) return copy_across(s, src, WEFT_READ, dst, WEFT_WRITE, &o);
     return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_copy_block: the stream belongs to neither block's runtime");

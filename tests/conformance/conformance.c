@@ -1104,10 +1104,25 @@ static void test_two_devices_pool_access(void **state) {
   OK(d->cuMemAllocFromPoolAsync(&q, 4096, p0, s1)); /* allocation needs no access */
   OK(d->cuMemFreeAsync(q, s1));
   OK(d->cuStreamSynchronize(s1));
+  /* Copying device 0's pool memory on device 1's stream: cuMemcpyDtoDAsync needs the pool's
+   * access, cuMemcpyPeerAsync does not; on device 0's stream it needs nothing. */
+  CUdeviceptr m1;
+  OK(d->cuMemAlloc(&m1, 4096));
+  OK(d->cuMemAllocFromPoolAsync(&q, 4096, p0, s1));
+  OK(d->cuStreamSynchronize(s1));
+  IS(CUDA_ERROR_INVALID_VALUE, d->cuMemcpyDtoDAsync(m1, q, 4096, s1));
+  OK(d->cuMemcpyPeerAsync(m1, c1, q, g_ctx, 4096, s1));
+  OK(d->cuStreamSynchronize(s1));
+  OK(d->cuMemPoolSetAccess(p0, &rw, 1));
+  OK(d->cuMemcpyDtoDAsync(m1, q, 4096, s1));
+  OK(d->cuMemFreeAsync(q, s1));
+  OK(d->cuStreamSynchronize(s1));
+  OK(d->cuMemFree(m1));
   OK(d->cuCtxSetCurrent(g_ctx));
   OK(d->cuMemPoolDestroy(p0));
   PASS("pools: their own device always has access, others none until cuMemPoolSetAccess; "
-       "another device's stream may allocate from them");
+       "another device's stream may allocate from them, copies their memory with cuMemcpyPeerAsync, "
+       "and with cuMemcpyDtoDAsync only with access");
 }
 
 #define CASE(f) cmocka_unit_test_teardown(f, check_clean)

@@ -144,6 +144,37 @@ static void two_devices(void) {
   show("cuMemAllocFromPoolAsync(pool of dev 0, stream of dev 1), with access", d->cuMemAllocFromPoolAsync(&q, 4096, p0, s1));
   if (q) d->cuMemFreeAsync(q, s1);
   show("cuStreamSynchronize(s1) after pool calls", d->cuStreamSynchronize(s1));
+  /* Copies of pool memory between devices, with and without the pool's access for the other. */
+  {
+    CUmemAccessDesc none1 = {l1, CU_MEM_ACCESS_FLAGS_PROT_NONE};
+    d->cuCtxSetCurrent(g_ctx);
+    d->cuMemPoolSetAccess(p0, &none1, 1);
+    CUdeviceptr q0 = 0;
+    d->cuMemAllocFromPoolAsync(&q0, 1 << 20, p0, s0);
+    d->cuStreamSynchronize(s0);
+    d->cuCtxSetCurrent(c1);
+    show("pool memory of dev 0 -> dev 1 memory: cuMemcpyDtoDAsync on dev 1's stream, no pool access",
+         d->cuMemcpyDtoDAsync(m1, q0, 1 << 20, s1));
+    show("  then cuStreamSynchronize(s1)", d->cuStreamSynchronize(s1));
+    show("pool memory of dev 0 -> dev 1 memory: cuMemcpyPeerAsync on dev 1's stream, no pool access",
+         d->cuMemcpyPeerAsync(m1, c1, q0, g_ctx, 1 << 20, s1));
+    show("  then cuStreamSynchronize(s1)", d->cuStreamSynchronize(s1));
+    d->cuCtxSetCurrent(g_ctx);
+    show("pool memory of dev 0 -> dev 1 memory: cuMemcpyDtoDAsync on dev 0's stream, no pool access",
+         d->cuMemcpyDtoDAsync(m1, q0, 1 << 20, s0));
+    show("  then cuStreamSynchronize(s0)", d->cuStreamSynchronize(s0));
+    show("dev 1 memory -> pool memory of dev 0: cuMemcpyDtoDAsync on dev 0's stream",
+         d->cuMemcpyDtoDAsync(q0, m1, 1 << 20, s0));
+    show("  then cuStreamSynchronize(s0)", d->cuStreamSynchronize(s0));
+    d->cuMemPoolSetAccess(p0, &a1, 1);
+    d->cuCtxSetCurrent(c1);
+    show("pool memory of dev 0 -> dev 1 memory: cuMemcpyDtoDAsync on dev 1's stream, with pool access",
+         d->cuMemcpyDtoDAsync(m1, q0, 1 << 20, s1));
+    show("  then cuStreamSynchronize(s1)", d->cuStreamSynchronize(s1));
+    d->cuCtxSetCurrent(g_ctx);
+    d->cuMemFreeAsync(q0, s0);
+    d->cuStreamSynchronize(s0);
+  }
   CUmemAccessDesc a7 = {{CU_MEM_LOCATION_TYPE_DEVICE, 7}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
   show("cuMemPoolSetAccess(pool of dev 0, dev 7)", d->cuMemPoolSetAccess(p0, &a7, 1));
   d->cuMemPoolDestroy(p0);
