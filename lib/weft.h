@@ -238,6 +238,16 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_synchronize(weft_runtime_t *r
  * part in a capture keeps its cache. Errors: STALE_HANDLE, INVALID_ARGUMENT, CAPTURE, DRIVER
  * (the first failure; the rest is given back regardless). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_trim(weft_runtime_t *rt);
+/** Lets rt's device access peer's memory, so that work on rt's streams may use peer's blocks
+ * (weft_launch, weft_use_begin and the tracked operations take blocks of other runtimes; see
+ * "Blocks of other devices" below): enables peer access from rt's context to peer's
+ * (cuCtxEnablePeerAccess) and gives rt's device read-write access to the memory pools of peer's
+ * resource stack (cuMemPoolSetAccess). weft calls it at the first such use; call it earlier to
+ * keep its cost out of a measured region. Lasts until either runtime's last release; idempotent;
+ * rt == peer does nothing. Graph pools and resources made with weft_*_create are not covered.
+ * Errors: STALE_HANDLE, NOT_SUPPORTED (the devices cannot access each other's memory:
+ * cuDeviceCanAccessPeer says no; copy with weft_copy_block, which needs no access), DRIVER. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_enable_peer_access(weft_runtime_t *rt, weft_runtime_t *peer);
 
 /** Per-runtime counters (monotonic since creation). */
 typedef struct weft_counters {
@@ -355,9 +365,18 @@ WEFT_API const char *weft_block_tag(weft_block_t b);
  * weft_use_end: host threads that use one block concurrently must order those uses themselves.
  * The same block may appear more than once (the strongest kind counts). One use may be open per
  * stream; one-call operations (weft_launch, copies) on s may run while it is open.
- * Errors: STALE_HANDLE (a block or the runtime), WRONG_DEVICE (a block of another runtime),
- * INVALID_ARGUMENT (bad kind, NULL with n > 0), BUSY (s already has an open use), DRIVER (a wait
- * failed; nothing recorded). */
+ *
+ * Blocks of other devices: `accesses` may name blocks of other runtimes (devices) as well; s's
+ * device then needs access to their memory, which weft enables at the first such use
+ * (weft_runtime_enable_peer_access). s first waits for an event recorded in each other runtime
+ * after that block's conflicting work (a cross-device wait), and at weft_use_end a live stream of
+ * each other runtime waits for an event after the work and records the access there, so its later
+ * conflicting work waits. Correct, not minimal: the other runtime's side goes through one of its
+ * streams. Not on a capturing stream.
+ * Errors: STALE_HANDLE (a block or the runtime), INVALID_ARGUMENT (bad kind, NULL with n > 0),
+ * BUSY (s already has an open use), DRIVER (a wait failed; nothing recorded), and with blocks of
+ * other devices NOT_SUPPORTED (the devices cannot access each other's memory; nothing done) and
+ * CAPTURE (s is capturing). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_use_begin(weft_stream_t *s, const weft_access_t *accesses, size_t n);
 /** Records the work enqueued since weft_use_begin as the newest use of every block in `accesses`
  * and closes the use (see "Work that reached a stream stays ordered" above).
@@ -413,11 +432,9 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_copy_from_block(weft_stream_t *s, voi
 /** cuMemcpyDtoDAsync (READ src, WRITE dst). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_offset, weft_block_t src, size_t src_offset, size_t bytes);
 /* weft_copy_block between devices: dst and src may be blocks of two runtimes when s is a stream
- * of one of them. s first waits for the other block's conflicting work (an event of the other
- * runtime: a cross-device wait), and the other runtime's later work on its block waits for the
- * copy (one of its streams waits for an event after the copy and records the access there). No
- * peer access is needed for a copy. Not inside captures (CAPTURE). WRONG_DEVICE when s belongs
- * to neither block's runtime. */
+ * of one of them; ordered as any use of another device's block (weft_use_begin, "Blocks of other
+ * devices"). It is a peer copy (cuMemcpyPeerAsync), which needs no peer access. Not inside
+ * captures (CAPTURE). WRONG_DEVICE when s belongs to neither block's runtime. */
 /** cuMemsetD8Async / cuMemsetD32Async over a range of the block (a WRITE). For D32, offset and
  * bytes must be multiples of 4. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_memset8(weft_stream_t *s, weft_block_t dst, size_t offset, unsigned char value, size_t bytes);

@@ -313,6 +313,9 @@ static weft_status_t create(weft_runtime_t *rt, int device, const weft_options_t
   /* The guard and the log must see every free: no stream cache with them. */
   rt->cache_on = o.stream_cache_bytes > 0 && !o.guard && o.log_path == NULL;
   weft__cache_forget(rt);
+  static _Atomic uint64_t lives;
+  rt->life = atomic_fetch_add(&lives, 1) + 1;
+  for (int d = 0; d < WEFT__MAX_DEVICES; d++) atomic_store(&rt->peer_life[d], 0);
   rt->refs = 1;
   atomic_store_explicit(&rt->alive, 1, memory_order_release);
   return WEFT_OK;
@@ -425,6 +428,59 @@ weft_status_t weft_runtime_synchronize(weft_runtime_t *rt) {
   weft__runtime_refresh_captures(rt);
   weft__runtime_flush_deferred(rt);
   return weft__tracker_sync_all(&rt->tracker);
+}
+
+/* Grants `device` read-write access to the memory pools of rt's stack (the pool resource's
+ * chunks come from them). */
+static weft_status_t grant_pools(weft_runtime_t *rt, int device) {
+  CUmemAccessDesc desc;
+  memset(&desc, 0, sizeof desc);
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = device;
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  for (unsigned i = 0; i < rt->stack_n; i++) {
+    CUmemoryPool pool = weft_async_pool(rt->stack[i]);
+    if (pool == NULL) continue;
+    CUresult r;
+    /* Pool attributes are housekeeping a capture must not see. */
+    WEFT__RELAXED(rt->drv, r = rt->drv->cuMemPoolSetAccess(pool, &desc, 1));
+    if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemPoolSetAccess");
+  }
+  return WEFT_OK;
+}
+
+weft_status_t weft__runtime_peer_ready(weft_runtime_t *rt, weft_runtime_t *peer, const char *fn) {
+  if (rt == peer || atomic_load(&rt->peer_life[peer->ordinal]) == peer->life) return WEFT_OK;
+  const weft__driver_t *d = rt->drv;
+  if (d->cuDeviceCanAccessPeer == NULL || d->cuCtxEnablePeerAccess == NULL || d->cuMemPoolSetAccess == NULL)
+    return weft__error(WEFT_ERR_NOT_SUPPORTED, "%s: the driver has no peer access", fn);
+  int can = 0;
+  CUresult r = d->cuDeviceCanAccessPeer(&can, rt->ordinal, peer->ordinal);
+  if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuDeviceCanAccessPeer");
+  if (!can)
+    return weft__error(WEFT_ERR_NOT_SUPPORTED,
+                       "%s: device %d cannot access device %d's memory (cuDeviceCanAccessPeer says no); copy the "
+                       "block across with weft_copy_block instead",
+                       fn, rt->ordinal, peer->ordinal);
+  weft_status_t st = weft__tracker_bind(&rt->tracker);
+  if (st != WEFT_OK) return st;
+  if (rt->ordinal != peer->ordinal) {
+    r = d->cuCtxEnablePeerAccess(peer->tracker.ctx, 0);
+    if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
+      return weft__driver_fail(r, "cuCtxEnablePeerAccess");
+  }
+  /* Left enabled on failure: peer access changes no existing memory, and another call (or the
+   * user) may rely on it already. */
+  if ((st = grant_pools(peer, rt->ordinal)) != WEFT_OK) return st;
+  atomic_store(&rt->peer_life[peer->ordinal], peer->life);
+  return WEFT_OK;
+}
+
+weft_status_t weft_runtime_enable_peer_access(weft_runtime_t *rt, weft_runtime_t *peer) {
+  static const char fn[] = "weft_runtime_enable_peer_access";
+  if (weft__runtime_check(rt, fn) == NULL) return weft__runtime_check_status(rt);
+  if (weft__runtime_check(peer, fn) == NULL) return weft__runtime_check_status(peer);
+  return weft__runtime_peer_ready(rt, peer, fn);
 }
 
 weft_status_t weft_runtime_counters(const weft_runtime_t *rt, weft_counters_t *out) {

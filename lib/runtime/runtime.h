@@ -117,6 +117,11 @@ struct weft_runtime {
   weft__stream_cache_t cache[WEFT__MAX_STREAMS];
   bool cache_on;
   _Atomic uint64_t cached_blocks, cached_bytes;
+  /* This life's number (process-wide, from 1), and for each device d the life of d's runtime
+   * whose memory this runtime's device was given access to (weft_runtime_enable_peer_access;
+   * 0: none). A peer's new life has new pools, so the access is granted again. */
+  uint64_t life;
+  _Atomic uint64_t peer_life[WEFT__MAX_DEVICES];
 };
 
 /* ---- runtime.c ------------------------------------------------------------------------------ */
@@ -128,6 +133,9 @@ weft_status_t weft__runtime_check_status(const weft_runtime_t *rt);
 /** The tracker of a live runtime handle, or NULL with STALE_HANDLE / INVALID_ARGUMENT recorded
  * for `fn` (the status in *st). */
 weft__tracker_t *weft__runtime_tracker(weft_runtime_t *rt, const char *fn, weft_status_t *st);
+/** Makes sure rt's device may access the memory of `peer` (this life of it): enables it on first
+ * need (weft_runtime_enable_peer_access); errors name `fn`. */
+weft_status_t weft__runtime_peer_ready(weft_runtime_t *rt, weft_runtime_t *peer, const char *fn);
 /** Counts an object that depends on rt into (+1) or out of (-1) rt->dependents. */
 void weft__runtime_depend(weft_runtime_t *rt, int delta);
 /** Lists a resource that owns device memory outside the runtime's stack (a graph pool), so that

@@ -58,10 +58,149 @@ void weft__trace_use(weft_stream_t *s, const char *name, const weft_access_t *ac
   weft__trace_slice(s->tr->ordinal, weft__tracker_trace_tid(s), name, t0, weft__trace_now_us() - t0, args);
 }
 
+static weft_status_t split(weft_stream_t *s, const weft_access_t *acc, size_t n, bool open);
+
+/* ---- blocks of other devices ----------------------------------------------------------------
+ * A use on s (runtime A) may touch blocks of other runtimes (devices B, ...): "far" blocks. Each
+ * far runtime orders its blocks with its own clocks, through events waited on across devices:
+ *   before: s waits for an event recorded in B after the far block's conflicting work
+ *           (weft_block_export_event: gathered on one of B's live streams);
+ *   the work runs on s as a use of A's blocks (the near ones);
+ *   after:  one of B's live streams waits for an event recorded on s after the work and records
+ *           the far blocks' accesses there, so B's later conflicting work waits for this use.
+ * Correct, not minimal: B's side goes through one of its streams. Kernels and memsets on s need
+ * access to B's memory (weft_runtime_enable_peer_access, done here at first need); a peer copy
+ * does not. Not inside captures: an event of a capture cannot be waited on by another device's
+ * live stream. */
+
+/* Whether some access is a live block of another runtime than s's (the prepare step refused it
+ * with WRONG_DEVICE). */
+static bool any_far(weft_stream_t *s, const weft_access_t *acc, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    struct weft__block *rec;
+    if (acc != NULL && weft__block_check(acc[i].block, "weft", &rec) == WEFT_OK && rec->rt != s->runtime) return true;
+  }
+  return false;
+}
+
+static weft_runtime_t *rt_of(weft_block_t b) { return ((struct weft__block *)b.rec)->rt; }
+
+/* Checks every access (kind, handle) and s, refuses captures, makes sure s's device may access
+ * each far block's memory (when `peer`), and copies the near accesses into *near (room for SMALL
+ * in `small`, else metadata memory: weft__small_free). */
+static weft_status_t across_prepare(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *fn, bool peer,
+                                    weft_access_t *small, weft_access_t **near, size_t *n_near) {
+  weft_status_t st = weft__stream_check(s, fn);
+  if (st != WEFT_OK) return st;
+  for (size_t i = 0; i < n; i++) {
+    struct weft__block *rec;
+    if (acc[i].kind != WEFT_READ && acc[i].kind != WEFT_WRITE && acc[i].kind != WEFT_READ_WRITE)
+      return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses[%zu].kind = %d is not a weft_access_kind_t", fn, i,
+                         (int)acc[i].kind);
+    if ((st = weft__block_check(acc[i].block, fn, &rec)) != WEFT_OK) return st;
+  }
+  if (weft__tracker_capture_of(s, NULL) != NULL)
+    return weft__error(WEFT_ERR_CAPTURE, "%s: blocks of another device on a capturing stream are not supported", fn);
+  for (size_t i = 0; i < n && peer; i++)
+    if (rt_of(acc[i].block) != s->runtime && (st = weft__runtime_peer_ready(s->runtime, rt_of(acc[i].block), fn)) != WEFT_OK)
+      return st;
+  *near = weft__small_alloc(small, SMALL, n, sizeof **near);
+  if (*near == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory for %zu accesses", fn, n);
+  *n_near = 0;
+  for (size_t i = 0; i < n; i++)
+    if (rt_of(acc[i].block) == s->runtime) (*near)[(*n_near)++] = acc[i];
+  return WEFT_OK;
+}
+
+/* "before": s waits for each far block's conflicting work. */
+static weft_status_t across_before(weft_stream_t *s, const weft_access_t *acc, size_t n) {
+  weft_status_t st = weft__stream_prepare(s);
+  for (size_t i = 0; i < n && st == WEFT_OK; i++) {
+    if (rt_of(acc[i].block) == s->runtime) continue;
+    CUevent ev;
+    if ((st = weft_block_export_event(acc[i].block, acc[i].kind, &ev)) != WEFT_OK) break;
+    st = weft__tracker_import_event(s, ev);
+    s->tr->drv->cuEventDestroy(ev); /* the wait stays */
+  }
+  return st;
+}
+
+static weft_status_t no_work(weft_stream_t *s, void *arg) {
+  (void)s;
+  (void)arg;
+  return WEFT_OK;
+}
+
+/* "after": each far runtime learns of the work enqueued on s. If that fails, s is synchronised
+ * instead (the work is then complete, so nothing can race with it) and the failure is returned
+ * only if that fails too. */
+static weft_status_t across_after(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *fn) {
+  const weft__driver_t *d = s->tr->drv;
+  CUevent after = NULL;
+  CUresult r = d->cuEventCreate(&after, CU_EVENT_DISABLE_TIMING);
+  if (r == CUDA_SUCCESS) r = d->cuEventRecord(after, s->raw);
+  weft_status_t st = r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuEventRecord");
+  for (size_t i = 0; i < n && st == WEFT_OK; i++) {
+    weft_runtime_t *far = rt_of(acc[i].block);
+    bool seen = far == s->runtime;
+    for (size_t j = 0; j < i && !seen; j++) seen = rt_of(acc[j].block) == far;
+    if (seen) continue;
+    weft_stream_t *t = weft__tracker_hold_live(&far->tracker, fn);
+    if (t == NULL) {
+      st = WEFT_ERR_CAPTURE;
+      break;
+    }
+    if ((st = weft__stream_prepare(t)) == WEFT_OK) st = weft__tracker_import_event(t, after);
+    /* This runtime's far accesses, one use (at most SMALL at a time). */
+    weft_access_t mine[SMALL];
+    size_t k = 0;
+    for (size_t j = i; j < n && st == WEFT_OK; j++) {
+      if (rt_of(acc[j].block) != far) continue;
+      mine[k++] = acc[j];
+      if (k == SMALL) {
+        st = weft__use_run(t, mine, k, fn, no_work, NULL);
+        k = 0;
+      }
+    }
+    if (st == WEFT_OK && k > 0) st = weft__use_run(t, mine, k, fn, no_work, NULL);
+    weft__tracker_unhold(t);
+  }
+  if (after != NULL) d->cuEventDestroy(after);
+  if (st != WEFT_OK && d->cuStreamSynchronize(s->raw) == CUDA_SUCCESS) st = WEFT_OK;
+  return st;
+}
+
+static weft_status_t use_across(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name, bool peer,
+                                weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
+  weft_access_t small[SMALL], *near;
+  size_t n_near;
+  weft_status_t st = across_prepare(s, acc, n, name, peer, small, &near, &n_near);
+  if (st != WEFT_OK) return st;
+  if ((st = across_before(s, acc, n)) == WEFT_OK && (st = weft__use_run(s, near, n_near, name, fn, arg)) == WEFT_OK)
+    st = across_after(s, acc, n, name);
+  weft__small_free(small, near);
+  return st;
+}
+
+/* The split form across devices: weft_use_begin waits ("before") and opens the near use;
+ * weft_use_end closes it and tells the far runtimes ("after"). */
+static weft_status_t split_across(weft_stream_t *s, const weft_access_t *acc, size_t n, bool open) {
+  const char *fn = open ? "weft_use_begin" : "weft_use_end";
+  weft_access_t small[SMALL], *near;
+  size_t n_near;
+  weft_status_t st = across_prepare(s, acc, n, fn, open, small, &near, &n_near);
+  if (st != WEFT_OK) return st;
+  if (open && (st = across_before(s, acc, n)) == WEFT_OK) st = split(s, near, n_near, true);
+  if (!open && (st = split(s, near, n_near, false)) == WEFT_OK) st = across_after(s, acc, n, fn);
+  weft__small_free(small, near);
+  return st;
+}
+
 /* The split form: open (waits) or close (record) the use of s, checked against each other. */
 static weft_status_t split(weft_stream_t *s, const weft_access_t *acc, size_t n, bool open) {
   weft__use_t small[SMALL], *uses;
   weft_status_t st = prepare(s, acc, n, small, &uses, open ? "weft_use_begin" : "weft_use_end");
+  if (st == WEFT_ERR_WRONG_DEVICE && any_far(s, acc, n)) return split_across(s, acc, n, open);
   if (st != WEFT_OK) return st;
   uint64_t print = weft__tracker_fingerprint(uses, n), t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   st = open ? weft__tracker_open(s, uses, n, print) : weft__tracker_close(s, uses, n, print);
@@ -83,6 +222,8 @@ weft_status_t weft__use_run(weft_stream_t *s, const weft_access_t *acc, size_t n
                            weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
   weft__use_t small[SMALL], *uses;
   weft_status_t st = prepare(s, acc, n, small, &uses, name);
+  /* Blocks of other runtimes: the rare path, found by the check that refuses them. */
+  if (st == WEFT_ERR_WRONG_DEVICE && any_far(s, acc, n)) return use_across(s, acc, n, name, true, fn, arg);
   if (st != WEFT_OK) return st;
   uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   weft__nvtx_push(name);
@@ -194,55 +335,6 @@ weft_status_t weft_copy_from_block(weft_stream_t *s, void *dst, weft_block_t src
   return block_op(s, src, WEFT_READ, offset, bytes, 1, &o, "weft_copy_from_block");
 }
 
-static weft_status_t no_work(weft_stream_t *s, void *arg) {
-  (void)s;
-  (void)arg;
-  return WEFT_OK;
-}
-
-/* A copy between blocks of two runtimes (two devices), on s, a stream of the runtime of `near`
- * (one of the two blocks); `far` is the other block, `far_kind` its access (READ for a source,
- * WRITE for a destination). The far runtime orders the copy with events, each waited on across
- * devices:
- *   1. s waits for an event recorded in the far runtime after the far block's conflicting work
- *      (weft_block_export_event);
- *   2. the copy runs on s as a use of the near block;
- *   3. a live stream of the far runtime waits for an event recorded on s after the copy, and
- *      records a use of the far block there: the far runtime's later work on it waits for the
- *      copy.
- * Correct, not minimal: the far runtime's waits go through one of its streams. */
-static weft_status_t copy_across(weft_stream_t *s, weft_block_t near, weft_access_kind_t near_kind, weft_block_t far,
-                                 weft_access_kind_t far_kind, op_t *o) {
-  static const char fn[] = "weft_copy_block";
-  weft_runtime_t *far_rt = ((struct weft__block *)far.rec)->rt;
-  const weft__driver_t *d = s->tr->drv;
-  if (weft__tracker_capture_of(s, NULL) != NULL)
-    return weft__error(WEFT_ERR_CAPTURE, "%s: a copy between devices on a capturing stream is not supported", fn);
-  CUevent before;
-  weft_status_t st = weft_block_export_event(far, far_kind, &before);
-  if (st != WEFT_OK) return st;
-  if ((st = weft__stream_prepare(s)) == WEFT_OK) st = weft__tracker_import_event(s, before);
-  d->cuEventDestroy(before); /* the wait stays */
-  if (st != WEFT_OK) return st;
-  weft_access_t a = {near, near_kind};
-  if ((st = weft__use_run(s, &a, 1, fn, do_op, o)) != WEFT_OK) return st;
-  /* The far side learns of the copy. */
-  CUevent after;
-  WEFT__CU_TRY(d->cuEventCreate(&after, CU_EVENT_DISABLE_TIMING));
-  CUresult r = d->cuEventRecord(after, s->raw);
-  weft_stream_t *t = r == CUDA_SUCCESS ? weft__tracker_hold_live(&far_rt->tracker, fn) : NULL;
-  if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuEventRecord");
-  else if (t == NULL) st = WEFT_ERR_CAPTURE;
-  if (t != NULL) {
-    if ((st = weft__stream_prepare(t)) == WEFT_OK) st = weft__tracker_import_event(t, after);
-    weft_access_t fa = {far, far_kind};
-    if (st == WEFT_OK) st = weft__use_run(t, &fa, 1, fn, no_work, NULL);
-    weft__tracker_unhold(t);
-  }
-  d->cuEventDestroy(after);
-  return st;
-}
-
 weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_offset, weft_block_t src, size_t src_offset,
                               size_t bytes) {
   op_t o = {.what = OP_DTOD, .bytes = bytes};
@@ -250,7 +342,7 @@ weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_off
   if (st == WEFT_OK) st = range_of(src, src_offset, bytes, 1, "weft_copy_block", &o.dptr2);
   if (st == WEFT_OK) st = weft__stream_check(s, "weft_copy_block");
   if (st != WEFT_OK) return st;
-  /* Between devices: one block of s's runtime, the other ordered by its own (copy_across). */
+  /* Between devices: one block of s's runtime, the other ordered by its own (use_across). */
   weft_runtime_t *dr = ((struct weft__block *)dst.rec)->rt, *sr = ((struct weft__block *)src.rec)->rt;
   if (dr != sr) {
     /* A peer copy: it needs no peer or pool access (2 x H100; cuMemcpyDtoDAsync of another
@@ -260,9 +352,10 @@ weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_off
     o.what = OP_PEER;
     o.dctx = dr->tracker.ctx;
     o.sctx = sr->tracker.ctx;
-    if (s->runtime == dr) return copy_across(s, dst, WEFT_WRITE, src, WEFT_READ, &o);
-    if (s->runtime == sr) return copy_across(s, src, WEFT_READ, dst, WEFT_WRITE, &o);
-    return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_copy_block: the stream belongs to neither block's runtime");
+    if (s->runtime != dr && s->runtime != sr)
+      return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_copy_block: the stream belongs to neither block's runtime");
+    weft_access_t a[2] = {{dst, WEFT_WRITE}, {src, WEFT_READ}};
+    return use_across(s, a, 2, "weft_copy_block", false, do_op, &o);
   }
   weft_access_t a[2] = {{dst, WEFT_WRITE}, {src, WEFT_READ}};
   /* A copy within one block reads and writes it. */

@@ -1,8 +1,8 @@
-/* Runtimes on two devices (issue 14's first step): each device's runtime allocates its memory
- * from its own device, tracks its own streams and gives everything back at release; a block of
- * one runtime used on the other's stream is refused with WRONG_DEVICE (cross-device tracking is
- * still to come). On the simulator with WEFT_SIM_DEVICES=2 (see BUILD) and on a GPU machine
- * with two devices; skipped with one. */
+/* Runtimes on two devices (issue 14): each device's runtime allocates its memory from its own
+ * device, tracks its own streams and gives everything back at release; copies, kernels and
+ * memsets on one device's stream may use the other's blocks, ordered across devices. On the
+ * simulator with WEFT_SIM_DEVICES=2 (see BUILD; test_devices_no_peer without peer access) and
+ * on a GPU machine with two devices; skipped with one. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +13,8 @@
 #include "lib/core/driver.h"
 #include "lib/runtime/runtime.h"
 #include "sim/weft_sim.h"
+#include "tests/kernels/test_kernels.h"
+#include "tests/kernels/test_kernels_sim.h"
 #include "weft/weft.h"
 
 #define N 4096 /* unsigned elements per block */
@@ -30,6 +32,9 @@ static int two_devices(void) {
   assert_int_equal(drv->cuDeviceGetCount(&n), CUDA_SUCCESS);
   return n >= 2;
 }
+
+/* Whether device 0 and device 1 can access each other's memory. */
+static int peers_can(void);
 
 /* Device memory of `dev` in use, as its driver says (cuMemGetInfo with its context current). */
 static size_t used_on(int dev) {
@@ -70,8 +75,7 @@ static void test_each_device_has_its_runtime(void **state) {
     assert_int_equal(weft_stream_synchronize(s[dev]), WEFT_OK);
     for (unsigned i = 0; i < N; i++) assert_int_equal(host[i], 0x100u + (unsigned)dev);
   }
-  /* A block of device 0's runtime on device 1's stream: refused, nothing changed. */
-  assert_int_equal(weft_memset32(s[1], b[0], 0, 7, 4096), WEFT_ERR_WRONG_DEVICE);
+  /* A block is freed by its own runtime only: refused, nothing changed. */
   assert_int_equal(weft_free(b[0], s[1]), WEFT_ERR_WRONG_DEVICE);
   for (int dev = 0; dev < 2; dev++) {
     assert_int_equal(weft_free(b[dev], s[dev]), WEFT_OK);
@@ -137,16 +141,232 @@ static void test_copy_between_devices_is_ordered_both_ways(void **state) {
   weft_block_t x, y;
   assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "x", &x), WEFT_OK);
   assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "y", &y), WEFT_OK);
-  assert_int_equal(weft_copy_block(s[1][0], y, 0, x, 0, 4096), WEFT_ERR_WRONG_DEVICE); /* neither is device 1's */
+  /* Both blocks of device 0, the copy on device 1: a use of two far blocks, which needs peer
+   * access (NOT_SUPPORTED without it, nothing done). */
+  assert_int_equal(weft_memset32(s[0][1], x, 0, 0x55u, 4096), WEFT_OK);
+  assert_int_equal(weft_memset32(s[0][2], y, 0, 0x66u, 4096), WEFT_OK);
+  assert_int_equal(weft_copy_block(s[1][0], y, 0, x, 0, 4096), peers_can() ? WEFT_OK : WEFT_ERR_NOT_SUPPORTED);
+  unsigned host[1024];
+  assert_int_equal(weft_copy_from_block(s[0][0], host, y, 0, sizeof host), WEFT_OK);
+  assert_int_equal(weft_stream_synchronize(s[0][0]), WEFT_OK);
+  for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], peers_can() ? 0x55u : 0x66u);
   assert_int_equal(weft_free(x, s[0][0]), WEFT_OK);
   assert_int_equal(weft_free(y, s[0][0]), WEFT_OK);
   for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+}
+
+static int peers_can(void) {
+  int a = 0, b = 0;
+  assert_int_equal(drv->cuDeviceCanAccessPeer(&a, 0, 1), CUDA_SUCCESS);
+  assert_int_equal(drv->cuDeviceCanAccessPeer(&b, 1, 0), CUDA_SUCCESS);
+  return a && b;
+}
+
+/* The test kernels loaded in each device's context. */
+typedef struct {
+  CUmodule mod[2];
+  CUfunction combine[2], fill[2];
+  unsigned spin;
+} kernels_t;
+
+static void kernels_load(kernels_t *k, weft_runtime_t **rt, const weft_sim_api_t *sim) {
+  weft_test_kernels_register_sim();
+  for (int d = 0; d < 2; d++) {
+    assert_int_equal(drv->cuCtxSetCurrent(rt[d]->tracker.ctx), CUDA_SUCCESS);
+    assert_int_equal(drv->cuModuleLoadData(&k->mod[d], test_kernels_fatbin), CUDA_SUCCESS);
+    assert_int_equal(drv->cuModuleGetFunction(&k->combine[d], k->mod[d], "weft_test_combine"), CUDA_SUCCESS);
+    assert_int_equal(drv->cuModuleGetFunction(&k->fill[d], k->mod[d], "weft_test_fill"), CUDA_SUCCESS);
+  }
+  k->spin = sim != NULL ? 0 : 20000; /* on a GPU each kernel spins 20 us first: a missing wait shows */
+}
+
+static void kernels_unload(kernels_t *k) {
+  for (int d = 0; d < 2; d++) assert_int_equal(drv->cuModuleUnload(k->mod[d]), CUDA_SUCCESS);
+}
+
+static CUdeviceptr ptr(weft_block_t b) {
+  CUdeviceptr p = 0;
+  assert_int_equal(weft_block_ptr(b, &p), WEFT_OK);
+  return p;
+}
+
+/* weft_test_combine on s (device d): out = salt + 7 in0 + 13 in1 (element-wise), with out
+ * written and the inputs read; any block may be of either device. */
+static weft_status_t combine(const kernels_t *k, int d, weft_stream_t *s, weft_block_t out, weft_block_t in0,
+                             weft_block_t in1, unsigned n, unsigned salt) {
+  CUdeviceptr p[5] = {ptr(out), 0, ptr(in0), ptr(in1), 0};
+  unsigned spin = k->spin;
+  void *params[8] = {&p[0], &p[1], &p[2], &p[3], &p[4], &n, &salt, (void *)&spin};
+  weft_launch_t l = {.func = k->combine[d], .grid = {(n + 255) / 256}, .block = {256}, .params = params};
+  weft_access_t a[3] = {{out, WEFT_WRITE}, {in0, WEFT_READ}, {in1, WEFT_READ}};
+  return weft_launch(s, &l, a, 3);
+}
+
+/* The same through the split form: weft_use_begin, the launch on the raw stream, weft_use_end. */
+static weft_status_t combine_split(const kernels_t *k, int d, weft_stream_t *s, weft_block_t out, weft_block_t in0,
+                                   weft_block_t in1, unsigned n, unsigned salt) {
+  weft_access_t a[3] = {{out, WEFT_WRITE}, {in0, WEFT_READ}, {in1, WEFT_READ}};
+  weft_status_t st = weft_use_begin(s, a, 3);
+  if (st != WEFT_OK) return st;
+  CUdeviceptr p[5] = {ptr(out), 0, ptr(in0), ptr(in1), 0};
+  unsigned spin = k->spin;
+  void *params[8] = {&p[0], &p[1], &p[2], &p[3], &p[4], &n, &salt, (void *)&spin};
+  assert_int_equal(drv->cuLaunchKernel(k->combine[d], (n + 255) / 256, 1, 1, 256, 1, 1, 0, weft_stream_raw(s), params, NULL),
+                   CUDA_SUCCESS);
+  return weft_use_end(s, a, 3);
+}
+
+/* Random programs over blocks of both devices (issue 14: "a use on device 1 that reads a block
+ * written on device 0 waits for the needed event"): kernels on either device's streams read
+ * and write blocks of both, memsets and copies cross too, with no event of the test's. The data
+ * ends equal to a host model; the simulator's oracle sees no race; with the waits turned off it
+ * sees races (positive control). */
+static void test_random_programs_across_devices(void **state) {
+  (void)state;
+  if (!two_devices()) skip();
+  if (!peers_can()) skip(); /* test_devices_no_peer checks the refusal */
+  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
+  weft_runtime_t *rt[2];
+  weft_stream_t *s[2][3];
+  for (int d = 0; d < 2; d++) {
+    assert_int_equal(weft_runtime_get(d, NULL, &rt[d]), WEFT_OK);
+    for (unsigned i = 0; i < 3; i++) assert_int_equal(weft_stream_get(rt[d], i, &s[d][i]), WEFT_OK);
+  }
+  kernels_t k;
+  kernels_load(&k, rt, sim);
+  enum { NB = 8, NE = 2048, STEPS = 240 };
+  int seeds = sim != NULL ? 6 : 3;
+  for (int seed = 0; seed < seeds; seed++) {
+    int positive = sim != NULL && seed == seeds - 1;
+    uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(seed + 1);
+#define RND(m) ((unsigned)((x = x * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (m))
+    weft_block_t b[NB];
+    unsigned model[NB];
+    for (int i = 0; i < NB; i++) { /* blocks 0..3 on device 0, 4..7 on device 1 */
+      int d = i / (NB / 2);
+      assert_int_equal(weft_alloc(rt[d], NE * 4, s[d][0], "r", &b[i]), WEFT_OK);
+      model[i] = 1000u + (unsigned)i;
+      assert_int_equal(weft_memset32(s[d][1], b[i], 0, model[i], NE * 4), WEFT_OK);
+    }
+    if (positive) weft_test_no_waits(rt, 1);
+    for (int step = 0; step < STEPS; step++) {
+      int d = (int)RND(2);
+      weft_stream_t *on = s[d][RND(3)];
+      unsigned o = RND(NB), i0 = RND(NB), i1 = RND(NB), what = RND(10);
+      if (what < 7) { /* a kernel on device d over blocks of both */
+        if (i0 == o) i0 = (o + 1) % NB;
+        if (i1 == o) i1 = (o + 2) % NB;
+        unsigned salt = (unsigned)step;
+        /* Every fourth through the split form (weft_use_begin / weft_use_end). */
+        weft_status_t (*run)(const kernels_t *, int, weft_stream_t *, weft_block_t, weft_block_t, weft_block_t, unsigned,
+                             unsigned) = RND(4) == 0 ? combine_split : combine;
+        assert_int_equal(run(&k, d, on, b[o], b[i0], b[i1], NE, salt), WEFT_OK);
+        model[o] = salt + 7u * model[i0] + 13u * model[i1];
+      } else if (what < 8) { /* a memset, maybe of the other device's block */
+        unsigned v = 77u * (unsigned)step;
+        assert_int_equal(weft_memset32(on, b[o], 0, v, NE * 4), WEFT_OK);
+        model[o] = v;
+      } else { /* a copy between the devices, on a stream of one of them */
+        int dd = (int)(o / (NB / 2)), sd = 1 - dd;
+        unsigned src = (unsigned)sd * (NB / 2) + RND(NB / 2);
+        weft_stream_t *cs = s[RND(2) ? dd : sd][RND(3)];
+        assert_int_equal(weft_copy_block(cs, b[o], 0, b[src], 0, NE * 4), WEFT_OK);
+        model[o] = model[src];
+      }
+    }
+    if (positive) {
+      weft_test_no_waits(rt, 0);
+      for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_synchronize(rt[d]), WEFT_OK);
+      weft_sim_stats_t st;
+      sim->stats(&st);
+      assert_true(st.races > 0);
+      sim->reset_races();
+    } else {
+      for (int i = 0; i < NB; i++) {
+        static unsigned host[NE];
+        int d = i / (NB / 2);
+        assert_int_equal(weft_copy_from_block(s[d][2], host, b[i], 0, sizeof host), WEFT_OK);
+        assert_int_equal(weft_stream_synchronize(s[d][2]), WEFT_OK);
+        for (unsigned e = 0; e < NE; e += 97) assert_int_equal(host[e], model[i]);
+        assert_int_equal(host[NE - 1], model[i]);
+      }
+      if (sim != NULL) {
+        weft_sim_stats_t st;
+        sim->stats(&st);
+        if (st.races != 0) sim->print_report();
+        assert_int_equal(st.races, 0);
+      }
+    }
+    for (int i = 0; i < NB; i++) assert_int_equal(weft_free(b[i], s[i / (NB / 2)][0]), WEFT_OK);
+#undef RND
+  }
+  /* Inside a capture such a use is refused and changes nothing. */
+  weft_block_t near, far;
+  assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "near", &near), WEFT_OK);
+  assert_int_equal(weft_alloc(rt[1], 4096, s[1][0], "far", &far), WEFT_OK);
+  assert_int_equal(weft_capture_begin(s[0][1], NULL), WEFT_OK);
+  assert_int_equal(combine(&k, 0, s[0][1], near, far, far, 1024, 1), WEFT_ERR_CAPTURE);
+  assert_int_equal(weft_memset32(s[0][1], far, 0, 5, 4096), WEFT_ERR_CAPTURE);
+  weft_graph_t *g = NULL;
+  assert_int_equal(weft_capture_end(s[0][1], &g), WEFT_OK);
+  assert_int_equal(weft_graph_destroy(g), WEFT_OK);
+  assert_int_equal(weft_free(near, s[0][0]), WEFT_OK);
+  assert_int_equal(weft_free(far, s[1][0]), WEFT_OK);
+  kernels_unload(&k);
+  for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+}
+
+/* Where the devices cannot access each other's memory (test_devices_no_peer: WEFT_SIM_PEER=0),
+ * a kernel or memset on one device over the other's block is refused with NOT_SUPPORTED and
+ * changes nothing; a copy between them still works (a peer copy needs no access). */
+static void test_without_peer_access_uses_are_refused_copies_work(void **state) {
+  (void)state;
+  if (!two_devices()) skip();
+  if (peers_can()) skip(); /* the devices can: test_random_programs_across_devices covers them */
+  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
+  weft_runtime_t *rt[2];
+  weft_stream_t *s[2];
+  weft_block_t b[2];
+  for (int d = 0; d < 2; d++) {
+    assert_int_equal(weft_runtime_get(d, NULL, &rt[d]), WEFT_OK);
+    assert_int_equal(weft_stream_get(rt[d], 1, &s[d]), WEFT_OK);
+    assert_int_equal(weft_alloc(rt[d], 4096, s[d], "b", &b[d]), WEFT_OK);
+    assert_int_equal(weft_memset32(s[d], b[d], 0, 10u + (unsigned)d, 4096), WEFT_OK);
+  }
+  kernels_t k;
+  kernels_load(&k, rt, sim);
+  weft_counters_t before, after;
+  assert_int_equal(weft_runtime_counters(rt[1], &before), WEFT_OK);
+  assert_int_equal(weft_runtime_enable_peer_access(rt[0], rt[1]), WEFT_ERR_NOT_SUPPORTED);
+  assert_non_null(strstr(weft_last_error(), "cannot access"));
+  assert_int_equal(combine(&k, 0, s[0], b[0], b[1], b[1], 1024, 3), WEFT_ERR_NOT_SUPPORTED);
+  assert_int_equal(weft_memset32(s[0], b[1], 0, 5, 4096), WEFT_ERR_NOT_SUPPORTED);
+  assert_int_equal(weft_runtime_counters(rt[1], &after), WEFT_OK);
+  assert_memory_equal(&before, &after, sizeof before); /* the far runtime saw nothing */
+  assert_int_equal(weft_runtime_enable_peer_access(rt[0], rt[0]), WEFT_OK); /* itself: nothing to do */
+  assert_int_equal(weft_copy_block(s[0], b[0], 0, b[1], 0, 4096), WEFT_OK);
+  unsigned host[1024];
+  assert_int_equal(weft_copy_from_block(s[0], host, b[0], 0, sizeof host), WEFT_OK);
+  assert_int_equal(weft_stream_synchronize(s[0]), WEFT_OK);
+  for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], 11u);
+  if (sim != NULL) {
+    weft_sim_stats_t st;
+    sim->stats(&st);
+    assert_int_equal(st.races, 0);
+  }
+  kernels_unload(&k);
+  for (int d = 0; d < 2; d++) {
+    assert_int_equal(weft_free(b[d], s[d]), WEFT_OK);
+    assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+  }
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_each_device_has_its_runtime),
       cmocka_unit_test(test_copy_between_devices_is_ordered_both_ways),
+      cmocka_unit_test(test_random_programs_across_devices),
+      cmocka_unit_test(test_without_peer_access_uses_are_refused_copies_work),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
