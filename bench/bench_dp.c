@@ -17,6 +17,7 @@
  * Goal (issue 14): the two-GPU step <= 1.15 x the one-GPU step. The overlap column says how much
  * of the all-reduce time the step hid: (compute + all-reduce - step) / all-reduce. Needs two
  * devices and NCCL; skipped otherwise. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "bench/bench.h"
@@ -41,6 +42,7 @@ typedef struct dp {
   rank_t r[2];
   unsigned n;      /* elements per bucket */
   unsigned rounds; /* LCG steps per element of the compute kernel */
+  unsigned blocks; /* blocks of 256 threads of the compute kernel (WEFT_BENCH_DP_BLOCKS, 264) */
 } dp_t;
 
 /* The LCG kernel as a use on r's compute stream: out = LCG^rounds(in) over n elements, with
@@ -56,7 +58,7 @@ static void lcg(rank_t *r, weft_block_t out, weft_block_t in, unsigned n, unsign
 }
 
 /* The "backward" of a bucket: its gradient from the seed. */
-static void compute(dp_t *d, rank_t *r, int bucket, unsigned rounds) { lcg(r, r->grad[bucket], r->seed, d->n, rounds, 264); }
+static void compute(dp_t *d, rank_t *r, int bucket, unsigned rounds) { lcg(r, r->grad[bucket], r->seed, d->n, rounds, d->blocks); }
 
 /* The update: reads every bucket (a short kernel writing the seed, which the next step reads). */
 static void update(dp_t *d, rank_t *r) {
@@ -76,7 +78,7 @@ static void raw_bucket(dp_t *d, const weft__nccl_t *nl, int bkt, unsigned rounds
     BENCH_WEFT(weft_block_ptr(r->seed, &in));
     void *params[] = {&out, &in, &d->n, &rounds};
     CUstream cs = weft_stream_raw(r->compute), ms = weft_stream_raw(weft_comm_stream(r->comm));
-    BENCH_CU(drv->cuLaunchKernel(r->lcg, 264, 1, 1, 256, 1, 1, 0, cs, params, NULL));
+    BENCH_CU(drv->cuLaunchKernel(r->lcg, d->blocks, 1, 1, 256, 1, 1, 0, cs, params, NULL));
     BENCH_CU(drv->cuEventRecord(r->done[bkt], cs));
     BENCH_CU(drv->cuStreamWaitEvent(ms, r->done[bkt], 0));
   }
@@ -153,7 +155,9 @@ void bench_dp(bench_t *b) {
     printf("skipped: %s\n\n", ndev < 2 ? "one device" : weft_last_error());
     return;
   }
-  dp_t d = {.b = b, .n = (unsigned)((b->quick ? 1u : BUCKET_MIB) << 20) / 4};
+  dp_t d = {.b = b, .n = (unsigned)((b->quick ? 1u : BUCKET_MIB) << 20) / 4, .blocks = 264};
+  const char *blocks = getenv("WEFT_BENCH_DP_BLOCKS");
+  if (blocks != NULL && atoi(blocks) > 0) d.blocks = (unsigned)atoi(blocks);
   d.r[0].rt = bench_runtime(NULL);
   BENCH_WEFT(weft_runtime_get(1, NULL, &d.r[1].rt));
   const weft__nccl_t *nl;
