@@ -19,14 +19,20 @@ typedef struct pair {
   CUdeviceptr ptr[2];
   CUstream raw[2];
   ncclComm_t nc[2];
+  CUevent ev[2]; /* the "raw + record" path's events */
 } pair_t;
+
+/* The ways an all-reduce is issued: through weft, raw NCCL, and raw NCCL followed by an event
+ * record on each stream (what a tracked use adds on the GPU side: it tells a host-side cost from
+ * a GPU-side one). */
+enum { RAW, WEFT, RAW_RECORD };
 
 /* The NCCL communicators under weft's (the same ones the raw path uses): made separately with
  * ncclCommInitAll, and adopted by weft. */
-static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, unsigned iters, int use_weft) {
+static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, unsigned iters, int how, double *host_us) {
   uint64_t t0 = bench_now_ns();
   for (unsigned i = 0; i < iters; i++) {
-    if (use_weft) {
+    if (how == WEFT) {
       BENCH_WEFT(weft_comm_group_begin());
       for (int r = 0; r < 2; r++)
         BENCH_WEFT(weft_all_reduce(p->comm[r], p->buf[r], 0, p->buf[r], 0, count, WEFT_FLOAT32, WEFT_SUM, NULL));
@@ -38,8 +44,10 @@ static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, u
                               (cudaStream_t)p->raw[r]) != ncclSuccess)
           bench_die("ncclAllReduce");
       if (nl->ncclGroupEnd() != ncclSuccess) bench_die("ncclGroupEnd");
+      for (int r = 0; r < 2 && how == RAW_RECORD; r++) BENCH_CU(b->drv->cuEventRecord(p->ev[r], p->raw[r]));
     }
   }
+  if (host_us != NULL) *host_us = (double)(bench_now_ns() - t0) / iters / 1000.0;
   for (int r = 0; r < 2; r++) BENCH_WEFT(weft_stream_synchronize(weft_comm_stream(p->comm[r])));
   (void)b;
   return (double)(bench_now_ns() - t0) / iters / 1000.0;
@@ -69,18 +77,27 @@ void bench_comm(bench_t *b) {
     BENCH_WEFT(weft_block_ptr(p.buf[r], &p.ptr[r]));
     BENCH_WEFT(weft_memset32(s, p.buf[r], 0, 0, max_count * 4));
     p.raw[r] = weft_stream_raw(s);
+    CUcontext ctx; /* the device's primary context, weft's too: the event belongs to its device */
+    BENCH_CU(b->drv->cuDevicePrimaryCtxRetain(&ctx, r));
+    BENCH_CU(b->drv->cuCtxSetCurrent(ctx));
+    BENCH_CU(b->drv->cuEventCreate(&p.ev[r], CU_EVENT_DISABLE_TIMING));
+    BENCH_CU(b->drv->cuDevicePrimaryCtxRelease(r));
   }
-  static const char *const cols[] = {"bytes", "weft us", "raw NCCL us", "weft / raw", "range of weft / raw"};
-  bench_table(cols, 5);
+  static const char *const cols[] = {"bytes",         "weft us",           "raw NCCL us",
+                                     "weft / raw",    "range of weft / raw", "raw + event record us",
+                                     "weft host us",  "raw host us"};
+  bench_table(cols, 8);
   for (size_t count = MIB / 4; count <= max_count; count *= 4) {
     unsigned iters = bench_count(b, count >= 16 * MIB ? 20 : 200, 2);
-    double w[16], raw[16], ratio[16];
+    double w[16], raw[16], ratio[16], rec[16], wh[16], rh[16];
     unsigned reps = b->reps < 16 ? b->reps : 16;
-    (void)run(b, nl, &p, count, 2, 1); /* warm both paths */
-    (void)run(b, nl, &p, count, 2, 0);
+    (void)run(b, nl, &p, count, 2, WEFT, NULL); /* warm every path */
+    (void)run(b, nl, &p, count, 2, RAW, NULL);
+    (void)run(b, nl, &p, count, 2, RAW_RECORD, NULL);
     for (unsigned k = 0; k < reps; k++) {
-      w[k] = run(b, nl, &p, count, iters, 1);
-      raw[k] = run(b, nl, &p, count, iters, 0);
+      w[k] = run(b, nl, &p, count, iters, WEFT, &wh[k]);
+      raw[k] = run(b, nl, &p, count, iters, RAW, &rh[k]);
+      rec[k] = run(b, nl, &p, count, iters, RAW_RECORD, NULL);
       ratio[k] = w[k] / raw[k];
     }
     double lo = ratio[0], hi = ratio[0];
@@ -91,7 +108,8 @@ void bench_comm(bench_t *b) {
     double mw = bench_median(w, reps), mr = bench_median(raw, reps), mq = bench_median(ratio, reps);
     char row[64];
     snprintf(row, sizeof row, "%zu", count * 4);
-    printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f |\n", count * 4, mw, mr, mq, lo, hi);
+    printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f | %.1f | %.1f | %.1f |\n", count * 4, mw, mr, mq, lo, hi,
+           bench_median(rec, reps), bench_median(wh, reps), bench_median(rh, reps));
     bench_csv(b, "comm", row, "all_reduce_us", mw, "us", "raw_nccl", mr);
   }
   printf("\n");
@@ -99,6 +117,7 @@ void bench_comm(bench_t *b) {
     BENCH_WEFT(weft_free(p.buf[r], weft_comm_stream(p.comm[r])));
     BENCH_WEFT(weft_runtime_synchronize(p.rt[r]));
     BENCH_WEFT(weft_comm_destroy(p.comm[r]));
+    BENCH_CU(b->drv->cuEventDestroy(p.ev[r]));
     if (nl->ncclCommDestroy(p.nc[r]) != ncclSuccess) bench_die("ncclCommDestroy");
   }
   BENCH_WEFT(weft_runtime_release(p.rt[1]));
