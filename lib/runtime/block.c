@@ -26,8 +26,12 @@ static const char *freed_tag(const struct weft__block *rec, size_t *bytes) {
 weft_status_t weft__block_check(weft_block_t b, const char *fn, struct weft__block **out) {
   struct weft__block *rec = b.rec;
   if (rec == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: the block handle is null", fn);
-  uint64_t gen = atomic_load_explicit(&rec->gen, memory_order_acquire);
+  /* State first: a record handed out again stores its new generation, then LIVE (release), so
+   * a LIVE read here makes the generation read after it the new one. Reading the generation
+   * first could pair the old generation with the new life's LIVE (a freed handle not stale:
+   * tests/threads:test_thread_gate under tsan, with the stream cache reusing records at once). */
   int state = atomic_load_explicit(&rec->state, memory_order_acquire);
+  uint64_t gen = atomic_load_explicit(&rec->gen, memory_order_acquire);
   if (gen != b.gen)
     return weft__error(WEFT_ERR_STALE_HANDLE, "%s: stale block handle (generation %llu, the record is now at %llu)",
                        fn, (unsigned long long)b.gen, (unsigned long long)gen);
