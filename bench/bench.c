@@ -1,7 +1,7 @@
 /* weft_bench: every benchmark of issue 7 in one run, each weft figure next to its raw-driver
  * baseline from the same run.
  *
- *   weft_bench [--quick] [section ...]     sections: alloc tracker waits replay pipeline comm dp (default all)
+ *   weft_bench [--quick] [section ...]     sections: alloc tracker waits replay pipeline comm dp curves (default all)
  *
  * On a GPU (WEFT_DRIVER unset) the whole run takes well under a minute. On the simulator
  * (WEFT_DRIVER=sim) counts are scaled down and every table says the figures are not performance
@@ -29,6 +29,7 @@ static const section_t sections[] = {
     {"pipeline", bench_pipeline},
     {"comm", bench_comm},
     {"dp", bench_dp},
+    {"curves", bench_curves},
 };
 #define NSECTIONS (sizeof sections / sizeof sections[0])
 
@@ -47,7 +48,7 @@ static FILE *open_csv(char *path, size_t cap) {
     perror(path);
     exit(1);
   }
-  fprintf(f, "section,row,metric,value,unit,baseline,baseline_value,ratio,machine\n");
+  fprintf(f, "section,row,metric,unit,baseline,x,rep,value,machine\n");
   return f;
 }
 
@@ -95,7 +96,7 @@ int main(int argc, char **argv) {
   BENCH_WEFT(weft_driver_info(&info));
   BENCH_WEFT(weft__driver_get(&b.drv));
   b.sim = info.is_simulator;
-  b.reps = b.quick ? 3 : b.sim ? 3 : 7;
+  b.reps = b.quick ? 3 : b.sim ? 3 : 9;
   open_context(&b);
   pipeline_kernels_register_sim();
   BENCH_CU(b.drv->cuModuleLoadData(&b.module, pipeline_kernels_fatbin));

@@ -5,7 +5,8 @@
  * same run. Raw driver calls go through lib/core's driver table (weft__driver_get), the one
  * boundary every cu* call crosses, so the baseline pays the same indirect call weft pays.
  *
- * Output: markdown tables on stdout and one CSV row per figure (see report.c for the columns).
+ * Output: markdown tables on stdout and one CSV row per sample (see report.c for the columns):
+ * bench/results.py makes bench/RESULTS.md (medians, ratio ranges, goals, curves) from the CSV.
  */
 #ifndef WEFT_BENCH_BENCH_H
 #define WEFT_BENCH_BENCH_H
@@ -25,9 +26,11 @@ typedef struct bench {
   CUfunction lcg;    /* pipeline_transform: `rounds` LCG steps per element */
   int sim;           /* 1 on the simulator: figures are not performance numbers */
   int quick;         /* --quick: the smallest counts that still exercise every path */
-  unsigned reps;     /* repetitions per figure; the median is reported */
+  unsigned reps;     /* repetitions per figure (at most BENCH_MAX_REPS); the median is reported */
   FILE *csv;
 } bench_t;
+
+#define BENCH_MAX_REPS 16
 
 /** Scales an iteration count for the machine: `gpu` on a GPU, a tenth on the simulator, a
  * hundredth with --quick; never below `floor`. */
@@ -70,9 +73,31 @@ weft_runtime_t *bench_runtime(const weft_options_t *opts);
 void bench_section(const bench_t *b, const char *title, const char *about);
 /** Starts a markdown table with `n` column names. */
 void bench_table(const char *const *cols, unsigned n);
-/** One CSV row: a weft figure and its baseline (baseline_value 0: none; ratio left empty). */
+/** One CSV row: a weft figure and its baseline (baseline_value 0: none; ratio left empty).
+ * Written as one sample (rep 0) of `row` and, with a baseline, one of `baseline`. For figures
+ * that are not repeated (counts); timed figures go through bench_measure. */
 void bench_csv(const bench_t *b, const char *section, const char *row, const char *metric, double value,
                const char *unit, const char *baseline, double baseline_value);
+
+/** One series of a measured figure: sample() takes one sample (a timed loop: ns per operation,
+ * us per step...) and returns it. `baseline` names the row of the same section and metric it is
+ * compared with (NULL: none); `x` is the curve parameter (NULL: not a curve point). */
+typedef struct bench_series {
+  const char *row;
+  const char *baseline;
+  const char *x;
+  double (*sample)(void *ctx);
+  void *ctx;
+} bench_series_t;
+
+/** Measures series together: one untimed warm-up round, then b->reps rounds, each taking one
+ * sample of every series in turn (interleaved: a drift of the machine falls on all of them
+ * alike). Writes every sample to the CSV; medians[i] (if not NULL) gets series i's median. */
+void bench_measure(const bench_t *b, const char *section, const char *metric, const char *unit,
+                   const bench_series_t *series, size_t n, double *medians);
+/** One CSV sample row, written as the section took it (rep counts from 0). */
+void bench_sample(const bench_t *b, const char *section, const char *row, const char *metric, const char *unit,
+                  const char *baseline, const char *x, unsigned rep, double value);
 
 /* ---- the sections, one file each ---------------------------------------------------------- */
 
@@ -83,5 +108,6 @@ void bench_tracker(bench_t *b);
 void bench_waits(bench_t *b);
 void bench_replay(bench_t *b);
 void bench_pipeline(bench_t *b);
+void bench_curves(bench_t *b);
 
 #endif /* WEFT_BENCH_BENCH_H */

@@ -84,101 +84,111 @@ static const path_t weft_paths[] = {
 static const weft_memory_kind_t weft_memory[] = {WEFT_MEMORY_POOL, WEFT_MEMORY_POOL, WEFT_MEMORY_ASYNC,
                                                  WEFT_MEMORY_DIRECT};
 
-/* Median host ns per pair over b->reps runs of n pairs, after one unmeasured warm-up run (which
- * also grows pools to their working size). The stream is synchronised between runs, untimed. */
-static double ns_per_pair(const bench_t *b, const path_t *p, ctx_t *c, CUstream stream, int mixed, unsigned n) {
-  double v[16];
+/* One series: a path's loop (same size or mixed) on its context and stream. */
+typedef struct loop {
+  const path_t *p;
+  ctx_t *c;
+  CUstream stream;
+  int mixed;
+  unsigned n;
+} loop_t;
+
+/* One sample: host ns per pair over n pairs. The stream is synchronised afterwards, untimed. */
+static double ns_per_pair(void *arg) {
+  const loop_t *l = arg;
+  const path_t *p = l->p;
+  ctx_t *c = l->c;
+  unsigned n = l->n;
   slot_t live[WINDOW];
-  for (unsigned r = 0; r <= b->reps; r++) {
-    uint64_t t0 = bench_now_ns();
-    if (!mixed) {
-      for (unsigned i = 0; i < n; i++) {
-        slot_t s;
-        p->alloc(c, SAME_BYTES, &s);
-        p->free(c, SAME_BYTES, &s);
-      }
-    } else {
-      for (unsigned i = 0; i < n; i++) {
-        unsigned w = i % WINDOW;
-        if (i >= WINDOW) p->free(c, mixed_sizes[(i - WINDOW) % 16], &live[w]);
-        p->alloc(c, mixed_sizes[i % 16], &live[w]);
-      }
+  uint64_t t0 = bench_now_ns();
+  if (!l->mixed) {
+    for (unsigned i = 0; i < n; i++) {
+      slot_t s;
+      p->alloc(c, SAME_BYTES, &s);
+      p->free(c, SAME_BYTES, &s);
     }
-    uint64_t t1 = bench_now_ns();
-    if (mixed)
-      for (unsigned i = n > WINDOW ? n - WINDOW : 0; i < n; i++) p->free(c, mixed_sizes[i % 16], &live[i % WINDOW]);
-    BENCH_CU(b->drv->cuStreamSynchronize(stream));
-    if (r > 0) v[r - 1] = (double)(t1 - t0) / n;
+  } else {
+    for (unsigned i = 0; i < n; i++) {
+      unsigned w = i % WINDOW;
+      if (i >= WINDOW) p->free(c, mixed_sizes[(i - WINDOW) % 16], &live[w]);
+      p->alloc(c, mixed_sizes[i % 16], &live[w]);
+    }
   }
-  return bench_median(v, b->reps);
+  uint64_t t1 = bench_now_ns();
+  if (l->mixed)
+    for (unsigned i = n > WINDOW ? n - WINDOW : 0; i < n; i++) p->free(c, mixed_sizes[i % 16], &live[i % WINDOW]);
+  BENCH_CU(c->b->drv->cuStreamSynchronize(l->stream));
+  return (double)(t1 - t0) / n;
 }
 
-typedef struct result {
-  const path_t *path;
-  double same, mixed;
-} result_t;
-
-/* Runs both loops of a weft path on a runtime built with `memory`. */
-static void run_weft(const bench_t *b, weft_memory_kind_t memory, const path_t *p, unsigned n, result_t *out) {
-  weft_options_t o = weft_options_default();
-  o.memory = memory;
-  ctx_t c = {.b = b, .rt = bench_runtime(&o)};
-  BENCH_WEFT(weft_stream_get(c.rt, 0, &c.s));
-  c.res = weft_runtime_resource(c.rt);
-  CUstream raw = weft_stream_raw(c.s);
-  *out = (result_t){p, ns_per_pair(b, p, &c, raw, 0, n), ns_per_pair(b, p, &c, raw, 1, n)};
-  BENCH_WEFT(weft_runtime_release(c.rt));
-}
-
-static void run_raw(const bench_t *b, const path_t *p, unsigned n, result_t *out) {
+/* A raw path's context: its own stream, and for the pool path a pool made as weft's async
+ * resource makes its pool (lib/mem/async.c), keeping every byte cached. */
+static void raw_open(const bench_t *b, const path_t *p, ctx_t *c) {
   const weft__driver_t *d = b->drv;
-  ctx_t c = {.b = b};
-  BENCH_CU(d->cuStreamCreateWithPriority(&c.raw, CU_STREAM_NON_BLOCKING, 0));
+  *c = (ctx_t){.b = b};
+  BENCH_CU(d->cuStreamCreateWithPriority(&c->raw, CU_STREAM_NON_BLOCKING, 0));
   if (p == &raw_pool_path) {
-    /* As weft's async resource makes its pool (lib/mem/async.c), keeping every byte cached. */
     CUmemPoolProps props;
     memset(&props, 0, sizeof props);
     props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
     props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     props.location.id = 0;
-    BENCH_CU(d->cuMemPoolCreate(&c.pool, &props));
+    BENCH_CU(d->cuMemPoolCreate(&c->pool, &props));
     cuuint64_t keep = UINT64_MAX;
-    BENCH_CU(d->cuMemPoolSetAttribute(c.pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
+    BENCH_CU(d->cuMemPoolSetAttribute(c->pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &keep));
   }
-  *out = (result_t){p, ns_per_pair(b, p, &c, c.raw, 0, n), ns_per_pair(b, p, &c, c.raw, 1, n)};
-  BENCH_CU(d->cuStreamSynchronize(c.raw));
-  if (c.pool != NULL) BENCH_CU(d->cuMemPoolDestroy(c.pool));
-  BENCH_CU(d->cuStreamDestroy(c.raw));
 }
 
-static void print_row(const bench_t *b, const result_t *r, const result_t *base) {
-  if (r->path->baseline == NULL) {
-    printf("| %s | %.0f | baseline | %.0f | baseline |\n", r->path->name, r->same, r->mixed);
-  } else {
-    printf("| %s | %.0f | %.2fx | %.0f | %.2fx |\n", r->path->name, r->same, r->same / base->same, r->mixed,
-           r->mixed / base->mixed);
-  }
-  const char *bn = r->path->baseline ? r->path->baseline->name : NULL;
-  bench_csv(b, "alloc", r->path->name, "ns per pair, same 1 MiB", r->same, "ns", bn, bn ? base->same : 0);
-  bench_csv(b, "alloc", r->path->name, "ns per pair, mixed sizes", r->mixed, "ns", bn, bn ? base->mixed : 0);
+static void raw_close(ctx_t *c) {
+  const weft__driver_t *d = c->b->drv;
+  BENCH_CU(d->cuStreamSynchronize(c->raw));
+  if (c->pool != NULL) BENCH_CU(d->cuMemPoolDestroy(c->pool));
+  BENCH_CU(d->cuStreamDestroy(c->raw));
 }
+
+static const char *const memory_name[] = {"POOL", "ASYNC", "DIRECT"};
 
 void bench_alloc(bench_t *b) {
   bench_section(b, "Allocation: alloc + free pair, hot",
-                "Host ns per pair (median). *same*: 1 MiB allocated and freed on one stream; *mixed*: 8 live "
-                "blocks of 16 sizes (256 B to 4 MiB), the oldest replaced each step. Ratios are to the raw "
-                "row named in the path's baseline (the driver's pool, or cuMemAlloc for `direct`). Goal "
-                "(issue 5): `pool` at most 60 ns.");
+                "Host ns per pair (median of the repetitions; each weft path's repetitions interleaved with its "
+                "raw baseline's, measured beside it). *same*: 1 MiB allocated and freed on one stream; *mixed*: 8 "
+                "live blocks of 16 sizes (256 B to 4 MiB), the oldest replaced each step. Ratios are to the raw row "
+                "named in the path's baseline (the driver's pool, or cuMemAlloc for `direct`). Goal (issue 5): "
+                "`pool` at most 60 ns.");
   unsigned fast = bench_count(b, 50000, 16), slow = bench_count(b, 300, 16);
-  result_t raw_pool, raw_direct, r[4];
-  run_raw(b, &raw_pool_path, fast, &raw_pool);
-  run_raw(b, &raw_direct_path, slow, &raw_direct);
-  for (int i = 0; i < 4; i++)
-    run_weft(b, weft_memory[i], &weft_paths[i], weft_memory[i] == WEFT_MEMORY_DIRECT ? slow : fast, &r[i]);
-  static const char *const cols[] = {"path", "same size, ns", "vs raw", "mixed sizes, ns", "vs raw"};
-  bench_table(cols, 5);
-  for (int i = 0; i < 4; i++) print_row(b, &r[i], r[i].path->baseline == &raw_direct_path ? &raw_direct : &raw_pool);
-  print_row(b, &raw_pool, NULL);
-  print_row(b, &raw_direct, NULL);
-  printf("\n%u pairs per run (%u for the cuMemAlloc paths).\n\n", fast, slow);
+  ctx_t raw_pool, raw_direct;
+  raw_open(b, &raw_pool_path, &raw_pool);
+  raw_open(b, &raw_direct_path, &raw_direct);
+  static const char *const cols[] = {"path", "memory", "same size, ns", "vs raw", "mixed sizes, ns", "vs raw"};
+  bench_table(cols, 6);
+  static const char *const metric[] = {"ns per pair, same 1 MiB", "ns per pair, mixed sizes"};
+  double base[2][4] = {{0}}; /* [mixed][path]: the baseline's median beside path i */
+  for (int i = 0; i < 4; i++) {
+    const path_t *p = &weft_paths[i];
+    const char *mem = memory_name[weft_memory[i]];
+    weft_options_t o = weft_options_default();
+    o.memory = weft_memory[i];
+    ctx_t c = {.b = b, .rt = bench_runtime(&o)};
+    BENCH_WEFT(weft_stream_get(c.rt, 0, &c.s));
+    c.res = weft_runtime_resource(c.rt);
+    ctx_t *rc = p->baseline == &raw_pool_path ? &raw_pool : &raw_direct;
+    unsigned n = weft_memory[i] == WEFT_MEMORY_DIRECT ? slow : fast;
+    double med[2][2];
+    for (int mixed = 0; mixed < 2; mixed++) {
+      loop_t lw = {p, &c, weft_stream_raw(c.s), mixed, n}, lr = {p->baseline, rc, rc->raw, mixed, n};
+      bench_series_t series[2] = {{p->name, p->baseline->name, mem, ns_per_pair, &lw},
+                                  {p->baseline->name, NULL, mem, ns_per_pair, &lr}};
+      bench_measure(b, "alloc", metric[mixed], "ns", series, 2, med[mixed]);
+      base[mixed][i] = med[mixed][1];
+    }
+    printf("| %s | %s | %.0f | %.2fx | %.0f | %.2fx |\n", p->name, mem, med[0][0], med[0][0] / med[0][1], med[1][0],
+           med[1][0] / med[1][1]);
+    BENCH_WEFT(weft_runtime_release(c.rt));
+  }
+  /* The baselines, as measured beside the first path that uses each. */
+  printf("| %s | beside POOL | %.0f | baseline | %.0f | baseline |\n", raw_pool_path.name, base[0][0], base[1][0]);
+  printf("| %s | beside DIRECT | %.0f | baseline | %.0f | baseline |\n", raw_direct_path.name, base[0][3], base[1][3]);
+  raw_close(&raw_pool);
+  raw_close(&raw_direct);
+  printf("\n%u pairs per sample (%u for the cuMemAlloc paths).\n\n", fast, slow);
 }

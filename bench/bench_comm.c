@@ -89,8 +89,9 @@ void bench_comm(bench_t *b) {
   bench_table(cols, 8);
   for (size_t count = MIB / 4; count <= max_count; count *= 4) {
     unsigned iters = bench_count(b, count >= 16 * MIB ? 20 : 200, 2);
-    double w[16], raw[16], ratio[16], rec[16], wh[16], rh[16];
-    unsigned reps = b->reps < 16 ? b->reps : 16;
+    double w[BENCH_MAX_REPS], raw[BENCH_MAX_REPS], ratio[BENCH_MAX_REPS], rec[BENCH_MAX_REPS], wh[BENCH_MAX_REPS],
+        rh[BENCH_MAX_REPS];
+    unsigned reps = b->reps < BENCH_MAX_REPS ? b->reps : BENCH_MAX_REPS;
     (void)run(b, nl, &p, count, 2, WEFT, NULL); /* warm every path */
     (void)run(b, nl, &p, count, 2, RAW, NULL);
     (void)run(b, nl, &p, count, 2, RAW_RECORD, NULL);
@@ -105,12 +106,20 @@ void bench_comm(bench_t *b) {
       if (ratio[k] < lo) lo = ratio[k];
       if (ratio[k] > hi) hi = ratio[k];
     }
+    char x[32];
+    snprintf(x, sizeof x, "%zu", count * 4);
+    static const char wn[] = "weft_all_reduce, one weft group", rn[] = "raw ncclAllReduce, one NCCL group",
+                      qn[] = "raw ncclAllReduce + an event record per stream";
+    for (unsigned k = 0; k < reps; k++) {
+      bench_sample(b, "comm", wn, "us per all-reduce", "us", rn, x, k, w[k]);
+      bench_sample(b, "comm", rn, "us per all-reduce", "us", NULL, x, k, raw[k]);
+      bench_sample(b, "comm", qn, "us per all-reduce", "us", rn, x, k, rec[k]);
+      bench_sample(b, "comm", wn, "host us to enqueue", "us", rn, x, k, wh[k]);
+      bench_sample(b, "comm", rn, "host us to enqueue", "us", NULL, x, k, rh[k]);
+    }
     double mw = bench_median(w, reps), mr = bench_median(raw, reps), mq = bench_median(ratio, reps);
-    char row[64];
-    snprintf(row, sizeof row, "%zu", count * 4);
     printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f | %.1f | %.1f | %.1f |\n", count * 4, mw, mr, mq, lo, hi,
            bench_median(rec, reps), bench_median(wh, reps), bench_median(rh, reps));
-    bench_csv(b, "comm", row, "all_reduce_us", mw, "us", "raw_nccl", mr);
   }
   printf("\n");
   for (int r = 0; r < 2; r++) {

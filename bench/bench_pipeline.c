@@ -146,56 +146,64 @@ static void run_one_stream(const bench_t *b, const job_t *j, const raw_side_t *r
 
 enum { WEFT, EVENTS, ONE_STREAM, VARIANTS };
 
+/* One variant as a series: each sample is one run, checked; us per chunk. */
 typedef struct figure {
-  double seconds, waits; /* median seconds per run; waits per chunk */
-  uint64_t races;        /* simulator only */
+  const bench_t *b;
+  job_t *j;
+  int variant;
+  const weft_side_t *w;
+  const raw_side_t *r;
+  double us, waits; /* median us per chunk; waits per chunk of the last run */
 } figure_t;
 
-static figure_t measure(const bench_t *b, job_t *j, int variant, const weft_side_t *w, const raw_side_t *r) {
-  static const char *const names[] = {"weft", "hand-placed events", "one stream"};
-  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
-  if (sim != NULL) sim->reset_races();
-  double v[16];
-  figure_t f = {0};
-  for (unsigned rep = 0; rep <= b->reps; rep++) {
-    memset(j->out, 0, (size_t)j->chunks * j->chunk_bytes);
-    weft_counters_t c0, c1;
-    unsigned waits = 0;
-    if (variant == WEFT) BENCH_WEFT(weft_runtime_counters(w->rt, &c0));
-    uint64_t t0 = bench_now_ns();
-    if (variant == WEFT) run_weft(b, j, w);
-    else if (variant == EVENTS) waits = run_events(b, j, r);
-    else run_one_stream(b, j, r);
-    uint64_t t1 = bench_now_ns();
-    if (variant == WEFT) {
-      BENCH_WEFT(weft_runtime_counters(w->rt, &c1));
-      waits = (unsigned)(c1.waits_issued - c0.waits_issued);
-    }
-    check(j, names[variant]);
-    f.waits = (double)waits / j->chunks;
-    if (rep > 0) v[rep - 1] = (double)(t1 - t0) / 1e9;
+static const char *const variant_name[] = {"weft, automatic waits", "hand-placed events, 3 raw streams",
+                                           "one raw stream"};
+
+static double one_run(void *arg) {
+  figure_t *f = arg;
+  job_t *j = f->j;
+  memset(j->out, 0, (size_t)j->chunks * j->chunk_bytes);
+  weft_counters_t c0, c1;
+  unsigned waits = 0;
+  if (f->variant == WEFT) BENCH_WEFT(weft_runtime_counters(f->w->rt, &c0));
+  uint64_t t0 = bench_now_ns();
+  if (f->variant == WEFT) run_weft(f->b, j, f->w);
+  else if (f->variant == EVENTS) waits = run_events(f->b, j, f->r);
+  else run_one_stream(f->b, j, f->r);
+  uint64_t t1 = bench_now_ns();
+  if (f->variant == WEFT) {
+    BENCH_WEFT(weft_runtime_counters(f->w->rt, &c1));
+    waits = (unsigned)(c1.waits_issued - c0.waits_issued);
   }
-  f.seconds = bench_median(v, b->reps);
-  f.races = sim != NULL ? sim->race_count() : 0;
-  if (f.races != 0) {
-    sim->print_report();
-    fprintf(stderr, "weft_bench: pipeline (%s): the simulator found unordered accesses\n", names[variant]);
-    exit(1);
-  }
-  return f;
+  check(j, variant_name[f->variant]);
+  f->waits = (double)waits / j->chunks;
+  return (double)(t1 - t0) / 1e3 / j->chunks;
 }
 
-static void row(const bench_t *b, const job_t *j, const char *name, unsigned streams, const figure_t *f,
-                const figure_t *base) {
-  double per_chunk_us = f->seconds * 1e6 / j->chunks, gbs = 2.0 * (double)j->chunk_bytes * j->chunks / f->seconds / 1e9;
+/* The three variants interleaved; fails the run if the simulator's oracle finds a race. */
+static void measure(const bench_t *b, figure_t *f) {
+  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
+  if (sim != NULL) sim->reset_races();
+  bench_series_t series[VARIANTS];
+  for (int v = 0; v < VARIANTS; v++)
+    series[v] = (bench_series_t){variant_name[v], v == EVENTS ? NULL : variant_name[EVENTS], NULL, one_run, &f[v]};
+  double med[VARIANTS];
+  bench_measure(b, "pipeline", "us per chunk", "us", series, VARIANTS, med);
+  for (int v = 0; v < VARIANTS; v++) f[v].us = med[v];
+  if (sim != NULL && sim->race_count() != 0) {
+    sim->print_report();
+    fprintf(stderr, "weft_bench: pipeline: the simulator found unordered accesses\n");
+    exit(1);
+  }
+}
+
+static void row(const bench_t *b, const job_t *j, unsigned streams, const figure_t *f, const figure_t *base) {
+  double gbs = 2.0 * (double)j->chunk_bytes / (f->us * 1e-6) / 1e9;
   char ratio[24] = "baseline";
-  if (f != base) snprintf(ratio, sizeof ratio, "%.3fx", f->seconds / base->seconds);
-  printf("| %s | %u | %.1f | %.2f | %.2f | %s |", name, streams, per_chunk_us, gbs, f->waits, ratio);
-  if (b->sim) printf(" %llu |", (unsigned long long)f->races);
+  if (f != base) snprintf(ratio, sizeof ratio, "%.3fx", f->us / base->us);
+  printf("| %s | %u | %.1f | %.2f | %.2f | %s |", variant_name[f->variant], streams, f->us, gbs, f->waits, ratio);
+  if (b->sim) printf(" 0 |");
   printf("\n");
-  const char *bn = f == base ? NULL : "hand-placed events, 3 raw streams";
-  bench_csv(b, "pipeline", name, "us per chunk", per_chunk_us, "us", bn, bn ? base->seconds * 1e6 / j->chunks : 0);
-  bench_csv(b, "pipeline", name, "throughput (bytes copied)", gbs, "GB/s", NULL, 0);
 }
 
 void bench_pipeline(bench_t *b) {
@@ -234,16 +242,18 @@ void bench_pipeline(bench_t *b) {
   }
 
   figure_t f[VARIANTS];
-  for (int v = 0; v < VARIANTS; v++) f[v] = measure(b, &j, v, &w, &r);
+  for (int v = 0; v < VARIANTS; v++) f[v] = (figure_t){.b = b, .j = &j, .variant = v, .w = &w, .r = &r};
+  measure(b, f);
   static const char *const cols[] = {"variant", "streams", "us per chunk", "GB/s", "waits per chunk",
                                      "vs hand-placed", "races found by the simulator"};
   bench_table(cols, b->sim ? 7 : 6);
-  row(b, &j, "weft, automatic waits", 3, &f[WEFT], &f[EVENTS]);
-  row(b, &j, "hand-placed events, 3 raw streams", 3, &f[EVENTS], &f[EVENTS]);
-  row(b, &j, "one raw stream", 1, &f[ONE_STREAM], &f[EVENTS]);
-  printf("\nSpeed-up of weft over one stream: %.2fx.\n\n", f[ONE_STREAM].seconds / f[WEFT].seconds);
-  bench_csv(b, "pipeline", "weft, automatic waits", "speed-up over one stream", f[ONE_STREAM].seconds / f[WEFT].seconds,
-            "x", NULL, 0);
+  row(b, &j, 3, &f[WEFT], &f[EVENTS]);
+  row(b, &j, 3, &f[EVENTS], &f[EVENTS]);
+  row(b, &j, 1, &f[ONE_STREAM], &f[EVENTS]);
+  printf("\nSpeed-up of weft over one stream: %.2fx (medians; the three variants interleaved).\n\n",
+         f[ONE_STREAM].us / f[WEFT].us);
+  for (int v = 0; v < VARIANTS; v++)
+    bench_csv(b, "pipeline", variant_name[v], "waits per chunk", f[v].waits, "waits", NULL, 0);
 
   for (int k = 0; k < BUFFERS; k++) {
     BENCH_WEFT(weft_free(w.din[k], w.s[0]));

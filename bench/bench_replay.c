@@ -53,6 +53,89 @@ static weft_status_t temporaries_step(weft_stream_t *s, void *arg) {
   return r;
 }
 
+/* ---- eager step over two streams, against hand-placed events (issue 17) ----------------------
+ * 100 kernels in a chain a -> c -> a -> ..., ten on one stream, the next ten on the other, so a
+ * dependency crosses streams every 10 kernels. weft: weft_launch with the accesses (weft places
+ * the waits). Hand-placed: the same kernels on two raw streams, one event recorded after each run
+ * of ten and waited on by the other stream, the fewest a programmer can place. Wall time per
+ * step over `steps` steps ending in one synchronisation. */
+#define RUN 10
+
+typedef struct eager2 {
+  step_t *st;
+  weft_stream_t *s[2];
+  CUstream raw[2];
+  CUevent ev[2];
+  CUdeviceptr ra, rc; /* the raw side's buffers */
+  unsigned steps;
+} eager2_t;
+
+static double eager_weft(void *arg) {
+  eager2_t *e = arg;
+  step_t *st = e->st;
+  CUdeviceptr pa, pc;
+  BENCH_WEFT(weft_block_ptr(st->a, &pa));
+  BENCH_WEFT(weft_block_ptr(st->c, &pc));
+  uint64_t t0 = bench_now_ns();
+  for (unsigned i = 0; i < e->steps; i++)
+    for (unsigned k = 0; k < KERNELS; k++) {
+      CUdeviceptr out = k % 2 ? pa : pc, in = k % 2 ? pc : pa;
+      void *params[] = {&out, &in, &st->n, &st->iters};
+      weft_access_t acc[] = {{k % 2 ? st->a : st->c, WEFT_WRITE}, {k % 2 ? st->c : st->a, WEFT_READ}};
+      weft_launch_t l = {.func = st->b->lcg, .grid = {(st->n + 255) / 256}, .block = {256}, .params = params};
+      BENCH_WEFT(weft_launch(e->s[(k / RUN) % 2], &l, acc, 2));
+    }
+  for (int k = 0; k < 2; k++) BENCH_WEFT(weft_stream_synchronize(e->s[k]));
+  return (double)(bench_now_ns() - t0) / e->steps / 1e3;
+}
+
+static double eager_hand(void *arg) {
+  eager2_t *e = arg;
+  step_t *st = e->st;
+  const weft__driver_t *d = st->b->drv;
+  uint64_t t0 = bench_now_ns();
+  for (unsigned i = 0; i < e->steps; i++)
+    for (unsigned k = 0; k < KERNELS; k++) {
+      unsigned side = (k / RUN) % 2;
+      if (k % RUN == 0 && (k > 0 || i > 0)) BENCH_CU(d->cuStreamWaitEvent(e->raw[side], e->ev[side ^ 1], 0));
+      CUdeviceptr out = k % 2 ? e->ra : e->rc, in = k % 2 ? e->rc : e->ra;
+      void *params[] = {&out, &in, &st->n, &st->iters};
+      BENCH_CU(d->cuLaunchKernel(st->b->lcg, (st->n + 255) / 256, 1, 1, 256, 1, 1, 0, e->raw[side], params, NULL));
+      if (k % RUN == RUN - 1) BENCH_CU(d->cuEventRecord(e->ev[side], e->raw[side]));
+    }
+  for (int k = 0; k < 2; k++) BENCH_CU(d->cuStreamSynchronize(e->raw[k]));
+  return (double)(bench_now_ns() - t0) / e->steps / 1e3;
+}
+
+static void eager_two_streams(bench_t *b, weft_runtime_t *rt, step_t *st) {
+  const weft__driver_t *d = b->drv;
+  eager2_t e = {.st = st, .steps = bench_count(b, 200, 2)};
+  for (int k = 0; k < 2; k++) {
+    BENCH_WEFT(weft_stream_get(rt, (unsigned)k, &e.s[k]));
+    BENCH_CU(d->cuStreamCreateWithPriority(&e.raw[k], CU_STREAM_NON_BLOCKING, 0));
+    BENCH_CU(d->cuEventCreate(&e.ev[k], CU_EVENT_DISABLE_TIMING));
+  }
+  BENCH_CU(d->cuMemAlloc(&e.ra, ELEMS * 4));
+  BENCH_CU(d->cuMemAlloc(&e.rc, ELEMS * 4));
+  BENCH_CU(d->cuMemsetD32Async(e.ra, 1, ELEMS, e.raw[0]));
+  BENCH_CU(d->cuStreamSynchronize(e.raw[0]));
+  static const char wn[] = "weft eager, 2 streams (100 weft_launch)",
+                    hn[] = "hand-placed events, 2 raw streams (100 cuLaunchKernel)";
+  bench_series_t series[2] = {{wn, hn, NULL, eager_weft, &e}, {hn, NULL, NULL, eager_hand, &e}};
+  double med[2];
+  bench_measure(b, "replay", "us per eager step, an edge every 10 kernels", "us", series, 2, med);
+  static const char *const cols[] = {"eager step, an edge every 10 kernels", "us per step (wall)",
+                                     "vs hand-placed events"};
+  bench_table(cols, 3);
+  printf("| %s | %.2f | %.3fx |\n| %s | %.2f | baseline |\n\n", wn, med[0], med[0] / med[1], hn, med[1]);
+  BENCH_CU(d->cuMemFree(e.ra));
+  BENCH_CU(d->cuMemFree(e.rc));
+  for (int k = 0; k < 2; k++) {
+    BENCH_CU(d->cuEventDestroy(e.ev[k]));
+    BENCH_CU(d->cuStreamDestroy(e.raw[k]));
+  }
+}
+
 void bench_replay(bench_t *b) {
   bench_section(b, "Captured-step replay vs raw graph vs eager",
                 "A step of 100 dependent small kernels (1024 elements each). Wall time per step over many "
@@ -75,7 +158,7 @@ void bench_replay(bench_t *b) {
   BENCH_CU(b->drv->cuGraphInstantiateWithFlags(&raw, weft_graph_raw(g), 0));
   BENCH_CU(b->drv->cuGraphUpload(raw, weft_stream_raw(s)));
   unsigned steps = bench_count(b, 2000, 4), eager_steps = bench_count(b, 200, 2);
-  double wall[3][16], host[3][16];
+  double wall[3][BENCH_MAX_REPS], host[3][BENCH_MAX_REPS];
   for (unsigned rep = 0; rep < b->reps; rep++) {
     /* weft eager */
     BENCH_WEFT(weft_stream_synchronize(s));
@@ -100,17 +183,22 @@ void bench_replay(bench_t *b) {
     wall[2][rep] = (double)(bench_now_ns() - t0) / steps / 1e3;
     host[2][rep] = (double)(t1 - t0) / steps;
   }
+  static const char *const names[] = {"weft eager (100 weft_launch)", "weft replay (weft_exec_launch)",
+                                      "raw graph (cuGraphLaunch)"};
+  /* Every sample (the three variants interleaved, repetition by repetition), then the medians. */
+  for (int v = 0; v < 3; v++)
+    for (unsigned rep = 0; rep < b->reps; rep++) {
+      bench_sample(b, "replay", names[v], "us per step", "us", v < 2 ? names[2] : NULL, NULL, rep, wall[v][rep]);
+      bench_sample(b, "replay", names[v], v == 0 ? "host ns per kernel" : "host ns per launch call", "ns", NULL, NULL,
+                   rep, host[v][rep]);
+    }
   double w[3], h[3];
   for (int v = 0; v < 3; v++) w[v] = bench_median(wall[v], b->reps), h[v] = bench_median(host[v], b->reps);
   static const char *const cols[] = {"variant", "us per step (wall)", "vs raw graph", "host ns per launch call"};
   bench_table(cols, 4);
-  static const char *const names[] = {"weft eager (100 weft_launch)", "weft replay (weft_exec_launch)",
-                                      "raw graph (cuGraphLaunch)"};
-  for (int v = 0; v < 3; v++) {
-    printf("| %s | %.2f | %.3fx | %.0f |\n", names[v], w[v], w[v] / w[2], h[v]);
-    bench_csv(b, "replay", names[v], "us per step", w[v], "us", "raw graph", w[2]);
-  }
+  for (int v = 0; v < 3; v++) printf("| %s | %.2f | %.3fx | %.0f |\n", names[v], w[v], w[v] / w[2], h[v]);
   printf("\n");
+  eager_two_streams(b, rt, &st);
   BENCH_CU(b->drv->cuGraphExecDestroy(raw));
   BENCH_WEFT(weft_exec_destroy(e));
   BENCH_WEFT(weft_graph_destroy(g));

@@ -16,83 +16,80 @@ typedef struct raw {
   CUevent ev[2][RING];
 } raw_t;
 
+/* What the samples share: the raw streams and events, weft's runtime and streams, the count. */
+typedef struct tctx {
+  const bench_t *b;
+  raw_t *r;
+  weft_runtime_t *rt;
+  weft_stream_t *s[2];
+  unsigned n;
+} tctx_t;
+
+/* One series of uses: k accesses, on s[0] only or alternating s[0] and s[1] (each use then needs
+ * one wait). */
+typedef struct useq {
+  tctx_t *t;
+  size_t k;
+  int alternate;
+  weft_access_t acc[BLOCKS]; /* the first k are the use's */
+  double waits;              /* waits issued per use in the last sample */
+} useq_t;
+
 /* ns per cuEventRecord on one stream. */
-static double raw_record(const bench_t *b, const raw_t *r, unsigned n) {
-  double v[16];
-  for (unsigned rep = 0; rep <= b->reps; rep++) {
-    uint64_t t0 = bench_now_ns();
-    for (unsigned i = 0; i < n; i++) BENCH_CU(b->drv->cuEventRecord(r->ev[0][i % RING], r->s[0]));
-    uint64_t t1 = bench_now_ns();
-    BENCH_CU(b->drv->cuStreamSynchronize(r->s[0]));
-    if (rep > 0) v[rep - 1] = (double)(t1 - t0) / n;
-  }
-  return bench_median(v, b->reps);
+static double raw_record(void *arg) {
+  tctx_t *t = arg;
+  uint64_t t0 = bench_now_ns();
+  for (unsigned i = 0; i < t->n; i++) BENCH_CU(t->b->drv->cuEventRecord(t->r->ev[0][i % RING], t->r->s[0]));
+  uint64_t t1 = bench_now_ns();
+  BENCH_CU(t->b->drv->cuStreamSynchronize(t->r->s[0]));
+  return (double)(t1 - t0) / t->n;
 }
 
 /* ns per operation that waits for the other stream's last event, then records its own: what a
  * hand-written ping-pong between two streams costs. */
-static double raw_wait_record(const bench_t *b, const raw_t *r, unsigned n) {
-  double v[16];
-  for (unsigned rep = 0; rep <= b->reps; rep++) {
-    BENCH_CU(b->drv->cuEventRecord(r->ev[1][RING - 1], r->s[1]));
-    uint64_t t0 = bench_now_ns();
-    for (unsigned i = 0; i < n; i++) {
-      unsigned me = i & 1, other = me ^ 1;
-      BENCH_CU(b->drv->cuStreamWaitEvent(r->s[me], r->ev[other][(i + RING - 1) % RING], 0));
-      BENCH_CU(b->drv->cuEventRecord(r->ev[me][i % RING], r->s[me]));
-    }
-    uint64_t t1 = bench_now_ns();
-    for (int k = 0; k < 2; k++) BENCH_CU(b->drv->cuStreamSynchronize(r->s[k]));
-    if (rep > 0) v[rep - 1] = (double)(t1 - t0) / n;
+static double raw_wait_record(void *arg) {
+  tctx_t *t = arg;
+  const raw_t *r = t->r;
+  BENCH_CU(t->b->drv->cuEventRecord(r->ev[1][RING - 1], r->s[1]));
+  uint64_t t0 = bench_now_ns();
+  for (unsigned i = 0; i < t->n; i++) {
+    unsigned me = i & 1, other = me ^ 1;
+    BENCH_CU(t->b->drv->cuStreamWaitEvent(r->s[me], r->ev[other][(i + RING - 1) % RING], 0));
+    BENCH_CU(t->b->drv->cuEventRecord(r->ev[me][i % RING], r->s[me]));
   }
-  return bench_median(v, b->reps);
+  uint64_t t1 = bench_now_ns();
+  for (int k = 0; k < 2; k++) BENCH_CU(t->b->drv->cuStreamSynchronize(r->s[k]));
+  return (double)(t1 - t0) / t->n;
 }
 
 /* ns per cuCtxGetCurrent, the call weft's per-thread context check makes. */
-static double raw_ctx_get(const bench_t *b, unsigned n) {
-  double v[16];
-  for (unsigned rep = 0; rep <= b->reps; rep++) {
-    CUcontext c;
-    uint64_t t0 = bench_now_ns();
-    for (unsigned i = 0; i < n; i++) BENCH_CU(b->drv->cuCtxGetCurrent(&c));
-    if (rep > 0) v[rep - 1] = (double)(bench_now_ns() - t0) / n;
-  }
-  return bench_median(v, b->reps);
+static double raw_ctx_get(void *arg) {
+  tctx_t *t = arg;
+  CUcontext c;
+  uint64_t t0 = bench_now_ns();
+  for (unsigned i = 0; i < t->n; i++) BENCH_CU(t->b->drv->cuCtxGetCurrent(&c));
+  return (double)(bench_now_ns() - t0) / t->n;
 }
 
-/* ns per use begin+end of `acc` (k accesses), on s[0] only, or alternating s[0] and s[1] (each
- * use then needs one wait). *waits gets the waits issued per use. */
-static double weft_uses(const bench_t *b, weft_runtime_t *rt, weft_stream_t *const *s, int alternate,
-                        const weft_access_t *acc, size_t k, unsigned n, double *waits) {
-  double v[16];
+/* ns per use begin+end of the series' accesses. */
+static double weft_uses(void *arg) {
+  useq_t *q = arg;
+  tctx_t *t = q->t;
   weft_counters_t c0, c1;
-  for (unsigned rep = 0; rep <= b->reps; rep++) {
-    BENCH_WEFT(weft_runtime_counters(rt, &c0));
-    uint64_t t0 = bench_now_ns();
-    for (unsigned i = 0; i < n; i++) {
-      weft_stream_t *on = s[alternate ? i & 1 : 0];
-      BENCH_WEFT(weft_use_begin(on, acc, k));
-      BENCH_WEFT(weft_use_end(on, acc, k));
-    }
-    uint64_t t1 = bench_now_ns();
-    BENCH_WEFT(weft_runtime_counters(rt, &c1));
-    /* Untimed: the host then knows everything complete, which only spares the next run's first
-     * use its wait. */
-    BENCH_WEFT(weft_runtime_synchronize(rt));
-    if (rep > 0) v[rep - 1] = (double)(t1 - t0) / n;
+  BENCH_WEFT(weft_runtime_counters(t->rt, &c0));
+  uint64_t t0 = bench_now_ns();
+  for (unsigned i = 0; i < t->n; i++) {
+    weft_stream_t *on = t->s[q->alternate ? i & 1 : 0];
+    BENCH_WEFT(weft_use_begin(on, q->acc, q->k));
+    BENCH_WEFT(weft_use_end(on, q->acc, q->k));
   }
-  *waits = (double)(c1.waits_issued - c0.waits_issued) / n;
-  return bench_median(v, b->reps);
-}
-
-static void row(const bench_t *b, const char *name, size_t k, double total, double driver, const char *driver_name,
-                double waits) {
-  double share = total - driver;
-  printf("| %s | %zu | %.0f | %.0f | %.2fx | %.0f | %.1f | %.2f |\n", name, k, total, driver, total / driver, share,
-         share / (double)k, waits);
-  bench_csv(b, "tracker", name, "ns per use, begin+end", total, "ns", driver_name, driver);
-  bench_csv(b, "tracker", name, "tracker share, ns per access", share / (double)k, "ns", NULL, 0);
-  bench_csv(b, "tracker", name, "waits issued per use", waits, "waits", NULL, 0);
+  uint64_t t1 = bench_now_ns();
+  BENCH_WEFT(weft_runtime_counters(t->rt, &c1));
+  /* Untimed: the host then knows everything complete, which only spares the next run's first
+   * use its wait. */
+  BENCH_WEFT(weft_runtime_synchronize(t->rt));
+  q->waits = (double)(c1.waits_issued - c0.waits_issued) / t->n;
+  return (double)(t1 - t0) / t->n;
 }
 
 void bench_tracker(bench_t *b) {
@@ -111,43 +108,52 @@ void bench_tracker(bench_t *b) {
     /* Flags as weft's ring events (streams/pool.c). */
     for (int i = 0; i < RING; i++) BENCH_CU(d->cuEventCreate(&r.ev[k][i], CU_EVENT_DISABLE_TIMING));
   }
-  double rec = raw_record(b, &r, n), wait_rec = raw_wait_record(b, &r, n), ctx_get = raw_ctx_get(b, n);
 
   weft_options_t o = weft_options_default();
   o.high_priority_streams = 0; /* two plain streams, as the raw ones */
-  weft_runtime_t *rt = bench_runtime(&o);
-  weft_stream_t *s[2];
-  BENCH_WEFT(weft_stream_get(rt, 0, &s[0]));
-  BENCH_WEFT(weft_stream_get(rt, 1, &s[1]));
+  tctx_t t = {.b = b, .r = &r, .rt = bench_runtime(&o), .n = n};
+  BENCH_WEFT(weft_stream_get(t.rt, 0, &t.s[0]));
+  BENCH_WEFT(weft_stream_get(t.rt, 1, &t.s[1]));
   weft_block_t blk[BLOCKS];
-  weft_access_t acc[BLOCKS];
-  for (int i = 0; i < BLOCKS; i++) BENCH_WEFT(weft_alloc(rt, 256, s[0], "tracker", &blk[i]));
-  BENCH_WEFT(weft_runtime_synchronize(rt));
+  for (int i = 0; i < BLOCKS; i++) BENCH_WEFT(weft_alloc(t.rt, 256, t.s[0], "tracker", &blk[i]));
+  BENCH_WEFT(weft_runtime_synchronize(t.rt));
+  static const size_t ks[] = {1, 4, 16};
+  static const char *const names[] = {"no edge, 1 access", "no edge, 4 accesses", "no edge, 16 accesses",
+                                      "one edge (write after write, 2 streams)"};
+  static const char rec_name[] = "raw cuEventRecord", pair_name[] = "raw cuStreamWaitEvent + cuEventRecord";
+  /* No-edge uses: k accesses, a quarter written (at least one), the rest read, on one stream. The
+   * edge use writes blk[0] alternately from two streams, so every use waits once. */
+  useq_t q[4];
+  for (int j = 0; j < 4; j++) {
+    q[j] = (useq_t){.t = &t, .k = j < 3 ? ks[j] : 1, .alternate = j == 3};
+    size_t writes = q[j].k / 4 ? q[j].k / 4 : 1;
+    for (size_t i = 0; i < q[j].k; i++) q[j].acc[i] = (weft_access_t){blk[i], i < writes ? WEFT_WRITE : WEFT_READ};
+  }
+  bench_series_t series[6];
+  for (int j = 0; j < 4; j++) series[j] = (bench_series_t){names[j], j < 3 ? rec_name : pair_name, NULL, weft_uses, &q[j]};
+  series[4] = (bench_series_t){rec_name, NULL, NULL, raw_record, &t};
+  series[5] = (bench_series_t){pair_name, NULL, NULL, raw_wait_record, &t};
+  double med[6], ctx_get;
+  bench_measure(b, "tracker", "ns per use, begin+end", "ns", series, 6, med);
+  bench_series_t ctx_series = {"raw cuCtxGetCurrent", NULL, NULL, raw_ctx_get, &t};
+  bench_measure(b, "tracker", "ns per call", "ns", &ctx_series, 1, &ctx_get);
 
   static const char *const cols[] = {"use", "accesses", "weft, ns/use", "raw driver calls, ns", "vs raw",
                                      "tracker share, ns/use", "share, ns/access", "waits/use"};
   bench_table(cols, 8);
-  static const size_t ks[] = {1, 4, 16};
-  for (int j = 0; j < 3; j++) {
-    size_t k = ks[j], writes = k / 4 ? k / 4 : 1;
-    for (size_t i = 0; i < k; i++) acc[i] = (weft_access_t){blk[i], i < writes ? WEFT_WRITE : WEFT_READ};
-    double waits, t = weft_uses(b, rt, s, 0, acc, k, n, &waits);
-    char name[64];
-    snprintf(name, sizeof name, "no edge, %zu access%s", k, k > 1 ? "es" : "");
-    row(b, name, k, t, rec, "raw cuEventRecord", waits);
+  for (int j = 0; j < 4; j++) {
+    double driver = j < 3 ? med[4] : med[5], share = med[j] - driver;
+    printf("| %s | %zu | %.0f | %.0f | %.2fx | %.0f | %.1f | %.2f |\n", names[j], q[j].k, med[j], driver,
+           med[j] / driver, share, share / (double)q[j].k, q[j].waits);
+    bench_csv(b, "tracker", names[j], "waits issued per use", q[j].waits, "waits", NULL, 0);
   }
-  acc[0] = (weft_access_t){blk[0], WEFT_WRITE};
-  double waits, t = weft_uses(b, rt, s, 1, acc, 1, n, &waits);
-  row(b, "one edge (write after write, 2 streams)", 1, t, wait_rec, "raw cuStreamWaitEvent + cuEventRecord", waits);
-  for (int i = 0; i < BLOCKS; i++) BENCH_WEFT(weft_free(blk[i], s[0]));
-  BENCH_WEFT(weft_runtime_release(rt));
+  for (int i = 0; i < BLOCKS; i++) BENCH_WEFT(weft_free(blk[i], t.s[0]));
+  BENCH_WEFT(weft_runtime_release(t.rt));
 
-  printf("\nRaw driver calls in the same run, ns each: `cuEventRecord` %.0f, `cuStreamWaitEvent` + "
-         "`cuEventRecord` %.0f, `cuCtxGetCurrent` %.0f (weft's share includes two of these). %u uses per run.\n\n",
-         rec, wait_rec, ctx_get, n);
-  bench_csv(b, "tracker", "raw cuEventRecord", "ns per call", rec, "ns", NULL, 0);
-  bench_csv(b, "tracker", "raw cuStreamWaitEvent + cuEventRecord", "ns per pair", wait_rec, "ns", NULL, 0);
-  bench_csv(b, "tracker", "raw cuCtxGetCurrent", "ns per call", ctx_get, "ns", NULL, 0);
+  printf("\nRaw driver calls in the same run, ns each (medians): `cuEventRecord` %.0f, `cuStreamWaitEvent` + "
+         "`cuEventRecord` %.0f, `cuCtxGetCurrent` %.0f (weft's share includes two of these). %u uses per sample, "
+         "the series interleaved.\n\n",
+         med[4], med[5], ctx_get, n);
   for (int k = 0; k < 2; k++) {
     for (int i = 0; i < RING; i++) BENCH_CU(d->cuEventDestroy(r.ev[k][i]));
     BENCH_CU(d->cuStreamDestroy(r.s[k]));

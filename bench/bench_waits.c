@@ -69,8 +69,10 @@ static void row(const bench_t *b, const char *name, unsigned streams, const tall
          (unsigned long long)t->waits, (unsigned long long)t->minimal, (long long)t->waits - (long long)t->minimal,
          t->minimal ? (double)t->waits / (double)t->minimal : 1.0, (unsigned long long)t->skipped,
          t->ns / (double)t->uses);
-  bench_csv(b, "waits", name, "waits issued", (double)t->waits, "waits", "minimal (transitive reduction)",
-            (double)t->minimal);
+  /* The pattern is the x of its pair: each pattern's count beside its own minimum. */
+  bench_sample(b, "waits", "weft, waits issued", "waits", "waits", "minimal (transitive reduction)", name, 0,
+               (double)t->waits);
+  bench_sample(b, "waits", "minimal (transitive reduction)", "waits", "waits", NULL, name, 0, (double)t->minimal);
   bench_csv(b, "waits", name, "host ns per use", t->ns / (double)t->uses, "ns", NULL, 0);
 }
 

@@ -1,8 +1,11 @@
 /* The harness's plumbing: counts, medians, failures, and the two outputs.
  *
- * CSV columns: section,row,metric,value,unit,baseline,baseline_value,ratio,machine
- *   row       the table row ("pool, same size"), metric what was measured ("ns per pair");
- *   baseline  the raw-driver figure it is compared with, and ratio = value / baseline_value;
+ * CSV: one row per sample. Columns: section,row,metric,unit,baseline,x,rep,value,machine
+ *   row       the series ("pool resource, same size"), metric what was measured ("ns per pair");
+ *   baseline  the row of the same section and metric it is compared with: the ratio of a
+ *             repetition is value / the baseline's value of the same rep (bench/results.py);
+ *   x         a curve's parameter (streams, live blocks, nodes...), empty elsewhere;
+ *   rep       the repetition (0 .. reps-1; interleaved with the baseline's: bench_measure);
  *   machine   "gpu" or "simulator" (simulator rows are not performance numbers).
  */
 #include <stdlib.h>
@@ -71,20 +74,37 @@ static void csv_field(FILE *f, const char *s) {
   fputc('"', f);
 }
 
-void bench_csv(const bench_t *b, const char *section, const char *row, const char *metric, double value,
-               const char *unit, const char *baseline, double baseline_value) {
-  const char *fields[] = {section, row, metric};
-  for (int i = 0; i < 3; i++) {
+void bench_sample(const bench_t *b, const char *section, const char *row, const char *metric, const char *unit,
+                  const char *baseline, const char *x, unsigned rep, double value) {
+  const char *fields[] = {section, row, metric, unit, baseline ? baseline : "", x ? x : ""};
+  for (int i = 0; i < 6; i++) {
     csv_field(b->csv, fields[i]);
     fputc(',', b->csv);
   }
-  fprintf(b->csv, "%.6g,", value);
-  csv_field(b->csv, unit);
-  fputc(',', b->csv);
-  csv_field(b->csv, baseline ? baseline : "");
-  if (baseline_value != 0)
-    fprintf(b->csv, ",%.6g,%.4f", baseline_value, value / baseline_value);
-  else
-    fprintf(b->csv, ",,");
-  fprintf(b->csv, ",%s\n", b->sim ? "simulator" : "gpu");
+  fprintf(b->csv, "%u,%.9g,%s\n", rep, value, b->sim ? "simulator" : "gpu");
+}
+
+void bench_csv(const bench_t *b, const char *section, const char *row, const char *metric, double value,
+               const char *unit, const char *baseline, double baseline_value) {
+  bench_sample(b, section, row, metric, unit, baseline_value != 0 ? baseline : NULL, NULL, 0, value);
+  if (baseline_value != 0) bench_sample(b, section, baseline, metric, unit, NULL, NULL, 0, baseline_value);
+}
+
+void bench_measure(const bench_t *b, const char *section, const char *metric, const char *unit,
+                   const bench_series_t *series, size_t n, double *medians) {
+  unsigned reps = b->reps < BENCH_MAX_REPS ? b->reps : BENCH_MAX_REPS;
+  double v[BENCH_MAX_REPS];
+  double *all = calloc(n * reps + 1, sizeof *all);
+  if (all == NULL) bench_die("bench_measure: no memory");
+  for (size_t i = 0; i < n; i++) (void)series[i].sample(series[i].ctx); /* warm-up */
+  for (unsigned r = 0; r < reps; r++)
+    for (size_t i = 0; i < n; i++) {
+      all[i * reps + r] = series[i].sample(series[i].ctx);
+      bench_sample(b, section, series[i].row, metric, unit, series[i].baseline, series[i].x, r, all[i * reps + r]);
+    }
+  for (size_t i = 0; i < n && medians != NULL; i++) {
+    memcpy(v, all + i * reps, reps * sizeof *v);
+    medians[i] = bench_median(v, reps);
+  }
+  free(all);
 }

@@ -64,6 +64,11 @@ def main():
     ap.add_argument("--repeats", type=int, default=7, help="timed loops per allocator (default 7)")
     ap.add_argument("--sizes", type=parse_sizes, default=parse_sizes(DEFAULT_SIZES),
                     help="bytes, comma-separated, K/M suffixes (default %s)" % DEFAULT_SIZES)
+    ap.add_argument("--harness-csv", default=None,
+                    help="also append every repeat to this CSV in weft_bench's format (section alloc_torch; "
+                         "bench/results.py reads it), creating it with its header")
+    ap.add_argument("--metric", default="ns per pair, mixed sizes",
+                    help="the metric name of those rows (default: 'ns per pair, mixed sizes')")
     args = ap.parse_args()
     if args.pairs < 1 or args.repeats < 1:
         die("--pairs and --repeats must be >= 1")
@@ -91,7 +96,7 @@ def main():
     streams = [("current (%s)" % (torch.cuda.current_stream().cuda_stream or "legacy NULL"),
                 torch.cuda.current_stream().cuda_stream),
                ("side torch.cuda.Stream()", side.cuda_stream)]
-    rows, failed, how = [], [], ""
+    rows, failed, how, samples = [], [], "", []
     for stream_name, handle in streams:
         out = (ctypes.c_double * (2 * args.repeats))()
         torch.cuda.synchronize()
@@ -107,6 +112,7 @@ def main():
             if rc < 0 or not rc & (1 << k):
                 continue
             med[alloc] = statistics.median(ns)
+            samples += [(alloc, stream_name, r, v) for r, v in enumerate(ns)]
             rows.append({"allocator": alloc, "stream": stream_name, "median_ns": med[alloc],
                          "min_ns": min(ns), "max_ns": max(ns), "ratio": None,
                          "repeats_ns": ";".join("%.1f" % x for x in ns)})
@@ -140,8 +146,29 @@ def main():
                             card, torch.__version__, torch.version.cuda, backend, date,
                             ";".join(map(str, args.sizes)), args.pairs, args.repeats])
         print("\n(CSV: %s)" % path)
+    if args.harness_csv:
+        write_harness(args.harness_csv, args.metric, samples)
+        print("(samples appended to %s)" % args.harness_csv)
     if failed:
         die("not every allocator was timed: " + " | ".join(failed), 1)
+
+
+# The rows in weft_bench's CSV (bench/report.c): weft's pair compared with PyTorch's, each repeat
+# a sample (the two interleaved), the stream as x.
+WEFT_ROW = "weft_alloc + weft_free through the PyTorch adapter (weft_torch_alloc / weft_torch_free)"
+TORCH_ROW = "PyTorch caching allocator (raw_alloc_with_stream + raw_delete)"
+
+
+def write_harness(path, metric, samples):
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
+    with open(path, "a", newline="") as f:
+        w = csv.writer(f)
+        if new:
+            w.writerow(["section", "row", "metric", "unit", "baseline", "x", "rep", "value", "machine"])
+        for alloc, stream, rep, value in samples:
+            weft = alloc == "weft"
+            w.writerow(["alloc_torch", WEFT_ROW if weft else TORCH_ROW, metric, "ns", TORCH_ROW if weft else "",
+                        stream, rep, "%.9g" % value, "gpu"])
 
 
 if __name__ == "__main__":

@@ -10,6 +10,14 @@ unset WEFT_DRIVER
 # (the device tool brings back only a few files).
 logs="$(mktemp -d)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+# What bench/results.py puts at the head of RESULTS.md (weft_bench's CSV lands beside it).
+{
+  echo "card: $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) x $(nvidia-smi -L 2>/dev/null | wc -l)"
+  echo "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -1)"
+  echo "commit: $(cat "$here/COMMIT" 2>/dev/null || echo unknown)"
+  echo "date: $(date -u +%Y-%m-%d)"
+  echo "command: tools/stage_gpu.sh, then on the GPU machine bash stage/run_gpu.sh${1:+ $1}"
+} > "${OUT:-$here}/meta.txt"
 pattern="${1:-}"
 rows=()
 pass=0

@@ -15,5 +15,11 @@ rc=0
 python3 "$here/train.py" --allocator weft --steps "$steps" --replays "$replays" --out "$out/train_weft.json" || rc=1
 python3 "$here/train.py" --allocator torch --steps "$steps" --replays "$replays" --out "$out/train_torch.json" || rc=1
 python3 "$here/compare.py" "$out/train_weft.json" "$out/train_torch.json" || rc=1
-python3 "$here/torch_pair.py" --weft "$here/libweft_torch.so" --bench "$here/libtorch_pair.so" || rc=1
+# The allocator pair, same size and mixed sizes; every repeat also into torch_bench.csv, which
+# bench/results.py reads beside weft_bench's CSV (section alloc_torch).
+rm -f "$out/torch_bench.csv"
+python3 "$here/torch_pair.py" --weft "$here/libweft_torch.so" --bench "$here/libtorch_pair.so" --sizes 1M \
+  --harness-csv "$out/torch_bench.csv" --metric "ns per pair, same 1 MiB" || rc=1
+python3 "$here/torch_pair.py" --weft "$here/libweft_torch.so" --bench "$here/libtorch_pair.so" \
+  --harness-csv "$out/torch_bench.csv" --metric "ns per pair, mixed sizes" || rc=1
 exit $rc

@@ -25,4 +25,8 @@ cp bazel-bin/lib/torch/libweft_torch.so bazel-bin/bench/libtorch_pair.so stage/t
 cp lib/torch/weft_torch.py examples/torch/train.py examples/torch/compare.py bench/torch_pair.py tools/run_torch_gpu.sh \
   stage/torch/
 chmod u+w stage/torch/*
+# The commit the binaries come from (run_gpu.sh writes it into $OUT/meta.txt for bench/results.py).
+commit=$(git rev-parse --short HEAD)
+git diff --quiet HEAD -- . ':!stage' || commit="$commit-dirty"
+echo "$commit" > stage/COMMIT
 echo "staged $(ls stage/bin | wc -l) binaries in stage/ ($(du -sh stage | cut -f1))"
