@@ -26,6 +26,25 @@ static void weft_test_no_waits(weft_runtime_t **rt, int on) {
   for (int d = 0; d < 2; d++) rt[d]->tracker.no_waits = on != 0;
 }
 
+/* The end of a positive control: waits on again, every device synchronised, and the oracle must
+ * have seen races (forgotten afterwards). */
+static void end_positive_control(weft_runtime_t **rt, const weft_sim_api_t *sim) {
+  weft_test_no_waits(rt, 0);
+  for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_synchronize(rt[d]), WEFT_OK);
+  weft_sim_stats_t st;
+  sim->stats(&st);
+  assert_true(st.races > 0);
+  sim->reset_races();
+}
+
+/* Each device's runtime with defaults, and its first three pool streams. */
+static void open_devices(weft_runtime_t **rt, weft_stream_t *(*s)[3]) {
+  for (int d = 0; d < 2; d++) {
+    assert_int_equal(weft_runtime_get(d, NULL, &rt[d]), WEFT_OK);
+    for (unsigned i = 0; i < 3; i++) assert_int_equal(weft_stream_get(rt[d], i, &s[d][i]), WEFT_OK);
+  }
+}
+
 static int two_devices(void) {
   assert_int_equal(weft__driver_get(&drv), WEFT_OK);
   int n = 0;
@@ -99,10 +118,7 @@ static void test_copy_between_devices_is_ordered_both_ways(void **state) {
   const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
   weft_runtime_t *rt[2];
   weft_stream_t *s[2][3];
-  for (int d = 0; d < 2; d++) {
-    assert_int_equal(weft_runtime_get(d, NULL, &rt[d]), WEFT_OK);
-    for (unsigned i = 0; i < 3; i++) assert_int_equal(weft_stream_get(rt[d], i, &s[d][i]), WEFT_OK);
-  }
+  open_devices(rt, s);
   enum { BYTES = 8u << 20 };
   for (int round = 0; round < 3; round++) {
     int positive = round == 2 && sim != NULL; /* no waits: the copy races with its writer */
@@ -118,12 +134,7 @@ static void test_copy_between_devices_is_ordered_both_ways(void **state) {
     /* And back: device 0 copies b into a on its stream 1 (b is device 1's: the far side). */
     assert_int_equal(weft_copy_block(s[0][1], a, 0, b, 0, BYTES), WEFT_OK);
     if (positive) {
-      weft_test_no_waits(rt, 0);
-      for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_synchronize(rt[d]), WEFT_OK);
-      weft_sim_stats_t st;
-      sim->stats(&st);
-      assert_true(st.races > 0);
-      sim->reset_races();
+      end_positive_control(rt, sim);
     } else {
       unsigned host[1024];
       assert_int_equal(weft_copy_from_block(s[0][0], host, a, BYTES - sizeof host, sizeof host), WEFT_OK);
@@ -228,10 +239,7 @@ static void test_random_programs_across_devices(void **state) {
   const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
   weft_runtime_t *rt[2];
   weft_stream_t *s[2][3];
-  for (int d = 0; d < 2; d++) {
-    assert_int_equal(weft_runtime_get(d, NULL, &rt[d]), WEFT_OK);
-    for (unsigned i = 0; i < 3; i++) assert_int_equal(weft_stream_get(rt[d], i, &s[d][i]), WEFT_OK);
-  }
+  open_devices(rt, s);
   kernels_t k;
   kernels_load(&k, rt, sim);
   enum { NB = 8, NE = 2048, STEPS = 240 };
@@ -275,12 +283,7 @@ static void test_random_programs_across_devices(void **state) {
       }
     }
     if (positive) {
-      weft_test_no_waits(rt, 0);
-      for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_synchronize(rt[d]), WEFT_OK);
-      weft_sim_stats_t st;
-      sim->stats(&st);
-      assert_true(st.races > 0);
-      sim->reset_races();
+      end_positive_control(rt, sim);
     } else {
       for (int i = 0; i < NB; i++) {
         static unsigned host[NE];
