@@ -19,18 +19,23 @@
 
 #define N 4096 /* unsigned elements per block */
 
+#define MAXD 8 /* the most devices a test uses (the simulator's maximum) */
+
 static const weft__driver_t *drv;
+/* How many devices the helpers below open and close: 2, or every device (up to MAXD) for the
+ * random programs. */
+static int g_nd = 2;
 
 /* Positive controls: every runtime's tracker issues no waits (on) or does again (off). */
 static void weft_test_no_waits(weft_runtime_t **rt, int on) {
-  for (int d = 0; d < 2; d++) rt[d]->tracker.no_waits = on != 0;
+  for (int d = 0; d < g_nd; d++) rt[d]->tracker.no_waits = on != 0;
 }
 
 /* The end of a positive control: waits on again, every device synchronised, and the oracle must
  * have seen races (forgotten afterwards). */
 static void end_positive_control(weft_runtime_t **rt, const weft_sim_api_t *sim) {
   weft_test_no_waits(rt, 0);
-  for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_synchronize(rt[d]), WEFT_OK);
+  for (int d = 0; d < g_nd; d++) assert_int_equal(weft_runtime_synchronize(rt[d]), WEFT_OK);
   weft_sim_stats_t st;
   sim->stats(&st);
   assert_true(st.races > 0);
@@ -39,7 +44,7 @@ static void end_positive_control(weft_runtime_t **rt, const weft_sim_api_t *sim)
 
 /* Each device's runtime with defaults, and its first three pool streams. */
 static void open_devices(weft_runtime_t **rt, weft_stream_t *(*s)[3]) {
-  for (int d = 0; d < 2; d++) {
+  for (int d = 0; d < g_nd; d++) {
     assert_int_equal(weft_runtime_get(d, NULL, &rt[d]), WEFT_OK);
     for (unsigned i = 0; i < 3; i++) assert_int_equal(weft_stream_get(rt[d], i, &s[d][i]), WEFT_OK);
   }
@@ -175,14 +180,14 @@ static int peers_can(void) {
 
 /* The test kernels loaded in each device's context. */
 typedef struct {
-  CUmodule mod[2];
-  CUfunction combine[2], fill[2];
+  CUmodule mod[MAXD];
+  CUfunction combine[MAXD], fill[MAXD];
   unsigned spin;
 } kernels_t;
 
 static void kernels_load(kernels_t *k, weft_runtime_t **rt, const weft_sim_api_t *sim) {
   weft_test_kernels_register_sim();
-  for (int d = 0; d < 2; d++) {
+  for (int d = 0; d < g_nd; d++) {
     assert_int_equal(drv->cuCtxSetCurrent(rt[d]->tracker.ctx), CUDA_SUCCESS);
     assert_int_equal(drv->cuModuleLoadData(&k->mod[d], test_kernels_fatbin), CUDA_SUCCESS);
     assert_int_equal(drv->cuModuleGetFunction(&k->combine[d], k->mod[d], "weft_test_combine"), CUDA_SUCCESS);
@@ -192,7 +197,7 @@ static void kernels_load(kernels_t *k, weft_runtime_t **rt, const weft_sim_api_t
 }
 
 static void kernels_unload(kernels_t *k) {
-  for (int d = 0; d < 2; d++) assert_int_equal(drv->cuModuleUnload(k->mod[d]), CUDA_SUCCESS);
+  for (int d = 0; d < g_nd; d++) assert_int_equal(drv->cuModuleUnload(k->mod[d]), CUDA_SUCCESS);
 }
 
 static CUdeviceptr ptr(weft_block_t b) {
@@ -229,7 +234,8 @@ static weft_status_t combine_split(const kernels_t *k, int d, weft_stream_t *s, 
 
 /* Random programs over blocks of both devices (issue 14: "a use on device 1 that reads a block
  * written on device 0 waits for the needed event"): kernels on either device's streams read
- * and write blocks of both, memsets and copies cross too, with no event of the test's. The data
+ * and write blocks of any device (every device there is, up to 8: test_devices_8 runs eight simulated
+ * ones), memsets and copies cross too, with no event of the test's. The data
  * ends equal to a host model; the simulator's oracle sees no race; with the waits turned off it
  * sees races (positive control). */
 static void test_random_programs_across_devices(void **state) {
@@ -237,12 +243,17 @@ static void test_random_programs_across_devices(void **state) {
   if (!two_devices()) skip();
   if (!peers_can()) skip(); /* test_devices_no_peer checks the refusal */
   const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
-  weft_runtime_t *rt[2];
-  weft_stream_t *s[2][3];
+  int count = 0;
+  assert_int_equal(drv->cuDeviceGetCount(&count), CUDA_SUCCESS);
+  g_nd = count < MAXD ? count : MAXD; /* every device: test_devices_8 runs eight */
+  const int nd = g_nd;
+  weft_runtime_t *rt[MAXD];
+  weft_stream_t *s[MAXD][3];
   open_devices(rt, s);
   kernels_t k;
   kernels_load(&k, rt, sim);
-  enum { NB = 8, NE = 2048, STEPS = 240 };
+  enum { PER = 4, NB = PER * MAXD, NE = 2048 };
+  const int nb = PER * nd, steps = 120 * nd; /* blocks PER*d .. PER*d+PER-1 are device d's */
   int seeds = sim != NULL ? 6 : 3;
   for (int seed = 0; seed < seeds; seed++) {
     int positive = sim != NULL && seed == seeds - 1;
@@ -250,20 +261,20 @@ static void test_random_programs_across_devices(void **state) {
 #define RND(m) ((unsigned)((x = x * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (m))
     weft_block_t b[NB];
     unsigned model[NB];
-    for (int i = 0; i < NB; i++) { /* blocks 0..3 on device 0, 4..7 on device 1 */
-      int d = i / (NB / 2);
+    for (int i = 0; i < nb; i++) {
+      int d = i / PER;
       assert_int_equal(weft_alloc(rt[d], NE * 4, s[d][0], "r", &b[i]), WEFT_OK);
       model[i] = 1000u + (unsigned)i;
       assert_int_equal(weft_memset32(s[d][1], b[i], 0, model[i], NE * 4), WEFT_OK);
     }
     if (positive) weft_test_no_waits(rt, 1);
-    for (int step = 0; step < STEPS; step++) {
-      int d = (int)RND(2);
+    for (int step = 0; step < steps; step++) {
+      int d = (int)RND((unsigned)nd);
       weft_stream_t *on = s[d][RND(3)];
-      unsigned o = RND(NB), i0 = RND(NB), i1 = RND(NB), what = RND(10);
-      if (what < 7) { /* a kernel on device d over blocks of both */
-        if (i0 == o) i0 = (o + 1) % NB;
-        if (i1 == o) i1 = (o + 2) % NB;
+      unsigned o = RND((unsigned)nb), i0 = RND((unsigned)nb), i1 = RND((unsigned)nb), what = RND(10);
+      if (what < 7) { /* a kernel on device d over blocks of any devices */
+        if (i0 == o) i0 = (o + 1) % (unsigned)nb;
+        if (i1 == o) i1 = (o + 2) % (unsigned)nb;
         unsigned salt = (unsigned)step;
         /* Every fourth through the split form (weft_use_begin / weft_use_end). */
         weft_status_t (*run)(const kernels_t *, int, weft_stream_t *, weft_block_t, weft_block_t, weft_block_t, unsigned,
@@ -274,9 +285,9 @@ static void test_random_programs_across_devices(void **state) {
         unsigned v = 77u * (unsigned)step;
         assert_int_equal(weft_memset32(on, b[o], 0, v, NE * 4), WEFT_OK);
         model[o] = v;
-      } else { /* a copy between the devices, on a stream of one of them */
-        int dd = (int)(o / (NB / 2)), sd = 1 - dd;
-        unsigned src = (unsigned)sd * (NB / 2) + RND(NB / 2);
+      } else { /* a copy between two devices, on a stream of one of them */
+        int dd = (int)(o / PER), sd = (dd + 1 + (int)RND((unsigned)nd - 1)) % nd;
+        unsigned src = (unsigned)sd * PER + RND(PER);
         weft_stream_t *cs = s[RND(2) ? dd : sd][RND(3)];
         assert_int_equal(weft_copy_block(cs, b[o], 0, b[src], 0, NE * 4), WEFT_OK);
         model[o] = model[src];
@@ -285,9 +296,9 @@ static void test_random_programs_across_devices(void **state) {
     if (positive) {
       end_positive_control(rt, sim);
     } else {
-      for (int i = 0; i < NB; i++) {
+      for (int i = 0; i < nb; i++) {
         static unsigned host[NE];
-        int d = i / (NB / 2);
+        int d = i / PER;
         assert_int_equal(weft_copy_from_block(s[d][2], host, b[i], 0, sizeof host), WEFT_OK);
         assert_int_equal(weft_stream_synchronize(s[d][2]), WEFT_OK);
         for (unsigned e = 0; e < NE; e += 97) assert_int_equal(host[e], model[i]);
@@ -300,7 +311,7 @@ static void test_random_programs_across_devices(void **state) {
         assert_int_equal(st.races, 0);
       }
     }
-    for (int i = 0; i < NB; i++) assert_int_equal(weft_free(b[i], s[i / (NB / 2)][0]), WEFT_OK);
+    for (int i = 0; i < nb; i++) assert_int_equal(weft_free(b[i], s[i / PER][0]), WEFT_OK);
 #undef RND
   }
   /* Inside a capture such a use is refused and changes nothing. */
@@ -316,7 +327,8 @@ static void test_random_programs_across_devices(void **state) {
   assert_int_equal(weft_free(near, s[0][0]), WEFT_OK);
   assert_int_equal(weft_free(far, s[1][0]), WEFT_OK);
   kernels_unload(&k);
-  for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+  for (int d = 0; d < nd; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+  g_nd = 2;
 }
 
 /* Where the devices cannot access each other's memory (test_devices_no_peer: WEFT_SIM_PEER=0),
