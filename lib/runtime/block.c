@@ -449,14 +449,24 @@ static weft_status_t undo_free(struct weft__block *rec, weft_status_t st) {
 /* Checks a handle for a free on s and claims its block. */
 static weft_status_t claim_for_free(weft_block_t b, weft_stream_t *s) {
   struct weft__block *rec = b.rec;
-  if (atomic_load(&rec->gen) != b.gen)
-    return weft__error(WEFT_ERR_STALE_HANDLE, "weft_free: stale block handle (the record holds a newer block)");
+  static const char stale[] = "weft_free: stale block handle (the record holds a newer block)";
+  /* The state first, as weft__block_check: a LIVE of the record's next life makes the
+   * generation read after it the new one. */
+  (void)atomic_load(&rec->state);
+  if (atomic_load(&rec->gen) != b.gen) return weft__error(WEFT_ERR_STALE_HANDLE, stale);
   if (rec->rt != s->runtime)
     return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_free: the block belongs to another runtime than the stream");
   if (!weft__block_claim(rec)) {
     size_t bytes;
     const char *tag = freed_tag(rec, &bytes);
     return weft__error(WEFT_ERR_DOUBLE_FREE, "weft_free: the block (tag '%s', %zu bytes) was already freed", tag, bytes);
+  }
+  /* A freed block's record may have been handed out again between the two checks (the stream
+   * cache does it at once): the claim then took the new life's LIVE, whose generation the claim
+   * now sees. Give it back. */
+  if (atomic_load(&rec->gen) != b.gen) {
+    weft__block_unclaim(rec);
+    return weft__error(WEFT_ERR_STALE_HANDLE, stale);
   }
   return WEFT_OK;
 }

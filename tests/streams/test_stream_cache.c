@@ -291,7 +291,8 @@ static void test_release_leaves_no_cached_memory(void **state) {
 }
 
 /* Eight threads allocate and free on shared streams, sizes from a small set: every reuse is
- * ordered (oracle), the counters add up. Run under tsan in CI. */
+ * ordered (oracle), the counters add up, and a freed handle stays stale and cannot be freed again
+ * while other threads take its record from the cache. Run under tsan in CI. */
 typedef struct worker {
   tu_env_t *env;
   unsigned id;
@@ -310,8 +311,19 @@ static void *churn(void *arg) {
     weft_stream_t *s;
     if ((w->st = weft_stream_get(env->rt, (unsigned)((x >> 8) % 3), &s)) != WEFT_OK) break;
     if (held[k].rec != NULL) {
-      w->st = weft_free(held[k], (x >> 16) % 2 ? s : held_on[k]);
+      weft_block_t old = held[k];
       held[k] = (weft_block_t){0};
+      if ((w->st = weft_free(old, (x >> 16) % 2 ? s : held_on[k])) != WEFT_OK) break;
+      /* Another thread may take the record from the cache at once: the freed handle stays stale
+       * and a second free of it is refused, never taken for the new block. */
+      CUdeviceptr p;
+      weft_status_t again = weft_block_ptr(old, &p), twice = weft_free(old, s);
+      if (again != WEFT_ERR_STALE_HANDLE || (twice != WEFT_ERR_STALE_HANDLE && twice != WEFT_ERR_DOUBLE_FREE)) {
+        w->st = WEFT_ERR_INVALID_ARGUMENT; /* the check failed: reported below */
+        fprintf(stderr, "worker %u: a freed handle: weft_block_ptr %s, a second weft_free %s\n", w->id,
+                weft_status_name(again), weft_status_name(twice));
+        break;
+      }
       continue;
     }
     size_t bytes = (size_t)N * 4 * (1 + (x >> 24) % 3);
