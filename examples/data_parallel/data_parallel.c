@@ -43,9 +43,6 @@
     }                                                                                          \
   } while (0)
 
-enum { K_HIDDEN, K_LOSS, K_BOUT, K_BHIDDEN, K_BIN, K_SGD, K_COUNT };
-static const char *kernel_names[K_COUNT] = {"mlp_forward_hidden", "mlp_forward_loss", "mlp_backward_out",
-                                            "mlp_backward_hidden", "mlp_backward_in", "mlp_sgd"};
 #define NW1 (MLP_IN * MLP_HIDDEN)
 #define NDW1 ((MLP_IN + 1) * MLP_HIDDEN) /* dw1 and db1 */
 #define NDW2 (MLP_HIDDEN + 1)            /* dw2 and db2 */
@@ -117,7 +114,7 @@ static void rank_init(rank_t *t, int r, int world, int dev) {
   if (p_retain(&ctx, dev) != CUDA_SUCCESS || p_set(ctx) != CUDA_SUCCESS || p_load(&mod, mlp_kernels_fatbin) != CUDA_SUCCESS)
     fprintf(stderr, "rank %d: cannot load the kernels on device %d\n", r, dev), exit(1);
   for (int i = 0; i < K_COUNT; i++)
-    if (p_func(&t->k[i], mod, kernel_names[i]) != CUDA_SUCCESS) exit(1);
+    if (p_func(&t->k[i], mod, mlp_kernel_name(i)) != CUDA_SUCCESS) exit(1);
   CHECK(weft_stream_get(t->rt, 0, &t->compute));
   CHECK(weft_stream_get(t->rt, 2, &t->copy));
   CHECK(weft_stream_get(t->rt, 3, &t->host));

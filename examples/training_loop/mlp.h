@@ -42,3 +42,13 @@ MLP_FN float mlp_dw1(const float *x, const float *dh, int k, int j) {
   for (int b = 0; b < MLP_BATCH; b++) a += (k < MLP_IN ? x[b * MLP_IN + k] : 1.0f) * dh[b * MLP_HIDDEN + j];
   return a;
 }
+
+#ifndef __CUDACC__
+/* The kernels of mlp_kernels.cu, by index (the host side of both examples loads them by name). */
+enum { K_HIDDEN, K_LOSS, K_BOUT, K_BHIDDEN, K_BIN, K_SGD, K_COUNT };
+static inline const char *mlp_kernel_name(int k) {
+  static const char *const names[K_COUNT] = {"mlp_forward_hidden", "mlp_forward_loss", "mlp_backward_out",
+                                             "mlp_backward_hidden", "mlp_backward_in", "mlp_sgd"};
+  return names[k];
+}
+#endif

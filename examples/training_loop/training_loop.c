@@ -29,9 +29,6 @@
     }                                                                                          \
   } while (0)
 
-enum { K_HIDDEN, K_LOSS, K_BOUT, K_BHIDDEN, K_BIN, K_SGD, K_COUNT };
-static const char *kernel_names[K_COUNT] = {"mlp_forward_hidden", "mlp_forward_loss", "mlp_backward_out",
-                                            "mlp_backward_hidden", "mlp_backward_in", "mlp_sgd"};
 
 typedef struct trainer {
   weft_runtime_t *rt;
@@ -202,7 +199,7 @@ int main(int argc, char **argv) {
   CUmodule mod;
   if (module_load(&mod, mlp_kernels_fatbin) != CUDA_SUCCESS) return fprintf(stderr, "cannot load kernels\n"), 1;
   for (int i = 0; i < K_COUNT; i++)
-    if (get_function(&t.k[i], mod, kernel_names[i]) != CUDA_SUCCESS) return 1;
+    if (get_function(&t.k[i], mod, mlp_kernel_name(i)) != CUDA_SUCCESS) return 1;
   CHECK(weft_stream_get(t.rt, 0, &t.compute));
   CHECK(weft_stream_get(t.rt, 1, &t.side));
   CHECK(weft_stream_get(t.rt, 2, &t.copy));
