@@ -85,11 +85,19 @@ static bool any_far(weft_stream_t *s, const weft_access_t *acc, size_t n) {
 
 static weft_runtime_t *rt_of(weft_block_t b) { return ((struct weft__block *)b.rec)->rt; }
 
+/* Copies the accesses of blocks of `rt` into out (room for n); returns how many. */
+static size_t accesses_of(const weft_access_t *acc, size_t n, const weft_runtime_t *rt, weft_access_t *out) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (rt_of(acc[i].block) == rt) out[k++] = acc[i];
+  return k;
+}
+
 /* Checks every access (kind, handle) and s, refuses captures, makes sure s's device may access
- * each far block's memory (when `peer`), and copies the near accesses into *near (room for SMALL
- * in `small`, else metadata memory: weft__small_free). */
+ * each far block's memory (when `peer`), and gives a buffer for n accesses in *buf (`small`
+ * when n <= SMALL, else metadata memory: weft__small_free). */
 static weft_status_t across_prepare(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *fn, bool peer,
-                                    weft_access_t *small, weft_access_t **near, size_t *n_near) {
+                                    weft_access_t *small, weft_access_t **buf) {
   weft_status_t st = weft__stream_check(s, fn);
   if (st != WEFT_OK) return st;
   for (size_t i = 0; i < n; i++) {
@@ -104,11 +112,8 @@ static weft_status_t across_prepare(weft_stream_t *s, const weft_access_t *acc, 
   for (size_t i = 0; i < n && peer; i++)
     if (rt_of(acc[i].block) != s->runtime && (st = weft__runtime_peer_ready(s->runtime, rt_of(acc[i].block), fn)) != WEFT_OK)
       return st;
-  *near = weft__small_alloc(small, SMALL, n, sizeof **near);
-  if (*near == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory for %zu accesses", fn, n);
-  *n_near = 0;
-  for (size_t i = 0; i < n; i++)
-    if (rt_of(acc[i].block) == s->runtime) (*near)[(*n_near)++] = acc[i];
+  *buf = weft__small_alloc(small, SMALL, n, sizeof **buf);
+  if (*buf == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory for %zu accesses", fn, n);
   return WEFT_OK;
 }
 
@@ -131,10 +136,11 @@ static weft_status_t no_work(weft_stream_t *s, void *arg) {
   return WEFT_OK;
 }
 
-/* "after": each far runtime learns of the work enqueued on s. If that fails, s is synchronised
- * instead (the work is then complete, so nothing can race with it) and the failure is returned
- * only if that fails too. */
-static weft_status_t across_after(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *fn) {
+/* "after": each far runtime learns of the work enqueued on s (buf: room for n accesses). If that
+ * fails, s is synchronised instead (the work is then complete, so nothing can race with it) and
+ * the failure is returned only if that fails too. */
+static weft_status_t across_after(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *fn,
+                                  weft_access_t *buf) {
   const weft__driver_t *d = s->tr->drv;
   CUevent after = NULL;
   CUresult r = d->cuEventCreate(&after, CU_EVENT_DISABLE_TIMING);
@@ -151,18 +157,7 @@ static weft_status_t across_after(weft_stream_t *s, const weft_access_t *acc, si
       break;
     }
     if ((st = weft__stream_prepare(t)) == WEFT_OK) st = weft__tracker_import_event(t, after);
-    /* This runtime's far accesses, one use (at most SMALL at a time). */
-    weft_access_t mine[SMALL];
-    size_t k = 0;
-    for (size_t j = i; j < n && st == WEFT_OK; j++) {
-      if (rt_of(acc[j].block) != far) continue;
-      mine[k++] = acc[j];
-      if (k == SMALL) {
-        st = weft__use_run(t, mine, k, fn, no_work, NULL);
-        k = 0;
-      }
-    }
-    if (st == WEFT_OK && k > 0) st = weft__use_run(t, mine, k, fn, no_work, NULL);
+    if (st == WEFT_OK) st = weft__use_run(t, buf, accesses_of(acc, n, far, buf), fn, no_work, NULL);
     weft__tracker_unhold(t);
   }
   if (after != NULL) d->cuEventDestroy(after);
@@ -172,13 +167,13 @@ static weft_status_t across_after(weft_stream_t *s, const weft_access_t *acc, si
 
 static weft_status_t use_across(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name, bool peer,
                                 weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
-  weft_access_t small[SMALL], *near;
-  size_t n_near;
-  weft_status_t st = across_prepare(s, acc, n, name, peer, small, &near, &n_near);
+  weft_access_t small[SMALL], *buf;
+  weft_status_t st = across_prepare(s, acc, n, name, peer, small, &buf);
   if (st != WEFT_OK) return st;
-  if ((st = across_before(s, acc, n)) == WEFT_OK && (st = weft__use_run(s, near, n_near, name, fn, arg)) == WEFT_OK)
-    st = across_after(s, acc, n, name);
-  weft__small_free(small, near);
+  if ((st = across_before(s, acc, n)) == WEFT_OK &&
+      (st = weft__use_run(s, buf, accesses_of(acc, n, s->runtime, buf), name, fn, arg)) == WEFT_OK)
+    st = across_after(s, acc, n, name, buf);
+  weft__small_free(small, buf);
   return st;
 }
 
@@ -186,13 +181,13 @@ static weft_status_t use_across(weft_stream_t *s, const weft_access_t *acc, size
  * weft_use_end closes it and tells the far runtimes ("after"). */
 static weft_status_t split_across(weft_stream_t *s, const weft_access_t *acc, size_t n, bool open) {
   const char *fn = open ? "weft_use_begin" : "weft_use_end";
-  weft_access_t small[SMALL], *near;
-  size_t n_near;
-  weft_status_t st = across_prepare(s, acc, n, fn, open, small, &near, &n_near);
+  weft_access_t small[SMALL], *buf;
+  weft_status_t st = across_prepare(s, acc, n, fn, open, small, &buf);
   if (st != WEFT_OK) return st;
-  if (open && (st = across_before(s, acc, n)) == WEFT_OK) st = split(s, near, n_near, true);
-  if (!open && (st = split(s, near, n_near, false)) == WEFT_OK) st = across_after(s, acc, n, fn);
-  weft__small_free(small, near);
+  size_t n_near = accesses_of(acc, n, s->runtime, buf);
+  if (open && (st = across_before(s, acc, n)) == WEFT_OK) st = split(s, buf, n_near, true);
+  if (!open && (st = split(s, buf, n_near, false)) == WEFT_OK) st = across_after(s, acc, n, fn, buf);
+  weft__small_free(small, buf);
   return st;
 }
 
@@ -340,11 +335,14 @@ weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_off
   op_t o = {.what = OP_DTOD, .bytes = bytes};
   weft_status_t st = range_of(dst, dst_offset, bytes, 1, "weft_copy_block", &o.dptr);
   if (st == WEFT_OK) st = range_of(src, src_offset, bytes, 1, "weft_copy_block", &o.dptr2);
-  if (st == WEFT_OK) st = weft__stream_check(s, "weft_copy_block");
   if (st != WEFT_OK) return st;
+  weft_access_t a[2] = {{dst, WEFT_WRITE}, {src, WEFT_READ}};
   /* Between devices: one block of s's runtime, the other ordered by its own (use_across). */
   weft_runtime_t *dr = ((struct weft__block *)dst.rec)->rt, *sr = ((struct weft__block *)src.rec)->rt;
   if (dr != sr) {
+    if ((st = weft__stream_check(s, "weft_copy_block")) != WEFT_OK) return st;
+    if (s->runtime != dr && s->runtime != sr)
+      return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_copy_block: the stream belongs to neither block's runtime");
     /* A peer copy: it needs no peer or pool access (2 x H100; cuMemcpyDtoDAsync of another
      * device's pool memory does, tests/conformance/README.md "two devices"). */
     if (s->tr->drv->cuMemcpyPeerAsync == NULL)
@@ -352,12 +350,8 @@ weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_off
     o.what = OP_PEER;
     o.dctx = dr->tracker.ctx;
     o.sctx = sr->tracker.ctx;
-    if (s->runtime != dr && s->runtime != sr)
-      return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_copy_block: the stream belongs to neither block's runtime");
-    weft_access_t a[2] = {{dst, WEFT_WRITE}, {src, WEFT_READ}};
     return use_across(s, a, 2, "weft_copy_block", false, do_op, &o);
   }
-  weft_access_t a[2] = {{dst, WEFT_WRITE}, {src, WEFT_READ}};
   /* A copy within one block reads and writes it. */
   if (dst.rec == src.rec) a[0].kind = WEFT_READ_WRITE;
   return weft__use_run(s, a, dst.rec == src.rec ? 1 : 2, "weft_copy_block", do_op, &o);
