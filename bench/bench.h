@@ -73,12 +73,6 @@ weft_runtime_t *bench_runtime(const weft_options_t *opts);
 void bench_section(const bench_t *b, const char *title, const char *about);
 /** Starts a markdown table with `n` column names. */
 void bench_table(const char *const *cols, unsigned n);
-/** One CSV row: a weft figure and its baseline (baseline_value 0: none; ratio left empty).
- * Written as one sample (rep 0) of `row` and, with a baseline, one of `baseline`. For figures
- * that are not repeated (counts); timed figures go through bench_measure. */
-void bench_csv(const bench_t *b, const char *section, const char *row, const char *metric, double value,
-               const char *unit, const char *baseline, double baseline_value);
-
 /** One series of a measured figure: sample() takes one sample (a timed loop: ns per operation,
  * us per step...) and returns it. `baseline` names the row of the same section and metric it is
  * compared with (NULL: none); `x` is the curve parameter (NULL: not a curve point). */
@@ -95,7 +89,8 @@ typedef struct bench_series {
  * alike). Writes every sample to the CSV; medians[i] (if not NULL) gets series i's median. */
 void bench_measure(const bench_t *b, const char *section, const char *metric, const char *unit,
                    const bench_series_t *series, size_t n, double *medians);
-/** One CSV sample row, written as the section took it (rep counts from 0). */
+/** One CSV sample row, written as the section took it (rep counts from 0); also how a figure
+ * that is not repeated (a count) is written, as rep 0. */
 void bench_sample(const bench_t *b, const char *section, const char *row, const char *metric, const char *unit,
                   const char *baseline, const char *x, unsigned rep, double value);
 

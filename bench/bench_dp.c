@@ -228,7 +228,7 @@ void bench_dp(bench_t *b) {
   bench_table(cols, 9);
   printf("| %u | %.1f | %.1f | %.2f | %.1f | %.3f | %.0f%% | %.1f | %.3f |\n\n", rounds, comp, ar, ar / comp, step2,
          step2 / comp, 100.0 * (comp + ar - step2) / ar, raw2, step2 / raw2);
-  bench_csv(b, "dp", "compute kernel", "LCG rounds (calibrated)", rounds, "rounds", NULL, 0);
+  bench_sample(b, "dp", "compute kernel", "LCG rounds (calibrated)", "rounds", NULL, NULL, 0, rounds);
   for (int k = 0; k < 2; k++) {
     rank_t *r = &d.r[k];
     for (int bkt = 0; bkt < BUCKETS; bkt++) BENCH_WEFT(weft_free(r->grad[bkt], r->compute));

@@ -253,7 +253,7 @@ void bench_pipeline(bench_t *b) {
   printf("\nSpeed-up of weft over one stream: %.2fx (medians; the three variants interleaved).\n\n",
          f[ONE_STREAM].us / f[WEFT].us);
   for (int v = 0; v < VARIANTS; v++)
-    bench_csv(b, "pipeline", variant_name[v], "waits per chunk", f[v].waits, "waits", NULL, 0);
+    bench_sample(b, "pipeline", variant_name[v], "waits per chunk", "waits", NULL, NULL, 0, f[v].waits);
 
   for (int k = 0; k < BUFFERS; k++) {
     BENCH_WEFT(weft_free(w.din[k], w.s[0]));

@@ -228,8 +228,8 @@ void bench_replay(bench_t *b) {
   printf("| graph memory nodes | %.1f MiB | %.1f MiB |\n", m.reserved_high / 1048576.0, m.used_high / 1048576.0);
   printf("| weft graph pool | %.1f MiB | %.1f MiB |\n\n", weft_graph_pool_reserved(pool) / 1048576.0,
          weft_graph_pool_reserved(pool) / 1048576.0);
-  bench_csv(b, "replay", "graph memory nodes", "reserved bytes", (double)m.reserved_high, "B", "", 0);
-  bench_csv(b, "replay", "weft graph pool", "reserved bytes", (double)weft_graph_pool_reserved(pool), "B", "", 0);
+  bench_sample(b, "replay", "graph memory nodes", "reserved bytes", "B", NULL, NULL, 0, (double)m.reserved_high);
+  bench_sample(b, "replay", "weft graph pool", "reserved bytes", "B", NULL, NULL, 0, (double)weft_graph_pool_reserved(pool));
   BENCH_WEFT(weft_exec_destroy(en));
   BENCH_WEFT(weft_exec_destroy(ep));
   BENCH_WEFT(weft_graph_destroy(gn));

@@ -145,7 +145,7 @@ void bench_tracker(bench_t *b) {
     double driver = j < 3 ? med[4] : med[5], share = med[j] - driver;
     printf("| %s | %zu | %.0f | %.0f | %.2fx | %.0f | %.1f | %.2f |\n", names[j], q[j].k, med[j], driver,
            med[j] / driver, share, share / (double)q[j].k, q[j].waits);
-    bench_csv(b, "tracker", names[j], "waits issued per use", q[j].waits, "waits", NULL, 0);
+    bench_sample(b, "tracker", names[j], "waits issued per use", "waits", NULL, NULL, 0, q[j].waits);
   }
   for (int i = 0; i < BLOCKS; i++) BENCH_WEFT(weft_free(blk[i], t.s[0]));
   BENCH_WEFT(weft_runtime_release(t.rt));

@@ -73,7 +73,7 @@ static void row(const bench_t *b, const char *name, unsigned streams, const tall
   bench_sample(b, "waits", "weft, waits issued", "waits", "waits", "minimal (transitive reduction)", name, 0,
                (double)t->waits);
   bench_sample(b, "waits", "minimal (transitive reduction)", "waits", "waits", NULL, name, 0, (double)t->minimal);
-  bench_csv(b, "waits", name, "host ns per use", t->ns / (double)t->uses, "ns", NULL, 0);
+  bench_sample(b, "waits", name, "host ns per use", "ns", NULL, NULL, 0, t->ns / (double)t->uses);
 }
 
 void bench_waits(bench_t *b) {

@@ -84,12 +84,6 @@ void bench_sample(const bench_t *b, const char *section, const char *row, const 
   fprintf(b->csv, "%u,%.9g,%s\n", rep, value, b->sim ? "simulator" : "gpu");
 }
 
-void bench_csv(const bench_t *b, const char *section, const char *row, const char *metric, double value,
-               const char *unit, const char *baseline, double baseline_value) {
-  bench_sample(b, section, row, metric, unit, baseline_value != 0 ? baseline : NULL, NULL, 0, value);
-  if (baseline_value != 0) bench_sample(b, section, baseline, metric, unit, NULL, NULL, 0, baseline_value);
-}
-
 void bench_measure(const bench_t *b, const char *section, const char *metric, const char *unit,
                    const bench_series_t *series, size_t n, double *medians) {
   unsigned reps = b->reps < BENCH_MAX_REPS ? b->reps : BENCH_MAX_REPS;

@@ -464,11 +464,9 @@ weft_status_t weft__runtime_peer_ready(weft_runtime_t *rt, weft_runtime_t *peer,
                        fn, rt->ordinal, peer->ordinal);
   weft_status_t st = weft__tracker_bind(&rt->tracker);
   if (st != WEFT_OK) return st;
-  if (rt->ordinal != peer->ordinal) {
-    r = d->cuCtxEnablePeerAccess(peer->tracker.ctx, 0);
-    if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
-      return weft__driver_fail(r, "cuCtxEnablePeerAccess");
-  }
+  /* One runtime per device: rt != peer is another device. */
+  r = d->cuCtxEnablePeerAccess(peer->tracker.ctx, 0);
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) return weft__driver_fail(r, "cuCtxEnablePeerAccess");
   /* Left enabled on failure: peer access changes no existing memory, and another call (or the
    * user) may rely on it already. */
   if ((st = grant_pools(peer, rt->ordinal)) != WEFT_OK) return st;
