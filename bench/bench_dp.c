@@ -1,6 +1,7 @@
 /* The data-parallel step (issue 14): does an all-reduce hide behind the backward pass it follows?
  *
- * A synthetic step per rank: BUCKETS gradient buckets of BUCKET_MIB each, written one after the
+ * A synthetic step per rank: 64 MiB of gradients in `buckets` buckets (4 of 16 MiB unless
+ * WEFT_BENCH_DP_BUCKETS says otherwise), written one after the
  * other by a compute kernel (the pipeline example's LCG kernel, `rounds` steps per element; the
  * "backward pass"), each all-reduced (sum, float32 data) on the communicator's stream as soon as
  * it is written (weft_all_reduce: the stream waits for that bucket's kernel only), then a short
@@ -24,17 +25,17 @@
 #include "examples/pipeline/pipeline_kernels.h"
 #include "lib/core/nccl.h"
 
-#define BUCKETS 4
-#define BUCKET_MIB 16
+#define MAX_BUCKETS 16
+#define TOTAL_MIB 64 /* gradient bytes per rank, split into `buckets` buckets */
 
 typedef struct rank {
   weft_runtime_t *rt;
   weft_comm_t *comm;
   ncclComm_t nc;        /* the NCCL communicator under comm (adopted) */
-  CUevent done[BUCKETS]; /* the raw baseline's hand-placed events */
+  CUevent done[MAX_BUCKETS]; /* the raw baseline's hand-placed events */
   weft_stream_t *compute;
   CUfunction lcg;
-  weft_block_t grad[BUCKETS], seed;
+  weft_block_t grad[MAX_BUCKETS], seed;
 } rank_t;
 
 typedef struct dp {
@@ -43,6 +44,7 @@ typedef struct dp {
   unsigned n;      /* elements per bucket */
   unsigned rounds; /* LCG steps per element of the compute kernel */
   unsigned blocks; /* blocks of 256 threads of the compute kernel (WEFT_BENCH_DP_BLOCKS, 264) */
+  int buckets;     /* gradient buckets (WEFT_BENCH_DP_BUCKETS, 4, at most MAX_BUCKETS) */
 } dp_t;
 
 /* The LCG kernel as a use on r's compute stream: out = LCG^rounds(in) over n elements, with
@@ -62,7 +64,7 @@ static void compute(dp_t *d, rank_t *r, int bucket, unsigned rounds) { lcg(r, r-
 
 /* The update: reads every bucket (a short kernel writing the seed, which the next step reads). */
 static void update(dp_t *d, rank_t *r) {
-  for (int k = 0; k < BUCKETS; k++) lcg(r, r->seed, r->grad[k], d->n / 64, 1, 64);
+  for (int k = 0; k < d->buckets; k++) lcg(r, r->seed, r->grad[k], d->n / 64, 1, 64);
 }
 
 typedef enum { COMPUTE_ALONE, ALLREDUCE_ALONE, STEP, RAW_STEP } what_t;
@@ -101,13 +103,13 @@ static double run(dp_t *d, what_t what, unsigned steps, unsigned rounds) {
   const weft__nccl_t *nl = NULL;
   if (what == RAW_STEP && weft__nccl_get(&nl) != WEFT_OK) bench_die("no NCCL");
   for (unsigned s = 0; s < steps && what == RAW_STEP; s++) {
-    for (int bkt = 0; bkt < BUCKETS; bkt++) raw_bucket(d, nl, bkt, rounds);
+    for (int bkt = 0; bkt < d->buckets; bkt++) raw_bucket(d, nl, bkt, rounds);
     /* The update waits for the all-reduces: the compute stream waits on the comm stream. */
     for (int k = 0; k < 2; k++) {
       rank_t *r = &d->r[k];
       BENCH_CU(d->b->drv->cuEventRecord(r->done[0], weft_stream_raw(weft_comm_stream(r->comm))));
       BENCH_CU(d->b->drv->cuStreamWaitEvent(weft_stream_raw(r->compute), r->done[0], 0));
-      for (int bkt = 0; bkt < BUCKETS; bkt++) {
+      for (int bkt = 0; bkt < d->buckets; bkt++) {
         CUdeviceptr out, in;
         BENCH_WEFT(weft_block_ptr(r->seed, &out));
         BENCH_WEFT(weft_block_ptr(r->grad[bkt], &in));
@@ -118,7 +120,7 @@ static double run(dp_t *d, what_t what, unsigned steps, unsigned rounds) {
     }
   }
   for (unsigned s = 0; s < steps && what != RAW_STEP; s++) {
-    for (int bkt = 0; bkt < BUCKETS; bkt++) {
+    for (int bkt = 0; bkt < d->buckets; bkt++) {
       if (what != ALLREDUCE_ALONE)
         for (int k = 0; k < nranks; k++) compute(d, &d->r[k], bkt, rounds);
       if (what == COMPUTE_ALONE) continue;
@@ -156,7 +158,8 @@ static double one_way(void *arg) {
 
 void bench_dp(bench_t *b) {
   bench_section(b, "Data-parallel step: all-reduce behind the backward pass",
-                "4 buckets of 16 MiB written one after the other by a compute kernel, each all-reduced on the "
+                "64 MiB of gradients in buckets (4 of 16 MiB; WEFT_BENCH_DP_BUCKETS) written one after the other by a "
+                "compute kernel (WEFT_BENCH_DP_BLOCKS blocks, 264), each all-reduced on the "
                 "communicator's stream as soon as it is written, then an update reading all of them; one thread drives "
                 "both ranks. Compute calibrated so that the all-reduces alone take 25-50% of the compute alone. "
                 "Microseconds per step, medians. Goal: two GPUs <= 1.15 x one GPU.");
@@ -167,9 +170,11 @@ void bench_dp(bench_t *b) {
     printf("skipped: %s\n\n", ndev < 2 ? "one device" : weft_last_error());
     return;
   }
-  dp_t d = {.b = b, .n = (unsigned)((b->quick ? 1u : BUCKET_MIB) << 20) / 4, .blocks = 264};
-  const char *blocks = getenv("WEFT_BENCH_DP_BLOCKS");
+  dp_t d = {.b = b, .blocks = 264, .buckets = 4};
+  const char *blocks = getenv("WEFT_BENCH_DP_BLOCKS"), *buckets = getenv("WEFT_BENCH_DP_BUCKETS");
   if (blocks != NULL && atoi(blocks) > 0) d.blocks = (unsigned)atoi(blocks);
+  if (buckets != NULL && atoi(buckets) > 0) d.buckets = atoi(buckets) < MAX_BUCKETS ? atoi(buckets) : MAX_BUCKETS;
+  d.n = (unsigned)(((b->quick ? 4u : TOTAL_MIB) << 20) / 4 / (unsigned)d.buckets);
   d.r[0].rt = bench_runtime(NULL);
   BENCH_WEFT(weft_runtime_get(1, NULL, &d.r[1].rt));
   const weft__nccl_t *nl;
@@ -194,9 +199,9 @@ void bench_dp(bench_t *b) {
       BENCH_CU(b->drv->cuModuleLoadData(&mod1, pipeline_kernels_fatbin));
       BENCH_CU(b->drv->cuModuleGetFunction(&r->lcg, mod1, "pipeline_transform"));
     }
-    for (int e = 0; e < BUCKETS; e++) BENCH_CU(b->drv->cuEventCreate(&r->done[e], CU_EVENT_DISABLE_TIMING));
+    for (int e = 0; e < d.buckets; e++) BENCH_CU(b->drv->cuEventCreate(&r->done[e], CU_EVENT_DISABLE_TIMING));
     BENCH_CU(b->drv->cuCtxSetCurrent(b->ctx));
-    for (int bkt = 0; bkt < BUCKETS; bkt++) BENCH_WEFT(weft_alloc(r->rt, (size_t)d.n * 4, r->compute, "grad", &r->grad[bkt]));
+    for (int bkt = 0; bkt < d.buckets; bkt++) BENCH_WEFT(weft_alloc(r->rt, (size_t)d.n * 4, r->compute, "grad", &r->grad[bkt]));
     BENCH_WEFT(weft_alloc(r->rt, (size_t)d.n * 4, r->compute, "seed", &r->seed));
     BENCH_WEFT(weft_memset32(r->compute, r->seed, 0, 7, (size_t)d.n * 4));
   }
@@ -229,14 +234,16 @@ void bench_dp(bench_t *b) {
   printf("| %u | %.1f | %.1f | %.2f | %.1f | %.3f | %.0f%% | %.1f | %.3f |\n\n", rounds, comp, ar, ar / comp, step2,
          step2 / comp, 100.0 * (comp + ar - step2) / ar, raw2, step2 / raw2);
   bench_sample(b, "dp", "compute kernel", "LCG rounds (calibrated)", "rounds", NULL, NULL, 0, rounds);
+  bench_sample(b, "dp", "compute kernel", "blocks of 256 threads", "blocks", NULL, NULL, 0, d.blocks);
+  bench_sample(b, "dp", "gradients", "buckets (64 MiB in all)", "buckets", NULL, NULL, 0, d.buckets);
   for (int k = 0; k < 2; k++) {
     rank_t *r = &d.r[k];
-    for (int bkt = 0; bkt < BUCKETS; bkt++) BENCH_WEFT(weft_free(r->grad[bkt], r->compute));
+    for (int bkt = 0; bkt < d.buckets; bkt++) BENCH_WEFT(weft_free(r->grad[bkt], r->compute));
     BENCH_WEFT(weft_free(r->seed, r->compute));
     BENCH_WEFT(weft_runtime_synchronize(r->rt));
     BENCH_WEFT(weft_comm_destroy(r->comm));
     if (nl->ncclCommDestroy(r->nc) != ncclSuccess) bench_die("ncclCommDestroy");
-    for (int e = 0; e < BUCKETS; e++) BENCH_CU(b->drv->cuEventDestroy(r->done[e]));
+    for (int e = 0; e < d.buckets; e++) BENCH_CU(b->drv->cuEventDestroy(r->done[e]));
   }
   if (mod1 != NULL) {
     CUcontext c1;

@@ -1,11 +1,14 @@
 /* Tracker: host cost of weft_use_begin + weft_use_end with no work between them, against the
  * driver calls a hand-written program makes for the same ordering, measured in the same run.
  *
- * A use records one ring event (cuEventRecord), and one cuStreamWaitEvent per cross-stream edge
- * it needs. So the tracker's own share of a use is its total minus a raw cuEventRecord (no edge)
- * or minus a raw cuStreamWaitEvent + cuEventRecord pair (one edge). What is left is weft's
- * bookkeeping: argument and handle checks, the context check (two cuCtxGetCurrent, shown below
- * for scale), the lock, the clocks and the blocks' histories. */
+ * A use on a stream that other streams wait on records one ring event (cuEventRecord), and one
+ * cuStreamWaitEvent per cross-stream edge it needs. A use on a stream nobody has waited on yet
+ * records nothing (options.lazy_records: its event is recorded when first needed). The no-edge
+ * rows are measured on both kinds of stream; each row shows the events it recorded per use. So
+ * the tracker's own share of a use is its total minus the raw calls it stands for: a
+ * cuEventRecord (no edge) or a cuStreamWaitEvent + cuEventRecord pair (one edge). What is left
+ * is weft's bookkeeping: argument and handle checks, the context check (two cuCtxGetCurrent,
+ * shown below for scale), the lock, the clocks and the blocks' histories. */
 #include "bench/bench.h"
 
 #define BLOCKS 16
@@ -21,18 +24,20 @@ typedef struct tctx {
   const bench_t *b;
   raw_t *r;
   weft_runtime_t *rt;
-  weft_stream_t *s[2];
+  weft_stream_t *s[3]; /* s[0], s[1]: streams that wait on each other; s[2]: nobody waits on it */
   unsigned n;
 } tctx_t;
 
-/* One series of uses: k accesses, on s[0] only or alternating s[0] and s[1] (each use then needs
- * one wait). */
+/* One series of uses: k accesses, on s[on] only or alternating s[0] and s[1] (each use then
+ * needs one wait). */
 typedef struct useq {
   tctx_t *t;
   size_t k;
   int alternate;
+  unsigned on;
   weft_access_t acc[BLOCKS]; /* the first k are the use's */
   double waits;              /* waits issued per use in the last sample */
+  double records;            /* events recorded per use in the last sample */
 } useq_t;
 
 /* ns per cuEventRecord on one stream. */
@@ -79,7 +84,7 @@ static double weft_uses(void *arg) {
   BENCH_WEFT(weft_runtime_counters(t->rt, &c0));
   uint64_t t0 = bench_now_ns();
   for (unsigned i = 0; i < t->n; i++) {
-    weft_stream_t *on = t->s[q->alternate ? i & 1 : 0];
+    weft_stream_t *on = t->s[q->alternate ? i & 1 : q->on];
     BENCH_WEFT(weft_use_begin(on, q->acc, q->k));
     BENCH_WEFT(weft_use_end(on, q->acc, q->k));
   }
@@ -89,6 +94,7 @@ static double weft_uses(void *arg) {
    * use its wait. */
   BENCH_WEFT(weft_runtime_synchronize(t->rt));
   q->waits = (double)(c1.waits_issued - c0.waits_issued) / t->n;
+  q->records = (double)(c1.events_recorded - c0.events_recorded) / t->n;
   return (double)(t1 - t0) / t->n;
 }
 
@@ -99,7 +105,9 @@ void bench_tracker(bench_t *b) {
                 "`cuStreamWaitEvent` when the use needs a cross-stream edge. *Tracker share* = weft total - "
                 "those raw calls: weft's own bookkeeping. Accesses: a quarter written, the rest read, all "
                 "on one stream; the edge row writes one block alternately from two streams, so every use "
-                "waits once. Goal (issue 4): at most 30 ns per access that needs no edge.");
+                "waits once. The plain no-edge rows run on a stream nobody waits on, which records no "
+                "event (options.lazy_records); the rows 'a stream others wait on' record one per use. "
+                "Goal (issues 4, 17): a use with no edge at most 30 ns over one raw `cuEventRecord`.");
   const weft__driver_t *d = b->drv;
   unsigned n = bench_count(b, 100000, 64);
   raw_t r;
@@ -112,48 +120,63 @@ void bench_tracker(bench_t *b) {
   weft_options_t o = weft_options_default();
   o.high_priority_streams = 0; /* two plain streams, as the raw ones */
   tctx_t t = {.b = b, .r = &r, .rt = bench_runtime(&o), .n = n};
-  BENCH_WEFT(weft_stream_get(t.rt, 0, &t.s[0]));
-  BENCH_WEFT(weft_stream_get(t.rt, 1, &t.s[1]));
-  weft_block_t blk[BLOCKS];
+  for (unsigned k = 0; k < 3; k++) BENCH_WEFT(weft_stream_get(t.rt, k, &t.s[k]));
+  /* blk: used on s[0] and s[1]; own: used on s[2] alone. */
+  weft_block_t blk[BLOCKS], own[BLOCKS];
   for (int i = 0; i < BLOCKS; i++) BENCH_WEFT(weft_alloc(t.rt, 256, t.s[0], "tracker", &blk[i]));
+  for (int i = 0; i < BLOCKS; i++) BENCH_WEFT(weft_alloc(t.rt, 256, t.s[2], "tracker.own", &own[i]));
+  /* s[0] and s[1] each get waited on once, so they record eagerly from the first sample on. */
+  weft_access_t w = {blk[0], WEFT_WRITE};
+  for (unsigned k = 0; k < 3; k++) {
+    BENCH_WEFT(weft_use_begin(t.s[k & 1], &w, 1));
+    BENCH_WEFT(weft_use_end(t.s[k & 1], &w, 1));
+  }
   BENCH_WEFT(weft_runtime_synchronize(t.rt));
   static const size_t ks[] = {1, 4, 16};
-  static const char *const names[] = {"no edge, 1 access", "no edge, 4 accesses", "no edge, 16 accesses",
-                                      "one edge (write after write, 2 streams)"};
+  enum { NQ = 7 };
+  static const char *const names[NQ] = {
+      "no edge, 1 access",     "no edge, 4 accesses",     "no edge, 16 accesses",
+      "no edge, 1 access, a stream others wait on", "no edge, 4 accesses, a stream others wait on",
+      "no edge, 16 accesses, a stream others wait on", "one edge (write after write, 2 streams)"};
   static const char rec_name[] = "raw cuEventRecord", pair_name[] = "raw cuStreamWaitEvent + cuEventRecord";
-  /* No-edge uses: k accesses, a quarter written (at least one), the rest read, on one stream. The
-   * edge use writes blk[0] alternately from two streams, so every use waits once. */
-  useq_t q[4];
-  for (int j = 0; j < 4; j++) {
-    q[j] = (useq_t){.t = &t, .k = j < 3 ? ks[j] : 1, .alternate = j == 3};
+  /* No-edge uses: k accesses, a quarter written (at least one), the rest read, on one stream: s[2]
+   * (nobody waits on it) or s[0] (s[1] does). The edge use writes blk[0] alternately from s[0]
+   * and s[1], so every use waits once. */
+  useq_t q[NQ];
+  for (int j = 0; j < NQ; j++) {
+    q[j] = (useq_t){.t = &t, .k = j < 6 ? ks[j % 3] : 1, .alternate = j == 6, .on = j < 3 ? 2 : 0};
     size_t writes = q[j].k / 4 ? q[j].k / 4 : 1;
-    for (size_t i = 0; i < q[j].k; i++) q[j].acc[i] = (weft_access_t){blk[i], i < writes ? WEFT_WRITE : WEFT_READ};
+    for (size_t i = 0; i < q[j].k; i++)
+      q[j].acc[i] = (weft_access_t){j < 3 ? own[i] : blk[i], i < writes ? WEFT_WRITE : WEFT_READ};
   }
-  bench_series_t series[6];
-  for (int j = 0; j < 4; j++) series[j] = (bench_series_t){names[j], j < 3 ? rec_name : pair_name, NULL, weft_uses, &q[j]};
-  series[4] = (bench_series_t){rec_name, NULL, NULL, raw_record, &t};
-  series[5] = (bench_series_t){pair_name, NULL, NULL, raw_wait_record, &t};
-  double med[6], ctx_get;
-  bench_measure(b, "tracker", "ns per use, begin+end", "ns", series, 6, med);
+  bench_series_t series[NQ + 2];
+  for (int j = 0; j < NQ; j++)
+    series[j] = (bench_series_t){names[j], j < 6 ? rec_name : pair_name, NULL, weft_uses, &q[j]};
+  series[NQ] = (bench_series_t){rec_name, NULL, NULL, raw_record, &t};
+  series[NQ + 1] = (bench_series_t){pair_name, NULL, NULL, raw_wait_record, &t};
+  double med[NQ + 2], ctx_get;
+  bench_measure(b, "tracker", "ns per use, begin+end", "ns", series, NQ + 2, med);
   bench_series_t ctx_series = {"raw cuCtxGetCurrent", NULL, NULL, raw_ctx_get, &t};
   bench_measure(b, "tracker", "ns per call", "ns", &ctx_series, 1, &ctx_get);
 
   static const char *const cols[] = {"use", "accesses", "weft, ns/use", "raw driver calls, ns", "vs raw",
-                                     "tracker share, ns/use", "share, ns/access", "waits/use"};
-  bench_table(cols, 8);
-  for (int j = 0; j < 4; j++) {
-    double driver = j < 3 ? med[4] : med[5], share = med[j] - driver;
-    printf("| %s | %zu | %.0f | %.0f | %.2fx | %.0f | %.1f | %.2f |\n", names[j], q[j].k, med[j], driver,
-           med[j] / driver, share, share / (double)q[j].k, q[j].waits);
+                                     "tracker share, ns/use", "share, ns/access", "waits/use", "events/use"};
+  bench_table(cols, 9);
+  for (int j = 0; j < NQ; j++) {
+    double driver = j < 6 ? med[NQ] : med[NQ + 1], share = med[j] - driver;
+    printf("| %s | %zu | %.0f | %.0f | %.2fx | %.0f | %.1f | %.2f | %.2f |\n", names[j], q[j].k, med[j], driver,
+           med[j] / driver, share, share / (double)q[j].k, q[j].waits, q[j].records);
     bench_sample(b, "tracker", names[j], "waits issued per use", "waits", NULL, NULL, 0, q[j].waits);
+    bench_sample(b, "tracker", names[j], "events recorded per use", "events", NULL, NULL, 0, q[j].records);
   }
   for (int i = 0; i < BLOCKS; i++) BENCH_WEFT(weft_free(blk[i], t.s[0]));
+  for (int i = 0; i < BLOCKS; i++) BENCH_WEFT(weft_free(own[i], t.s[2]));
   BENCH_WEFT(weft_runtime_release(t.rt));
 
   printf("\nRaw driver calls in the same run, ns each (medians): `cuEventRecord` %.0f, `cuStreamWaitEvent` + "
          "`cuEventRecord` %.0f, `cuCtxGetCurrent` %.0f (weft's share includes two of these). %u uses per sample, "
          "the series interleaved.\n\n",
-         med[4], med[5], ctx_get, n);
+         med[NQ], med[NQ + 1], ctx_get, n);
   for (int k = 0; k < 2; k++) {
     for (int i = 0; i < RING; i++) BENCH_CU(d->cuEventDestroy(r.ev[k][i]));
     BENCH_CU(d->cuStreamDestroy(r.s[k]));

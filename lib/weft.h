@@ -137,7 +137,9 @@ typedef enum weft_output_policy {
   X(log_format, unsigned, "WEFT_LOG_FORMAT", 0, 0, 1,                                           \
     "columns of the log_path CSV: 0 weft's, 1 RMM's (Thread,Time,Action,Pointer,Size,Stream)")  \
   X(stream_cache_bytes, uint64_t, "WEFT_STREAM_CACHE_BYTES", 64ull << 20, 0, UINT64_MAX,        \
-    "bytes of freed blocks the streams keep for their next weft_alloc of the same size (0: none)")
+    "bytes of freed blocks the streams keep for their next weft_alloc of the same size (0: none)") \
+  X(lazy_records, unsigned, "WEFT_LAZY_RECORDS", 1, 0, 1,                                       \
+    "1: a stream records an event after a use only once another stream has waited on it")
 
 /** Runtime options. Start from weft_options_default() (or weft_options_from_env()), change
  * fields, pass to weft_runtime_get(). Plain data: copy it freely. */
@@ -260,6 +262,9 @@ typedef struct weft_counters {
                                   complete */
   uint64_t events_recorded;  /**< cuEventRecord calls */
   uint64_t ring_evictions;   /**< waits on an evicted tick served by a newer event */
+  uint64_t late_waits;       /**< waits whose event was recorded after later work on its stream
+                                  (options.lazy_records: the first time another stream needs a
+                                  stream that records lazily; it records eagerly from then on) */
   uint64_t allocs, frees;    /**< weft_alloc / weft_free successes */
   uint64_t cached_blocks;    /**< freed blocks the streams keep now (options.stream_cache_bytes) */
   uint64_t cached_bytes;     /**< their bytes (still live for the resource stack) */

@@ -111,6 +111,8 @@ weft_status_t weft__clock_flush(weft__tracker_t *tr, weft__domain_t *d, weft_str
   memcpy(&l->ring_clock[(size_t)slot * d->n], WEFT__ROW(d, s->index), d->n * sizeof(uint64_t));
   l->ring_tick[slot] = k;
   l->recorded = k;
+  l->deferred = false;
+  l->joined = 0;
   if (weft__trace_on()) l->ring_us[slot] = weft__trace_now_us();
   tr->counters.events_recorded++;
   return WEFT_OK;
@@ -128,6 +130,26 @@ uint64_t weft__clock_point(weft__domain_t *d, const weft_stream_t *s) {
     l->dirty = false;
   }
   return l->tick;
+}
+
+uint64_t weft__clock_defer(weft__domain_t *d, weft_stream_t *s) {
+  weft__lane_t *l = &d->lane[s->index];
+  if (l->tick == l->recorded) {
+    l->tick++;
+    WEFT__ROW(d, s->index)[s->index] = l->tick;
+  } else if (l->deferred) {
+    l->joined++;
+  }
+  l->dirty = false;
+  l->deferred = true;
+  return l->tick;
+}
+
+void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k) {
+  weft__lane_t *l = &d->lane[t->index];
+  if (!l->deferred || k <= l->recorded) return;
+  l->eager = true;
+  if (l->joined != 0) tr->counters.late_waits++;
 }
 
 weft_status_t weft__clock_record(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, uint64_t *tick) {

@@ -45,6 +45,12 @@ weft_status_t weft__clock_flush(weft__tracker_t *tr, weft__domain_t *d, weft_str
  * Joining is sound because nothing can know a pending tick complete: waits record it first,
  * and the host learns only recorded ticks. */
 weft_status_t weft__clock_record(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, uint64_t *tick);
+/** Gives the work of the use just enqueued on s a tick without recording its event (lazy
+ * records, tracker.h): a new pending tick, or the deferred one it joins. */
+uint64_t weft__clock_defer(weft__domain_t *d, weft_stream_t *s);
+/** Another stream is about to wait for tick k of t: a deferred tick turns t's lane eager (and,
+ * when later uses joined it, counts a late wait). Call before weft__clock_slot. */
+void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k);
 /** A tick covering everything enqueued on s so far, recorded lazily (see tracker.h). */
 uint64_t weft__clock_point(weft__domain_t *d, const weft_stream_t *s);
 /** The ring slot of the oldest recorded tick >= k of stream t (k <= tick), flushing t's pending

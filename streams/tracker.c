@@ -174,7 +174,11 @@ weft_status_t weft__tracker_destroy(weft__tracker_t *tr) {
       continue;
     }
     const weft__lane_t *l = &tr->live.lane[i];
-    if (l->recorded == 0 || tr->streams[i].capture != NULL) continue;
+    if (tr->streams[i].capture != NULL) continue;
+    /* A pending tick (lazy records) is recorded first, so that its event covers the work. */
+    weft_status_t fl = weft__clock_flush(tr, &tr->live, &tr->streams[i]);
+    if (fl != WEFT_OK && first == WEFT_OK) first = fl;
+    if (l->recorded == 0) continue;
     WEFT__RELAXED(tr->drv, r = tr->drv->cuEventSynchronize(l->ring[l->recorded & (tr->ring_size - 1)]));
     if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuEventSynchronize (release)");
   }
@@ -283,6 +287,7 @@ static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_st
   const uint64_t *implies[WEFT__MAX_STREAMS];
   for (uint64_t m = mask; m != 0; m &= m - 1) {
     unsigned t = (unsigned)__builtin_ctzll(m), slot;
+    weft__clock_needed(tr, d, &tr->streams[t], need[t]);
     weft_status_t st = weft__clock_slot(tr, d, &tr->streams[t], need[t], &slot);
     if (st != WEFT_OK) return st;
     const weft__lane_t *l = &d->lane[t];
@@ -310,8 +315,9 @@ static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_st
 
 static weft_status_t begin_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses,
                                   size_t n) {
-  /* s's pending tick first, so that its event sits at its point rather than after these waits. */
-  weft_status_t st = weft__clock_flush(tr, d, s);
+  /* s's pending tick first, so that its event sits at its point rather than after these waits;
+   * a deferred one (lazy records) is joined instead. */
+  weft_status_t st = d->lane[s->index].deferred ? WEFT_OK : weft__clock_flush(tr, d, s);
   if (st != WEFT_OK) return st;
   uint64_t need[WEFT__MAX_STREAMS];
   memset(need, 0, d->n * sizeof need[0]);
@@ -323,7 +329,13 @@ static weft_status_t begin_locked(weft__tracker_t *tr, weft__domain_t *d, weft_s
  * leaves the tick pending; whoever needs it records it first, or fails without waiting). */
 static void end_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n) {
   uint64_t k;
-  (void)weft__clock_record(tr, d, s, &k);
+  /* Lazy records (tracker.h): live streams nobody has waited on yet leave the tick pending. Not
+   * an exposed stream (weft__tracker_expose): code outside weft may begin a capture on it at any
+   * moment, and a pending event recorded then would land in that capture. */
+  if (tr->lazy && d == &tr->live && !d->lane[s->index].eager &&
+      !atomic_load_explicit(&s->exposed, memory_order_relaxed))
+    k = weft__clock_defer(d, s);
+  else (void)weft__clock_record(tr, d, s, &k);
   for (size_t i = 0; i < n; i++) {
     weft__access_state_t *a = uses[i].state;
     if (weft__rule_starts_history(uses[i].kind)) {
@@ -556,6 +568,7 @@ weft_status_t weft__tracker_order(weft_stream_t *s, weft__point_t p) {
   weft__domain_t *d = weft__clock_domain(tr, s);
   if (p.stream < tr->n && !weft__clock_implied(d, s->index, p.stream, p.tick)) {
     st = weft__clock_flush(tr, d, s);
+    weft__clock_needed(tr, d, &tr->streams[p.stream], p.tick);
     if (st == WEFT_OK) st = weft__clock_wait(tr, d, s, &tr->streams[p.stream], p.tick);
   }
   unlock(tr);
@@ -597,6 +610,15 @@ weft_stream_t *weft__tracker_auto(weft__tracker_t *tr, bool high, const weft__us
   tr->counters.waits_host_known = host;
   unlock(tr);
   return best;
+}
+
+void weft__tracker_expose(weft_stream_t *s) {
+  if (atomic_load_explicit(&s->exposed, memory_order_relaxed)) return;
+  lock(s->tr);
+  atomic_store_explicit(&s->exposed, true, memory_order_relaxed);
+  weft__domain_t *d = &s->tr->live;
+  if (s->capture == NULL && d->lane[s->index].deferred) (void)weft__clock_flush(s->tr, d, s);
+  unlock(s->tr);
 }
 
 void weft__tracker_touch(weft_stream_t *s) {

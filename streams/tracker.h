@@ -17,7 +17,9 @@
  * Points: (stream, tick) with tick 0 meaning "nothing". A tick may be *pending*: handed out (as a
  * point, or to a use whose work is enqueued) before its event is recorded. Its event is recorded
  * before anything else weft enqueues on that stream, and by anyone who must wait for it first;
- * a stream has at most one pending tick, and work enqueued meanwhile joins it.
+ * a stream has at most one pending tick, and work enqueued meanwhile joins it. With lazy records
+ * (weft__lane_t.deferred) a use's own tick stays pending and later uses join it too, until
+ * another stream or the host needs it (a stream others wait on turns eager: weft__lane_t).
  *
  * Files: clock.c (domains, rings, the record and wait every other file builds on), tracker.c
  * (life cycle, uses, points, host knowledge), capture.c (capture sessions' clocks).
@@ -78,6 +80,14 @@ typedef struct weft__lane {
   uint64_t tick;        /* newest tick handed out on this stream in this domain */
   uint64_t recorded;    /* newest tick whose event is recorded (tick - 1 while one is pending) */
   bool dirty;           /* the stream's row grew by waits (or it got untracked work) since tick */
+  /* Lazy records (options.lazy_records, live domain only): a use's tick may stay pending after
+   * its work ("deferred"); the next uses on the stream join it instead of recording it first, so
+   * a stream nobody waits on records no event at all. The first time another stream needs a
+   * deferred tick, the lane turns `eager`: from then on each use records its event at once, so
+   * a consumer enqueued after later producer work still waits for exactly its point. */
+  bool deferred;        /* the pending tick was left by a use's end and may be joined */
+  bool eager;           /* another stream needed one of this lane's deferred ticks */
+  unsigned joined;      /* uses that joined the deferred tick after the one that took it */
   CUevent *ring;        /* [ring_size] events, created lazily in capture domains */
   uint64_t *ring_tick;  /* [ring_size] tick recorded in each slot (0: empty) */
   uint64_t *ring_clock; /* [ring_size * n] clock snapshot per slot */
@@ -191,6 +201,7 @@ struct weft__tracker {
   /* Active captures (any mode) on this runtime's streams. Written under the lock, read anywhere. */
   _Atomic unsigned captures;
   bool no_waits;          /* testing: issue no waits at all (positive controls) */
+  bool lazy;              /* options.lazy_records (set once after init) */
   bool mem_ops64;         /* CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS */
   weft_counters_t counters;
 };
@@ -275,6 +286,10 @@ weft_stream_t *weft__tracker_auto(weft__tracker_t *tr, bool high, const weft__us
 /** Notes work on s that the tracker did not enqueue (a stream-ordered allocation, a canary
  * fill): later points of s cover it. Call it after enqueuing that work. */
 void weft__tracker_touch(weft_stream_t *s);
+/** Marks s exposed (code outside weft may now enqueue on its raw stream, or begin a capture on
+ * it): a deferred tick (lazy records) is recorded now, while s is surely not capturing, and s
+ * records eagerly from then on. (A failed record leaves the tick pending, as anywhere.) */
+void weft__tracker_expose(weft_stream_t *s);
 /** Makes s wait for an outside event; s becomes dirty (later points cover it). */
 weft_status_t weft__tracker_import_event(weft_stream_t *s, CUevent ev);
 /** Keeps s out of captures while the caller waits on its raw stream on the host (without the

@@ -306,6 +306,7 @@ static weft_status_t create(weft_runtime_t *rt, int device, const weft_options_t
   weft__trace_from_env(); /* WEFT_TRACE=path */
   st = weft__tracker_init(&rt->tracker, drv, device, o.stream_count, o.high_priority_streams, adopt, o.event_ring, rt);
   if (st != WEFT_OK) return st;
+  rt->tracker.lazy = o.lazy_records != 0;
   if ((st = build_stack(rt)) != WEFT_OK) {
     (void)weft__tracker_destroy(&rt->tracker);
     return st;
@@ -512,8 +513,9 @@ void weft_runtime_print(const weft_runtime_t *rt, FILE *out) {
   fprintf(out, "weft runtime: device %d, %u streams (%u high priority), %u adopted, ring %u\n", rt->ordinal,
           rt->tracker.n_pool, rt->tracker.n_high, atomic_load(&mrt->tracker.n_adopted), rt->tracker.ring_size);
   fprintf(out, "  uses %" PRIu64 ", accesses %" PRIu64 ", waits issued %" PRIu64 ", skipped %" PRIu64
-               " (host-known %" PRIu64 "), events %" PRIu64 ", ring evictions %" PRIu64 "\n",
-          c.uses, c.accesses, c.waits_issued, c.waits_skipped, c.waits_host_known, c.events_recorded, c.ring_evictions);
+               " (host-known %" PRIu64 "), events %" PRIu64 ", ring evictions %" PRIu64 ", late waits %" PRIu64 "\n",
+          c.uses, c.accesses, c.waits_issued, c.waits_skipped, c.waits_host_known, c.events_recorded, c.ring_evictions,
+          c.late_waits);
   fprintf(out, "  allocs %" PRIu64 ", frees %" PRIu64 ", live blocks %zu (of them cached by streams %" PRIu64 ", %" PRIu64
                " bytes)\n", c.allocs, c.frees, live, c.cached_blocks, c.cached_bytes);
   for (unsigned i = rt->stack_n; i-- > 0;) {

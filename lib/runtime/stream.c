@@ -159,7 +159,7 @@ weft_status_t weft_stream_auto(weft_runtime_t *rt, weft_priority_t prio, const w
 CUstream weft_stream_raw(const weft_stream_t *s) {
   if (s == NULL) return NULL;
   /* From now on code outside weft may begin a capture on it: weft watches for that. */
-  atomic_store_explicit(&((weft_stream_t *)s)->exposed, true, memory_order_relaxed);
+  weft__tracker_expose((weft_stream_t *)s);
   return s->raw;
 }
 int weft_stream_index(const weft_stream_t *s) {

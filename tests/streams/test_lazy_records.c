@@ -1,0 +1,262 @@
+/* Lazy records (options.lazy_records, issue 17): a stream that no other stream has waited on
+ * records no event after its uses; the first stream that needs one of its points records the
+ * pending event then (late, when later uses joined it: counters.late_waits) and turns the stream
+ * eager, so that from then on each use records its event and a consumer waits for exactly its
+ * point. Host waits record the pending event first. Every case checks the data and the
+ * simulator's oracle; with lazy_records = 0 every use records, as before. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <cmocka.h>
+
+#include "tests/util/testutil.h"
+
+#define N 4096
+static tu_env_t env;
+
+static int setup_with(unsigned lazy) {
+  weft_options_t o = weft_options_default();
+  o.stream_count = 4;
+  o.high_priority_streams = 0;
+  o.lazy_records = lazy;
+  return tu_init(&env, &o);
+}
+static int setup(void **state) {
+  (void)state;
+  return setup_with(1);
+}
+static int setup_eager(void **state) {
+  (void)state;
+  return setup_with(0);
+}
+static int teardown(void **state) {
+  (void)state;
+  tu_fini(&env);
+  return 0;
+}
+
+static weft_counters_t counters(void) {
+  weft_counters_t c;
+  assert_int_equal(weft_runtime_counters(env.rt, &c), WEFT_OK);
+  return c;
+}
+
+static weft_stream_t *stream(unsigned i) {
+  weft_stream_t *s;
+  assert_int_equal(weft_stream_get(env.rt, i, &s), WEFT_OK);
+  return s;
+}
+
+static weft_block_t alloc(weft_stream_t *s, const char *tag) {
+  weft_block_t b;
+  assert_int_equal(weft_alloc(env.rt, N * 4, s, tag, &b), WEFT_OK);
+  return b;
+}
+
+static void expect_all(weft_stream_t *s, weft_block_t b, unsigned value) {
+  static unsigned host[N];
+  assert_int_equal(tu_read(s, b, host, sizeof host), WEFT_OK);
+  for (unsigned i = 0; i < N; i++)
+    if (host[i] != value) fail_msg("element %u is %u, expected %u", i, host[i], value);
+}
+
+static const weft_block_t none = {0};
+
+/* The value tu_combine writes from one input holding `in` (weft_test_combine: in * 7 + salt). */
+static unsigned combined(unsigned in, unsigned salt) { return in * 7u + salt; }
+
+static void quiesce(void) {
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  tu_reset_races(&env);
+}
+
+static void test_uses_on_a_stream_nobody_waits_on_record_no_event(void **state) {
+  (void)state;
+  weft_stream_t *s = stream(0);
+  weft_block_t a = alloc(s, "a"), b = alloc(s, "b");
+  quiesce();
+  weft_counters_t c0 = counters();
+  unsigned va = 1, vb = 0;
+  assert_int_equal(tu_fill(&env, s, a, N, va), WEFT_OK);
+  for (unsigned i = 0; i < 50; i++) {
+    /* a -> b -> a ...: every use reads what the previous one wrote, on one stream. */
+    if (i % 2 == 0) {
+      assert_int_equal(tu_combine(&env, s, b, none, a, none, none, N, i), WEFT_OK);
+      vb = combined(va, i);
+    } else {
+      assert_int_equal(tu_combine(&env, s, a, none, b, none, none, N, i), WEFT_OK);
+      va = combined(vb, i);
+    }
+  }
+  weft_counters_t c1 = counters();
+  assert_int_equal(c1.uses - c0.uses, 51);
+  assert_int_equal(c1.events_recorded - c0.events_recorded, 0);
+  assert_int_equal(c1.waits_issued - c0.waits_issued, 0);
+  /* The host's wait records the pending event first; the data is all there. */
+  expect_all(s, a, va);
+  expect_all(s, b, vb);
+  assert_true(counters().events_recorded > c1.events_recorded);
+  assert_int_equal(tu_races(&env), 0);
+  assert_int_equal(weft_free(a, s), WEFT_OK);
+  assert_int_equal(weft_free(b, s), WEFT_OK);
+}
+
+static void test_the_first_waiter_turns_the_producer_eager(void **state) {
+  (void)state;
+  weft_stream_t *s0 = stream(0), *s1 = stream(1);
+  weft_block_t a = alloc(s0, "a"), b = alloc(s0, "b"), a2 = alloc(s0, "a2"), out = alloc(s0, "out");
+  quiesce();
+  weft_counters_t c0 = counters();
+  assert_int_equal(tu_fill(&env, s0, a, N, 3), WEFT_OK);
+  assert_int_equal(tu_fill(&env, s0, b, N, 4), WEFT_OK); /* joins a's pending tick */
+  assert_int_equal(counters().events_recorded, c0.events_recorded);
+  /* s1 needs a: the pending event is recorded now, after b's fill too (late, but correct). */
+  assert_int_equal(tu_combine(&env, s1, out, none, a, none, none, N, 1), WEFT_OK);
+  weft_counters_t c1 = counters();
+  assert_int_equal(c1.waits_issued - c0.waits_issued, 1);
+  assert_int_equal(c1.late_waits - c0.late_waits, 1);
+  assert_int_equal(c1.events_recorded - c0.events_recorded, 1);
+  /* s0 is eager now: each use records its event, and a consumer enqueued after later work on s0
+   * waits for exactly its point (no late wait). (a2 and b: blocks s1 never read, so that s0's
+   * writes need nothing of s1.) */
+  assert_int_equal(tu_fill(&env, s0, a2, N, 5), WEFT_OK);
+  assert_int_equal(tu_fill(&env, s0, b, N, 6), WEFT_OK);
+  weft_counters_t c2 = counters();
+  assert_int_equal(c2.events_recorded - c1.events_recorded, 2);
+  assert_int_equal(c2.waits_issued, c1.waits_issued);
+  assert_int_equal(tu_combine(&env, s1, out, none, a2, none, none, N, 2), WEFT_OK);
+  weft_counters_t c3 = counters();
+  assert_int_equal(c3.waits_issued - c2.waits_issued, 1);
+  assert_int_equal(c3.late_waits, c2.late_waits);
+  /* Nobody waited on s1: it stays lazy (its two uses so far recorded nothing of their own). */
+  assert_int_equal(c3.events_recorded - c2.events_recorded, 0);
+  expect_all(s1, out, combined(5, 2));
+  expect_all(s0, b, 6);
+  assert_int_equal(tu_races(&env), 0);
+  assert_int_equal(weft_free(a, s0), WEFT_OK);
+  assert_int_equal(weft_free(b, s0), WEFT_OK);
+  assert_int_equal(weft_free(a2, s0), WEFT_OK);
+  assert_int_equal(weft_free(out, s0), WEFT_OK);
+}
+
+static void test_a_deferred_tick_the_host_saw_complete_needs_no_wait(void **state) {
+  (void)state;
+  weft_stream_t *s2 = stream(2), *s3 = stream(3);
+  weft_block_t a = alloc(s2, "a"), out = alloc(s2, "out");
+  quiesce();
+  assert_int_equal(tu_fill(&env, s2, a, N, 9), WEFT_OK);
+  weft_counters_t c0 = counters();
+  assert_int_equal(weft_stream_synchronize(s2), WEFT_OK);
+  assert_int_equal(counters().events_recorded - c0.events_recorded, 1);
+  assert_int_equal(tu_combine(&env, s3, out, none, a, none, none, N, 4), WEFT_OK);
+  weft_counters_t c1 = counters();
+  assert_int_equal(c1.waits_issued, c0.waits_issued);
+  assert_int_equal(c1.late_waits, c0.late_waits);
+  expect_all(s3, out, combined(9, 4));
+  assert_int_equal(tu_races(&env), 0);
+  assert_int_equal(weft_free(a, s2), WEFT_OK);
+  assert_int_equal(weft_free(out, s2), WEFT_OK);
+}
+
+/* A free orders the memory's next user after the block's uses, deferred or not. */
+static void test_memory_freed_after_deferred_uses_is_reused_in_order(void **state) {
+  (void)state;
+  weft_stream_t *s0 = stream(0), *s1 = stream(1);
+  for (unsigned round = 0; round < 20; round++) {
+    weft_block_t a = alloc(s0, "a"), out = alloc(s1, "out");
+    assert_int_equal(tu_fill(&env, s0, a, N, round), WEFT_OK);
+    assert_int_equal(tu_combine(&env, s0, a, none, a, none, none, N, 1), WEFT_OK);
+    assert_int_equal(weft_free(a, s0), WEFT_OK);
+    weft_block_t b = alloc(s1, "b"); /* may take a's memory on another stream */
+    assert_int_equal(tu_fill(&env, s1, b, N, 100 + round), WEFT_OK);
+    assert_int_equal(tu_combine(&env, s1, out, none, b, none, none, N, 2), WEFT_OK);
+    expect_all(s1, out, combined(100 + round, 2));
+    assert_int_equal(weft_free(b, s1), WEFT_OK);
+    assert_int_equal(weft_free(out, s1), WEFT_OK);
+  }
+  assert_int_equal(tu_races(&env), 0);
+}
+
+/* The deferred event is recorded by the stream that needs it; when that record fails, the
+ * needing use fails before enqueuing anything (DRIVER), the producer's tick stays pending, and
+ * the same use then succeeds in order. */
+static void test_a_failed_deferred_record_fails_the_needing_use_only(void **state) {
+  (void)state;
+  if (env.sim == NULL) skip(); /* fault injection needs the simulator */
+  weft_stream_t *s2 = stream(2), *s3 = stream(3);
+  weft_block_t a = alloc(s2, "a"), out = alloc(s3, "out");
+  quiesce();
+  assert_int_equal(tu_fill(&env, s2, a, N, 11), WEFT_OK);
+  assert_int_equal(tu_fill(&env, s3, out, N, 1), WEFT_OK);
+  weft_counters_t c0 = counters();
+  weft_sim_stats_t f0, f1;
+  env.sim->stats(&f0);
+  assert_int_equal((env.sim->fail)("cuEventRecord:1:CUDA_ERROR_LAUNCH_FAILED"), 0);
+  weft_status_t st = tu_combine(&env, s3, out, none, a, none, none, N, 5);
+  assert_int_equal((env.sim->fail)(NULL), 0);
+  env.sim->stats(&f1);
+  assert_int_equal(f1.faults_injected - f0.faults_injected, 1); /* premise: the deferred record failed */
+  assert_int_equal(st, WEFT_ERR_DRIVER);
+  weft_counters_t c1 = counters();
+  assert_int_equal(c1.uses, c0.uses);
+  assert_int_equal(c1.waits_issued, c0.waits_issued);
+  assert_int_equal(tu_combine(&env, s3, out, none, a, none, none, N, 5), WEFT_OK);
+  assert_int_equal(counters().waits_issued - c1.waits_issued, 1);
+  expect_all(s3, out, combined(11, 5));
+  assert_int_equal(tu_races(&env), 0);
+  assert_int_equal(weft_free(a, s2), WEFT_OK);
+  assert_int_equal(weft_free(out, s3), WEFT_OK);
+}
+
+/* weft_stream_raw hands the stream to code outside weft, which may begin a capture on it at any
+ * moment: the deferred event is recorded then, and the stream records eagerly from then on. */
+static void test_exposing_a_stream_records_its_deferred_event(void **state) {
+  (void)state;
+  weft_stream_t *s1 = stream(1);
+  weft_block_t a = alloc(s1, "a");
+  quiesce();
+  assert_int_equal(tu_fill(&env, s1, a, N, 2), WEFT_OK);
+  weft_counters_t c0 = counters();
+  (void)weft_stream_raw(s1);
+  weft_counters_t c1 = counters();
+  assert_int_equal(c1.events_recorded - c0.events_recorded, 1);
+  (void)weft_stream_raw(s1); /* nothing pending any more */
+  assert_int_equal(tu_fill(&env, s1, a, N, 3), WEFT_OK);
+  assert_int_equal(counters().events_recorded - c1.events_recorded, 1);
+  expect_all(s1, a, 3);
+  assert_int_equal(tu_races(&env), 0);
+  assert_int_equal(weft_free(a, s1), WEFT_OK);
+}
+
+static void test_with_lazy_records_off_every_use_records(void **state) {
+  (void)state;
+  weft_stream_t *s = stream(0);
+  weft_block_t a = alloc(s, "a");
+  quiesce();
+  weft_counters_t c0 = counters();
+  for (unsigned i = 0; i < 10; i++) assert_int_equal(tu_fill(&env, s, a, N, i), WEFT_OK);
+  weft_counters_t c1 = counters();
+  assert_int_equal(c1.events_recorded - c0.events_recorded, 10);
+  assert_int_equal(c1.late_waits, 0);
+  expect_all(s, a, 9);
+  assert_int_equal(tu_races(&env), 0);
+  assert_int_equal(weft_free(a, s), WEFT_OK);
+}
+
+int main(void) {
+  const struct CMUnitTest lazy[] = {
+      cmocka_unit_test(test_uses_on_a_stream_nobody_waits_on_record_no_event),
+      cmocka_unit_test(test_the_first_waiter_turns_the_producer_eager),
+      cmocka_unit_test(test_a_deferred_tick_the_host_saw_complete_needs_no_wait),
+      cmocka_unit_test(test_memory_freed_after_deferred_uses_is_reused_in_order),
+      cmocka_unit_test(test_a_failed_deferred_record_fails_the_needing_use_only),
+      cmocka_unit_test(test_exposing_a_stream_records_its_deferred_event),
+  };
+  const struct CMUnitTest eager[] = {
+      cmocka_unit_test(test_with_lazy_records_off_every_use_records),
+  };
+  int failed = cmocka_run_group_tests_name("lazy records", lazy, setup, teardown);
+  return failed + cmocka_run_group_tests_name("lazy records off", eager, setup_eager, teardown);
+}
