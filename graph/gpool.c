@@ -129,7 +129,9 @@ const weft_resource_ops_t weft__gpool_ops = {
 
 weft_status_t weft__gpool_new(weft__tracker_t *tr, weft_runtime_t *rt, weft_graph_pool_t **out) {
   weft_graph_pool_t *p = weft__meta_calloc(1, sizeof *p);
-  if (p != NULL && (p->acc_reads = weft__meta_calloc(tr->n, sizeof *p->acc_reads)) == NULL) {
+  unsigned lanes = weft__tracker_lanes();
+  uint64_t *reads = NULL;
+  if (p != NULL && (reads = weft__meta_calloc(lanes, sizeof *reads)) == NULL) {
     weft__meta_free(p);
     p = NULL;
   }
@@ -138,11 +140,11 @@ weft_status_t weft__gpool_new(weft__tracker_t *tr, weft_runtime_t *rt, weft_grap
   if (st == WEFT_OK && (st = weft__mem_lock_init(&p->lock, "weft_graph_pool_create")) != WEFT_OK)
     weft__tlsf_destroy(&p->tlsf);
   if (st != WEFT_OK) {
-    weft__meta_free(p->acc_reads);
+    weft__meta_free(reads);
     weft__meta_free(p);
     return st;
   }
-  weft__access_init(&p->acc, p->acc_reads);
+  weft__access_init(&p->acc, reads, lanes);
   weft__resource_init(&p->base, &weft__gpool_ops, NULL, rt);
   p->tr = tr;
   p->idle = tr->n;
@@ -150,7 +152,7 @@ weft_status_t weft__gpool_new(weft__tracker_t *tr, weft_runtime_t *rt, weft_grap
   if (!weft__runtime_list_side(rt, &p->base)) {
     pthread_mutex_destroy(&p->lock);
     weft__tlsf_destroy(&p->tlsf);
-    weft__meta_free(p->acc_reads);
+    weft__meta_free(p->acc.reads);
     weft__meta_free(p);
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_graph_pool_create: no host memory");
   }
@@ -158,7 +160,7 @@ weft_status_t weft__gpool_new(weft__tracker_t *tr, weft_runtime_t *rt, weft_grap
     weft__runtime_unlist_side(rt, &p->base);
     pthread_mutex_destroy(&p->lock);
     weft__tlsf_destroy(&p->tlsf);
-    weft__meta_free(p->acc_reads);
+    weft__meta_free(p->acc.reads);
     weft__meta_free(p);
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_graph_pool_create: no host memory for a handle");
   }
@@ -259,7 +261,7 @@ weft_status_t weft_graph_pool_destroy(weft_graph_pool_t *p) {
      * (ranges graphs kept are only records now: no graph uses the pool). On a failure the pool
      * stays with the chunks not yet freed, doomed (no capture may draw from it: its records
      * still name freed chunks), and a retry frees the rest. */
-    weft__point_t pts[WEFT__MAX_STREAMS + 1];
+    weft__point_t pts[WEFT__MAX_LANES + 1];
     size_t n = weft__tracker_conflicts(p->tr, &p->acc, WEFT_WRITE, pts);
     if ((first = weft__tracker_bind(p->tr)) == WEFT_OK) first = weft__tracker_sync_points(p->tr, pts, n);
     pthread_mutex_lock(&p->lock);
@@ -288,7 +290,7 @@ weft_status_t weft_graph_pool_destroy(weft_graph_pool_t *p) {
   weft__vec_free(&p->chunks);
   weft__tlsf_destroy(&p->tlsf);
   pthread_mutex_destroy(&p->lock);
-  weft__meta_free(p->acc_reads);
+  weft__meta_free(p->acc.reads);
   weft__meta_free(p);
   return first;
 }

@@ -52,7 +52,6 @@ struct weft_graph_pool {
    * writes it, so launches of graphs that share the pool are ordered whatever streams they run on
    * (guarded by the tracker lock). */
   weft__access_state_t acc;
-  uint64_t *acc_reads;      /* [stream count] */
 };
 
 /** The resource a graph's launch outputs belong to (embedded in the graph). */

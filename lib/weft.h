@@ -214,7 +214,8 @@ typedef struct weft_stream weft_stream_t;
  * plus WEFT_* environment overrides) and retaining it: every successful get needs one
  * weft_runtime_release(). Later gets return the same runtime and ignore `opts`.
  * Errors: INVALID_ARGUMENT (bad options, out is NULL), NO_DRIVER, WRONG_DEVICE (no such
- * ordinal), DRIVER / OUT_OF_MEMORY (creating streams or events failed; nothing is left behind). */
+ * ordinal), DRIVER / OUT_OF_MEMORY (creating streams or events failed; nothing is left behind),
+ * BUSY (the process's 128 stream lanes, stream_count + adopt_streams per runtime, are taken). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_get(int device, const weft_options_t *opts, weft_runtime_t **out);
 /** Adds a reference. Errors: STALE_HANDLE if the runtime was already released to zero. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_retain(weft_runtime_t *rt);
@@ -373,11 +374,12 @@ WEFT_API const char *weft_block_tag(weft_block_t b);
  *
  * Blocks of other devices: `accesses` may name blocks of other runtimes (devices) as well; s's
  * device then needs access to their memory, which weft enables at the first such use
- * (weft_runtime_enable_peer_access). s first waits for an event recorded in each other runtime
- * after that block's conflicting work (a cross-device wait), and at weft_use_end a live stream of
- * each other runtime waits for an event after the work and records the access there, so its later
- * conflicting work waits. Correct, not minimal: the other runtime's side goes through one of its
- * streams. Not on a capturing stream.
+ * (weft_runtime_enable_peer_access). The streams of every runtime of the process share one
+ * clock, so such a use waits for exactly the conflicting work of the other devices' streams (a
+ * cross-device event wait each, as few as on one device: the transitive reduction), and their
+ * later conflicting work waits for it the same way. Not on a capturing stream. The process has
+ * 128 stream lanes in all: each runtime takes stream_count + adopt_streams of them (BUSY from
+ * weft_runtime_get when they are taken).
  * Errors: STALE_HANDLE (a block or the runtime), INVALID_ARGUMENT (bad kind, NULL with n > 0),
  * BUSY (s already has an open use), DRIVER (a wait failed; nothing recorded), and with blocks of
  * other devices NOT_SUPPORTED (the devices cannot access each other's memory; nothing done) and

@@ -31,13 +31,13 @@ weft__capture_block_t *weft__capture_block(weft__capture_t *c, weft__access_stat
   b = weft__vec_push(&c->blocks);
   b->live = live;
   b->internal = internal;
-  weft__access_init(&b->local, reads);
+  weft__access_init(&b->local, reads, c->dom.n);
   *weft__map_insert(&c->index, (uint64_t)(uintptr_t)live, NULL) = c->blocks.len;
   return b;
 }
 
-static void lock(weft__tracker_t *tr) { pthread_mutex_lock(&tr->lock); }
-static void unlock(weft__tracker_t *tr) { pthread_mutex_unlock(&tr->lock); }
+static void lock(weft__tracker_t *tr) { pthread_mutex_lock(tr->lock); }
+static void unlock(weft__tracker_t *tr) { pthread_mutex_unlock(tr->lock); }
 
 static void count_capture(weft__capture_t *c, int delta) {
   atomic_fetch_add_explicit(&c->tr->captures, (unsigned)delta, memory_order_release);
@@ -49,12 +49,12 @@ weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bo
   WEFT_ASSERT(alloc_to != NULL);
   weft__capture_t *c = weft__meta_calloc(1, sizeof *c);
   if (c == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_capture_begin: no host memory");
+  c->tr = tr;
   weft_status_t st = weft__domain_init(&c->dom, tr->n, CAPTURE_RING, c);
   if (st != WEFT_OK) {
     weft__meta_free(c);
     return st;
   }
-  c->tr = tr;
   c->origin = s;
   c->mode = mode;
   c->foreign = foreign;
@@ -64,13 +64,13 @@ weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bo
   c->trace_us = weft__trace_on() ? weft__trace_now_us() : 0;
   c->blocks = WEFT__VEC_INIT(weft__capture_block_t);
   lock(tr);
-  while (s->holds != 0) pthread_cond_wait(&tr->unheld, &tr->lock); /* host waits on s finish first */
+  while (s->holds != 0) pthread_cond_wait(&tr->unheld, tr->lock); /* host waits on s finish first */
   if (s->capture != NULL) {
     st = weft__error(WEFT_ERR_CAPTURE, "weft_capture_begin: stream %u already takes part in a capture", s->index);
   } else if (!foreign) {
     /* The live pending event must be recorded before the stream starts capturing, or it would
      * be captured instead. */
-    st = weft__clock_flush(tr, &tr->live, s);
+    st = weft__clock_flush(tr, tr->live, s);
     CUresult r = st == WEFT_OK ? tr->drv->cuStreamBeginCapture(s->raw, mode) : CUDA_SUCCESS;
     if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuStreamBeginCapture");
     bool active;
@@ -107,7 +107,7 @@ weft_status_t weft__capture_join(weft_stream_t *origin, weft_stream_t *t) {
     st = weft__error(WEFT_ERR_CAPTURE, "weft_capture_join: stream %u is not the origin of a weft capture", origin->index);
     goto out;
   }
-  while (t->holds != 0) pthread_cond_wait(&tr->unheld, &tr->lock); /* host waits on t finish first */
+  while (t->holds != 0) pthread_cond_wait(&tr->unheld, tr->lock); /* host waits on t finish first */
   if (t->capture == c) goto out;
   if (t->capture != NULL) {
     st = weft__error(WEFT_ERR_CAPTURE, "weft_capture_join: stream %u already takes part in another capture", t->index);
@@ -115,7 +115,7 @@ weft_status_t weft__capture_join(weft_stream_t *origin, weft_stream_t *t) {
   }
   /* t's live pending event goes before the wait that pulls t into the capture; the fork point
    * is a recorded tick of the origin covering all its captured work so far. */
-  if ((st = weft__clock_flush(tr, &tr->live, t)) != WEFT_OK) goto out;
+  if ((st = weft__clock_flush(tr, tr->live, t)) != WEFT_OK) goto out;
   if ((st = weft__clock_record(tr, &c->dom, c->origin, &fork)) != WEFT_OK) goto out;
   t->capture = c; /* before the wait: it is the wait that pulls t into the capture */
   if ((st = weft__clock_wait(tr, &c->dom, t, c->origin, fork)) != WEFT_OK) {

@@ -9,13 +9,23 @@
 #include "lib/core/trace.h"
 #include "streams/clock.h"
 
+pthread_mutex_t weft__clock_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The process's live domain: created with the first runtime, kept for the process (its lanes'
+ * events go with their runtimes). `used` marks lanes some runtime holds. */
+static weft__domain_t g_live;
+static bool g_used[WEFT__MAX_LANES];
+static _Atomic unsigned g_lanes; /* g_live.n, readable without the lock */
+
+unsigned weft__tracker_lanes(void) { return atomic_load_explicit(&g_lanes, memory_order_acquire); }
+
 /* A lane's events go back: a capture's to the tracker's spares (the caller holds the tracker
  * lock; capacity was reserved when they were made), the live domain's to the driver (the first
  * failure is returned). */
 static weft_status_t lane_free(weft__tracker_t *tr, weft__domain_t *d, weft__lane_t *l) {
   weft_status_t first = WEFT_OK;
   if (l->ring != NULL)
-    for (unsigned i = 0; i < d->ring_size; i++) {
+    for (unsigned i = 0; i < l->ring_size; i++) {
       if (l->ring[i] == NULL) continue;
       if (d->capture != NULL) {
         *(CUevent *)weft__vec_push(&tr->spare_events) = l->ring[i];
@@ -39,25 +49,26 @@ static weft_status_t lane_free(weft__tracker_t *tr, weft__domain_t *d, weft__lan
  * the tracker's spare events first (the caller holds the tracker lock). */
 weft_status_t weft__lane_init(weft__tracker_t *tr, weft__domain_t *d, weft__lane_t *l) {
   if (l->ring != NULL) return WEFT_OK;
+  l->ring_size = d->capture != NULL ? d->ring_size : tr->ring_size;
   size_t clocks;
-  if (!weft__mul_size(d->ring_size, d->n, &clocks)) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: ring too large");
-  l->ring = weft__meta_calloc(d->ring_size, sizeof *l->ring);
-  l->ring_tick = weft__meta_calloc(d->ring_size, sizeof *l->ring_tick);
+  if (!weft__mul_size(l->ring_size, d->stride, &clocks)) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: ring too large");
+  l->ring = weft__meta_calloc(l->ring_size, sizeof *l->ring);
+  l->ring_tick = weft__meta_calloc(l->ring_size, sizeof *l->ring_tick);
   l->ring_clock = weft__meta_calloc(clocks, sizeof *l->ring_clock);
-  l->ring_us = weft__meta_calloc(d->ring_size, sizeof *l->ring_us);
+  l->ring_us = weft__meta_calloc(l->ring_size, sizeof *l->ring_us);
   weft__vec_t *spare = &tr->spare_events;
   unsigned taken = 0;
   bool ok = l->ring != NULL && l->ring_tick != NULL && l->ring_clock != NULL && l->ring_us != NULL;
   if (ok && d->capture != NULL) {
-    while (taken < d->ring_size && spare->len != 0) l->ring[taken++] = WEFT__VEC_AT(spare, CUevent, --spare->len);
+    while (taken < l->ring_size && spare->len != 0) l->ring[taken++] = WEFT__VEC_AT(spare, CUevent, --spare->len);
     /* Room to take back every event captures will then have made. */
-    ok = weft__vec_reserve(spare, tr->capture_events + (d->ring_size - taken) - spare->len);
+    ok = weft__vec_reserve(spare, tr->capture_events + (l->ring_size - taken) - spare->len);
   }
   if (!ok) {
     (void)lane_free(tr, d, l); /* the live domain has no events yet; a capture's go back */
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for an event ring");
   }
-  for (unsigned i = taken; i < d->ring_size; i++) {
+  for (unsigned i = taken; i < l->ring_size; i++) {
     CUresult r = tr->drv->cuEventCreate(&l->ring[i], CU_EVENT_DISABLE_TIMING);
     if (r != CUDA_SUCCESS) {
       l->ring[i] = NULL;
@@ -69,63 +80,133 @@ weft_status_t weft__lane_init(weft__tracker_t *tr, weft__domain_t *d, weft__lane
   return WEFT_OK;
 }
 
+/* The arrays of a domain with room for `stride` lanes (zeroed). */
+static bool domain_alloc(weft__domain_t *d, unsigned stride) {
+  d->stride = stride;
+  d->known = weft__meta_calloc((size_t)stride * stride, sizeof *d->known);
+  d->host_known = weft__meta_calloc(stride, sizeof *d->host_known);
+  d->stream = weft__meta_calloc(stride, sizeof *d->stream);
+  d->lane = weft__meta_calloc(stride, sizeof *d->lane);
+  if (d->known != NULL && d->host_known != NULL && d->stream != NULL && d->lane != NULL) return true;
+  weft__meta_free(d->known);
+  weft__meta_free(d->host_known);
+  weft__meta_free(d->stream);
+  weft__meta_free(d->lane);
+  memset(d, 0, sizeof *d);
+  return false;
+}
+
 weft_status_t weft__domain_init(weft__domain_t *d, unsigned n, unsigned ring_size, weft__capture_t *capture) {
   memset(d, 0, sizeof *d);
+  if (!domain_alloc(d, n)) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for stream clocks");
   d->n = n;
   d->ring_size = ring_size;
   d->capture = capture;
-  d->known = weft__meta_calloc((size_t)n * n, sizeof *d->known);
-  d->host_known = weft__meta_calloc(n, sizeof *d->host_known);
-  if (d->known == NULL || d->host_known == NULL) {
-    weft__meta_free(d->known);
-    weft__meta_free(d->host_known);
-    memset(d, 0, sizeof *d);
-    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for stream clocks");
-  }
+  for (unsigned i = 0; i < n; i++) d->stream[i] = &capture->tr->streams[i];
   return WEFT_OK;
 }
 
 weft_status_t weft__domain_free(weft__tracker_t *tr, weft__domain_t *d) {
-  weft_status_t first = WEFT_OK;
-  if (d->capture != NULL) pthread_mutex_lock(&tr->lock);
-  for (unsigned i = 0; i < d->n; i++) {
-    weft_status_t st = lane_free(tr, d, &d->lane[i]);
-    if (first == WEFT_OK) first = st;
-  }
-  if (d->capture != NULL) pthread_mutex_unlock(&tr->lock);
+  pthread_mutex_lock(tr->lock);
+  for (unsigned i = 0; i < d->n; i++) (void)lane_free(tr, d, &d->lane[i]); /* to the spares: never fails */
+  pthread_mutex_unlock(tr->lock);
   weft__meta_free(d->known);
   weft__meta_free(d->host_known);
+  weft__meta_free(d->stream);
+  weft__meta_free(d->lane);
   memset(d, 0, sizeof *d);
-  return first;
+  return WEFT_OK;
+}
+
+weft_status_t weft__clock_lanes_take(weft__tracker_t *tr, unsigned n) {
+  weft__domain_t *d = &g_live;
+  if (d->known == NULL && !domain_alloc(d, WEFT__MAX_LANES))
+    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for the process's stream clocks");
+  unsigned base = 0;
+  for (unsigned run = 0; base + run < WEFT__MAX_LANES && run < n;) {
+    if (g_used[base + run]) {
+      base += run + 1;
+      run = 0;
+    } else {
+      run++;
+    }
+  }
+  if (base + n > WEFT__MAX_LANES)
+    return weft__error(WEFT_ERR_BUSY, "weft: the process's %d stream lanes are taken by other runtimes (%u more "
+                       "wanted: options.stream_count + adopt_streams)", WEFT__MAX_LANES, n);
+  for (unsigned i = 0; i < n; i++) {
+    unsigned at = base + i;
+    weft__lane_t *l = &d->lane[at];
+    g_used[at] = true;
+    d->stream[at] = &tr->streams[i];
+    /* A new stream is ordered after nothing; every earlier tick of the lane is complete (its last
+     * owner synchronised it), and the tick counter goes on. */
+    memset(WEFT__ROW(d, at), 0, d->stride * sizeof(uint64_t));
+    WEFT__ROW(d, at)[at] = l->tick;
+    d->host_known[at] = l->tick;
+    l->recorded = l->tick;
+    l->dirty = l->deferred = l->eager = false;
+    l->joined = 0;
+  }
+  if (base + n > d->n) {
+    d->n = base + n;
+    atomic_store_explicit(&g_lanes, d->n, memory_order_release);
+  }
+  tr->live = d;
+  tr->base = base;
+  return WEFT_OK;
+}
+
+void weft__clock_lanes_give(weft__tracker_t *tr) {
+  weft__domain_t *d = &g_live;
+  for (unsigned i = 0; i < tr->n; i++) {
+    unsigned at = tr->base + i;
+    weft__lane_t *l = &d->lane[at];
+    d->host_known[at] = l->tick;
+    l->recorded = l->tick;
+    l->dirty = l->deferred = l->eager = false;
+    l->joined = 0;
+    d->stream[at] = NULL;
+    g_used[at] = false;
+  }
 }
 
 weft_status_t weft__clock_flush(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s) {
-  weft__lane_t *l = &d->lane[s->index];
+  unsigned at = weft__at(d, s);
+  weft__lane_t *l = &d->lane[at];
   if (l->recorded == l->tick) return WEFT_OK;
-  weft_status_t st = weft__lane_init(tr, d, l);
+  /* s may be another runtime's stream (a use across devices needs its tick): its events and
+   * its counters are its runtime's, and the record runs in its context (a legacy NULL stream
+   * means the current context's), which is then given back. */
+  weft__tracker_t *own = s->tr;
+  weft_status_t st = weft__lane_init(own, d, l);
   if (st != WEFT_OK) return st;
+  bool away = own != tr;
+  if (away && (st = weft__tracker_bind(own)) != WEFT_OK) return st;
   uint64_t k = l->tick;
-  unsigned slot = (unsigned)(k & (d->ring_size - 1));
-  CUresult r = tr->drv->cuEventRecord(l->ring[slot], s->raw);
+  unsigned slot = (unsigned)(k & (l->ring_size - 1));
+  CUresult r = own->drv->cuEventRecord(l->ring[slot], s->raw);
+  if (away) (void)weft__tracker_bind(tr);
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuEventRecord");
-  memcpy(&l->ring_clock[(size_t)slot * d->n], WEFT__ROW(d, s->index), d->n * sizeof(uint64_t));
+  memcpy(&l->ring_clock[(size_t)slot * d->stride], WEFT__ROW(d, at), d->n * sizeof(uint64_t));
   l->ring_tick[slot] = k;
   l->recorded = k;
   l->deferred = false;
   l->joined = 0;
   if (weft__trace_on()) l->ring_us[slot] = weft__trace_now_us();
-  tr->counters.events_recorded++;
+  own->counters.events_recorded++;
   return WEFT_OK;
 }
 
 uint64_t weft__clock_point(weft__domain_t *d, const weft_stream_t *s) {
-  weft__lane_t *l = &d->lane[s->index];
+  unsigned at = weft__at(d, s);
+  weft__lane_t *l = &d->lane[at];
   if (l->dirty) {
     /* New work or waits since the newest tick: a new tick covers them, unless one is pending
      * already (its event, recorded later, lands after this work too). */
     if (l->tick == l->recorded) {
       l->tick++;
-      WEFT__ROW(d, s->index)[s->index] = l->tick;
+      WEFT__ROW(d, at)[at] = l->tick;
     }
     l->dirty = false;
   }
@@ -133,10 +214,11 @@ uint64_t weft__clock_point(weft__domain_t *d, const weft_stream_t *s) {
 }
 
 uint64_t weft__clock_defer(weft__domain_t *d, weft_stream_t *s) {
-  weft__lane_t *l = &d->lane[s->index];
+  unsigned at = weft__at(d, s);
+  weft__lane_t *l = &d->lane[at];
   if (l->tick == l->recorded) {
     l->tick++;
-    WEFT__ROW(d, s->index)[s->index] = l->tick;
+    WEFT__ROW(d, at)[at] = l->tick;
   } else if (l->deferred) {
     l->joined++;
   }
@@ -146,17 +228,18 @@ uint64_t weft__clock_defer(weft__domain_t *d, weft_stream_t *s) {
 }
 
 void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k) {
-  weft__lane_t *l = &d->lane[t->index];
+  weft__lane_t *l = &d->lane[weft__at(d, t)];
   if (!l->deferred || k <= l->recorded) return;
   l->eager = true;
   if (l->joined != 0) tr->counters.late_waits++;
 }
 
 weft_status_t weft__clock_record(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, uint64_t *tick) {
-  weft__lane_t *l = &d->lane[s->index];
+  unsigned at = weft__at(d, s);
+  weft__lane_t *l = &d->lane[at];
   if (l->tick == l->recorded) {
     l->tick++;
-    WEFT__ROW(d, s->index)[s->index] = l->tick;
+    WEFT__ROW(d, at)[at] = l->tick;
   }
   l->dirty = false;
   *tick = l->tick;
@@ -166,8 +249,8 @@ weft_status_t weft__clock_record(weft__tracker_t *tr, weft__domain_t *d, weft_st
 weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, unsigned *slot) {
   weft_status_t st = weft__clock_flush(tr, d, t);
   if (st != WEFT_OK) return st;
-  weft__lane_t *l = &d->lane[t->index];
-  unsigned mask = d->ring_size - 1;
+  weft__lane_t *l = &d->lane[weft__at(d, t)];
+  unsigned mask = l->ring_size - 1;
   WEFT_ASSERT_INTERNAL(k >= 1 && k <= l->recorded);
   if (l->ring_tick[k & mask] == k) {
     *slot = (unsigned)(k & mask);
@@ -175,8 +258,8 @@ weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stre
   }
   /* Evicted: ticks (recorded - ring_size, recorded] are in the ring (every tick is recorded, in
    * order: a stream never skips one). */
-  WEFT_ASSERT_INTERNAL(k + d->ring_size <= l->recorded);
-  *slot = (unsigned)((l->recorded - d->ring_size + 1) & mask);
+  WEFT_ASSERT_INTERNAL(k + l->ring_size <= l->recorded);
+  *slot = (unsigned)((l->recorded - l->ring_size + 1) & mask);
   tr->counters.ring_evictions++;
   return WEFT_OK;
 }
@@ -185,24 +268,25 @@ weft_status_t weft__clock_wait(weft__tracker_t *tr, weft__domain_t *d, weft_stre
   unsigned slot;
   weft_status_t st = weft__clock_slot(tr, d, t, k, &slot);
   if (st != WEFT_OK) return st;
-  const weft__lane_t *lt = &d->lane[t->index];
+  unsigned as = weft__at(d, s), at = weft__at(d, t);
+  const weft__lane_t *lt = &d->lane[at];
   CUresult r = tr->drv->cuStreamWaitEvent(s->raw, lt->ring[slot], 0);
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuStreamWaitEvent");
-  uint64_t *row = WEFT__ROW(d, s->index);
-  const uint64_t *snap = &lt->ring_clock[(size_t)slot * d->n];
+  uint64_t *row = WEFT__ROW(d, as);
+  const uint64_t *snap = &lt->ring_clock[(size_t)slot * d->stride];
   for (unsigned u = 0; u < d->n; u++) row[u] = weft__max_u64(row[u], snap[u]);
-  row[t->index] = weft__max_u64(row[t->index], lt->ring_tick[slot]);
-  row[s->index] = d->lane[s->index].tick; /* own entry is always the own tick */
-  d->lane[s->index].dirty = true;
+  row[at] = weft__max_u64(row[at], lt->ring_tick[slot]);
+  row[as] = d->lane[as].tick; /* own entry is always the own tick */
+  d->lane[as].dirty = true;
   tr->counters.waits_issued++;
   if (weft__trace_on()) {
     uint64_t id = d->capture != NULL ? d->capture->id : 0;
     weft__trace_wait(tr->ordinal, weft__trace_tid(t->index, id), lt->ring_us[slot], weft__trace_tid(s->index, id));
   }
   if (weft__nvtx_on()) {
-    char m[96];
-    snprintf(m, sizeof m, "weft wait: stream %u waits for stream %u (tick %llu)", s->index, t->index,
-             (unsigned long long)lt->ring_tick[slot]);
+    char m[112];
+    snprintf(m, sizeof m, "weft wait: stream %u waits for stream %u of device %d (tick %llu)", s->index, t->index,
+             t->tr->ordinal, (unsigned long long)lt->ring_tick[slot]);
     weft__nvtx_mark(m);
   }
   return WEFT_OK;

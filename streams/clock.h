@@ -12,7 +12,12 @@
 
 #include "streams/tracker.h"
 
-#define WEFT__ROW(d, s) (&(d)->known[(size_t)(s) * (d)->n])
+#define WEFT__ROW(d, s) (&(d)->known[(size_t)(s) * (d)->stride])
+
+/** The lane of s in domain d: its global lane in the live domain, its pool index in a capture's. */
+static inline unsigned weft__at(const weft__domain_t *d, const weft_stream_t *s) {
+  return d->capture != NULL ? s->index : s->lane;
+}
 
 static inline uint64_t weft__max_u64(uint64_t a, uint64_t b) { return a > b ? a : b; }
 
@@ -24,10 +29,22 @@ static inline bool weft__clock_implied(const weft__domain_t *d, unsigned s, unsi
 /** The domain a use on s belongs to: its capture's, or the live one. */
 static inline weft__domain_t *weft__clock_domain(weft__tracker_t *tr, const weft_stream_t *s) {
   weft__capture_t *c = atomic_load_explicit(&((weft_stream_t *)s)->capture, memory_order_relaxed);
-  return c != NULL ? &c->dom : &tr->live;
+  return c != NULL ? &c->dom : tr->live;
 }
 
-/** Allocates a domain's clocks for n streams (rings are created lazily). */
+/* ---- the process's live domain ---------------------------------------------------------------- */
+
+/** The lock of every tracker (rank 30): the live domain is shared. */
+extern pthread_mutex_t weft__clock_lock;
+/** Gives tr n consecutive lanes of the live domain (creating the domain on first use): tr->live,
+ * tr->base. Lock held. BUSY when the process has no n consecutive lanes free (WEFT__MAX_LANES
+ * over all runtimes), HOST_OUT_OF_MEMORY. */
+weft_status_t weft__clock_lanes_take(weft__tracker_t *tr, unsigned n);
+/** Gives tr's lanes back (lock held): their work is complete (the host knows every tick), their
+ * events were freed; their tick counters go on with the next owner. */
+void weft__clock_lanes_give(weft__tracker_t *tr);
+
+/** Allocates a capture's domain for the n streams of its runtime (rings are created lazily). */
 weft_status_t weft__domain_init(weft__domain_t *d, unsigned n, unsigned ring_size, weft__capture_t *capture);
 /** Frees a domain's clocks and every lane's events: a capture's go to the tracker's spares
  * (never fails; takes the tracker lock), the live domain's are destroyed (the first driver failure

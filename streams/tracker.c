@@ -10,8 +10,8 @@
 #include "lib/core/meta.h"
 #include "streams/clock.h"
 
-static inline void lock(weft__tracker_t *tr) { pthread_mutex_lock(&tr->lock); }
-static inline void unlock(weft__tracker_t *tr) { pthread_mutex_unlock(&tr->lock); }
+static inline void lock(weft__tracker_t *tr) { pthread_mutex_lock(tr->lock); }
+static inline void unlock(weft__tracker_t *tr) { pthread_mutex_unlock(tr->lock); }
 
 /* ---- life cycle -------------------------------------------------------------------------------- */
 
@@ -42,6 +42,26 @@ static void reset(weft__tracker_t *tr) {
   }
 }
 
+/* Destroys the events of tr's lane i in the live domain (lock held); the first failure. */
+static weft_status_t lane_release(weft__tracker_t *tr, unsigned i) {
+  weft__lane_t *l = &tr->live->lane[tr->base + i];
+  weft_status_t first = WEFT_OK;
+  if (l->ring != NULL)
+    for (unsigned k = 0; k < l->ring_size; k++) {
+      CUresult r = l->ring[k] != NULL ? tr->drv->cuEventDestroy(l->ring[k]) : CUDA_SUCCESS;
+      if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuEventDestroy");
+    }
+  weft__meta_free(l->ring);
+  weft__meta_free(l->ring_tick);
+  weft__meta_free(l->ring_clock);
+  weft__meta_free(l->ring_us);
+  l->ring = NULL;
+  l->ring_tick = NULL;
+  l->ring_clock = NULL;
+  l->ring_us = NULL;
+  return first;
+}
+
 /* Creation unwinds in reverse order on any failure (libuv's ladder). */
 weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv, int ordinal, unsigned n,
                                  unsigned n_high, unsigned n_adopt, unsigned ring_size, void *runtime) {
@@ -58,12 +78,9 @@ weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv,
   weft_status_t st;
   CUresult r;
   unsigned made = 0;
-  int e = pthread_mutex_init(&tr->lock, NULL);
-  if (e != 0) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: cannot create the tracker lock (%s)", strerror(e));
-  if ((e = pthread_cond_init(&tr->unheld, NULL)) != 0) {
-    pthread_mutex_destroy(&tr->lock);
-    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: cannot create the tracker condition (%s)", strerror(e));
-  }
+  tr->lock = &weft__clock_lock;
+  int e = pthread_cond_init(&tr->unheld, NULL);
+  if (e != 0) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: cannot create the tracker condition (%s)", strerror(e));
   if ((r = drv->cuDeviceGet(&tr->device, ordinal)) != CUDA_SUCCESS) {
     weft__driver_fail(r, "cuDeviceGet");
     st = weft__error(WEFT_ERR_WRONG_DEVICE, "weft: device %d does not exist (%s)", ordinal, weft_driver_error_name(r));
@@ -81,11 +98,15 @@ weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv,
   }
   if (drv->cuDeviceGetAttribute(&ops64, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, tr->device) == CUDA_SUCCESS)
     tr->mem_ops64 = ops64 != 0;
-  if ((st = weft__domain_init(&tr->live, tr->n, ring_size, NULL)) != WEFT_OK) goto fail_ctx;
+  lock(tr);
+  st = weft__clock_lanes_take(tr, tr->n);
+  unlock(tr);
+  if (st != WEFT_OK) goto fail_ctx;
   for (unsigned i = n; i < tr->n; i++) {
     tr->streams[i].tr = tr;
     tr->streams[i].runtime = runtime;
     tr->streams[i].index = i;
+    tr->streams[i].lane = tr->base + i;
   }
   for (; made < n; made++) {
     weft_stream_t *s = &tr->streams[made];
@@ -93,6 +114,7 @@ weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv,
     s->tr = tr;
     s->runtime = runtime;
     s->index = made;
+    s->lane = tr->base + made;
     s->high = high;
     s->priority = high ? greatest : least;
     if ((r = drv->cuStreamCreateWithPriority(&s->raw, CU_STREAM_NON_BLOCKING, s->priority)) != CUDA_SUCCESS) {
@@ -101,7 +123,7 @@ weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv,
       goto fail_streams;
     }
     /* Live rings up front: a use never fails for want of an event. */
-    if ((st = weft__lane_init(tr, &tr->live, &tr->live.lane[made])) != WEFT_OK) {
+    if ((st = weft__lane_init(tr, tr->live, &tr->live->lane[s->lane])) != WEFT_OK) {
       drv->cuStreamDestroy(s->raw);
       s->raw = NULL;
       goto fail_streams;
@@ -114,12 +136,14 @@ fail_streams:
     drv->cuStreamDestroy(tr->streams[made].raw);
     tr->streams[made].raw = NULL;
   }
-  (void)weft__domain_free(tr, &tr->live); /* st says what failed first */
+  lock(tr);
+  for (unsigned i = 0; i < tr->n; i++) (void)lane_release(tr, i); /* st says what failed first */
+  weft__clock_lanes_give(tr);
+  unlock(tr);
 fail_ctx:
   drv->cuDevicePrimaryCtxRelease(tr->device);
 fail_lock:
   pthread_cond_destroy(&tr->unheld);
-  pthread_mutex_destroy(&tr->lock);
   reset(tr);
   return st;
 }
@@ -142,7 +166,7 @@ weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream
     if (i == tr->n) {
       st = weft__error(WEFT_ERR_BUSY, "weft_stream_adopt: all %u adoption slots are taken (options.adopt_streams)",
                        tr->n - tr->n_pool);
-    } else if ((st = weft__lane_init(tr, &tr->live, &tr->live.lane[i])) == WEFT_OK) {
+    } else if ((st = weft__lane_init(tr, tr->live, &tr->live->lane[tr->base + i])) == WEFT_OK) {
       weft_stream_t *s = &tr->streams[i];
       int prio = 0;
       s->raw = raw;
@@ -161,7 +185,7 @@ weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream
 }
 
 weft_status_t weft__tracker_destroy(weft__tracker_t *tr) {
-  if (tr->live.known == NULL) return WEFT_OK;
+  if (tr->live == NULL) return WEFT_OK;
   weft_status_t first = weft__tracker_bind(tr);
   /* Adopted streams are someone else's: their work is waited for through weft's own events (an
    * adopted CU_STREAM_PER_THREAD could not be named from this thread anyway). */
@@ -173,13 +197,15 @@ weft_status_t weft__tracker_destroy(weft__tracker_t *tr) {
       if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuStreamSynchronize (release)");
       continue;
     }
-    const weft__lane_t *l = &tr->live.lane[i];
+    const weft__lane_t *l = &tr->live->lane[tr->streams[i].lane];
     if (tr->streams[i].capture != NULL) continue;
     /* A pending tick (lazy records) is recorded first, so that its event covers the work. */
-    weft_status_t fl = weft__clock_flush(tr, &tr->live, &tr->streams[i]);
+    lock(tr);
+    weft_status_t fl = weft__clock_flush(tr, tr->live, &tr->streams[i]);
+    unlock(tr);
     if (fl != WEFT_OK && first == WEFT_OK) first = fl;
-    if (l->recorded == 0) continue;
-    WEFT__RELAXED(tr->drv, r = tr->drv->cuEventSynchronize(l->ring[l->recorded & (tr->ring_size - 1)]));
+    if (l->recorded == 0 || l->ring == NULL) continue;
+    WEFT__RELAXED(tr->drv, r = tr->drv->cuEventSynchronize(l->ring[l->recorded & (l->ring_size - 1)]));
     if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuEventSynchronize (release)");
   }
   /* Device-timestamp spans are read while the context is still here. */
@@ -188,8 +214,13 @@ weft_status_t weft__tracker_destroy(weft__tracker_t *tr) {
     tr->streams[i].span = NULL;
   }
   weft__trace_device_flush(tr->ordinal);
-  weft_status_t st = weft__domain_free(tr, &tr->live);
-  if (first == WEFT_OK) first = st;
+  lock(tr);
+  for (unsigned i = 0; i < tr->n; i++) {
+    weft_status_t st = lane_release(tr, i);
+    if (first == WEFT_OK) first = st;
+  }
+  weft__clock_lanes_give(tr);
+  unlock(tr);
   for (size_t i = 0; i < tr->spare_events.len; i++) {
     CUresult r = tr->drv->cuEventDestroy(WEFT__VEC_AT(&tr->spare_events, CUevent, i));
     if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuEventDestroy (release)");
@@ -202,17 +233,17 @@ weft_status_t weft__tracker_destroy(weft__tracker_t *tr) {
   CUresult r = tr->drv->cuDevicePrimaryCtxRelease(tr->device);
   if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuDevicePrimaryCtxRelease (release)");
   pthread_cond_destroy(&tr->unheld);
-  pthread_mutex_destroy(&tr->lock);
   reset(tr);
   return first;
 }
 
 /* ---- uses ---------------------------------------------------------------------------------------- */
 
-void weft__access_init(weft__access_state_t *st, uint64_t *reads) {
+void weft__access_init(weft__access_state_t *st, uint64_t *reads, unsigned cap) {
   st->write = (weft__point_t){0, 0};
   st->reader_mask = 0;
   st->reads = reads;
+  st->reads_cap = cap;
   st->graph = NULL;
 }
 
@@ -246,24 +277,24 @@ static weft_status_t translate(weft__capture_t *c, const weft__use_t *uses, size
 
 /* need[t]: the newest tick of t that the uses conflict with (weft__rule_*) and that is not yet
  * implied for s. Returns a bit mask of the streams with a need. */
-static uint64_t collect_needs(weft__tracker_t *tr, const weft__domain_t *d, unsigned s, const weft__use_t *uses,
-                              size_t n, uint64_t *need) {
-  uint64_t mask = 0;
+static weft__lanes_t collect_needs(weft__tracker_t *tr, const weft__domain_t *d, unsigned s, const weft__use_t *uses,
+                                   size_t n, uint64_t *need) {
+  weft__lanes_t mask = 0;
   for (size_t i = 0; i < n; i++) {
     const weft__access_state_t *st = uses[i].state;
-    weft__point_t pts[WEFT__MAX_STREAMS + 1];
+    weft__point_t pts[WEFT__MAX_LANES + 1];
     size_t k = 0;
     if (st->write.tick != 0 && st->write.stream != s) pts[k++] = st->write;
     if (weft__rule_follows_reads(uses[i].kind))
-      for (uint64_t m = st->reader_mask & ~(1ull << s); m != 0; m &= m - 1) {
-        unsigned t = (unsigned)__builtin_ctzll(m);
+      for (weft__lanes_t m = st->reader_mask & ~weft__lane_bit(s); m != 0; m &= m - 1) {
+        unsigned t = weft__lanes_first(m);
         pts[k++] = (weft__point_t){t, st->reads[t]};
       }
     for (size_t j = 0; j < k; j++) {
       unsigned t = pts[j].stream;
       if (!weft__clock_implied(d, s, t, pts[j].tick)) {
         need[t] = weft__max_u64(need[t], pts[j].tick);
-        mask |= 1ull << t;
+        mask |= weft__lane_bit(t);
       } else {
         tr->counters.waits_skipped++;
         if (WEFT__ROW(d, s)[t] < pts[j].tick) tr->counters.waits_host_known++;
@@ -281,33 +312,33 @@ static uint64_t collect_needs(weft__tracker_t *tr, const weft__domain_t *d, unsi
  * implies more; but if u is then pruned in favour of w, which knows u only at need[u], whatever
  * only the newer event implied is lost. So an evicted need prunes nothing (it still waits on the
  * stand-in, which is conservative). Without evictions this is the transitive reduction. */
-static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, uint64_t mask,
+static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, weft__lanes_t mask,
                                  uint64_t *need) {
   if (mask == 0 || tr->no_waits) return WEFT_OK;
-  const uint64_t *implies[WEFT__MAX_STREAMS];
-  for (uint64_t m = mask; m != 0; m &= m - 1) {
-    unsigned t = (unsigned)__builtin_ctzll(m), slot;
-    weft__clock_needed(tr, d, &tr->streams[t], need[t]);
-    weft_status_t st = weft__clock_slot(tr, d, &tr->streams[t], need[t], &slot);
+  const uint64_t *implies[WEFT__MAX_LANES];
+  for (weft__lanes_t m = mask; m != 0; m &= m - 1) {
+    unsigned t = weft__lanes_first(m), slot;
+    weft__clock_needed(tr, d, d->stream[t], need[t]);
+    weft_status_t st = weft__clock_slot(tr, d, d->stream[t], need[t], &slot);
     if (st != WEFT_OK) return st;
     const weft__lane_t *l = &d->lane[t];
-    implies[t] = l->ring_tick[slot] == need[t] ? &l->ring_clock[(size_t)slot * d->n] : NULL;
+    implies[t] = l->ring_tick[slot] == need[t] ? &l->ring_clock[(size_t)slot * d->stride] : NULL;
   }
-  uint64_t kept = mask;
-  for (uint64_t m = mask; m != 0; m &= m - 1) {
-    unsigned t = (unsigned)__builtin_ctzll(m);
-    for (uint64_t o = kept & ~(1ull << t); o != 0; o &= o - 1) {
-      unsigned u = (unsigned)__builtin_ctzll(o);
+  weft__lanes_t kept = mask;
+  for (weft__lanes_t m = mask; m != 0; m &= m - 1) {
+    unsigned t = weft__lanes_first(m);
+    for (weft__lanes_t o = kept & ~weft__lane_bit(t); o != 0; o &= o - 1) {
+      unsigned u = weft__lanes_first(o);
       if (implies[u] != NULL && implies[u][t] >= need[t]) {
-        kept &= ~(1ull << t);
+        kept &= ~weft__lane_bit(t);
         tr->counters.waits_skipped++;
         break;
       }
     }
   }
-  for (uint64_t m = kept; m != 0; m &= m - 1) {
-    unsigned t = (unsigned)__builtin_ctzll(m);
-    weft_status_t st = weft__clock_wait(tr, d, s, &tr->streams[t], need[t]);
+  for (weft__lanes_t m = kept; m != 0; m &= m - 1) {
+    unsigned t = weft__lanes_first(m);
+    weft_status_t st = weft__clock_wait(tr, d, s, d->stream[t], need[t]);
     if (st != WEFT_OK) return st;
   }
   return WEFT_OK;
@@ -317,11 +348,12 @@ static weft_status_t begin_locked(weft__tracker_t *tr, weft__domain_t *d, weft_s
                                   size_t n) {
   /* s's pending tick first, so that its event sits at its point rather than after these waits;
    * a deferred one (lazy records) is joined instead. */
-  weft_status_t st = d->lane[s->index].deferred ? WEFT_OK : weft__clock_flush(tr, d, s);
+  unsigned at = weft__at(d, s);
+  weft_status_t st = d->lane[at].deferred ? WEFT_OK : weft__clock_flush(tr, d, s);
   if (st != WEFT_OK) return st;
-  uint64_t need[WEFT__MAX_STREAMS];
+  uint64_t need[WEFT__MAX_LANES];
   memset(need, 0, d->n * sizeof need[0]);
-  uint64_t mask = collect_needs(tr, d, s->index, uses, n, need);
+  weft__lanes_t mask = collect_needs(tr, d, at, uses, n, need);
   return issue_waits(tr, d, s, mask, need);
 }
 
@@ -329,21 +361,23 @@ static weft_status_t begin_locked(weft__tracker_t *tr, weft__domain_t *d, weft_s
  * leaves the tick pending; whoever needs it records it first, or fails without waiting). */
 static void end_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n) {
   uint64_t k;
+  unsigned at = weft__at(d, s);
   /* Lazy records (tracker.h): live streams nobody has waited on yet leave the tick pending. Not
    * an exposed stream (weft__tracker_expose): code outside weft may begin a capture on it at any
    * moment, and a pending event recorded then would land in that capture. */
-  if (tr->lazy && d == &tr->live && !d->lane[s->index].eager &&
+  if (tr->lazy && d == tr->live && !d->lane[at].eager &&
       !atomic_load_explicit(&s->exposed, memory_order_relaxed))
     k = weft__clock_defer(d, s);
   else (void)weft__clock_record(tr, d, s, &k);
   for (size_t i = 0; i < n; i++) {
     weft__access_state_t *a = uses[i].state;
     if (weft__rule_starts_history(uses[i].kind)) {
-      a->write = (weft__point_t){s->index, k};
+      a->write = (weft__point_t){at, k};
       a->reader_mask = 0;
     } else {
-      a->reads[s->index] = k;
-      a->reader_mask |= 1ull << s->index;
+      WEFT_ASSERT_INTERNAL(at < a->reads_cap); /* grown before the use began (grow_reads) */
+      a->reads[at] = k;
+      a->reader_mask |= weft__lane_bit(at);
     }
   }
   tr->counters.uses++;
@@ -352,6 +386,22 @@ static void end_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s,
 }
 
 static bool lane_is_valid(const weft__domain_t *d, unsigned s);
+
+/* Room in every history for lane `at` to read (a lane of a runtime created after the block's):
+ * grown to the domain's lanes now. HOST_OUT_OF_MEMORY changes nothing that matters (a grown
+ * array only has more zeroes). */
+static weft_status_t grow_reads(const weft__domain_t *d, unsigned at, const weft__use_t *uses, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    weft__access_state_t *a = uses[i].state;
+    if (at < a->reads_cap) continue;
+    uint64_t *r = weft__meta_realloc(a->reads, (size_t)d->n * sizeof *r);
+    if (r == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for a block's readers");
+    memset(r + a->reads_cap, 0, (size_t)(d->n - a->reads_cap) * sizeof *r);
+    a->reads = r;
+    a->reads_cap = d->n;
+  }
+  return WEFT_OK;
+}
 
 #define SMALL_USES 32
 
@@ -368,7 +418,7 @@ static weft_status_t run_use(weft_stream_t *s, const weft__use_t *uses, size_t n
   weft_status_t st = WEFT_OK;
   lock(tr);
   weft__capture_t *c = s->capture;
-  weft__domain_t *d = c != NULL ? &c->dom : &tr->live;
+  weft__domain_t *d = c != NULL ? &c->dom : tr->live;
   if ((what & DO_OPEN) && s->use_open) {
     st = weft__error(WEFT_ERR_BUSY, "weft_use_begin: stream %u already has an open use (weft_use_begin without "
                      "weft_use_end)", s->index);
@@ -378,7 +428,9 @@ static weft_status_t run_use(weft_stream_t *s, const weft__use_t *uses, size_t n
     st = weft__error(WEFT_ERR_INVALID_ARGUMENT,
                      "weft_use_end: the accesses differ from those given to weft_use_begin on stream %u", s->index);
   } else if ((st = check_graph_memory(c, s, uses, n)) != WEFT_OK) {
-  } else if (c != NULL) {
+  } else if (c == NULL) {
+    st = grow_reads(d, s->lane, uses, n);
+  } else {
     weft__use_t *t = weft__small_alloc(small, SMALL_USES, n, sizeof *t);
     st = t == NULL ? weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for %zu accesses", n)
                    : translate(c, uses, n, t, (what & (DO_BEGIN | DO_OPEN)) != 0);
@@ -407,7 +459,7 @@ static weft_status_t run_use(weft_stream_t *s, const weft__use_t *uses, size_t n
     if (st == WEFT_OK && (what & DO_CLOSE)) s->use_open = false;
   }
   if (du != uses) weft__small_free(small, (void *)du);
-  WEFT_ASSERT_EXPENSIVE(lane_is_valid(d, s->index));
+  WEFT_ASSERT_EXPENSIVE(lane_is_valid(d, weft__at(d, s)));
   unlock(tr);
   return st;
 }
@@ -452,8 +504,8 @@ weft_status_t weft__tracker_new_block(weft_stream_t *s, weft__access_state_t *st
   weft_status_t r = WEFT_OK;
   lock(tr);
   weft__capture_t *c = s->capture;
-  weft__domain_t *d = c != NULL ? &c->dom : &tr->live;
-  weft__point_t at = {s->index, point_locked(tr, d, s)};
+  weft__domain_t *d = c != NULL ? &c->dom : tr->live;
+  weft__point_t at = {weft__at(d, s), point_locked(tr, d, s)};
   if (c == NULL) {
     st->write = at;
   } else {
@@ -548,7 +600,8 @@ static uint64_t point_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream
 
 weft__point_t weft__tracker_point(weft_stream_t *s) {
   lock(s->tr);
-  weft__point_t p = {s->index, point_locked(s->tr, weft__clock_domain(s->tr, s), s)};
+  weft__domain_t *d = weft__clock_domain(s->tr, s);
+  weft__point_t p = {weft__at(d, s), point_locked(s->tr, d, s)};
   unlock(s->tr);
   return p;
 }
@@ -556,7 +609,8 @@ weft__point_t weft__tracker_point(weft_stream_t *s) {
 bool weft__tracker_is_ordered(weft_stream_t *s, weft__point_t p) {
   weft__tracker_t *tr = s->tr;
   lock(tr);
-  bool ok = p.stream >= tr->n || weft__clock_implied(weft__clock_domain(tr, s), s->index, p.stream, p.tick);
+  weft__domain_t *d = weft__clock_domain(tr, s);
+  bool ok = p.stream >= d->n || weft__clock_implied(d, weft__at(d, s), p.stream, p.tick);
   unlock(tr);
   return ok;
 }
@@ -566,10 +620,10 @@ weft_status_t weft__tracker_order(weft_stream_t *s, weft__point_t p) {
   weft_status_t st = WEFT_OK;
   lock(tr);
   weft__domain_t *d = weft__clock_domain(tr, s);
-  if (p.stream < tr->n && !weft__clock_implied(d, s->index, p.stream, p.tick)) {
+  if (p.stream < d->n && d->stream[p.stream] != NULL && !weft__clock_implied(d, weft__at(d, s), p.stream, p.tick)) {
     st = weft__clock_flush(tr, d, s);
-    weft__clock_needed(tr, d, &tr->streams[p.stream], p.tick);
-    if (st == WEFT_OK) st = weft__clock_wait(tr, d, s, &tr->streams[p.stream], p.tick);
+    weft__clock_needed(tr, d, d->stream[p.stream], p.tick);
+    if (st == WEFT_OK) st = weft__clock_wait(tr, d, s, d->stream[p.stream], p.tick);
   }
   unlock(tr);
   return st;
@@ -580,8 +634,8 @@ size_t weft__tracker_conflicts(weft__tracker_t *tr, const weft__access_state_t *
   lock(tr);
   if (st->write.tick != 0) out[c++] = st->write;
   if (weft__rule_follows_reads(kind))
-    for (uint64_t m = st->reader_mask; m != 0; m &= m - 1) {
-      unsigned t = (unsigned)__builtin_ctzll(m);
+    for (weft__lanes_t m = st->reader_mask; m != 0; m &= m - 1) {
+      unsigned t = weft__lanes_first(m);
       out[c++] = (weft__point_t){t, st->reads[t]};
     }
   unlock(tr);
@@ -593,13 +647,14 @@ weft_stream_t *weft__tracker_auto(weft__tracker_t *tr, bool high, const weft__us
   weft_stream_t *best = NULL;
   unsigned best_waits = ~0u;
   unsigned first = high ? tr->n_pool - tr->n_high : 0, last = high ? tr->n_pool : tr->n_pool - tr->n_high;
-  uint64_t need[WEFT__MAX_STREAMS];
+  uint64_t need[WEFT__MAX_LANES];
   uint64_t skipped = tr->counters.waits_skipped, host = tr->counters.waits_host_known;
   for (unsigned c = first; c < last; c++) {
     weft_stream_t *s = &tr->streams[c];
     if (s->capture != NULL) continue; /* a capturing stream is not free for eager work */
-    memset(need, 0, tr->n * sizeof need[0]);
-    unsigned waits = (unsigned)__builtin_popcountll(collect_needs(tr, &tr->live, c, uses, n, need));
+    memset(need, 0, tr->live->n * sizeof need[0]);
+    weft__lanes_t m = collect_needs(tr, tr->live, s->lane, uses, n, need);
+    unsigned waits = (unsigned)__builtin_popcountll((uint64_t)m) + (unsigned)__builtin_popcountll((uint64_t)(m >> 64));
     if (best == NULL || waits < best_waits || (waits == best_waits && s->last_used < best->last_used)) {
       best = s;
       best_waits = waits;
@@ -616,14 +671,15 @@ void weft__tracker_expose(weft_stream_t *s) {
   if (atomic_load_explicit(&s->exposed, memory_order_relaxed)) return;
   lock(s->tr);
   atomic_store_explicit(&s->exposed, true, memory_order_relaxed);
-  weft__domain_t *d = &s->tr->live;
-  if (s->capture == NULL && d->lane[s->index].deferred) (void)weft__clock_flush(s->tr, d, s);
+  weft__domain_t *d = s->tr->live;
+  if (s->capture == NULL && d->lane[s->lane].deferred) (void)weft__clock_flush(s->tr, d, s);
   unlock(s->tr);
 }
 
 void weft__tracker_touch(weft_stream_t *s) {
   lock(s->tr);
-  weft__clock_domain(s->tr, s)->lane[s->index].dirty = true;
+  weft__domain_t *d = weft__clock_domain(s->tr, s);
+  d->lane[weft__at(d, s)].dirty = true;
   unlock(s->tr);
 }
 
@@ -631,13 +687,13 @@ weft_status_t weft__tracker_import_event(weft_stream_t *s, CUevent ev) {
   weft__tracker_t *tr = s->tr;
   lock(tr);
   weft__capture_t *c = s->capture;
-  weft__domain_t *d = c != NULL ? &c->dom : &tr->live;
+  weft__domain_t *d = c != NULL ? &c->dom : tr->live;
   weft_status_t st = weft__clock_flush(tr, d, s);
   if (st == WEFT_OK) {
     /* Inside a capture, an event recorded outside it is waited on as an external dependency. */
     CUresult r = tr->drv->cuStreamWaitEvent(s->raw, ev, c != NULL ? CU_EVENT_WAIT_EXTERNAL : 0);
     if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuStreamWaitEvent");
-    else d->lane[s->index].dirty = true;
+    else d->lane[weft__at(d, s)].dirty = true;
   }
   unlock(tr);
   return st;
@@ -646,9 +702,9 @@ weft_status_t weft__tracker_import_event(weft_stream_t *s, CUevent ev) {
 /* ---- host knowledge ---------------------------------------------------------------------------- */
 
 /* The host saw (t, tick) complete: so is everything in that event's clock. */
-static void learn_complete(weft__tracker_t *tr, unsigned t, const uint64_t *snap, uint64_t tick) {
-  weft__domain_t *d = &tr->live;
-  for (unsigned u = 0; u < d->n; u++) d->host_known[u] = weft__max_u64(d->host_known[u], snap[u]);
+static void learn_complete(weft__tracker_t *tr, unsigned t, const uint64_t *snap, unsigned n, uint64_t tick) {
+  weft__domain_t *d = tr->live;
+  for (unsigned u = 0; u < n; u++) d->host_known[u] = weft__max_u64(d->host_known[u], snap[u]);
   d->host_known[t] = weft__max_u64(d->host_known[t], tick);
 }
 
@@ -656,17 +712,17 @@ bool weft__tracker_poll(weft__tracker_t *tr, weft__point_t p) {
   if (p.tick == 0) return true;
   bool done = false;
   lock(tr);
-  weft__domain_t *d = &tr->live;
-  if (p.stream < d->n && d->host_known[p.stream] >= p.tick) {
-    done = true;
-  } else if (p.stream < d->n) {
+  weft__domain_t *d = tr->live;
+  if (p.stream >= d->n || d->stream[p.stream] == NULL || d->host_known[p.stream] >= p.tick) {
+    done = true; /* (a lane given back: its runtime synchronised everything) */
+  } else {
     unsigned slot;
     CUresult r = CUDA_ERROR_NOT_READY;
-    if (weft__clock_slot(tr, d, &tr->streams[p.stream], p.tick, &slot) == WEFT_OK)
+    if (weft__clock_slot(tr, d, d->stream[p.stream], p.tick, &slot) == WEFT_OK)
       WEFT__RELAXED(tr->drv, r = tr->drv->cuEventQuery(d->lane[p.stream].ring[slot]));
     if (r == CUDA_SUCCESS) {
       const weft__lane_t *l = &d->lane[p.stream];
-      learn_complete(tr, p.stream, &l->ring_clock[(size_t)slot * d->n], l->ring_tick[slot]);
+      learn_complete(tr, p.stream, &l->ring_clock[(size_t)slot * d->stride], d->n, l->ring_tick[slot]);
       done = true;
     }
   }
@@ -676,18 +732,18 @@ bool weft__tracker_poll(weft__tracker_t *tr, weft__point_t p) {
 
 /* Blocks on the points' events without the lock, then records the host's knowledge. */
 weft_status_t weft__tracker_sync_points(weft__tracker_t *tr, const weft__point_t *pts, size_t n) {
-  weft__domain_t *d = &tr->live;
+  weft__domain_t *d = tr->live;
   for (size_t i = 0; i < n; i++) {
     weft__point_t p = pts[i];
-    if (p.tick == 0 || p.stream >= d->n) continue;
-    uint64_t snap[WEFT__MAX_STREAMS];
+    if (p.tick == 0) continue;
+    uint64_t snap[WEFT__MAX_LANES];
     lock(tr);
-    if (d->host_known[p.stream] >= p.tick) {
+    if (p.stream >= d->n || d->stream[p.stream] == NULL || d->host_known[p.stream] >= p.tick) {
       unlock(tr);
       continue;
     }
     unsigned slot;
-    weft_status_t st = weft__clock_slot(tr, d, &tr->streams[p.stream], p.tick, &slot);
+    weft_status_t st = weft__clock_slot(tr, d, d->stream[p.stream], p.tick, &slot);
     if (st != WEFT_OK) {
       unlock(tr);
       return st;
@@ -695,7 +751,8 @@ weft_status_t weft__tracker_sync_points(weft__tracker_t *tr, const weft__point_t
     /* Copy the clock now: the slot may be re-recorded once the lock is dropped; the event we
      * then wait for is newer and covers this snapshot. */
     const weft__lane_t *l = &d->lane[p.stream];
-    memcpy(snap, &l->ring_clock[(size_t)slot * d->n], d->n * sizeof(uint64_t));
+    unsigned n_lanes = d->n;
+    memcpy(snap, &l->ring_clock[(size_t)slot * d->stride], n_lanes * sizeof(uint64_t));
     uint64_t tick = l->ring_tick[slot];
     CUevent ev = l->ring[slot];
     unlock(tr);
@@ -703,7 +760,7 @@ weft_status_t weft__tracker_sync_points(weft__tracker_t *tr, const weft__point_t
     WEFT__RELAXED(tr->drv, r = tr->drv->cuEventSynchronize(ev));
     if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuEventSynchronize");
     lock(tr);
-    learn_complete(tr, p.stream, snap, tick);
+    learn_complete(tr, p.stream, snap, n_lanes, tick);
     unlock(tr);
   }
   return WEFT_OK;
@@ -713,20 +770,21 @@ weft_status_t weft__tracker_sync_points(weft__tracker_t *tr, const weft__point_t
  * when we looked. */
 static weft_status_t host_wait_stream(weft_stream_t *s, bool blocking) {
   weft__tracker_t *tr = s->tr;
-  weft__domain_t *d = &tr->live;
-  uint64_t snap[WEFT__MAX_STREAMS];
+  weft__domain_t *d = tr->live;
+  uint64_t snap[WEFT__MAX_LANES];
   weft_status_t st = weft__tracker_hold(s, blocking ? "weft_stream_synchronize" : "weft_stream_query");
   if (st != WEFT_OK) return st;
   lock(tr);
   /* The tick the host will know complete must be recorded: work enqueued later may not join it
    * (clock.c), or it would count as complete too. */
   st = weft__clock_flush(tr, d, s);
-  memcpy(snap, WEFT__ROW(d, s->index), d->n * sizeof(uint64_t));
-  uint64_t tick = d->lane[s->index].recorded;
+  unsigned n_lanes = d->n;
+  memcpy(snap, WEFT__ROW(d, s->lane), n_lanes * sizeof(uint64_t));
+  uint64_t tick = d->lane[s->lane].recorded;
   /* Another thread's per-thread default stream cannot be named from here: its newest event
    * (it has no pending tick) covers its work instead. */
   CUevent ev = s->per_thread && !pthread_equal(s->owner, pthread_self()) && tick != 0
-                   ? d->lane[s->index].ring[tick & (d->ring_size - 1)]
+                   ? d->lane[s->lane].ring[tick & (d->lane[s->lane].ring_size - 1)]
                    : NULL;
   bool nothing = s->per_thread && ev == NULL && !pthread_equal(s->owner, pthread_self());
   unlock(tr);
@@ -742,7 +800,7 @@ static weft_status_t host_wait_stream(weft_stream_t *s, bool blocking) {
   weft__tracker_unhold(s);
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, blocking ? "cuStreamSynchronize" : "cuStreamQuery");
   lock(tr);
-  learn_complete(tr, s->index, snap, tick);
+  learn_complete(tr, s->lane, snap, n_lanes, tick);
   unlock(tr);
   return WEFT_OK;
 }
@@ -772,11 +830,11 @@ static bool lane_is_valid(const weft__domain_t *d, unsigned s) {
     if (d->host_known[t] > d->lane[t].tick) return weft__debug_report("tracker", "host knows a future tick");
   }
   if (l->ring_tick == NULL) return true;
-  for (unsigned slot = 0; slot < d->ring_size; slot++) {
+  for (unsigned slot = 0; slot < l->ring_size; slot++) {
     if (l->ring_tick[slot] == 0) continue;
     if (l->ring_tick[slot] > l->recorded) return weft__debug_report("tracker", "ring slot newer than recorded");
-    if ((l->ring_tick[slot] & (d->ring_size - 1)) != slot) return weft__debug_report("tracker", "tick in a foreign slot");
-    const uint64_t *snap = &l->ring_clock[(size_t)slot * d->n];
+    if ((l->ring_tick[slot] & (l->ring_size - 1)) != slot) return weft__debug_report("tracker", "tick in a foreign slot");
+    const uint64_t *snap = &l->ring_clock[(size_t)slot * d->stride];
     for (unsigned t = 0; t < d->n; t++)
       if (snap[t] > row[t]) return weft__debug_report("tracker", "ring snapshot ahead of the stream's row");
   }
@@ -791,7 +849,7 @@ static bool domain_is_valid(const weft__domain_t *d) {
 
 bool weft__tracker_is_valid(weft__tracker_t *tr) {
   lock(tr);
-  bool ok = domain_is_valid(&tr->live);
+  bool ok = domain_is_valid(tr->live);
   for (unsigned s = 0; s < tr->n && ok; s++) {
     weft__capture_t *c = tr->streams[s].capture;
     if (c != NULL && c->origin == &tr->streams[s]) ok = domain_is_valid(&c->dom);

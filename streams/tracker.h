@@ -25,8 +25,9 @@
  * (life cycle, uses, points, host knowledge), capture.c (capture sessions' clocks).
  *
  * Locks (ranks; take only in increasing rank): runtime registry 10 < a runtime's block table 15
- * < resources 20 < tracker 30. The tracker never calls out of streams/ while holding its lock,
- * except to the driver.
+ * < resources 20 < tracker 30. The tracker lock is one for the whole process (every runtime's
+ * streams are lanes of one live clock domain, so that waits stay minimal across devices). The
+ * tracker never calls out of streams/ while holding it, except to the driver.
  */
 #ifndef WEFT_STREAMS_TRACKER_H
 #define WEFT_STREAMS_TRACKER_H
@@ -42,18 +43,32 @@
 
 #define WEFT__MAX_STREAMS 64
 
+/* Lanes: the process has one live clock domain for the streams of all its runtimes, so that
+ * waits stay minimal across devices as on one device. Runtime r's streams are its lanes
+ * [tr->base, tr->base + tr->n) there; a capture's domain numbers only its runtime's streams, by
+ * their index. A set of lanes is a weft__lanes_t. */
+#define WEFT__MAX_LANES 128
+typedef unsigned __int128 weft__lanes_t;
+static inline weft__lanes_t weft__lane_bit(unsigned i) { return (weft__lanes_t)1 << i; }
+/** The lowest lane of a non-empty set. */
+static inline unsigned weft__lanes_first(weft__lanes_t m) {
+  uint64_t lo = (uint64_t)m;
+  return lo != 0 ? (unsigned)__builtin_ctzll(lo) : 64u + (unsigned)__builtin_ctzll((uint64_t)(m >> 64));
+}
+
 /** A position in a stream: all work enqueued on `stream` up to tick `tick`. */
 typedef struct weft__point {
-  uint32_t stream; /* pool index */
+  uint32_t stream; /* the stream's lane in the domain of the point (live: weft_stream_t.lane) */
   uint64_t tick;   /* 0: no work (always complete) */
 } weft__point_t;
 
 /** Per-block access history; embedded in each block record, zeroed for a new block. */
 typedef struct weft__access_state {
-  weft__point_t write;  /* last write (or the allocation point) */
-  uint64_t reader_mask; /* bit t: stream t read since the write */
-  uint64_t *reads;      /* [stream_count]: newest read tick per stream since the write; owned by
-                           the record, valid where reader_mask has the bit */
+  weft__point_t write;      /* last write (or the allocation point) */
+  weft__lanes_t reader_mask; /* bit t: lane t read since the write */
+  uint64_t *reads;          /* [reads_cap]: newest read tick per lane since the write; owned by
+                               the record, valid where reader_mask has the bit */
+  unsigned reads_cap;       /* grown under the tracker lock when a lane beyond it reads */
   const void *graph;    /* the capture (or graph builder) the block was allocated in: its memory
                            exists only in that graph, so only streams taking part in that capture
                            may use it; NULL for live memory */
@@ -77,6 +92,7 @@ typedef struct weft__capture weft__capture_t;
 
 /** One stream's clock state within a domain: its ticks and the ring of events that mark them. */
 typedef struct weft__lane {
+  unsigned ring_size;   /* power of two (the owning runtime's event_ring, or a capture's) */
   uint64_t tick;        /* newest tick handed out on this stream in this domain */
   uint64_t recorded;    /* newest tick whose event is recorded (tick - 1 while one is pending) */
   bool dirty;           /* the stream's row grew by waits (or it got untracked work) since tick */
@@ -99,10 +115,13 @@ typedef struct weft__lane {
  * recorded inside the capture and only waited on inside it, so no wait can raise
  * STREAM_CAPTURE_ISOLATION, and captured work never counts as done for live streams. */
 typedef struct weft__domain {
-  unsigned n, ring_size;
-  uint64_t *known;      /* [n * n], row s = known[s][*] */
-  uint64_t *host_known; /* [n]; stays 0 in capture domains (nothing captured runs) */
-  weft__lane_t lane[WEFT__MAX_STREAMS];
+  unsigned n;           /* lanes in use: [0, n) (the live domain's grows as runtimes come) */
+  unsigned stride;      /* room: lanes, and the length of a row and of a ring snapshot */
+  unsigned ring_size;   /* a capture's lanes' ring size */
+  uint64_t *known;      /* [stride * stride], row s = known[s][*] */
+  uint64_t *host_known; /* [stride]; stays 0 in capture domains (nothing captured runs) */
+  weft_stream_t **stream; /* [stride]: the stream of each lane (NULL: none) */
+  weft__lane_t *lane;   /* [stride] */
   weft__capture_t *capture; /* NULL for the live domain */
 } weft__domain_t;
 
@@ -111,7 +130,8 @@ typedef struct weft__domain {
 struct weft_stream {
   weft__tracker_t *tr;   /* owner */
   void *runtime;         /* the weft_runtime_t it belongs to (opaque here) */
-  unsigned index;        /* position in the pool */
+  unsigned index;        /* position in the pool (its lane in its runtime's capture domains) */
+  unsigned lane;         /* its lane in the live domain: tr->base + index */
   int priority;          /* driver priority value */
   bool high;             /* one of the high-priority streams */
   CUstream raw;          /* pool: CU_STREAM_NON_BLOCKING; adopted: the caller's (NULL is the legacy stream) */
@@ -171,9 +191,12 @@ struct weft__capture {
   weft__map_t index;          /* live history pointer -> blocks index + 1 */
 };
 
-/** The tracker of one runtime: its device context, stream pool and live clocks. */
+/** The tracker of one runtime: its device context, stream pool, and its lanes in the process's
+ * live clock domain. */
 struct weft__tracker {
-  pthread_mutex_t lock;   /* rank 30 */
+  /* Rank 30: one lock for every tracker of the process (weft__clock_lock), as they share the
+   * live domain. */
+  pthread_mutex_t *lock;
   pthread_cond_t unheld;  /* signalled when a stream's holds drop to 0 (with lock) */
   const weft__driver_t *drv;
   CUdevice device;
@@ -189,7 +212,8 @@ struct weft__tracker {
   /* Embedded (never freed), so a stream handle outlives its runtime's release and is then
    * reported stale instead of dangling. Entries [0, n) are live. */
   weft_stream_t streams[WEFT__MAX_STREAMS];
-  weft__domain_t live;
+  weft__domain_t *live;   /* the process's live domain (weft__clock_live) */
+  unsigned base;          /* its first lane there */
   /* Events of ended captures (CUevent), under the lock: the next captures' rings take them, so a
    * capture creates events only beyond what earlier ones made, and ending one destroys nothing
    * (what cannot fail cannot leak). Capacity for every event captures made, which is
@@ -249,8 +273,11 @@ weft_status_t weft__tracker_use(weft_stream_t *s, const weft__use_t *uses, size_
 weft_status_t weft__tracker_open(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print);
 weft_status_t weft__tracker_close(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print);
 
-/** Zeroes a new block's history (live memory); `reads` must have room for tr->n ticks. */
-void weft__access_init(weft__access_state_t *st, uint64_t *reads);
+/** Zeroes a new block's history (live memory); `reads` has room for `cap` ticks (cap >=
+ * weft__tracker_lanes() for live memory; the tracker grows it when a later lane reads). */
+void weft__access_init(weft__access_state_t *st, uint64_t *reads, unsigned cap);
+/** Lanes in use in the process's live domain now: room a new block's `reads` needs. */
+unsigned weft__tracker_lanes(void);
 /** Starts the history of a block just allocated on s: its first users elsewhere wait for
  * everything s did up to now. Inside a capture the block becomes internal to it (allocated
  * there: an output unless freed there). HOST_OUT_OF_MEMORY leaves nothing changed. */

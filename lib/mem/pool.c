@@ -112,6 +112,11 @@ weft_pool_options_t weft_pool_options_default(void) {
   return o;
 }
 
+/* The tracker's point for pool lane t (stream index t of the pool's runtime) at tick k: the
+ * tracker numbers streams by their lane in the process's live clock domain. (The idle lane
+ * appears only with tick 0, which every stream is ordered after.) */
+static weft__point_t at_lane(const pool_t *p, unsigned t, uint64_t k) { return (weft__point_t){p->tr->base + t, k}; }
+
 /* Retires lane t's ranges freed at or before tick `upto` to the idle lane (oldest first). */
 static void retire(pool_t *p, unsigned t, uint64_t upto) {
   weft__tlsf_range_t *r;
@@ -123,7 +128,7 @@ static void retire_all(pool_t *p) {
   for (unsigned t = 0; t < p->idle; t++) {
     weft__tlsf_range_t *newest = weft__tlsf_newest(&p->tlsf, t);
     if (newest == NULL) continue;
-    weft__point_t pt = {t, newest->stamp};
+    weft__point_t pt = at_lane(p, t, newest->stamp);
     if (weft__tracker_poll(p->tr, pt)) {
       retire(p, t, newest->stamp);
       continue;
@@ -131,7 +136,7 @@ static void retire_all(pool_t *p) {
     /* Stamps rise along the age list: stop at the first point not complete. */
     weft__tlsf_range_t *r;
     while ((r = weft__tlsf_oldest(&p->tlsf, t)) != NULL) {
-      weft__point_t q = {t, r->stamp};
+      weft__point_t q = at_lane(p, t, r->stamp);
       if (!weft__tracker_poll(p->tr, q)) break;
       retire(p, t, r->stamp);
     }
@@ -176,7 +181,8 @@ static weft_status_t release_idle_chunks(pool_t *p, uint64_t keep, weft_stream_t
 /* Whether work on s from now on may use kept chunk c's memory with no wait: s freed it, its free
  * is known complete, or s is already ordered after it. */
 static bool kept_ready(const pool_t *p, weft_stream_t *s, const chunk_t *c) {
-  return c->freed.stream == s->index || c->freed.stream == p->idle || weft__tracker_is_ordered(s, c->freed);
+  return c->freed.stream == s->index || c->freed.stream == p->idle ||
+         weft__tracker_is_ordered(s, at_lane(p, c->freed.stream, c->freed.tick));
 }
 
 /* Takes kept chunk c off the kept list (prev: its predecessor there, or NULL). */
@@ -205,7 +211,7 @@ static chunk_t *take_kept(pool_t *p, weft_stream_t *s, uint64_t n) {
       cand_prev = prev;
     }
   }
-  if (cand == NULL || !weft__tracker_poll(p->tr, cand->freed)) return NULL;
+  if (cand == NULL || !weft__tracker_poll(p->tr, at_lane(p, cand->freed.stream, cand->freed.tick))) return NULL;
   unkeep(p, cand, cand_prev);
   return cand;
 }
@@ -250,8 +256,9 @@ static weft_status_t release_kept(pool_t *p, weft_stream_t *s, kept_release_t ho
     next = c->kept_next;
     weft_status_t st = release_no_wait(p, c, prev, s);
     if (st == WEFT_ERR_BUSY && how != KEPT_NO_WAIT) {
-      if (weft__tracker_poll(p->tr, c->freed)) st = give_back(p, c, prev, s);
-      else if (how == KEPT_ALL && (st = weft__tracker_order(s, c->freed)) == WEFT_OK) st = give_back(p, c, prev, s);
+      weft__point_t freed = at_lane(p, c->freed.stream, c->freed.tick);
+      if (weft__tracker_poll(p->tr, freed)) st = give_back(p, c, prev, s);
+      else if (how == KEPT_ALL && (st = weft__tracker_order(s, freed)) == WEFT_OK) st = give_back(p, c, prev, s);
     }
     if (st == WEFT_OK) continue; /* c is gone; prev stays */
     if (st != WEFT_ERR_BUSY && first == WEFT_OK) first = st;
@@ -273,7 +280,7 @@ static weft_status_t keep_chunk(pool_t *p, chunk_t *c, weft_stream_t *s) {
   }
   if (p->n_kept == KEEP_COUNT || p->kept_bytes + c->bytes > p->keep_bytes) return give_back(p, c, NULL, s);
   weft__point_t pt = weft__tracker_point(s);
-  c->freed = pt.tick == 0 ? (weft__point_t){p->idle, 0} : pt;
+  c->freed = pt.tick == 0 ? (weft__point_t){p->idle, 0} : (weft__point_t){s->index, pt.tick};
   c->kept = true;
   c->kept_next = NULL;
   if (p->kept_tail != NULL) p->kept_tail->kept_next = c;
@@ -342,7 +349,7 @@ static weft_status_t gather(pool_t *p, weft_stream_t *s) {
   for (unsigned t = 0; t < p->idle; t++) {
     weft__tlsf_range_t *newest = weft__tlsf_newest(&p->tlsf, t);
     if (t == me || newest == NULL) continue;
-    weft__point_t pt = {t, newest->stamp};
+    weft__point_t pt = at_lane(p, t, newest->stamp);
     weft_status_t st = weft__tracker_order(s, pt);
     if (st != WEFT_OK) return st;
   }
@@ -383,7 +390,7 @@ static weft__tlsf_range_t *settle(pool_t *p, weft_stream_t *s, uint64_t n, weft_
   size_t k = 0;
   for (unsigned t = 0; t < p->idle; t++) {
     weft__tlsf_range_t *newest = weft__tlsf_newest(&p->tlsf, t);
-    if (newest != NULL) pts[k++] = (weft__point_t){t, newest->stamp};
+    if (newest != NULL) pts[k++] = at_lane(p, t, newest->stamp);
   }
   pthread_mutex_unlock(&p->lock);
   weft_status_t sync = weft__tracker_sync_points(p->tr, pts, k);
@@ -392,7 +399,7 @@ static weft__tlsf_range_t *settle(pool_t *p, weft_stream_t *s, uint64_t n, weft_
     *st = sync;
     return NULL;
   }
-  for (size_t i = 0; i < k; i++) retire(p, pts[i].stream, pts[i].tick);
+  for (size_t i = 0; i < k; i++) retire(p, pts[i].stream - p->tr->base, pts[i].tick);
   weft__tlsf_range_t *r = weft__tlsf_find(&p->tlsf, p->idle, n);
   if (r == NULL && release_kept(p, s, KEPT_ALL) == WEFT_OK && release_idle_chunks(p, 0, s) == WEFT_OK)
     *st = grow(p, n, s, false, &r);
@@ -406,7 +413,7 @@ static weft__tlsf_range_t *find_tight(pool_t *p, weft_stream_t *s, uint64_t n) {
   weft__tlsf_range_t *best = NULL, *c;
   for (unsigned t = 0; t <= p->idle; t++) {
     if ((c = weft__tlsf_find(&p->tlsf, t, n)) == NULL) continue;
-    if (t != s->index && t != p->idle && !weft__tracker_is_ordered(s, (weft__point_t){t, c->stamp})) continue;
+    if (t != s->index && t != p->idle && !weft__tracker_is_ordered(s, at_lane(p, t, c->stamp))) continue;
     if (best == NULL || c->size < best->size) best = c;
   }
   return best;
@@ -419,7 +426,7 @@ static weft__tlsf_range_t *find_ready(pool_t *p, weft_stream_t *s, uint64_t n) {
   if ((r = weft__tlsf_find(&p->tlsf, p->idle, n)) != NULL) return r;
   for (unsigned t = 0; t < p->idle; t++) {
     if (t == me || (r = weft__tlsf_find(&p->tlsf, t, n)) == NULL) continue;
-    weft__point_t pt = {t, r->stamp};
+    weft__point_t pt = at_lane(p, t, r->stamp);
     if (weft__tracker_is_ordered(s, pt)) return r;
     if (weft__tracker_poll(p->tr, pt)) {
       retire(p, t, r->stamp);
@@ -498,7 +505,7 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
     for (unsigned t = 0; t < p->idle; t++) {
       weft__tlsf_range_t *c;
       if (t == s->index || (c = weft__tlsf_find(&p->tlsf, t, n)) == NULL) continue;
-      weft__point_t pt = {t, c->stamp};
+      weft__point_t pt = at_lane(p, t, c->stamp);
       if ((wait_st = weft__tracker_order(s, pt)) == WEFT_OK) r = c;
       break;
     }
@@ -586,15 +593,16 @@ static weft_status_t pool_destroy(weft_resource_t *self) {
   for (unsigned t = 0; on != NULL && t < p->idle; t++) {
     weft__tlsf_range_t *newest = weft__tlsf_newest(&p->tlsf, t);
     if (t == on->index || newest == NULL) continue;
-    weft__point_t pt = {t, newest->stamp};
+    weft__point_t pt = at_lane(p, t, newest->stamp);
     weft_status_t st = weft__tracker_order(on, pt);
     if (st != WEFT_OK) st = weft__tracker_sync_points(p->tr, &pt, 1);
     if (st != WEFT_OK && first == WEFT_OK) first = st;
   }
   for (chunk_t *c = on != NULL ? p->kept : NULL; c != NULL; c = c->kept_next) {
     if (c->freed.stream == on->index || c->freed.stream == p->idle) continue;
-    weft_status_t st = weft__tracker_order(on, c->freed);
-    if (st != WEFT_OK) st = weft__tracker_sync_points(p->tr, &c->freed, 1);
+    weft__point_t freed = at_lane(p, c->freed.stream, c->freed.tick);
+    weft_status_t st = weft__tracker_order(on, freed);
+    if (st != WEFT_OK) st = weft__tracker_sync_points(p->tr, &freed, 1);
     if (st != WEFT_OK && first == WEFT_OK) first = st;
   }
   for (chunk_t *c = p->chunks, *next; c != NULL; c = next) {

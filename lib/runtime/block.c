@@ -48,13 +48,16 @@ weft_status_t weft__block_check(weft_block_t b, const char *fn, struct weft__blo
 
 /* ---- records ---------------------------------------------------------------------------------- */
 
-/* Makes sure the record's read array fits the runtime's stream count. */
+/* Makes sure the record's read array fits every lane of the process's live clock domain now
+ * (the tracker grows it for lanes that come later). */
 static bool size_reads(weft_runtime_t *rt, struct weft__block *rec) {
-  if (rec->reads_cap >= rt->tracker.n) return true;
-  uint64_t *r = weft__meta_realloc(rec->acc.reads, rt->tracker.n * sizeof *r);
+  (void)rt;
+  unsigned lanes = weft__tracker_lanes();
+  if (rec->acc.reads_cap >= lanes) return true;
+  uint64_t *r = weft__meta_realloc(rec->acc.reads, lanes * sizeof *r);
   if (r == NULL) return false;
   rec->acc.reads = r;
-  rec->reads_cap = rt->tracker.n;
+  rec->acc.reads_cap = lanes;
   return true;
 }
 
@@ -106,7 +109,7 @@ struct weft__block *weft__block_make(weft_runtime_t *rt, size_t bytes, const cha
   rec->resource = resource;
   rec->alloc_stream = 0;
   rec->alloc_ns = 0;
-  weft__access_init(&rec->acc, rec->acc.reads);
+  weft__access_init(&rec->acc, rec->acc.reads, rec->acc.reads_cap);
   return rec;
 }
 
@@ -313,7 +316,7 @@ static weft_status_t reuse_cached(weft_stream_t *s, struct weft__block *rec, con
   rec->alloc_stream = s->index;
   rec->alloc_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
   pthread_mutex_unlock(&rt->blocks_lock);
-  weft__access_init(&rec->acc, rec->acc.reads);
+  weft__access_init(&rec->acc, rec->acc.reads, rec->acc.reads_cap);
   weft_status_t st = weft__tracker_new_block(s, &rec->acc); /* cannot fail outside a capture */
   if (st != WEFT_OK) {
     char why[256];
@@ -622,7 +625,7 @@ weft_status_t weft_block_synchronize(weft_block_t b) {
   weft_status_t st = weft__block_check(b, "weft_block_synchronize", &rec);
   if (st != WEFT_OK) return st;
   weft__tracker_t *tr = &rec->rt->tracker;
-  weft__point_t pts[WEFT__MAX_STREAMS + 1];
+  weft__point_t pts[WEFT__MAX_LANES + 1];
   size_t n = weft__tracker_conflicts(tr, &rec->acc, WEFT_WRITE, pts);
   if ((st = weft__tracker_bind(tr)) != WEFT_OK) return st;
   weft__runtime_refresh_captures(rec->rt);
@@ -637,12 +640,12 @@ weft_status_t weft_block_export_event(weft_block_t b, weft_access_kind_t kind, C
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_block_export_event: bad kind or NULL out");
   weft__tracker_t *tr = &rec->rt->tracker;
   if ((st = weft__tracker_bind(tr)) != WEFT_OK) return st;
-  weft__point_t pts[WEFT__MAX_STREAMS + 1];
+  weft__point_t pts[WEFT__MAX_LANES + 1];
   size_t n = weft__tracker_conflicts(tr, &rec->acc, (unsigned)kind, pts);
   /* Gather every conflicting point on one live stream (the first point's if it is not capturing),
    * then record the caller's event there: later than needed at worst, never earlier. */
   weft_stream_t *on = NULL;
-  unsigned first = n > 0 ? pts[0].stream : 0;
+  unsigned first = n > 0 && pts[0].stream - tr->base < tr->n_pool ? pts[0].stream - tr->base : 0; /* a lane of tr? */
   for (unsigned k = 0; k < tr->n_pool && on == NULL; k++) {
     weft_stream_t *t = &tr->streams[(first + k) % tr->n_pool];
     if (weft__tracker_capture_of(t, NULL) == NULL) on = t;

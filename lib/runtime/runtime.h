@@ -58,7 +58,6 @@ struct weft__block {
   weft__access_state_t acc;   /* guarded by the tracker lock */
   struct weft__block *next;   /* free list (FIFO) or live list link; blocks_lock */
   struct weft__block *prev;   /* live list; blocks_lock */
-  unsigned reads_cap;         /* capacity of acc.reads */
   bool room;                  /* holds a by_ptr slot reserved by weft__block_make; blocks_lock */
   unsigned alloc_stream;      /* weft_alloc: the allocating stream's index (snapshots) */
   uint64_t alloc_ns;          /* weft_alloc: CLOCK_MONOTONIC_COARSE at allocation (snapshots) */

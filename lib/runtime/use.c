@@ -61,17 +61,13 @@ void weft__trace_use(weft_stream_t *s, const char *name, const weft_access_t *ac
 static weft_status_t split(weft_stream_t *s, const weft_access_t *acc, size_t n, bool open);
 
 /* ---- blocks of other devices ----------------------------------------------------------------
- * A use on s (runtime A) may touch blocks of other runtimes (devices B, ...): "far" blocks. Each
- * far runtime orders its blocks with its own clocks, through events waited on across devices:
- *   before: s waits for an event recorded in B after the far block's conflicting work
- *           (weft_block_export_event: gathered on one of B's live streams);
- *   the work runs on s as a use of A's blocks (the near ones);
- *   after:  one of B's live streams waits for an event recorded on s after the work and records
- *           the far blocks' accesses there, so B's later conflicting work waits for this use.
- * Correct, not minimal: B's side goes through one of its streams. Kernels and memsets on s need
- * access to B's memory (weft_runtime_enable_peer_access, done here at first need); a peer copy
- * does not. Not inside captures: an event of a capture cannot be waited on by another device's
- * live stream. */
+ * A use on s (runtime A) may touch blocks of other runtimes (devices B, ...): "far" blocks. Every
+ * runtime's streams are lanes of the process's one live clock domain (streams/tracker.h), so a
+ * far block's history is ordered like a near one's: s waits on exactly the events of B's streams
+ * it needs (events wait across devices), and B's later work waits on s's event. Kernels and
+ * memsets on s need access to B's memory (weft_runtime_enable_peer_access, done here at first
+ * need); a peer copy does not. Not inside captures: a capture's events cannot be waited on by
+ * another device's live stream. */
 
 /* Whether some access is a live block of another runtime than s's (the prepare step refused it
  * with WRONG_DEVICE). */
@@ -85,19 +81,11 @@ static bool any_far(weft_stream_t *s, const weft_access_t *acc, size_t n) {
 
 static weft_runtime_t *rt_of(weft_block_t b) { return ((struct weft__block *)b.rec)->rt; }
 
-/* Copies the accesses of blocks of `rt` into out (room for n); returns how many. */
-static size_t accesses_of(const weft_access_t *acc, size_t n, const weft_runtime_t *rt, weft_access_t *out) {
-  size_t k = 0;
-  for (size_t i = 0; i < n; i++)
-    if (rt_of(acc[i].block) == rt) out[k++] = acc[i];
-  return k;
-}
-
-/* Checks every access (kind, handle) and s, refuses captures, makes sure s's device may access
- * each far block's memory (when `peer`), and gives a buffer for n accesses in *buf (`small`
- * when n <= SMALL, else metadata memory: weft__small_free). */
-static weft_status_t across_prepare(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *fn, bool peer,
-                                    weft_access_t *small, weft_access_t **buf) {
+/* The uses of accesses that name blocks of other runtimes too: every access checked (kind,
+ * handle), s checked and prepared, captures refused, and (when `peer`) s's device given access to
+ * each far block's memory. `uses` as prepare()'s. */
+static weft_status_t prepare_across(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *fn, bool peer,
+                                    weft__use_t *small, weft__use_t **uses) {
   weft_status_t st = weft__stream_check(s, fn);
   if (st != WEFT_OK) return st;
   for (size_t i = 0; i < n; i++) {
@@ -112,90 +100,28 @@ static weft_status_t across_prepare(weft_stream_t *s, const weft_access_t *acc, 
   for (size_t i = 0; i < n && peer; i++)
     if (rt_of(acc[i].block) != s->runtime && (st = weft__runtime_peer_ready(s->runtime, rt_of(acc[i].block), fn)) != WEFT_OK)
       return st;
-  *buf = weft__small_alloc(small, SMALL, n, sizeof **buf);
-  if (*buf == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory for %zu accesses", fn, n);
-  return WEFT_OK;
-}
-
-/* "before": s waits for each far block's conflicting work. */
-static weft_status_t across_before(weft_stream_t *s, const weft_access_t *acc, size_t n) {
-  weft_status_t st = weft__stream_prepare(s);
-  for (size_t i = 0; i < n && st == WEFT_OK; i++) {
-    if (rt_of(acc[i].block) == s->runtime) continue;
-    CUevent ev;
-    if ((st = weft_block_export_event(acc[i].block, acc[i].kind, &ev)) != WEFT_OK) break;
-    st = weft__tracker_import_event(s, ev);
-    s->tr->drv->cuEventDestroy(ev); /* the wait stays */
+  if ((st = weft__stream_prepare(s)) != WEFT_OK) return st;
+  *uses = weft__small_alloc(small, SMALL, n, sizeof **uses);
+  if (*uses == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory for %zu accesses", fn, n);
+  for (size_t i = 0; i < n; i++) {
+    (*uses)[i].state = &((struct weft__block *)acc[i].block.rec)->acc;
+    (*uses)[i].kind = (unsigned)acc[i].kind;
   }
-  return st;
-}
-
-static weft_status_t no_work(weft_stream_t *s, void *arg) {
-  (void)s;
-  (void)arg;
-  return WEFT_OK;
-}
-
-/* "after": each far runtime learns of the work enqueued on s (buf: room for n accesses). If that
- * fails, s is synchronised instead (the work is then complete, so nothing can race with it) and
- * the failure is returned only if that fails too. */
-static weft_status_t across_after(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *fn,
-                                  weft_access_t *buf) {
-  const weft__driver_t *d = s->tr->drv;
-  CUevent after = NULL;
-  CUresult r = d->cuEventCreate(&after, CU_EVENT_DISABLE_TIMING);
-  if (r == CUDA_SUCCESS) r = d->cuEventRecord(after, s->raw);
-  weft_status_t st = r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuEventRecord");
-  for (size_t i = 0; i < n && st == WEFT_OK; i++) {
-    weft_runtime_t *far = rt_of(acc[i].block);
-    bool seen = far == s->runtime;
-    for (size_t j = 0; j < i && !seen; j++) seen = rt_of(acc[j].block) == far;
-    if (seen) continue;
-    weft_stream_t *t = weft__tracker_hold_live(&far->tracker, fn);
-    if (t == NULL) {
-      st = WEFT_ERR_CAPTURE;
-      break;
-    }
-    if ((st = weft__stream_prepare(t)) == WEFT_OK) st = weft__tracker_import_event(t, after);
-    if (st == WEFT_OK) st = weft__use_run(t, buf, accesses_of(acc, n, far, buf), fn, no_work, NULL);
-    weft__tracker_unhold(t);
+  /* A capture may have begun meanwhile (outside weft, found by prepare): the tracker would then
+   * record far blocks into it. */
+  if (weft__tracker_capture_of(s, NULL) != NULL) {
+    weft__small_free(small, *uses);
+    return weft__error(WEFT_ERR_CAPTURE, "%s: blocks of another device on a capturing stream are not supported", fn);
   }
-  if (after != NULL) d->cuEventDestroy(after);
-  if (st != WEFT_OK && d->cuStreamSynchronize(s->raw) == CUDA_SUCCESS) st = WEFT_OK;
-  return st;
-}
-
-static weft_status_t use_across(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name, bool peer,
-                                weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
-  weft_access_t small[SMALL], *buf;
-  weft_status_t st = across_prepare(s, acc, n, name, peer, small, &buf);
-  if (st != WEFT_OK) return st;
-  if ((st = across_before(s, acc, n)) == WEFT_OK &&
-      (st = weft__use_run(s, buf, accesses_of(acc, n, s->runtime, buf), name, fn, arg)) == WEFT_OK)
-    st = across_after(s, acc, n, name, buf);
-  weft__small_free(small, buf);
-  return st;
-}
-
-/* The split form across devices: weft_use_begin waits ("before") and opens the near use;
- * weft_use_end closes it and tells the far runtimes ("after"). */
-static weft_status_t split_across(weft_stream_t *s, const weft_access_t *acc, size_t n, bool open) {
-  const char *fn = open ? "weft_use_begin" : "weft_use_end";
-  weft_access_t small[SMALL], *buf;
-  weft_status_t st = across_prepare(s, acc, n, fn, open, small, &buf);
-  if (st != WEFT_OK) return st;
-  size_t n_near = accesses_of(acc, n, s->runtime, buf);
-  if (open && (st = across_before(s, acc, n)) == WEFT_OK) st = split(s, buf, n_near, true);
-  if (!open && (st = split(s, buf, n_near, false)) == WEFT_OK) st = across_after(s, acc, n, fn, buf);
-  weft__small_free(small, buf);
-  return st;
+  return WEFT_OK;
 }
 
 /* The split form: open (waits) or close (record) the use of s, checked against each other. */
 static weft_status_t split(weft_stream_t *s, const weft_access_t *acc, size_t n, bool open) {
   weft__use_t small[SMALL], *uses;
-  weft_status_t st = prepare(s, acc, n, small, &uses, open ? "weft_use_begin" : "weft_use_end");
-  if (st == WEFT_ERR_WRONG_DEVICE && any_far(s, acc, n)) return split_across(s, acc, n, open);
+  const char *fn = open ? "weft_use_begin" : "weft_use_end";
+  weft_status_t st = prepare(s, acc, n, small, &uses, fn);
+  if (st == WEFT_ERR_WRONG_DEVICE && any_far(s, acc, n)) st = prepare_across(s, acc, n, fn, open, small, &uses);
   if (st != WEFT_OK) return st;
   uint64_t print = weft__tracker_fingerprint(uses, n), t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   st = open ? weft__tracker_open(s, uses, n, print) : weft__tracker_close(s, uses, n, print);
@@ -213,12 +139,13 @@ weft_status_t weft_use_end(weft_stream_t *s, const weft_access_t *accesses, size
   return split(s, accesses, n, false);
 }
 
-weft_status_t weft__use_run(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name,
-                           weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
+/* A use of s around fn; `peer`: far blocks need s's device to access their memory. */
+static weft_status_t use_run(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name, bool peer,
+                             weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
   weft__use_t small[SMALL], *uses;
   weft_status_t st = prepare(s, acc, n, small, &uses, name);
   /* Blocks of other runtimes: the rare path, found by the check that refuses them. */
-  if (st == WEFT_ERR_WRONG_DEVICE && any_far(s, acc, n)) return use_across(s, acc, n, name, true, fn, arg);
+  if (st == WEFT_ERR_WRONG_DEVICE && any_far(s, acc, n)) st = prepare_across(s, acc, n, name, peer, small, &uses);
   if (st != WEFT_OK) return st;
   uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   weft__nvtx_push(name);
@@ -227,6 +154,11 @@ weft_status_t weft__use_run(weft_stream_t *s, const weft_access_t *acc, size_t n
   if (st == WEFT_OK && weft__trace_on()) weft__trace_use(s, name, acc, n, t0);
   weft__small_free(small, uses);
   return st;
+}
+
+weft_status_t weft__use_run(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name,
+                           weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
+  return use_run(s, acc, n, name, true, fn, arg);
 }
 
 static unsigned dim(unsigned d) { return d == 0 ? 1 : d; }
@@ -337,7 +269,7 @@ weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_off
   if (st == WEFT_OK) st = range_of(src, src_offset, bytes, 1, "weft_copy_block", &o.dptr2);
   if (st != WEFT_OK) return st;
   weft_access_t a[2] = {{dst, WEFT_WRITE}, {src, WEFT_READ}};
-  /* Between devices: one block of s's runtime, the other ordered by its own (use_across). */
+  /* Between devices: one block of s's runtime, the other a far block (use_run's path). */
   weft_runtime_t *dr = ((struct weft__block *)dst.rec)->rt, *sr = ((struct weft__block *)src.rec)->rt;
   if (dr != sr) {
     if ((st = weft__stream_check(s, "weft_copy_block")) != WEFT_OK) return st;
@@ -350,7 +282,7 @@ weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_off
     o.what = OP_PEER;
     o.dctx = dr->tracker.ctx;
     o.sctx = sr->tracker.ctx;
-    return use_across(s, a, 2, "weft_copy_block", false, do_op, &o);
+    return use_run(s, a, 2, "weft_copy_block", false, do_op, &o);
   }
   /* A copy within one block reads and writes it. */
   if (dst.rec == src.rec) a[0].kind = WEFT_READ_WRITE;

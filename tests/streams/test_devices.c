@@ -3,6 +3,7 @@
  * memsets on one device's stream may use the other's blocks, ordered across devices. On the
  * simulator with WEFT_SIM_DEVICES=2 (see BUILD; test_devices_no_peer without peer access) and
  * on a GPU machine with two devices; skipped with one. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +16,7 @@
 #include "sim/weft_sim.h"
 #include "tests/kernels/test_kernels.h"
 #include "tests/kernels/test_kernels_sim.h"
+#include "tests/streams/prog.h"
 #include "weft/weft.h"
 
 #define N 4096 /* unsigned elements per block */
@@ -376,11 +378,285 @@ static void test_without_peer_access_uses_are_refused_copies_work(void **state) 
   }
 }
 
+/* Issue 14: "waits stay minimal (equal to the transitive reduction) across devices, as on one
+ * device". Random programs (prog.h: each use a kernel reading up to three blocks and writing up
+ * to two) over blocks of every device, each use on one of three streams of any device: the waits
+ * weft issues, summed over the runtimes, equal the cross-stream edges of the transitive reduction
+ * of the program's dependency graph, counted from scratch with the streams of all devices as one
+ * set; the data equals the sequential model and the oracle sees no race. The runtimes record
+ * eagerly (lazy_records = 0): a stream that records lazily may wait later than needed, and then
+ * fewer times. Premise: the programs cross devices. */
+static void test_waits_across_devices_equal_the_reduction(void **state) {
+  (void)state;
+  if (!two_devices()) skip();
+  if (!peers_can()) skip(); /* test_devices_no_peer checks the refusal */
+  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
+  int count = 0;
+  assert_int_equal(drv->cuDeviceGetCount(&count), CUDA_SUCCESS);
+  g_nd = count < MAXD ? count : MAXD;
+  const int nd = g_nd;
+  weft_options_t o = weft_options_default();
+  o.lazy_records = 0;
+  weft_runtime_t *rt[MAXD];
+  weft_stream_t *s[MAXD][3];
+  for (int d = 0; d < nd; d++) {
+    assert_int_equal(weft_runtime_get(d, &o, &rt[d]), WEFT_OK);
+    for (unsigned i = 0; i < 3; i++) assert_int_equal(weft_stream_get(rt[d], i, &s[d][i]), WEFT_OK);
+  }
+  kernels_t k;
+  kernels_load(&k, rt, sim);
+  enum { PER = 3, NE = 512 };
+  const unsigned nb = PER * (unsigned)nd, ns = 3 * (unsigned)nd; /* block b on device b / PER; stream g = 3 d + j */
+  unsigned seeds = sim != NULL ? 4 : 2, uses = 60u * (unsigned)nd;
+  uint64_t crossing = 0;
+  for (unsigned seed = 1; seed <= seeds; seed++) {
+    prog_t p;
+    prog_init(&p, nb, ns, NE);
+    prog_random(&p, uses, 0x5eedull * seed);
+    weft_block_t b[PER * MAXD];
+    static unsigned model[PER * MAXD][NE], tmp[NE];
+    for (unsigned i = 0; i < nb; i++) {
+      int d = (int)(i / PER);
+      assert_int_equal(weft_alloc(rt[d], NE * 4, s[d][0], "prog", &b[i]), WEFT_OK);
+      assert_int_equal(weft_memset32(s[d][0], b[i], 0, 1000u * i, NE * 4), WEFT_OK);
+      for (unsigned e = 0; e < NE; e++) model[i][e] = 1000u * i;
+    }
+    for (int d = 0; d < nd; d++) assert_int_equal(weft_runtime_synchronize(rt[d]), WEFT_OK);
+    if (sim != NULL) sim->reset_races();
+    uint64_t w0 = 0, w1 = 0;
+    for (int d = 0; d < nd; d++) {
+      weft_counters_t c;
+      assert_int_equal(weft_runtime_counters(rt[d], &c), WEFT_OK);
+      w0 += c.waits_issued;
+    }
+    for (unsigned v = 0; v < p.uses; v++) {
+      const prog_use_t *u = &p.use[v];
+      int d = (int)(u->stream / 3);
+      weft_access_t a[5];
+      size_t na = 0;
+      CUdeviceptr ptrs[5] = {0};
+      for (int i = 0; i < 2; i++)
+        if (u->out[i] >= 0) {
+          ptrs[i] = ptr(b[u->out[i]]);
+          a[na++] = (weft_access_t){b[u->out[i]], WEFT_WRITE};
+          crossing += (unsigned)u->out[i] / PER != (unsigned)d;
+        }
+      for (int i = 0; i < 3; i++)
+        if (u->in[i] >= 0) {
+          ptrs[2 + i] = ptr(b[u->in[i]]);
+          int dup = 0;
+          for (size_t j = 0; j < na; j++) dup |= a[j].block.rec == b[u->in[i]].rec;
+          for (size_t j = 0; j < na && dup; j++)
+            if (a[j].block.rec == b[u->in[i]].rec) a[j].kind = a[j].kind == WEFT_WRITE ? WEFT_READ_WRITE : a[j].kind;
+          if (!dup) a[na++] = (weft_access_t){b[u->in[i]], WEFT_READ};
+          crossing += (unsigned)u->in[i] / PER != (unsigned)d;
+        }
+      unsigned n = NE, salt = v, spin = k.spin;
+      void *params[8] = {&ptrs[0], &ptrs[1], &ptrs[2], &ptrs[3], &ptrs[4], &n, &salt, &spin};
+      weft_launch_t l = {.func = k.combine[d], .grid = {(NE + 255) / 256}, .block = {256}, .params = params};
+      weft_status_t st = weft_launch(s[d][u->stream % 3], &l, a, na);
+      if (st != WEFT_OK) fail_msg("seed %u use %u: %s: %s", seed, v, weft_status_name(st), weft_last_error());
+      for (unsigned e = 0; e < NE; e++) {
+        unsigned val = v;
+        if (u->in[0] >= 0) val += 7u * model[u->in[0]][e];
+        if (u->in[1] >= 0) val += 13u * model[u->in[1]][e];
+        if (u->in[2] >= 0) val += 17u * model[u->in[2]][e];
+        tmp[e] = val;
+      }
+      for (unsigned e = 0; e < NE; e++) {
+        if (u->out[0] >= 0) model[u->out[0]][e] = tmp[e];
+        if (u->out[1] >= 0) model[u->out[1]][e] = tmp[e] ^ 0x55555555u;
+      }
+    }
+    for (int d = 0; d < nd; d++) {
+      weft_counters_t c;
+      assert_int_equal(weft_runtime_counters(rt[d], &c), WEFT_OK);
+      w1 += c.waits_issued;
+    }
+    uint64_t minimal = prog_reduction_edges(&p);
+    printf("%d devices, seed %u: %u uses, waits %llu, transitive reduction %llu\n", nd, seed, p.uses,
+           (unsigned long long)(w1 - w0), (unsigned long long)minimal);
+    assert_int_equal(w1 - w0, minimal);
+    for (unsigned i = 0; i < nb; i++) {
+      int d = (int)(i / PER);
+      assert_int_equal(weft_copy_from_block(s[d][2], tmp, b[i], 0, sizeof tmp), WEFT_OK);
+      assert_int_equal(weft_stream_synchronize(s[d][2]), WEFT_OK);
+      for (unsigned e = 0; e < NE; e++)
+        if (tmp[e] != model[i][e]) fail_msg("seed %u block %u element %u: %u, expected %u", seed, i, e, tmp[e], model[i][e]);
+    }
+    if (sim != NULL) {
+      weft_sim_stats_t st;
+      sim->stats(&st);
+      if (st.races != 0) sim->print_report();
+      assert_int_equal(st.races, 0);
+    }
+    for (unsigned i = 0; i < nb; i++) assert_int_equal(weft_free(b[i], s[i / PER][0]), WEFT_OK);
+    prog_free(&p);
+  }
+  assert_true(crossing > 0); /* premise: uses touched blocks of other devices */
+  kernels_unload(&k);
+  for (int d = 0; d < nd; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+}
+
+/* A runtime given back while another runtime's block remembers a read on one of its streams:
+ * the lanes go back to the process (their work is complete), a new runtime of that device takes
+ * them again, and both the old read and the new streams order correctly. */
+static void test_lanes_of_a_released_runtime_are_taken_again_safely(void **state) {
+  (void)state;
+  if (!two_devices()) skip();
+  if (!peers_can()) skip();
+  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
+  g_nd = 2;
+  weft_runtime_t *rt[MAXD];
+  weft_stream_t *s[MAXD][3];
+  open_devices(rt, s);
+  kernels_t k;
+  kernels_load(&k, rt, sim);
+  unsigned lane0 = s[1][0]->lane;
+  weft_block_t x, out;
+  assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "x", &x), WEFT_OK);
+  assert_int_equal(weft_memset32(s[0][0], x, 0, 3, 4096), WEFT_OK);
+  assert_int_equal(weft_alloc(rt[1], 4096, s[1][0], "out", &out), WEFT_OK);
+  assert_int_equal(combine(&k, 1, s[1][0], out, x, x, 1024, 1), WEFT_OK); /* x read on device 1 */
+  assert_int_equal(weft_free(out, s[1][0]), WEFT_OK);
+  kernels_unload(&k);
+  assert_int_equal(weft_runtime_release(rt[1]), WEFT_OK);
+  assert_int_equal(weft_runtime_get(1, NULL, &rt[1]), WEFT_OK);
+  for (unsigned i = 0; i < 3; i++) assert_int_equal(weft_stream_get(rt[1], i, &s[1][i]), WEFT_OK);
+  assert_int_equal(s[1][0]->lane, lane0); /* premise: the same lanes again */
+  kernels_load(&k, rt, sim);
+  weft_counters_t c0, c1;
+  assert_int_equal(weft_runtime_counters(rt[0], &c0), WEFT_OK);
+  /* The old read is complete: the write needs no wait for it. */
+  assert_int_equal(weft_memset32(s[0][1], x, 0, 5, 4096), WEFT_OK);
+  assert_int_equal(weft_runtime_counters(rt[0], &c1), WEFT_OK);
+  assert_int_equal(c1.waits_issued, c0.waits_issued);
+  /* The new runtime's stream reads x after that write: one wait. */
+  assert_int_equal(weft_alloc(rt[1], 4096, s[1][0], "out", &out), WEFT_OK);
+  assert_int_equal(weft_runtime_counters(rt[1], &c0), WEFT_OK);
+  assert_int_equal(combine(&k, 1, s[1][0], out, x, x, 1024, 2), WEFT_OK);
+  assert_int_equal(weft_runtime_counters(rt[1], &c1), WEFT_OK);
+  assert_int_equal(c1.waits_issued - c0.waits_issued, 1);
+  unsigned host[1024];
+  assert_int_equal(weft_copy_from_block(s[1][0], host, out, 0, sizeof host), WEFT_OK);
+  assert_int_equal(weft_stream_synchronize(s[1][0]), WEFT_OK);
+  for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], 2u + 7u * 5 + 13u * 5);
+  if (sim != NULL) {
+    weft_sim_stats_t st;
+    sim->stats(&st);
+    assert_int_equal(st.races, 0);
+  }
+  assert_int_equal(weft_free(out, s[1][0]), WEFT_OK);
+  assert_int_equal(weft_free(x, s[0][0]), WEFT_OK);
+  kernels_unload(&k);
+  for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+}
+
+/* The process has WEFT__MAX_LANES stream lanes over all its runtimes: a runtime that finds no
+ * room is refused with BUSY and leaves nothing behind; once another is released it fits. */
+static void test_a_runtime_without_free_lanes_is_refused_cleanly(void **state) {
+  (void)state;
+  int count = 0;
+  assert_int_equal(weft__driver_get(&drv), WEFT_OK);
+  assert_int_equal(drv->cuDeviceGetCount(&count), CUDA_SUCCESS);
+  if (count < 3) skip(); /* two runtimes hold at most 2 x 64 lanes: test_devices_8 runs it */
+  weft_options_t big = weft_options_default();
+  big.stream_count = 48;
+  big.adopt_streams = 16;
+  weft_runtime_t *a, *b, *c;
+  assert_int_equal(weft_runtime_get(0, &big, &a), WEFT_OK);
+  assert_int_equal(weft_runtime_get(1, &big, &b), WEFT_OK);
+  assert_int_equal(weft_runtime_get(2, NULL, &c), WEFT_ERR_BUSY);
+  assert_non_null(strstr(weft_last_error(), "lanes"));
+  assert_int_equal(weft_runtime_release(a), WEFT_OK);
+  assert_int_equal(weft_runtime_get(2, NULL, &c), WEFT_OK);
+  weft_stream_t *s;
+  weft_block_t x;
+  assert_int_equal(weft_stream_get(c, 0, &s), WEFT_OK);
+  assert_int_equal(weft_alloc(c, 4096, s, "x", &x), WEFT_OK);
+  assert_int_equal(weft_memset32(s, x, 0, 1, 4096), WEFT_OK);
+  assert_int_equal(weft_free(x, s), WEFT_OK);
+  assert_int_equal(weft_runtime_release(c), WEFT_OK);
+  assert_int_equal(weft_runtime_release(b), WEFT_OK);
+}
+
+/* 8 threads, each with a block on each of two devices, pass data back and forth between the
+ * devices (kernels on either device's streams reading the other's block) while the others do
+ * the same: the shared clock domain under contention (run under tsan in CI). */
+typedef struct {
+  const kernels_t *k;
+  weft_runtime_t **rt;
+  weft_stream_t *(*s)[3];
+  int id, rounds;
+  unsigned result;
+} ping_t;
+
+static void *ping_main(void *arg) {
+  ping_t *p = arg;
+  weft_block_t blk[2];
+  for (int d = 0; d < 2; d++)
+    if (weft_alloc(p->rt[d], 4096, p->s[d][p->id % 3], "ping", &blk[d]) != WEFT_OK ||
+        weft_memset32(p->s[d][p->id % 3], blk[d], 0, (unsigned)p->id, 4096) != WEFT_OK)
+      return NULL;
+  unsigned model[2] = {(unsigned)p->id, (unsigned)p->id};
+  for (int r = 0; r < p->rounds; r++) {
+    int d = r & 1; /* device d writes its block from the other device's */
+    weft_stream_t *on = p->s[d][(unsigned)(p->id + r) % 3];
+    if (combine(p->k, d, on, blk[d], blk[d ^ 1], blk[d ^ 1], 1024, (unsigned)r) != WEFT_OK) return NULL;
+    model[d] = (unsigned)r + 20u * model[d ^ 1];
+  }
+  unsigned host[1024];
+  if (weft_copy_from_block(p->s[0][0], host, blk[0], 0, sizeof host) != WEFT_OK ||
+      weft_stream_synchronize(p->s[0][0]) != WEFT_OK)
+    return NULL;
+  int ok = 1;
+  for (unsigned i = 0; i < 1024; i++) ok &= host[i] == model[0];
+  for (int d = 0; d < 2; d++) ok &= weft_free(blk[d], p->s[d][0]) == WEFT_OK;
+  p->result = ok ? 1 : 2;
+  return NULL;
+}
+
+static void test_threads_pass_data_between_devices(void **state) {
+  (void)state;
+  if (!two_devices()) skip();
+  if (!peers_can()) skip();
+  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
+  g_nd = 2;
+  weft_runtime_t *rt[MAXD];
+  weft_stream_t *s[MAXD][3];
+  open_devices(rt, s);
+  kernels_t k;
+  kernels_load(&k, rt, sim);
+  enum { T = 8 };
+  pthread_t th[T];
+  ping_t p[T];
+  for (int i = 0; i < T; i++) {
+    p[i] = (ping_t){.k = &k, .rt = rt, .s = s, .id = i, .rounds = sim != NULL ? 60 : 20};
+    assert_int_equal(pthread_create(&th[i], NULL, ping_main, &p[i]), 0);
+  }
+  for (int i = 0; i < T; i++) assert_int_equal(pthread_join(th[i], NULL), 0);
+  for (int i = 0; i < T; i++) {
+    if (p[i].result != 1) fail_msg("thread %d: %s (%s)", i, p[i].result == 2 ? "wrong data" : "a call failed", weft_last_error());
+  }
+  if (sim != NULL) {
+    weft_sim_stats_t st;
+    sim->stats(&st);
+    if (st.races != 0) sim->print_report();
+    assert_int_equal(st.races, 0);
+  }
+  kernels_unload(&k);
+  for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_each_device_has_its_runtime),
       cmocka_unit_test(test_copy_between_devices_is_ordered_both_ways),
       cmocka_unit_test(test_random_programs_across_devices),
+      cmocka_unit_test(test_waits_across_devices_equal_the_reduction),
+      cmocka_unit_test(test_lanes_of_a_released_runtime_are_taken_again_safely),
+      cmocka_unit_test(test_a_runtime_without_free_lanes_is_refused_cleanly),
+      cmocka_unit_test(test_threads_pass_data_between_devices),
       cmocka_unit_test(test_without_peer_access_uses_are_refused_copies_work),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
