@@ -377,13 +377,13 @@ WEFT_API const char *weft_block_tag(weft_block_t b);
  * (weft_runtime_enable_peer_access). The streams of every runtime of the process share one
  * clock, so such a use waits for exactly the conflicting work of the other devices' streams (a
  * cross-device event wait each, as few as on one device: the transitive reduction), and their
- * later conflicting work waits for it the same way. Not on a capturing stream. The process has
+ * later conflicting work waits for it the same way. On a capturing stream such a block joins the
+ * graph's access summary like any other, so each launch is ordered that way. The process has
  * 128 stream lanes in all: each runtime takes stream_count + adopt_streams of them (BUSY from
  * weft_runtime_get when they are taken).
  * Errors: STALE_HANDLE (a block or the runtime), INVALID_ARGUMENT (bad kind, NULL with n > 0),
  * BUSY (s already has an open use), DRIVER (a wait failed; nothing recorded), and with blocks of
- * other devices NOT_SUPPORTED (the devices cannot access each other's memory; nothing done) and
- * CAPTURE (s is capturing). */
+ * other devices NOT_SUPPORTED (the devices cannot access each other's memory; nothing done). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_use_begin(weft_stream_t *s, const weft_access_t *accesses, size_t n);
 /** Records the work enqueued since weft_use_begin as the newest use of every block in `accesses`
  * and closes the use (see "Work that reached a stream stays ordered" above).
@@ -440,8 +440,8 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_copy_from_block(weft_stream_t *s, voi
 WEFT_API WEFT_NODISCARD weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_offset, weft_block_t src, size_t src_offset, size_t bytes);
 /* weft_copy_block between devices: dst and src may be blocks of two runtimes when s is a stream
  * of one of them; ordered as any use of another device's block (weft_use_begin, "Blocks of other
- * devices"). It is a peer copy (cuMemcpyPeerAsync), which needs no peer access. Not inside
- * captures (CAPTURE). WRONG_DEVICE when s belongs to neither block's runtime. */
+ * devices"). It is a peer copy (cuMemcpyPeerAsync), which needs no peer access (captured too).
+ * WRONG_DEVICE when s belongs to neither block's runtime. */
 /** cuMemsetD8Async / cuMemsetD32Async over a range of the block (a WRITE). For D32, offset and
  * bytes must be multiples of 4. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_memset8(weft_stream_t *s, weft_block_t dst, size_t offset, unsigned char value, size_t bytes);

@@ -466,7 +466,8 @@ weft_status_t weft__runtime_peer_ready(weft_runtime_t *rt, weft_runtime_t *peer,
   weft_status_t st = weft__tracker_bind(&rt->tracker);
   if (st != WEFT_OK) return st;
   /* One runtime per device: rt != peer is another device. */
-  r = d->cuCtxEnablePeerAccess(peer->tracker.ctx, 0);
+  /* Relaxed: the first use that needs it may come inside a capture. */
+  WEFT__RELAXED(d, r = d->cuCtxEnablePeerAccess(peer->tracker.ctx, 0));
   if (r != CUDA_SUCCESS && r != CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) return weft__driver_fail(r, "cuCtxEnablePeerAccess");
   /* Left enabled on failure: peer access changes no existing memory, and another call (or the
    * user) may rely on it already. */

@@ -66,8 +66,9 @@ static weft_status_t split(weft_stream_t *s, const weft_access_t *acc, size_t n,
  * far block's history is ordered like a near one's: s waits on exactly the events of B's streams
  * it needs (events wait across devices), and B's later work waits on s's event. Kernels and
  * memsets on s need access to B's memory (weft_runtime_enable_peer_access, done here at first
- * need); a peer copy does not. Not inside captures: a capture's events cannot be waited on by
- * another device's live stream. */
+ * need); a peer copy does not. Inside a capture a far block gets a capture-local history like
+ * any block (streams/capture.c) and joins the graph's access summary, so each launch of the graph
+ * is ordered against B's work as a use across devices. */
 
 /* Whether some access is a live block of another runtime than s's (the prepare step refused it
  * with WRONG_DEVICE). */
@@ -82,8 +83,8 @@ static bool any_far(weft_stream_t *s, const weft_access_t *acc, size_t n) {
 static weft_runtime_t *rt_of(weft_block_t b) { return ((struct weft__block *)b.rec)->rt; }
 
 /* The uses of accesses that name blocks of other runtimes too: every access checked (kind,
- * handle), s checked and prepared, captures refused, and (when `peer`) s's device given access to
- * each far block's memory. `uses` as prepare()'s. */
+ * handle), s checked and prepared, and (when `peer`) s's device given access to each far block's
+ * memory. `uses` as prepare()'s. */
 static weft_status_t prepare_across(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *fn, bool peer,
                                     weft__use_t *small, weft__use_t **uses) {
   weft_status_t st = weft__stream_check(s, fn);
@@ -95,8 +96,6 @@ static weft_status_t prepare_across(weft_stream_t *s, const weft_access_t *acc, 
                          (int)acc[i].kind);
     if ((st = weft__block_check(acc[i].block, fn, &rec)) != WEFT_OK) return st;
   }
-  if (weft__tracker_capture_of(s, NULL) != NULL)
-    return weft__error(WEFT_ERR_CAPTURE, "%s: blocks of another device on a capturing stream are not supported", fn);
   for (size_t i = 0; i < n && peer; i++)
     if (rt_of(acc[i].block) != s->runtime && (st = weft__runtime_peer_ready(s->runtime, rt_of(acc[i].block), fn)) != WEFT_OK)
       return st;
@@ -106,12 +105,6 @@ static weft_status_t prepare_across(weft_stream_t *s, const weft_access_t *acc, 
   for (size_t i = 0; i < n; i++) {
     (*uses)[i].state = &((struct weft__block *)acc[i].block.rec)->acc;
     (*uses)[i].kind = (unsigned)acc[i].kind;
-  }
-  /* A capture may have begun meanwhile (outside weft, found by prepare): the tracker would then
-   * record far blocks into it. */
-  if (weft__tracker_capture_of(s, NULL) != NULL) {
-    weft__small_free(small, *uses);
-    return weft__error(WEFT_ERR_CAPTURE, "%s: blocks of another device on a capturing stream are not supported", fn);
   }
   return WEFT_OK;
 }
