@@ -560,6 +560,56 @@ static void test_captures_may_use_blocks_of_other_devices(void **state) {
   for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
 }
 
+/* A capture begun by code outside weft (cuStreamBeginCapture on weft_stream_raw of a device-0
+ * stream) while device 1 has pending work on a block the captured kernel reads: weft adopts the
+ * capture, records nothing of device 1's live clock into it, and the capture ends valid. The
+ * graph, launched by that code after synchronising device 1 (weft cannot order a launch it does
+ * not see), computes from the block's data. */
+static void test_an_outside_capture_may_read_another_device_s_block(void **state) {
+  (void)state;
+  if (!two_devices()) skip();
+  if (!peers_can()) skip();
+  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
+  g_nd = 2;
+  weft_runtime_t *rt[MAXD];
+  weft_stream_t *s[MAXD][3];
+  open_devices(rt, s);
+  kernels_t k;
+  kernels_load(&k, rt, sim);
+  weft_block_t near, far;
+  assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "near", &near), WEFT_OK);
+  assert_int_equal(weft_alloc(rt[1], 4096, s[1][0], "far", &far), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(rt[0]), WEFT_OK);
+  assert_int_equal(weft_memset32(s[1][1], far, 0, 4, 4096), WEFT_OK); /* pending on device 1 */
+  CUstream raw = weft_stream_raw(s[0][2]);
+  assert_int_equal(drv->cuStreamBeginCapture(raw, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+  assert_int_equal(combine(&k, 0, s[0][2], near, far, far, 1024, 3), WEFT_OK);
+  CUgraph g = NULL;
+  assert_int_equal(drv->cuStreamEndCapture(raw, &g), CUDA_SUCCESS);
+  assert_non_null(g);
+  CUgraphExec ge = NULL;
+  assert_int_equal(drv->cuGraphInstantiateWithFlags(&ge, g, 0), CUDA_SUCCESS);
+  assert_int_equal(weft_runtime_synchronize(rt[1]), WEFT_OK);
+  assert_int_equal(drv->cuGraphLaunch(ge, raw), CUDA_SUCCESS);
+  assert_int_equal(drv->cuStreamSynchronize(raw), CUDA_SUCCESS);
+  unsigned host[1024];
+  assert_int_equal(weft_copy_from_block(s[0][0], host, near, 0, sizeof host), WEFT_OK);
+  assert_int_equal(weft_stream_synchronize(s[0][0]), WEFT_OK);
+  for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], 3u + 20u * 4u);
+  assert_int_equal(drv->cuGraphExecDestroy(ge), CUDA_SUCCESS);
+  assert_int_equal(drv->cuGraphDestroy(g), CUDA_SUCCESS);
+  if (sim != NULL) {
+    weft_sim_stats_t st;
+    sim->stats(&st);
+    if (st.races != 0) sim->print_report();
+    assert_int_equal(st.races, 0);
+  }
+  assert_int_equal(weft_free(near, s[0][0]), WEFT_OK);
+  assert_int_equal(weft_free(far, s[1][0]), WEFT_OK);
+  kernels_unload(&k);
+  for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+}
+
 /* A runtime given back while another runtime's block remembers a read on one of its streams:
  * the lanes go back to the process (their work is complete), a new runtime of that device takes
  * them again, and both the old read and the new streams order correctly. */
@@ -717,6 +767,7 @@ int main(void) {
       cmocka_unit_test(test_random_programs_across_devices),
       cmocka_unit_test(test_waits_across_devices_equal_the_reduction),
       cmocka_unit_test(test_captures_may_use_blocks_of_other_devices),
+      cmocka_unit_test(test_an_outside_capture_may_read_another_device_s_block),
       cmocka_unit_test(test_lanes_of_a_released_runtime_are_taken_again_safely),
       cmocka_unit_test(test_a_runtime_without_free_lanes_is_refused_cleanly),
       cmocka_unit_test(test_threads_pass_data_between_devices),
