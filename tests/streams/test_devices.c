@@ -610,6 +610,73 @@ static void test_an_outside_capture_may_read_another_device_s_block(void **state
   for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
 }
 
+/* Faults on the path across devices: each of the driver calls a use across devices makes (the
+ * far stream's record in its own context, the context switches, the cross-device wait, the
+ * launch) fails in turn, at its 1st..8th call in a fixed program of kernels on both devices over
+ * blocks of both. A use that fails has enqueued nothing and changed nothing (weft.h); one that
+ * succeeded is ordered: the data ends equal to a model that skips the failed uses, the oracle
+ * sees no race, and the clocks stay valid. Simulator only (fault injection). */
+static void test_faults_across_devices_leave_order_and_data(void **state) {
+  (void)state;
+  if (!two_devices()) skip();
+  if (!peers_can()) skip();
+  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
+  if (sim == NULL) skip(); /* fault injection needs the simulator */
+  g_nd = 2;
+  weft_runtime_t *rt[MAXD];
+  weft_stream_t *s[MAXD][3];
+  open_devices(rt, s);
+  kernels_t k;
+  kernels_load(&k, rt, sim);
+  static const char *const names[] = {"cuEventRecord", "cuStreamWaitEvent", "cuCtxSetCurrent", "cuLaunchKernel"};
+  enum { NB = 4, OPS = 16 };
+  unsigned fired = 0, failed_ops = 0;
+  for (unsigned f = 0; f < 4; f++)
+    for (unsigned nth = 1; nth <= 8; nth++) {
+      weft_block_t b[NB]; /* b[0], b[1] on device 0; b[2], b[3] on device 1 */
+      unsigned model[NB];
+      for (unsigned i = 0; i < NB; i++) {
+        int d = (int)(i / 2);
+        assert_int_equal(weft_alloc(rt[d], 4096, s[d][0], "f", &b[i]), WEFT_OK);
+        assert_int_equal(weft_memset32(s[d][0], b[i], 0, i + 1, 4096), WEFT_OK);
+        model[i] = i + 1;
+      }
+      weft_sim_stats_t st0, st1;
+      sim->stats(&st0);
+      char spec[64];
+      snprintf(spec, sizeof spec, "%s:%u:CUDA_ERROR_UNKNOWN", names[f], nth);
+      assert_int_equal((sim->fail)(spec), 0);
+      for (unsigned op = 0; op < OPS; op++) {
+        int d = (int)(op % 2);
+        unsigned out = (op * 3 + 1) % NB, in = (op * 5 + 2) % NB;
+        if (in == out) in = (in + 1) % NB;
+        weft_status_t st = combine(&k, d, s[d][op % 3], b[out], b[in], b[in], 1024, op);
+        if (st == WEFT_OK) model[out] = op + 20u * model[in];
+        else failed_ops++;
+      }
+      assert_int_equal((sim->fail)(NULL), 0);
+      sim->stats(&st1);
+      fired += (unsigned)(st1.faults_injected - st0.faults_injected);
+      for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_synchronize(rt[d]), WEFT_OK);
+      for (unsigned i = 0; i < NB; i++) {
+        unsigned host[1024];
+        int d = (int)(i / 2);
+        assert_int_equal(weft_copy_from_block(s[d][1], host, b[i], 0, sizeof host), WEFT_OK);
+        assert_int_equal(weft_stream_synchronize(s[d][1]), WEFT_OK);
+        if (host[0] != model[i] || host[1023] != model[i])
+          fail_msg("%s: block %u is %u, expected %u", spec, i, host[0], model[i]);
+      }
+      if (st1.races != 0) sim->print_report();
+      assert_int_equal(st1.races, 0);
+      for (int d = 0; d < 2; d++) assert_true(weft__tracker_is_valid(&rt[d]->tracker));
+      for (unsigned i = 0; i < NB; i++) assert_int_equal(weft_free(b[i], s[i / 2][0]), WEFT_OK);
+    }
+  printf("faults across devices: %u fired, %u uses failed\n", fired, failed_ops);
+  assert_true(fired >= 16 && failed_ops > 0); /* premise: the faults hit the program */
+  kernels_unload(&k);
+  for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+}
+
 /* A runtime given back while another runtime's block remembers a read on one of its streams:
  * the lanes go back to the process (their work is complete), a new runtime of that device takes
  * them again, and both the old read and the new streams order correctly. */
@@ -768,6 +835,7 @@ int main(void) {
       cmocka_unit_test(test_waits_across_devices_equal_the_reduction),
       cmocka_unit_test(test_captures_may_use_blocks_of_other_devices),
       cmocka_unit_test(test_an_outside_capture_may_read_another_device_s_block),
+      cmocka_unit_test(test_faults_across_devices_leave_order_and_data),
       cmocka_unit_test(test_lanes_of_a_released_runtime_are_taken_again_safely),
       cmocka_unit_test(test_a_runtime_without_free_lanes_is_refused_cleanly),
       cmocka_unit_test(test_threads_pass_data_between_devices),
