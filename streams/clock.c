@@ -19,10 +19,7 @@ static _Atomic unsigned g_lanes; /* g_live.n, readable without the lock */
 
 unsigned weft__tracker_lanes(void) { return atomic_load_explicit(&g_lanes, memory_order_acquire); }
 
-/* A lane's events go back: a capture's to the tracker's spares (the caller holds the tracker
- * lock; capacity was reserved when they were made), the live domain's to the driver (the first
- * failure is returned). */
-static weft_status_t lane_free(weft__tracker_t *tr, weft__domain_t *d, weft__lane_t *l) {
+weft_status_t weft__lane_free(weft__tracker_t *tr, weft__domain_t *d, weft__lane_t *l) {
   weft_status_t first = WEFT_OK;
   if (l->ring != NULL)
     for (unsigned i = 0; i < l->ring_size; i++) {
@@ -65,14 +62,14 @@ weft_status_t weft__lane_init(weft__tracker_t *tr, weft__domain_t *d, weft__lane
     ok = weft__vec_reserve(spare, tr->capture_events + (l->ring_size - taken) - spare->len);
   }
   if (!ok) {
-    (void)lane_free(tr, d, l); /* the live domain has no events yet; a capture's go back */
+    (void)weft__lane_free(tr, d, l); /* the live domain has no events yet; a capture's go back */
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for an event ring");
   }
   for (unsigned i = taken; i < l->ring_size; i++) {
     CUresult r = tr->drv->cuEventCreate(&l->ring[i], CU_EVENT_DISABLE_TIMING);
     if (r != CUDA_SUCCESS) {
       l->ring[i] = NULL;
-      (void)lane_free(tr, d, l); /* only the live domain destroys, and its failure is not this one */
+      (void)weft__lane_free(tr, d, l); /* only the live domain destroys, and its failure is not this one */
       return weft__driver_fail(r, "cuEventCreate");
     }
     if (d->capture != NULL) tr->capture_events++;
@@ -108,7 +105,7 @@ weft_status_t weft__domain_init(weft__domain_t *d, unsigned n, unsigned ring_siz
 
 weft_status_t weft__domain_free(weft__tracker_t *tr, weft__domain_t *d) {
   pthread_mutex_lock(tr->lock);
-  for (unsigned i = 0; i < d->n; i++) (void)lane_free(tr, d, &d->lane[i]); /* to the spares: never fails */
+  for (unsigned i = 0; i < d->n; i++) (void)weft__lane_free(tr, d, &d->lane[i]); /* to the spares: never fails */
   pthread_mutex_unlock(tr->lock);
   weft__meta_free(d->known);
   weft__meta_free(d->host_known);

@@ -50,6 +50,10 @@ weft_status_t weft__domain_init(weft__domain_t *d, unsigned n, unsigned ring_siz
  * (never fails; takes the tracker lock), the live domain's are destroyed (the first driver failure
  * is returned; everything is freed regardless). */
 weft_status_t weft__domain_free(weft__tracker_t *tr, weft__domain_t *d);
+/** Gives a lane's events back: a capture's to the tracker's spares (the caller holds the
+ * tracker lock; room was reserved when they were made), a live lane's to the driver (the first
+ * failure is returned; everything is freed regardless). */
+weft_status_t weft__lane_free(weft__tracker_t *tr, weft__domain_t *d, weft__lane_t *l);
 /** Creates a lane's events and ring if it has none yet (a capture's lane: with the tracker lock
  * held, from the spares first). */
 weft_status_t weft__lane_init(weft__tracker_t *tr, weft__domain_t *d, weft__lane_t *l);

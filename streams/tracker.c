@@ -44,22 +44,7 @@ static void reset(weft__tracker_t *tr) {
 
 /* Destroys the events of tr's lane i in the live domain (lock held); the first failure. */
 static weft_status_t lane_release(weft__tracker_t *tr, unsigned i) {
-  weft__lane_t *l = &tr->live->lane[tr->base + i];
-  weft_status_t first = WEFT_OK;
-  if (l->ring != NULL)
-    for (unsigned k = 0; k < l->ring_size; k++) {
-      CUresult r = l->ring[k] != NULL ? tr->drv->cuEventDestroy(l->ring[k]) : CUDA_SUCCESS;
-      if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuEventDestroy");
-    }
-  weft__meta_free(l->ring);
-  weft__meta_free(l->ring_tick);
-  weft__meta_free(l->ring_clock);
-  weft__meta_free(l->ring_us);
-  l->ring = NULL;
-  l->ring_tick = NULL;
-  l->ring_clock = NULL;
-  l->ring_us = NULL;
-  return first;
+  return weft__lane_free(tr, tr->live, &tr->live->lane[tr->base + i]);
 }
 
 /* Creation unwinds in reverse order on any failure (libuv's ladder). */

@@ -202,6 +202,17 @@ static void kernels_unload(kernels_t *k) {
   for (int d = 0; d < g_nd; d++) assert_int_equal(drv->cuModuleUnload(k->mod[d]), CUDA_SUCCESS);
 }
 
+/* Two devices' runtimes, three streams each, and the kernels (g_nd = 2); and their end. */
+static void open_two(weft_runtime_t **rt, weft_stream_t *(*s)[3], kernels_t *k, const weft_sim_api_t *sim) {
+  g_nd = 2;
+  open_devices(rt, s);
+  kernels_load(k, rt, sim);
+}
+static void close_two(weft_runtime_t **rt, kernels_t *k) {
+  kernels_unload(k);
+  for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+}
+
 static CUdeviceptr ptr(weft_block_t b) {
   CUdeviceptr p = 0;
   assert_int_equal(weft_block_ptr(b, &p), WEFT_OK);
@@ -497,12 +508,10 @@ static void test_captures_may_use_blocks_of_other_devices(void **state) {
   if (!two_devices()) skip();
   if (!peers_can()) skip();
   const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
-  g_nd = 2;
   weft_runtime_t *rt[MAXD];
   weft_stream_t *s[MAXD][3];
-  open_devices(rt, s);
   kernels_t k;
-  kernels_load(&k, rt, sim);
+  open_two(rt, s, &k, sim);
   weft_block_t near, far, far2, copy;
   assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "near", &near), WEFT_OK);
   assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "copy", &copy), WEFT_OK);
@@ -556,8 +565,7 @@ static void test_captures_may_use_blocks_of_other_devices(void **state) {
   assert_int_equal(weft_free(copy, s[0][0]), WEFT_OK);
   assert_int_equal(weft_free(far, s[1][0]), WEFT_OK);
   assert_int_equal(weft_free(far2, s[1][0]), WEFT_OK);
-  kernels_unload(&k);
-  for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+  close_two(rt, &k);
 }
 
 /* A capture begun by code outside weft (cuStreamBeginCapture on weft_stream_raw of a device-0
@@ -570,12 +578,10 @@ static void test_an_outside_capture_may_read_another_device_s_block(void **state
   if (!two_devices()) skip();
   if (!peers_can()) skip();
   const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
-  g_nd = 2;
   weft_runtime_t *rt[MAXD];
   weft_stream_t *s[MAXD][3];
-  open_devices(rt, s);
   kernels_t k;
-  kernels_load(&k, rt, sim);
+  open_two(rt, s, &k, sim);
   weft_block_t near, far;
   assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "near", &near), WEFT_OK);
   assert_int_equal(weft_alloc(rt[1], 4096, s[1][0], "far", &far), WEFT_OK);
@@ -606,8 +612,7 @@ static void test_an_outside_capture_may_read_another_device_s_block(void **state
   }
   assert_int_equal(weft_free(near, s[0][0]), WEFT_OK);
   assert_int_equal(weft_free(far, s[1][0]), WEFT_OK);
-  kernels_unload(&k);
-  for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+  close_two(rt, &k);
 }
 
 /* Faults on the path across devices: each of the driver calls a use across devices makes (the
@@ -622,12 +627,10 @@ static void test_faults_across_devices_leave_order_and_data(void **state) {
   if (!peers_can()) skip();
   const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
   if (sim == NULL) skip(); /* fault injection needs the simulator */
-  g_nd = 2;
   weft_runtime_t *rt[MAXD];
   weft_stream_t *s[MAXD][3];
-  open_devices(rt, s);
   kernels_t k;
-  kernels_load(&k, rt, sim);
+  open_two(rt, s, &k, sim);
   static const char *const names[] = {"cuEventRecord", "cuStreamWaitEvent", "cuCtxSetCurrent", "cuLaunchKernel"};
   enum { NB = 4, OPS = 16 };
   unsigned fired = 0, failed_ops = 0;
@@ -673,8 +676,7 @@ static void test_faults_across_devices_leave_order_and_data(void **state) {
     }
   printf("faults across devices: %u fired, %u uses failed\n", fired, failed_ops);
   assert_true(fired >= 16 && failed_ops > 0); /* premise: the faults hit the program */
-  kernels_unload(&k);
-  for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+  close_two(rt, &k);
 }
 
 /* A runtime given back while another runtime's block remembers a read on one of its streams:
@@ -685,12 +687,10 @@ static void test_lanes_of_a_released_runtime_are_taken_again_safely(void **state
   if (!two_devices()) skip();
   if (!peers_can()) skip();
   const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
-  g_nd = 2;
   weft_runtime_t *rt[MAXD];
   weft_stream_t *s[MAXD][3];
-  open_devices(rt, s);
   kernels_t k;
-  kernels_load(&k, rt, sim);
+  open_two(rt, s, &k, sim);
   unsigned lane0 = s[1][0]->lane;
   weft_block_t x, out;
   assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "x", &x), WEFT_OK);
@@ -727,8 +727,7 @@ static void test_lanes_of_a_released_runtime_are_taken_again_safely(void **state
   }
   assert_int_equal(weft_free(out, s[1][0]), WEFT_OK);
   assert_int_equal(weft_free(x, s[0][0]), WEFT_OK);
-  kernels_unload(&k);
-  for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+  close_two(rt, &k);
 }
 
 /* The process has WEFT__MAX_LANES stream lanes over all its runtimes: a runtime that finds no
@@ -800,12 +799,10 @@ static void test_threads_pass_data_between_devices(void **state) {
   if (!two_devices()) skip();
   if (!peers_can()) skip();
   const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
-  g_nd = 2;
   weft_runtime_t *rt[MAXD];
   weft_stream_t *s[MAXD][3];
-  open_devices(rt, s);
   kernels_t k;
-  kernels_load(&k, rt, sim);
+  open_two(rt, s, &k, sim);
   enum { T = 8 };
   pthread_t th[T];
   ping_t p[T];
@@ -823,8 +820,7 @@ static void test_threads_pass_data_between_devices(void **state) {
     if (st.races != 0) sim->print_report();
     assert_int_equal(st.races, 0);
   }
-  kernels_unload(&k);
-  for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+  close_two(rt, &k);
 }
 
 int main(void) {
