@@ -440,8 +440,9 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_copy_from_block(weft_stream_t *s, voi
 WEFT_API WEFT_NODISCARD weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_offset, weft_block_t src, size_t src_offset, size_t bytes);
 /* weft_copy_block between devices: dst and src may be blocks of two runtimes when s is a stream
  * of one of them; ordered as any use of another device's block (weft_use_begin, "Blocks of other
- * devices"). It is a peer copy (cuMemcpyPeerAsync), which needs no peer access (captured too).
- * WRONG_DEVICE when s belongs to neither block's runtime. */
+ * devices"). It is a peer copy (cuMemcpyPeerAsync), which needs no peer access. Not inside a
+ * capture (CAPTURE, nothing done: CUDA cannot capture a peer copy). WRONG_DEVICE when s belongs
+ * to neither block's runtime. */
 /** cuMemsetD8Async / cuMemsetD32Async over a range of the block (a WRITE). For D32, offset and
  * bytes must be multiples of 4. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_memset8(weft_stream_t *s, weft_block_t dst, size_t offset, unsigned char value, size_t bytes);

@@ -306,6 +306,12 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice,
 static CUresult copy_peer(CUdeviceptr dst, CUcontext dc, CUdeviceptr src, CUcontext sc, size_t n, CUstream hs) {
   if (sim__handle_get(dc, SIM_MAGIC_CTX) == NULL || sim__handle_get(sc, SIM_MAGIC_CTX) == NULL)
     return CUDA_ERROR_INVALID_CONTEXT;
+  /* Not capturable: the capture is invalidated (tests/conformance, "peer copy"). */
+  sim__stream_t *s = sim__stream_get(hs);
+  if (s != NULL && s->cap != NULL) {
+    sim__capture_invalidate(s->cap);
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
   return copy_async_as(SIM_DTOD, dst, NULL, src, NULL, n, hs, 1);
 }
 

@@ -272,6 +272,12 @@ weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_off
      * device's pool memory does, tests/conformance/README.md "two devices"). */
     if (s->tr->drv->cuMemcpyPeerAsync == NULL)
       return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_copy_block: the driver has no cuMemcpyPeerAsync");
+    /* CUDA cannot capture a peer copy (it would invalidate the capture: tests/conformance). */
+    if ((st = weft__stream_prepare(s)) != WEFT_OK) return st;
+    if (weft__tracker_capture_of(s, NULL) != NULL)
+      return weft__error(WEFT_ERR_CAPTURE, "weft_copy_block: a copy between devices cannot be captured (CUDA "
+                         "refuses cuMemcpyPeerAsync in a capture); copy before or after the capture, or read the "
+                         "other device's block from a kernel");
     o.what = OP_PEER;
     o.dctx = dr->tracker.ctx;
     o.sctx = sr->tracker.ctx;

@@ -1125,6 +1125,37 @@ static void test_two_devices_pool_access(void **state) {
        "and with cuMemcpyDtoDAsync only with access");
 }
 
+/* A peer copy cannot be captured: cuMemcpyPeerAsync on a capturing stream fails with
+ * STREAM_CAPTURE_UNSUPPORTED and invalidates the capture (2 x H100, driver 580.159.04), while a
+ * device-to-device copy of memory the stream's device may access is captured as a memcpy node.
+ * (weft refuses a copy between devices inside a capture before calling the driver.) */
+static void test_two_devices_peer_copy_is_not_capturable(void **state) {
+  (void)state;
+  CUcontext c1 = second_device();
+  OK(d->cuCtxSetCurrent(g_ctx));
+  CUdeviceptr m0;
+  OK(d->cuMemAlloc(&m0, 4096));
+  OK(d->cuCtxSetCurrent(c1));
+  CUstream s1 = new_stream();
+  CUdeviceptr m1;
+  OK(d->cuMemAlloc(&m1, 4096));
+  OK(d->cuStreamBeginCapture(s1, CU_STREAM_CAPTURE_MODE_RELAXED));
+  CUresult r = d->cuMemcpyPeerAsync(m1, c1, m0, g_ctx, 4096, s1);
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  OK(d->cuStreamIsCapturing(s1, &st));
+  printf("conformance: cuMemcpyPeerAsync in a capture -> %d, capture status %d\n", (int)r, (int)st);
+  CUgraph g = NULL;
+  CUresult e = d->cuStreamEndCapture(s1, &g);
+  if (g != NULL) OK(d->cuGraphDestroy(g));
+  IS(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, r);
+  assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  IS(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, e);
+  OK(d->cuMemFree(m1));
+  OK(d->cuCtxSetCurrent(g_ctx));
+  OK(d->cuMemFree(m0));
+  PASS("a peer copy on a capturing stream fails with STREAM_CAPTURE_UNSUPPORTED and invalidates the capture");
+}
+
 #define CASE(f) cmocka_unit_test_teardown(f, check_clean)
 
 int main(void) {
@@ -1160,6 +1191,7 @@ int main(void) {
       CASE(test_two_devices_peer_access_rules),
       CASE(test_two_devices_events_wait_across_record_only_at_home),
       CASE(test_two_devices_pool_access),
+      CASE(test_two_devices_peer_copy_is_not_capturable),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

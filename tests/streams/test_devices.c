@@ -502,7 +502,8 @@ static void test_waits_across_devices_equal_the_reduction(void **state) {
  * another: the graph's access summary holds both far blocks, so each launch waits for device 1's
  * conflicting work (a cross-device wait) and device 1's later work waits for the launch, as for
  * any use. Checked by data over rounds where device 1 rewrites its blocks between launches, and
- * by the oracle. */
+ * by the oracle. A peer copy, which CUDA cannot capture, is refused and leaves the capture
+ * going. */
 static void test_captures_may_use_blocks_of_other_devices(void **state) {
   (void)state;
   if (!two_devices()) skip();
@@ -514,7 +515,7 @@ static void test_captures_may_use_blocks_of_other_devices(void **state) {
   open_two(rt, s, &k, sim);
   weft_block_t near, far, far2, copy;
   assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "near", &near), WEFT_OK);
-  assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "copy", &copy), WEFT_OK);
+  assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "copy", &copy), WEFT_OK); /* for the refused copy */
   assert_int_equal(weft_alloc(rt[1], 4096, s[1][0], "far", &far), WEFT_OK);
   assert_int_equal(weft_alloc(rt[1], 4096, s[1][0], "far2", &far2), WEFT_OK);
   assert_int_equal(weft_memset32(s[1][0], far, 0, 0, 4096), WEFT_OK);
@@ -522,11 +523,12 @@ static void test_captures_may_use_blocks_of_other_devices(void **state) {
   assert_int_equal(weft_capture_begin(s[0][1], NULL), WEFT_OK);
   assert_int_equal(combine(&k, 0, s[0][1], near, far, far, 1024, 9), WEFT_OK);
   assert_int_equal(weft_memset32(s[0][1], far2, 0, 0x77u, 4096), WEFT_OK);
-  assert_int_equal(weft_copy_block(s[0][1], copy, 0, far, 0, 4096), WEFT_OK); /* a peer copy in the graph */
+  /* CUDA cannot capture a peer copy: refused before the driver sees it, the capture goes on. */
+  assert_int_equal(weft_copy_block(s[0][1], copy, 0, far, 0, 4096), WEFT_ERR_CAPTURE);
   weft_graph_t *g = NULL;
   assert_int_equal(weft_capture_end(s[0][1], &g), WEFT_OK);
   weft_access_t sum[4];
-  assert_int_equal(weft_graph_summary(g, sum, 4), 4);
+  assert_int_equal(weft_graph_summary(g, sum, 4), 3);
   weft_exec_t *e = NULL;
   assert_int_equal(weft_graph_instantiate(g, s[0][1], &e), WEFT_OK);
   unsigned host[1024];
@@ -540,9 +542,6 @@ static void test_captures_may_use_blocks_of_other_devices(void **state) {
     assert_int_equal(weft_copy_from_block(s[0][0], host, near, 0, sizeof host), WEFT_OK);
     assert_int_equal(weft_stream_synchronize(s[0][0]), WEFT_OK);
     for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], 9u + 20u * far_now);
-    assert_int_equal(weft_copy_from_block(s[0][0], host, copy, 0, sizeof host), WEFT_OK);
-    assert_int_equal(weft_stream_synchronize(s[0][0]), WEFT_OK);
-    for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], far_now);
     assert_int_equal(weft_copy_from_block(s[1][0], host, far, 0, sizeof host), WEFT_OK);
     assert_int_equal(weft_stream_synchronize(s[1][0]), WEFT_OK);
     for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], 100u + round + 20u * 0x77u);
