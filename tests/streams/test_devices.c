@@ -395,6 +395,7 @@ static void test_waits_across_devices_equal_the_reduction(void **state) {
   g_nd = count < MAXD ? count : MAXD;
   const int nd = g_nd;
   weft_options_t o = weft_options_default();
+  assert_int_equal(weft_options_from_env(&o), WEFT_OK); /* test_devices_ring4: rings of 4 */
   o.lazy_records = 0;
   weft_runtime_t *rt[MAXD];
   weft_stream_t *s[MAXD][3];
@@ -422,11 +423,12 @@ static void test_waits_across_devices_equal_the_reduction(void **state) {
     }
     for (int d = 0; d < nd; d++) assert_int_equal(weft_runtime_synchronize(rt[d]), WEFT_OK);
     if (sim != NULL) sim->reset_races();
-    uint64_t w0 = 0, w1 = 0;
+    uint64_t w0 = 0, w1 = 0, ev0 = 0, ev1 = 0;
     for (int d = 0; d < nd; d++) {
       weft_counters_t c;
       assert_int_equal(weft_runtime_counters(rt[d], &c), WEFT_OK);
       w0 += c.waits_issued;
+      ev0 += c.ring_evictions;
     }
     for (unsigned v = 0; v < p.uses; v++) {
       const prog_use_t *u = &p.use[v];
@@ -471,11 +473,14 @@ static void test_waits_across_devices_equal_the_reduction(void **state) {
       weft_counters_t c;
       assert_int_equal(weft_runtime_counters(rt[d], &c), WEFT_OK);
       w1 += c.waits_issued;
+      ev1 += c.ring_evictions;
     }
     uint64_t minimal = prog_reduction_edges(&p);
-    printf("%d devices, seed %u: %u uses, waits %llu, transitive reduction %llu\n", nd, seed, p.uses,
-           (unsigned long long)(w1 - w0), (unsigned long long)minimal);
-    assert_int_equal(w1 - w0, minimal);
+    printf("%d devices, seed %u: %u uses, waits %llu, transitive reduction %llu, ring evictions %llu\n", nd, seed,
+           p.uses, (unsigned long long)(w1 - w0), (unsigned long long)minimal, (unsigned long long)(ev1 - ev0));
+    /* An evicted tick is waited on through a newer event (conservative): the count is exact only
+     * without evictions; order and data are checked either way. */
+    if (ev1 == ev0) assert_int_equal(w1 - w0, minimal);
     for (unsigned i = 0; i < nb; i++) {
       int d = (int)(i / PER);
       assert_int_equal(weft_copy_from_block(s[d][2], tmp, b[i], 0, sizeof tmp), WEFT_OK);
