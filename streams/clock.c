@@ -77,13 +77,13 @@ weft_status_t weft__lane_init(weft__tracker_t *tr, weft__domain_t *d, weft__lane
   return WEFT_OK;
 }
 
-/* The arrays of a domain with room for `stride` lanes (zeroed). */
-static bool domain_alloc(weft__domain_t *d, unsigned stride) {
+/* The arrays of a domain with room for `lanes` lanes and clocks of `stride` entries (zeroed). */
+static bool domain_alloc(weft__domain_t *d, unsigned lanes, unsigned stride) {
   d->stride = stride;
-  d->known = weft__meta_calloc((size_t)stride * stride, sizeof *d->known);
-  d->host_known = weft__meta_calloc(stride, sizeof *d->host_known);
-  d->stream = weft__meta_calloc(stride, sizeof *d->stream);
-  d->lane = weft__meta_calloc(stride, sizeof *d->lane);
+  d->known = weft__meta_calloc((size_t)stride * stride + 1, sizeof *d->known);
+  d->host_known = weft__meta_calloc(lanes, sizeof *d->host_known);
+  d->stream = weft__meta_calloc(lanes, sizeof *d->stream);
+  d->lane = weft__meta_calloc(lanes, sizeof *d->lane);
   if (d->known != NULL && d->host_known != NULL && d->stream != NULL && d->lane != NULL) return true;
   weft__meta_free(d->known);
   weft__meta_free(d->host_known);
@@ -95,7 +95,7 @@ static bool domain_alloc(weft__domain_t *d, unsigned stride) {
 
 weft_status_t weft__domain_init(weft__domain_t *d, unsigned n, unsigned ring_size, weft__capture_t *capture) {
   memset(d, 0, sizeof *d);
-  if (!domain_alloc(d, n)) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for stream clocks");
+  if (!domain_alloc(d, n, n)) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for stream clocks");
   d->n = n;
   d->ring_size = ring_size;
   d->capture = capture;
@@ -115,9 +115,42 @@ weft_status_t weft__domain_free(weft__tracker_t *tr, weft__domain_t *d) {
   return WEFT_OK;
 }
 
+/* Makes the live domain's clocks (rows and ring snapshots) `need` entries long or more. They are
+ * only as long as the lanes in use (rounded up to 16), not WEFT__MAX_LANES: a record copies a
+ * row and a wait reads a snapshot, and short ones stay in the cache. Lock held; on failure
+ * nothing changed. */
+static weft_status_t live_restride(weft__domain_t *d, unsigned need) {
+  if (need <= d->stride) return WEFT_OK;
+  unsigned ns = (need + 15u) & ~15u;
+  if (ns > WEFT__MAX_LANES) ns = WEFT__MAX_LANES;
+  uint64_t *known = weft__meta_calloc((size_t)ns * ns, sizeof *known);
+  uint64_t *clocks[WEFT__MAX_LANES] = {0};
+  bool ok = known != NULL;
+  for (unsigned i = 0; i < WEFT__MAX_LANES && ok; i++)
+    if (d->lane[i].ring != NULL) ok = (clocks[i] = weft__meta_calloc((size_t)d->lane[i].ring_size * ns, sizeof(uint64_t))) != NULL;
+  if (!ok) {
+    weft__meta_free(known);
+    for (unsigned i = 0; i < WEFT__MAX_LANES; i++) weft__meta_free(clocks[i]);
+    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for the process's stream clocks");
+  }
+  for (unsigned r = 0; r < d->n; r++) memcpy(&known[(size_t)r * ns], WEFT__ROW(d, r), d->n * sizeof *known);
+  for (unsigned i = 0; i < WEFT__MAX_LANES; i++) {
+    weft__lane_t *l = &d->lane[i];
+    if (l->ring == NULL) continue;
+    for (unsigned slot = 0; slot < l->ring_size; slot++)
+      memcpy(&clocks[i][(size_t)slot * ns], &l->ring_clock[(size_t)slot * d->stride], d->n * sizeof(uint64_t));
+    weft__meta_free(l->ring_clock);
+    l->ring_clock = clocks[i];
+  }
+  weft__meta_free(d->known);
+  d->known = known;
+  d->stride = ns;
+  return WEFT_OK;
+}
+
 weft_status_t weft__clock_lanes_take(weft__tracker_t *tr, unsigned n) {
   weft__domain_t *d = &g_live;
-  if (d->known == NULL && !domain_alloc(d, WEFT__MAX_LANES))
+  if (d->lane == NULL && !domain_alloc(d, WEFT__MAX_LANES, 0))
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for the process's stream clocks");
   unsigned base = 0;
   for (unsigned run = 0; base + run < WEFT__MAX_LANES && run < n;) {
@@ -131,6 +164,8 @@ weft_status_t weft__clock_lanes_take(weft__tracker_t *tr, unsigned n) {
   if (base + n > WEFT__MAX_LANES)
     return weft__error(WEFT_ERR_BUSY, "weft: the process's %d stream lanes are taken by other runtimes (%u more "
                        "wanted: options.stream_count + adopt_streams)", WEFT__MAX_LANES, n);
+  weft_status_t st = live_restride(d, base + n);
+  if (st != WEFT_OK) return st;
   for (unsigned i = 0; i < n; i++) {
     unsigned at = base + i;
     weft__lane_t *l = &d->lane[at];

@@ -264,14 +264,14 @@ static weft_status_t translate(weft__capture_t *c, const weft__use_t *uses, size
  * implied for s. Returns a bit mask of the streams with a need. */
 static weft__lanes_t collect_needs(weft__tracker_t *tr, const weft__domain_t *d, unsigned s, const weft__use_t *uses,
                                    size_t n, uint64_t *need) {
-  weft__lanes_t mask = 0;
+  weft__lanes_t mask = 0, others = ~weft__lane_bit(s);
   for (size_t i = 0; i < n; i++) {
     const weft__access_state_t *st = uses[i].state;
     weft__point_t pts[WEFT__MAX_LANES + 1];
     size_t k = 0;
     if (st->write.tick != 0 && st->write.stream != s) pts[k++] = st->write;
     if (weft__rule_follows_reads(uses[i].kind))
-      for (weft__lanes_t m = st->reader_mask & ~weft__lane_bit(s); m != 0; m &= m - 1) {
+      for (weft__lanes_t m = st->reader_mask & others; m != 0; m &= m - 1) {
         unsigned t = weft__lanes_first(m);
         pts[k++] = (weft__point_t){t, st->reads[t]};
       }

@@ -683,6 +683,78 @@ static void test_faults_across_devices_leave_order_and_data(void **state) {
   close_two(rt, &k);
 }
 
+/* A runtime created while another has clocks in use: the process's clocks grow longer (their
+ * rows and every ring snapshot are copied), and what the snapshots said still holds: a wait that
+ * is implied through an event recorded before the growth is not issued again. */
+static void test_clocks_grow_with_a_new_runtime_and_keep_what_they_knew(void **state) {
+  (void)state;
+  if (!two_devices()) skip();
+  if (!peers_can()) skip();
+  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
+  weft_options_t o = weft_options_default();
+  o.lazy_records = 0;
+  weft_runtime_t *rt0, *rt1;
+  weft_stream_t *s[3], *t;
+  assert_int_equal(weft_runtime_get(0, &o, &rt0), WEFT_OK);
+  for (unsigned i = 0; i < 3; i++) assert_int_equal(weft_stream_get(rt0, i, &s[i]), WEFT_OK);
+  /* Device 1's runtime will take lanes beyond the clocks' length (they never shrink: earlier
+   * tests of this process may have grown them), so that they must grow. */
+  unsigned stride0 = rt0->tracker.live->stride;
+  if (rt0->tracker.base != 0 || stride0 > 64) {
+    assert_int_equal(weft_runtime_release(rt0), WEFT_OK);
+    skip(); /* no room to show the growth */
+  }
+  g_nd = 1;
+  kernels_t k;
+  weft_runtime_t *rts[MAXD] = {rt0};
+  kernels_load(&k, rts, sim);
+  weft_block_t a, b, c;
+  assert_int_equal(weft_alloc(rt0, 4096, s[0], "a", &a), WEFT_OK);
+  assert_int_equal(weft_alloc(rt0, 4096, s[0], "b", &b), WEFT_OK);
+  assert_int_equal(weft_alloc(rt0, 4096, s[0], "c", &c), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(rt0), WEFT_OK);
+  weft_counters_t c0, c1;
+  assert_int_equal(weft_runtime_counters(rt0, &c0), WEFT_OK);
+  assert_int_equal(weft_memset32(s[0], a, 0, 1, 4096), WEFT_OK);
+  assert_int_equal(combine(&k, 0, s[1], b, a, a, 1024, 2), WEFT_OK); /* s1 waits for s0 */
+  weft_options_t o1 = o;
+  o1.stream_count = stride0;
+  o1.adopt_streams = 0;
+  assert_int_equal(weft_runtime_get(1, &o1, &rt1), WEFT_OK);
+  assert_true(rt0->tracker.live->stride > stride0); /* premise: the clocks grew */
+  /* c from b and a on s2: one wait (for s1), the one for s0 implied through s1's event. */
+  assert_int_equal(combine(&k, 0, s[2], c, b, a, 1024, 3), WEFT_OK);
+  assert_int_equal(weft_runtime_counters(rt0, &c1), WEFT_OK);
+  assert_int_equal(c1.waits_issued - c0.waits_issued, 2);
+  /* The new runtime's stream reads c (a wait across devices) into its own block. */
+  assert_int_equal(weft_stream_get(rt1, 0, &t), WEFT_OK);
+  kernels_unload(&k);
+  g_nd = 2;
+  rts[1] = rt1;
+  kernels_load(&k, rts, sim);
+  weft_block_t x;
+  assert_int_equal(weft_alloc(rt1, 4096, t, "x", &x), WEFT_OK);
+  assert_int_equal(combine(&k, 1, t, x, c, c, 1024, 4), WEFT_OK);
+  unsigned host[1024];
+  assert_int_equal(weft_copy_from_block(t, host, x, 0, sizeof host), WEFT_OK);
+  assert_int_equal(weft_stream_synchronize(t), WEFT_OK);
+  unsigned vb = 2u + 20u * 1u, vc = 3u + 7u * vb + 13u * 1u;
+  for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], 4u + 20u * vc);
+  if (sim != NULL) {
+    weft_sim_stats_t st;
+    sim->stats(&st);
+    assert_int_equal(st.races, 0);
+  }
+  assert_true(weft__tracker_is_valid(&rt0->tracker));
+  assert_int_equal(weft_free(x, t), WEFT_OK);
+  assert_int_equal(weft_free(a, s[0]), WEFT_OK);
+  assert_int_equal(weft_free(b, s[0]), WEFT_OK);
+  assert_int_equal(weft_free(c, s[0]), WEFT_OK);
+  kernels_unload(&k);
+  assert_int_equal(weft_runtime_release(rt1), WEFT_OK);
+  assert_int_equal(weft_runtime_release(rt0), WEFT_OK);
+}
+
 /* A runtime given back while another runtime's block remembers a read on one of its streams:
  * the lanes go back to the process (their work is complete), a new runtime of that device takes
  * them again, and both the old read and the new streams order correctly. */
@@ -836,6 +908,7 @@ int main(void) {
       cmocka_unit_test(test_captures_may_use_blocks_of_other_devices),
       cmocka_unit_test(test_an_outside_capture_may_read_another_device_s_block),
       cmocka_unit_test(test_faults_across_devices_leave_order_and_data),
+      cmocka_unit_test(test_clocks_grow_with_a_new_runtime_and_keep_what_they_knew),
       cmocka_unit_test(test_lanes_of_a_released_runtime_are_taken_again_safely),
       cmocka_unit_test(test_a_runtime_without_free_lanes_is_refused_cleanly),
       cmocka_unit_test(test_threads_pass_data_between_devices),
