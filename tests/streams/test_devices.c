@@ -45,6 +45,14 @@ static void end_positive_control(weft_runtime_t **rt, const weft_sim_api_t *sim)
 }
 
 /* Each device's runtime with defaults, and its first three pool streams. */
+/* That the first 1024 words of b, copied to the host on s, all equal `value`. */
+static void expect_uniform(weft_stream_t *s, weft_block_t b, unsigned value) {
+  unsigned host[1024];
+  assert_int_equal(weft_copy_from_block(s, host, b, 0, sizeof host), WEFT_OK);
+  assert_int_equal(weft_stream_synchronize(s), WEFT_OK);
+  for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], value);
+}
+
 static void open_devices(weft_runtime_t **rt, weft_stream_t *(*s)[3]) {
   for (int d = 0; d < g_nd; d++) {
     assert_int_equal(weft_runtime_get(d, NULL, &rt[d]), WEFT_OK);
@@ -164,10 +172,7 @@ static void test_copy_between_devices_is_ordered_both_ways(void **state) {
   assert_int_equal(weft_memset32(s[0][1], x, 0, 0x55u, 4096), WEFT_OK);
   assert_int_equal(weft_memset32(s[0][2], y, 0, 0x66u, 4096), WEFT_OK);
   assert_int_equal(weft_copy_block(s[1][0], y, 0, x, 0, 4096), peers_can() ? WEFT_OK : WEFT_ERR_NOT_SUPPORTED);
-  unsigned host[1024];
-  assert_int_equal(weft_copy_from_block(s[0][0], host, y, 0, sizeof host), WEFT_OK);
-  assert_int_equal(weft_stream_synchronize(s[0][0]), WEFT_OK);
-  for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], peers_can() ? 0x55u : 0x66u);
+  expect_uniform(s[0][0], y, peers_can() ? 0x55u : 0x66u);
   assert_int_equal(weft_free(x, s[0][0]), WEFT_OK);
   assert_int_equal(weft_free(y, s[0][0]), WEFT_OK);
   for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
@@ -202,11 +207,25 @@ static void kernels_unload(kernels_t *k) {
   for (int d = 0; d < g_nd; d++) assert_int_equal(drv->cuModuleUnload(k->mod[d]), CUDA_SUCCESS);
 }
 
-/* Two devices' runtimes, three streams each, and the kernels (g_nd = 2); and their end. */
-static void open_two(weft_runtime_t **rt, weft_stream_t *(*s)[3], kernels_t *k, const weft_sim_api_t *sim) {
+/* On the simulator, that its oracle saw no race (the report printed otherwise). */
+static void expect_no_race(const weft_sim_api_t *sim) {
+  if (sim == NULL) return;
+  weft_sim_stats_t st;
+  sim->stats(&st);
+  if (st.races != 0) sim->print_report();
+  assert_int_equal(st.races, 0);
+}
+
+/* Two devices' runtimes, three streams each, and the kernels (g_nd = 2), or a skip without two
+ * devices that can access each other's memory; the simulator's API (NULL on a GPU). And their
+ * end. */
+static const weft_sim_api_t *open_two(weft_runtime_t **rt, weft_stream_t *(*s)[3], kernels_t *k) {
+  if (!two_devices() || !peers_can()) skip();
+  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
   g_nd = 2;
   open_devices(rt, s);
   kernels_load(k, rt, sim);
+  return sim;
 }
 static void close_two(weft_runtime_t **rt, kernels_t *k) {
   kernels_unload(k);
@@ -361,15 +380,8 @@ static void test_without_peer_access_uses_are_refused_copies_work(void **state) 
   assert_memory_equal(&before, &after, sizeof before); /* the far runtime saw nothing */
   assert_int_equal(weft_runtime_enable_peer_access(rt[0], rt[0]), WEFT_OK); /* itself: nothing to do */
   assert_int_equal(weft_copy_block(s[0], b[0], 0, b[1], 0, 4096), WEFT_OK);
-  unsigned host[1024];
-  assert_int_equal(weft_copy_from_block(s[0], host, b[0], 0, sizeof host), WEFT_OK);
-  assert_int_equal(weft_stream_synchronize(s[0]), WEFT_OK);
-  for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], 11u);
-  if (sim != NULL) {
-    weft_sim_stats_t st;
-    sim->stats(&st);
-    assert_int_equal(st.races, 0);
-  }
+  expect_uniform(s[0], b[0], 11u);
+  expect_no_race(sim);
   kernels_unload(&k);
   for (int d = 0; d < 2; d++) {
     assert_int_equal(weft_free(b[d], s[d]), WEFT_OK);
@@ -511,13 +523,10 @@ static void test_waits_across_devices_equal_the_reduction(void **state) {
  * going. */
 static void test_captures_may_use_blocks_of_other_devices(void **state) {
   (void)state;
-  if (!two_devices()) skip();
-  if (!peers_can()) skip();
-  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
   weft_runtime_t *rt[MAXD];
   weft_stream_t *s[MAXD][3];
   kernels_t k;
-  open_two(rt, s, &k, sim);
+  const weft_sim_api_t *sim = open_two(rt, s, &k);
   weft_block_t near, far, far2, copy;
   assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "near", &near), WEFT_OK);
   assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "copy", &copy), WEFT_OK); /* for the refused copy */
@@ -536,7 +545,6 @@ static void test_captures_may_use_blocks_of_other_devices(void **state) {
   assert_int_equal(weft_graph_summary(g, sum, 4), 3);
   weft_exec_t *e = NULL;
   assert_int_equal(weft_graph_instantiate(g, s[0][1], &e), WEFT_OK);
-  unsigned host[1024];
   for (unsigned round = 0; round < 4; round++) {
     /* Device 1 writes far (the graph reads it) and far2 (the graph overwrites it) first. */
     assert_int_equal(combine(&k, 1, s[1][round % 3], far, far2, far2, 1024, round), WEFT_OK);
@@ -544,12 +552,8 @@ static void test_captures_may_use_blocks_of_other_devices(void **state) {
     /* Then reads far2 after the launch wrote it: this use waits for the launch. */
     assert_int_equal(combine(&k, 1, s[1][(round + 2) % 3], far, far2, far2, 1024, 100 + round), WEFT_OK);
     unsigned far_now = round + 20u * (round == 0 ? 0u : 0x77u); /* far as the launch read it */
-    assert_int_equal(weft_copy_from_block(s[0][0], host, near, 0, sizeof host), WEFT_OK);
-    assert_int_equal(weft_stream_synchronize(s[0][0]), WEFT_OK);
-    for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], 9u + 20u * far_now);
-    assert_int_equal(weft_copy_from_block(s[1][0], host, far, 0, sizeof host), WEFT_OK);
-    assert_int_equal(weft_stream_synchronize(s[1][0]), WEFT_OK);
-    for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], 100u + round + 20u * 0x77u);
+    expect_uniform(s[0][0], near, 9u + 20u * far_now);
+    expect_uniform(s[1][0], far, 100u + round + 20u * 0x77u);
   }
   if (sim != NULL) {
     weft_sim_stats_t st;
@@ -579,13 +583,10 @@ static void test_captures_may_use_blocks_of_other_devices(void **state) {
  * not see), computes from the block's data. */
 static void test_an_outside_capture_may_read_another_device_s_block(void **state) {
   (void)state;
-  if (!two_devices()) skip();
-  if (!peers_can()) skip();
-  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
   weft_runtime_t *rt[MAXD];
   weft_stream_t *s[MAXD][3];
   kernels_t k;
-  open_two(rt, s, &k, sim);
+  const weft_sim_api_t *sim = open_two(rt, s, &k);
   weft_block_t near, far;
   assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "near", &near), WEFT_OK);
   assert_int_equal(weft_alloc(rt[1], 4096, s[1][0], "far", &far), WEFT_OK);
@@ -602,18 +603,10 @@ static void test_an_outside_capture_may_read_another_device_s_block(void **state
   assert_int_equal(weft_runtime_synchronize(rt[1]), WEFT_OK);
   assert_int_equal(drv->cuGraphLaunch(ge, raw), CUDA_SUCCESS);
   assert_int_equal(drv->cuStreamSynchronize(raw), CUDA_SUCCESS);
-  unsigned host[1024];
-  assert_int_equal(weft_copy_from_block(s[0][0], host, near, 0, sizeof host), WEFT_OK);
-  assert_int_equal(weft_stream_synchronize(s[0][0]), WEFT_OK);
-  for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], 3u + 20u * 4u);
+  expect_uniform(s[0][0], near, 3u + 20u * 4u);
   assert_int_equal(drv->cuGraphExecDestroy(ge), CUDA_SUCCESS);
   assert_int_equal(drv->cuGraphDestroy(g), CUDA_SUCCESS);
-  if (sim != NULL) {
-    weft_sim_stats_t st;
-    sim->stats(&st);
-    if (st.races != 0) sim->print_report();
-    assert_int_equal(st.races, 0);
-  }
+  expect_no_race(sim);
   assert_int_equal(weft_free(near, s[0][0]), WEFT_OK);
   assert_int_equal(weft_free(far, s[1][0]), WEFT_OK);
   close_two(rt, &k);
@@ -627,14 +620,11 @@ static void test_an_outside_capture_may_read_another_device_s_block(void **state
  * sees no race, and the clocks stay valid. Simulator only (fault injection). */
 static void test_faults_across_devices_leave_order_and_data(void **state) {
   (void)state;
-  if (!two_devices()) skip();
-  if (!peers_can()) skip();
-  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
-  if (sim == NULL) skip(); /* fault injection needs the simulator */
+  if (weft_sim_api(weft_driver_symbol) == NULL) skip(); /* fault injection needs the simulator */
   weft_runtime_t *rt[MAXD];
   weft_stream_t *s[MAXD][3];
   kernels_t k;
-  open_two(rt, s, &k, sim);
+  const weft_sim_api_t *sim = open_two(rt, s, &k);
   static const char *const names[] = {"cuEventRecord", "cuStreamWaitEvent", "cuCtxSetCurrent", "cuLaunchKernel"};
   enum { NB = 4, OPS = 16 };
   unsigned fired = 0, failed_ops = 0;
@@ -740,11 +730,7 @@ static void test_clocks_grow_with_a_new_runtime_and_keep_what_they_knew(void **s
   assert_int_equal(weft_stream_synchronize(t), WEFT_OK);
   unsigned vb = 2u + 20u * 1u, vc = 3u + 7u * vb + 13u * 1u;
   for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], 4u + 20u * vc);
-  if (sim != NULL) {
-    weft_sim_stats_t st;
-    sim->stats(&st);
-    assert_int_equal(st.races, 0);
-  }
+  expect_no_race(sim);
   assert_true(weft__tracker_is_valid(&rt0->tracker));
   assert_int_equal(weft_free(x, t), WEFT_OK);
   assert_int_equal(weft_free(a, s[0]), WEFT_OK);
@@ -760,13 +746,10 @@ static void test_clocks_grow_with_a_new_runtime_and_keep_what_they_knew(void **s
  * them again, and both the old read and the new streams order correctly. */
 static void test_lanes_of_a_released_runtime_are_taken_again_safely(void **state) {
   (void)state;
-  if (!two_devices()) skip();
-  if (!peers_can()) skip();
-  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
   weft_runtime_t *rt[MAXD];
   weft_stream_t *s[MAXD][3];
   kernels_t k;
-  open_two(rt, s, &k, sim);
+  const weft_sim_api_t *sim = open_two(rt, s, &k);
   unsigned lane0 = s[1][0]->lane;
   weft_block_t x, out;
   assert_int_equal(weft_alloc(rt[0], 4096, s[0][0], "x", &x), WEFT_OK);
@@ -792,15 +775,8 @@ static void test_lanes_of_a_released_runtime_are_taken_again_safely(void **state
   assert_int_equal(combine(&k, 1, s[1][0], out, x, x, 1024, 2), WEFT_OK);
   assert_int_equal(weft_runtime_counters(rt[1], &c1), WEFT_OK);
   assert_int_equal(c1.waits_issued - c0.waits_issued, 1);
-  unsigned host[1024];
-  assert_int_equal(weft_copy_from_block(s[1][0], host, out, 0, sizeof host), WEFT_OK);
-  assert_int_equal(weft_stream_synchronize(s[1][0]), WEFT_OK);
-  for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], 2u + 7u * 5 + 13u * 5);
-  if (sim != NULL) {
-    weft_sim_stats_t st;
-    sim->stats(&st);
-    assert_int_equal(st.races, 0);
-  }
+  expect_uniform(s[1][0], out, 2u + 7u * 5 + 13u * 5);
+  expect_no_race(sim);
   assert_int_equal(weft_free(out, s[1][0]), WEFT_OK);
   assert_int_equal(weft_free(x, s[0][0]), WEFT_OK);
   close_two(rt, &k);
@@ -872,13 +848,10 @@ static void *ping_main(void *arg) {
 
 static void test_threads_pass_data_between_devices(void **state) {
   (void)state;
-  if (!two_devices()) skip();
-  if (!peers_can()) skip();
-  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
   weft_runtime_t *rt[MAXD];
   weft_stream_t *s[MAXD][3];
   kernels_t k;
-  open_two(rt, s, &k, sim);
+  const weft_sim_api_t *sim = open_two(rt, s, &k);
   enum { T = 8 };
   pthread_t th[T];
   ping_t p[T];
@@ -890,12 +863,7 @@ static void test_threads_pass_data_between_devices(void **state) {
   for (int i = 0; i < T; i++) {
     if (p[i].result != 1) fail_msg("thread %d: %s (%s)", i, p[i].result == 2 ? "wrong data" : "a call failed", weft_last_error());
   }
-  if (sim != NULL) {
-    weft_sim_stats_t st;
-    sim->stats(&st);
-    if (st.races != 0) sim->print_report();
-    assert_int_equal(st.races, 0);
-  }
+  expect_no_race(sim);
   close_two(rt, &k);
 }
 
