@@ -291,7 +291,10 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_stream_get(weft_runtime_t *rt, unsign
  * stream of that priority in the pool), INVALID_ARGUMENT. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_stream_next(weft_runtime_t *rt, weft_priority_t prio, weft_stream_t **out);
 /* weft_stream_auto() is declared after weft_access_t below. */
-/** The driver stream, for the program's own launches inside a use (see weft_use_begin). */
+/** The driver stream, for the program's own launches inside a use (see weft_use_begin); NULL for
+ * NULL or a stream of a released runtime (weft_last_error says which). Code outside weft may then
+ * enqueue on it or begin a capture on it: weft records that stream's events at once from then on
+ * (options.lazy_records) and asks the driver about captures on it. */
 WEFT_API CUstream weft_stream_raw(const weft_stream_t *s);
 /** The stream's index in its pool, or -1 for an invalid handle. */
 WEFT_API int weft_stream_index(const weft_stream_t *s);

@@ -158,6 +158,11 @@ weft_status_t weft_stream_auto(weft_runtime_t *rt, weft_priority_t prio, const w
 
 CUstream weft_stream_raw(const weft_stream_t *s) {
   if (s == NULL) return NULL;
+  /* A stream of a released runtime names no stream any more. */
+  weft_runtime_t *rt = s->runtime;
+  if (weft__runtime_check(rt, "weft_stream_raw") == NULL || s->tr != &rt->tracker ||
+      !weft__tracker_lane_used(&rt->tracker, s->index))
+    return NULL;
   /* From now on code outside weft may begin a capture on it: weft watches for that. */
   weft__tracker_expose((weft_stream_t *)s);
   return s->raw;

@@ -106,6 +106,10 @@ static void test_stream_pool_round_robin_priority_and_ids(void **state) {
   assert_non_null(weft_stream_raw(h));
   assert_ptr_equal(weft_stream_runtime(h), rt);
   assert_int_equal(weft_runtime_release(rt), WEFT_OK);
+  /* A stream of a released runtime names no stream: NULL, nothing touched. */
+  assert_null(weft_stream_raw(seen[0]));
+  assert_null(weft_stream_raw(h));
+  assert_int_equal(weft_stream_index(h), -1);
 
   o.high_priority_streams = 0;
   assert_int_equal(weft_runtime_get(0, &o, &rt), WEFT_OK);
