@@ -46,9 +46,9 @@ void weft__clock_lanes_give(weft__tracker_t *tr);
 
 /** Allocates a capture's domain for the n streams of its runtime (rings are created lazily). */
 weft_status_t weft__domain_init(weft__domain_t *d, unsigned n, unsigned ring_size, weft__capture_t *capture);
-/** Frees a domain's clocks and every lane's events: a capture's go to the tracker's spares
- * (never fails; takes the tracker lock), the live domain's are destroyed (the first driver failure
- * is returned; everything is freed regardless). */
+/** Frees a capture's domain: its clocks, and its lanes' events to the tracker's spares (never
+ * fails; takes the tracker lock). The live domain is never freed: its lanes go back with
+ * weft__clock_lanes_give. */
 weft_status_t weft__domain_free(weft__tracker_t *tr, weft__domain_t *d);
 /** Gives a lane's events back: a capture's to the tracker's spares (the caller holds the
  * tracker lock; room was reserved when they were made), a live lane's to the driver (the first

@@ -116,12 +116,14 @@ typedef struct weft__lane {
  * STREAM_CAPTURE_ISOLATION, and captured work never counts as done for live streams. */
 typedef struct weft__domain {
   unsigned n;           /* lanes in use: [0, n) (the live domain's grows as runtimes come) */
-  unsigned stride;      /* room: lanes, and the length of a row and of a ring snapshot */
+  unsigned stride;      /* the length of a row and of a ring snapshot (>= n; the live domain's
+                           grows with n, clock.c live_restride) */
   unsigned ring_size;   /* a capture's lanes' ring size */
   uint64_t *known;      /* [stride * stride], row s = known[s][*] */
-  uint64_t *host_known; /* [stride]; stays 0 in capture domains (nothing captured runs) */
-  weft_stream_t **stream; /* [stride]: the stream of each lane (NULL: none) */
-  weft__lane_t *lane;   /* [stride] */
+  /* Per lane ([n] for a capture, [WEFT__MAX_LANES] for the live domain): */
+  uint64_t *host_known; /* stays 0 in capture domains (nothing captured runs) */
+  weft_stream_t **stream; /* the stream of each lane (NULL: none) */
+  weft__lane_t *lane;
   weft__capture_t *capture; /* NULL for the live domain */
 } weft__domain_t;
 
@@ -212,7 +214,7 @@ struct weft__tracker {
   /* Embedded (never freed), so a stream handle outlives its runtime's release and is then
    * reported stale instead of dangling. Entries [0, n) are live. */
   weft_stream_t streams[WEFT__MAX_STREAMS];
-  weft__domain_t *live;   /* the process's live domain (weft__clock_live) */
+  weft__domain_t *live;   /* the process's live domain (weft__clock_lanes_take) */
   unsigned base;          /* its first lane there */
   /* Events of ended captures (CUevent), under the lock: the next captures' rings take them, so a
    * capture creates events only beyond what earlier ones made, and ending one destroys nothing

@@ -9,8 +9,10 @@
 #include "lib/core/trace.h"
 #include "lib/runtime/runtime.h"
 
-weft_status_t weft__uses_from_accesses(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses,
-                                       const char *fn) {
+/* Checks every access (kind, handle; with `far`, blocks of other runtimes than s's are welcome)
+ * and resolves it into uses[i]. */
+static weft_status_t resolve(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses, const char *fn,
+                             bool far) {
   if (n > 0 && acc == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses is NULL with n = %zu", fn, n);
   for (size_t i = 0; i < n; i++) {
     if (acc[i].kind != WEFT_READ && acc[i].kind != WEFT_WRITE && acc[i].kind != WEFT_READ_WRITE)
@@ -19,12 +21,17 @@ weft_status_t weft__uses_from_accesses(weft_stream_t *s, const weft_access_t *ac
     struct weft__block *rec;
     weft_status_t st = weft__block_check(acc[i].block, fn, &rec);
     if (st != WEFT_OK) return st;
-    if (rec->rt != s->runtime)
+    if (!far && rec->rt != s->runtime)
       return weft__error(WEFT_ERR_WRONG_DEVICE, "%s: accesses[%zu] is a block of another runtime", fn, i);
     uses[i].state = &rec->acc;
     uses[i].kind = (unsigned)acc[i].kind;
   }
   return WEFT_OK;
+}
+
+weft_status_t weft__uses_from_accesses(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses,
+                                       const char *fn) {
+  return resolve(s, acc, n, uses, fn, false);
 }
 
 /* Checks s and resolves accesses into `small` (room for SMALL) or metadata memory (release with
@@ -89,24 +96,14 @@ static weft_status_t prepare_across(weft_stream_t *s, const weft_access_t *acc, 
                                     weft__use_t *small, weft__use_t **uses) {
   weft_status_t st = weft__stream_check(s, fn);
   if (st != WEFT_OK) return st;
-  for (size_t i = 0; i < n; i++) {
-    struct weft__block *rec;
-    if (acc[i].kind != WEFT_READ && acc[i].kind != WEFT_WRITE && acc[i].kind != WEFT_READ_WRITE)
-      return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses[%zu].kind = %d is not a weft_access_kind_t", fn, i,
-                         (int)acc[i].kind);
-    if ((st = weft__block_check(acc[i].block, fn, &rec)) != WEFT_OK) return st;
-  }
-  for (size_t i = 0; i < n && peer; i++)
-    if (rt_of(acc[i].block) != s->runtime && (st = weft__runtime_peer_ready(s->runtime, rt_of(acc[i].block), fn)) != WEFT_OK)
-      return st;
-  if ((st = weft__stream_prepare(s)) != WEFT_OK) return st;
   *uses = weft__small_alloc(small, SMALL, n, sizeof **uses);
   if (*uses == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory for %zu accesses", fn, n);
-  for (size_t i = 0; i < n; i++) {
-    (*uses)[i].state = &((struct weft__block *)acc[i].block.rec)->acc;
-    (*uses)[i].kind = (unsigned)acc[i].kind;
-  }
-  return WEFT_OK;
+  st = resolve(s, acc, n, *uses, fn, true);
+  for (size_t i = 0; i < n && peer && st == WEFT_OK; i++)
+    if (rt_of(acc[i].block) != s->runtime) st = weft__runtime_peer_ready(s->runtime, rt_of(acc[i].block), fn);
+  if (st == WEFT_OK) st = weft__stream_prepare(s);
+  if (st != WEFT_OK) weft__small_free(small, *uses);
+  return st;
 }
 
 /* The split form: open (waits) or close (record) the use of s, checked against each other. */
