@@ -9,10 +9,10 @@
 #include "lib/core/trace.h"
 #include "lib/runtime/runtime.h"
 
-/* Checks every access (kind, handle; with `far`, blocks of other runtimes than s's are welcome)
- * and resolves it into uses[i]. */
+/* Checks every access (kind, handle) and resolves it into uses[i]. Blocks of other runtimes than
+ * s's are refused (WRONG_DEVICE) unless `far` is given, which then says whether there was one. */
 static weft_status_t resolve(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses, const char *fn,
-                             bool far) {
+                             bool *far) {
   if (n > 0 && acc == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses is NULL with n = %zu", fn, n);
   for (size_t i = 0; i < n; i++) {
     if (acc[i].kind != WEFT_READ && acc[i].kind != WEFT_WRITE && acc[i].kind != WEFT_READ_WRITE)
@@ -21,8 +21,9 @@ static weft_status_t resolve(weft_stream_t *s, const weft_access_t *acc, size_t 
     struct weft__block *rec;
     weft_status_t st = weft__block_check(acc[i].block, fn, &rec);
     if (st != WEFT_OK) return st;
-    if (!far && rec->rt != s->runtime)
+    if (rec->rt != s->runtime && far == NULL)
       return weft__error(WEFT_ERR_WRONG_DEVICE, "%s: accesses[%zu] is a block of another runtime", fn, i);
+    if (rec->rt != s->runtime) *far = true;
     uses[i].state = &rec->acc;
     uses[i].kind = (unsigned)acc[i].kind;
   }
@@ -31,20 +32,26 @@ static weft_status_t resolve(weft_stream_t *s, const weft_access_t *acc, size_t 
 
 weft_status_t weft__uses_from_accesses(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses,
                                        const char *fn) {
-  return resolve(s, acc, n, uses, fn, false);
+  return resolve(s, acc, n, uses, fn, NULL);
 }
 
+static weft_runtime_t *rt_of(weft_block_t b) { return ((struct weft__block *)b.rec)->rt; }
+
 /* Checks s and resolves accesses into `small` (room for SMALL) or metadata memory (release with
- * weft__small_free). */
+ * weft__small_free). Blocks of other runtimes are welcome ("blocks of other devices" below);
+ * with `peer`, s's device is first given access to their memory. */
 #define SMALL 32
 
 static weft_status_t prepare(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *small,
-                             weft__use_t **uses, const char *fn) {
+                             weft__use_t **uses, const char *fn, bool peer) {
   weft_status_t st = weft__stream_check(s, fn);
   if (st != WEFT_OK) return st;
   *uses = weft__small_alloc(small, SMALL, n, sizeof **uses);
   if (*uses == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory for %zu accesses", fn, n);
-  st = weft__uses_from_accesses(s, acc, n, *uses, fn);
+  bool far = false;
+  st = resolve(s, acc, n, *uses, fn, &far);
+  for (size_t i = 0; far && peer && i < n && st == WEFT_OK; i++)
+    if (rt_of(acc[i].block) != s->runtime) st = weft__runtime_peer_ready(s->runtime, rt_of(acc[i].block), fn);
   /* A capture begun by code outside weft changes which clocks this use belongs to. */
   if (st == WEFT_OK) st = weft__stream_prepare(s);
   if (st != WEFT_OK) weft__small_free(small, *uses);
@@ -65,8 +72,6 @@ void weft__trace_use(weft_stream_t *s, const char *name, const weft_access_t *ac
   weft__trace_slice(s->tr->ordinal, weft__tracker_trace_tid(s), name, t0, weft__trace_now_us() - t0, args);
 }
 
-static weft_status_t split(weft_stream_t *s, const weft_access_t *acc, size_t n, bool open);
-
 /* ---- blocks of other devices ----------------------------------------------------------------
  * A use on s (runtime A) may touch blocks of other runtimes (devices B, ...): "far" blocks. Every
  * runtime's streams are lanes of the process's one live clock domain (streams/tracker.h), so a
@@ -77,41 +82,11 @@ static weft_status_t split(weft_stream_t *s, const weft_access_t *acc, size_t n,
  * any block (streams/capture.c) and joins the graph's access summary, so each launch of the graph
  * is ordered against B's work as a use across devices. */
 
-/* Whether some access is a live block of another runtime than s's (the prepare step refused it
- * with WRONG_DEVICE). */
-static bool any_far(weft_stream_t *s, const weft_access_t *acc, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    struct weft__block *rec;
-    if (acc != NULL && weft__block_check(acc[i].block, "weft", &rec) == WEFT_OK && rec->rt != s->runtime) return true;
-  }
-  return false;
-}
-
-static weft_runtime_t *rt_of(weft_block_t b) { return ((struct weft__block *)b.rec)->rt; }
-
-/* The uses of accesses that name blocks of other runtimes too: every access checked (kind,
- * handle), s checked and prepared, and (when `peer`) s's device given access to each far block's
- * memory. `uses` as prepare()'s. */
-static weft_status_t prepare_across(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *fn, bool peer,
-                                    weft__use_t *small, weft__use_t **uses) {
-  weft_status_t st = weft__stream_check(s, fn);
-  if (st != WEFT_OK) return st;
-  *uses = weft__small_alloc(small, SMALL, n, sizeof **uses);
-  if (*uses == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory for %zu accesses", fn, n);
-  st = resolve(s, acc, n, *uses, fn, true);
-  for (size_t i = 0; i < n && peer && st == WEFT_OK; i++)
-    if (rt_of(acc[i].block) != s->runtime) st = weft__runtime_peer_ready(s->runtime, rt_of(acc[i].block), fn);
-  if (st == WEFT_OK) st = weft__stream_prepare(s);
-  if (st != WEFT_OK) weft__small_free(small, *uses);
-  return st;
-}
-
 /* The split form: open (waits) or close (record) the use of s, checked against each other. */
 static weft_status_t split(weft_stream_t *s, const weft_access_t *acc, size_t n, bool open) {
   weft__use_t small[SMALL], *uses;
   const char *fn = open ? "weft_use_begin" : "weft_use_end";
-  weft_status_t st = prepare(s, acc, n, small, &uses, fn);
-  if (st == WEFT_ERR_WRONG_DEVICE && any_far(s, acc, n)) st = prepare_across(s, acc, n, fn, open, small, &uses);
+  weft_status_t st = prepare(s, acc, n, small, &uses, fn, open);
   if (st != WEFT_OK) return st;
   uint64_t print = weft__tracker_fingerprint(uses, n), t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   st = open ? weft__tracker_open(s, uses, n, print) : weft__tracker_close(s, uses, n, print);
@@ -133,9 +108,7 @@ weft_status_t weft_use_end(weft_stream_t *s, const weft_access_t *accesses, size
 static weft_status_t use_run(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name, bool peer,
                              weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
   weft__use_t small[SMALL], *uses;
-  weft_status_t st = prepare(s, acc, n, small, &uses, name);
-  /* Blocks of other runtimes: the rare path, found by the check that refuses them. */
-  if (st == WEFT_ERR_WRONG_DEVICE && any_far(s, acc, n)) st = prepare_across(s, acc, n, name, peer, small, &uses);
+  weft_status_t st = prepare(s, acc, n, small, &uses, name, peer);
   if (st != WEFT_OK) return st;
   uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   weft__nvtx_push(name);
