@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lib/core/container.h"
 #include "lib/core/error.h"
 #include "lib/core/gate.h"
 #include "lib/core/handle.h"
@@ -256,25 +257,41 @@ weft_status_t weft_comm_group_begin(void) {
   return WEFT_OK;
 }
 
-/* The union of the group's accesses on stream s (one per block, kinds merged). */
-static weft_status_t stream_accesses(weft_stream_t *s, weft_access_t **out, size_t *n) {
-  weft_access_t *acc = weft__meta_calloc(2 * g_ncalls + 1, sizeof *acc);
-  if (acc == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm_group_end: no host memory");
-  size_t m = 0;
-  for (size_t i = 0; i < g_ncalls; i++) {
-    if (g_calls[i].s != s) continue;
-    weft_access_t a[2];
-    size_t k = accesses(&g_calls[i], a);
-    for (size_t j = 0; j < k; j++) {
-      size_t t = 0;
-      while (t < m && acc[t].block.rec != a[j].block.rec) t++;
-      if (t < m) acc[t].kind = (weft_access_kind_t)(acc[t].kind | a[j].kind);
-      else acc[m++] = a[j];
+/* A stream of a group: its calls' accesses, one per block with the kinds merged, are
+ * acc[first .. first + n) of the group's access array. */
+typedef struct group_stream {
+  weft_stream_t *s;
+  size_t first, n;
+} group_stream_t;
+
+/* Groups of at most SMALL_GROUP calls, the common case, need no heap memory at their end (with
+ * no thread cache in weft's arena, an allocation and free per group end cost microseconds). */
+#define SMALL_GROUP 16
+
+/* The group's streams, each once in call order, into gs (room for ncalls) and their accesses into
+ * acc (room for 2 * ncalls); returns the number of streams. */
+static size_t group_streams(const call_t *calls, size_t ncalls, group_stream_t *gs, weft_access_t *acc) {
+  size_t ns = 0, m = 0;
+  for (size_t i = 0; i < ncalls; i++) {
+    size_t j = 0;
+    while (j < ns && gs[j].s != calls[i].s) j++;
+    if (j < ns) continue;
+    gs[ns] = (group_stream_t){calls[i].s, m, 0};
+    for (size_t c = i; c < ncalls; c++) {
+      if (calls[c].s != calls[i].s) continue;
+      weft_access_t a[2];
+      size_t k = accesses(&calls[c], a);
+      for (size_t x = 0; x < k; x++) {
+        size_t t = gs[ns].first;
+        while (t < m && acc[t].block.rec != a[x].block.rec) t++;
+        if (t < m) acc[t].kind = (weft_access_kind_t)(acc[t].kind | a[x].kind);
+        else acc[m++] = a[x];
+      }
     }
+    gs[ns].n = m - gs[ns].first;
+    ns++;
   }
-  *out = acc;
-  *n = m;
-  return WEFT_OK;
+  return ns;
 }
 
 weft_status_t weft_comm_group_end(void) {
@@ -284,24 +301,19 @@ weft_status_t weft_comm_group_end(void) {
   g_ncalls = 0;
   if (g_group_error != WEFT_OK) return weft__error(g_group_error, "weft_comm_group_end: %s", g_group_message);
   if (ncalls == 0) return WEFT_OK;
-  g_ncalls = ncalls; /* for stream_accesses */
   const weft__nccl_t *nl;
   weft_status_t st = weft__nccl_get(&nl);
-  /* The group's streams, each once, in call order, with their accesses. */
-  weft_stream_t **streams = st == WEFT_OK ? weft__meta_calloc(ncalls, sizeof *streams) : NULL;
-  weft_access_t **acc = st == WEFT_OK ? weft__meta_calloc(ncalls, sizeof *acc) : NULL;
-  size_t *nacc = st == WEFT_OK ? weft__meta_calloc(ncalls, sizeof *nacc) : NULL;
+  group_stream_t gs_small[SMALL_GROUP], *gs = NULL;
+  weft_access_t acc_small[2 * SMALL_GROUP], *acc = NULL;
   size_t ns = 0, opened = 0;
-  if (st == WEFT_OK && (streams == NULL || acc == NULL || nacc == NULL))
-    st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm_group_end: no host memory");
-  for (size_t i = 0; st == WEFT_OK && i < ncalls; i++) {
-    size_t j = 0;
-    while (j < ns && streams[j] != g_calls[i].s) j++;
-    if (j == ns) streams[ns++] = g_calls[i].s;
+  if (st == WEFT_OK) {
+    gs = weft__small_alloc(gs_small, SMALL_GROUP, ncalls, sizeof *gs);
+    acc = weft__small_alloc(acc_small, SMALL_GROUP, ncalls, 2 * sizeof *acc);
+    if (gs == NULL || acc == NULL) st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm_group_end: no host memory");
   }
-  for (size_t j = 0; st == WEFT_OK && j < ns; j++) st = stream_accesses(streams[j], &acc[j], &nacc[j]);
+  if (st == WEFT_OK) ns = group_streams(g_calls, ncalls, gs, acc);
   /* Each stream waits for what its calls need. */
-  for (; st == WEFT_OK && opened < ns; opened++) st = weft_use_begin(streams[opened], acc[opened], nacc[opened]);
+  for (; st == WEFT_OK && opened < ns; opened++) st = weft_use_begin(gs[opened].s, acc + gs[opened].first, gs[opened].n);
   char why[512] = "";
   if (st == WEFT_OK) {
     ncclResult_t r = nl->ncclGroupStart();
@@ -317,16 +329,15 @@ weft_status_t weft_comm_group_end(void) {
   } else {
     snprintf(why, sizeof why, "%s", weft_last_error());
   }
-  /* Every opened use closes (after a failure, with no work: conservative). */
-  for (size_t j = 0; j < opened; j++) {
-    weft_status_t closed = weft_use_end(streams[j], acc[j], nacc[j]);
+  /* Every opened use closes (after a failure, with no work: conservative), last opened first:
+   * the last stream's context is still bound, so a group over k devices binds a context k times
+   * per group end instead of 2k - 1. */
+  for (size_t j = opened; j-- > 0;) {
+    weft_status_t closed = weft_use_end(gs[j].s, acc + gs[j].first, gs[j].n);
     (void)closed; /* a failure was reported already, or closing cannot fail here */
   }
-  for (size_t j = 0; acc != NULL && j < ns; j++) weft__meta_free(acc[j]);
-  weft__meta_free(acc);
-  weft__meta_free(nacc);
-  weft__meta_free(streams);
-  g_ncalls = 0;
+  if (gs != NULL) weft__small_free(gs_small, gs);
+  if (acc != NULL) weft__small_free(acc_small, acc);
   return st == WEFT_OK ? WEFT_OK : weft__error(st, "%s", why);
 }
 

@@ -216,6 +216,38 @@ static void test_every_collective_at_offsets(void **state) {
   }
 }
 
+/* A group larger than the group end's stack buffers (16 calls), over two streams of each rank:
+ * every block's all-reduce waits for its input on stream 0, the data is right, and a reader on a
+ * third stream waits for the all-reduce of its stream, whichever it was. */
+static void test_a_large_group_over_two_streams_per_rank(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  enum { BLOCKS = 20, M = 256 };
+  weft_block_t b[2][BLOCKS];
+  for (int r = 0; r < 2; r++)
+    for (int k = 0; k < BLOCKS; k++) {
+      b[r][k] = alloc(r, M * 4);
+      float h[M];
+      for (int i = 0; i < M; i++) h[i] = (float)(k * 1000 + i * (r + 1));
+      assert_int_equal(weft_copy_to_block(stream(r, 0), b[r][k], 0, h, sizeof h), WEFT_OK);
+    }
+  assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+  for (int k = 0; k < BLOCKS; k++)
+    for (int r = 0; r < 2; r++)
+      assert_int_equal(weft_all_reduce(comm[r], b[r][k], 0, b[r][k], 0, M, WEFT_FLOAT32, WEFT_SUM,
+                                       k % 2 ? stream(r, 1) : NULL),
+                       WEFT_OK);
+  assert_int_equal(weft_comm_group_end(), WEFT_OK);
+  float want[M];
+  for (int k = 0; k < BLOCKS; k++) {
+    for (int i = 0; i < M; i++) want[i] = (float)(2 * k * 1000 + 3 * i);
+    for (int r = 0; r < 2; r++) expect(r, b[r][k], 0, want, M);
+  }
+  assert_int_equal(races(), 0);
+  for (int r = 0; r < 2; r++)
+    for (int k = 0; k < BLOCKS; k++) assert_int_equal(weft_free(b[r][k], stream(r, 0)), WEFT_OK);
+}
+
 static void test_bad_calls_and_nccl_failures_change_nothing(void **state) {
   (void)state;
   if (!g_two) skip();
@@ -422,6 +454,7 @@ int main(void) {
       cmocka_unit_test(test_all_reduce_waits_for_its_input_and_its_readers_wait_for_it),
       cmocka_unit_test(test_without_waits_the_oracle_sees_the_races),
       cmocka_unit_test(test_every_collective_at_offsets),
+      cmocka_unit_test(test_a_large_group_over_two_streams_per_rank),
       cmocka_unit_test(test_bad_calls_and_nccl_failures_change_nothing),
       cmocka_unit_test(test_ranks_join_by_unique_id_and_a_destroyed_communicator_is_stale),
       cmocka_unit_test(test_adopted_communicator_is_tracked_and_left_to_its_owner),
