@@ -1,7 +1,9 @@
 /* Collectives (issue 14): an all-reduce of float32 data over two devices of this process, through
  * weft (weft_all_reduce of both ranks in one weft_comm_group_begin/end: each a tracked use) and
- * through raw NCCL (ncclAllReduce of both ranks in one ncclGroupStart/End), on the same buffers
- * and the same streams, sizes 1 MiB to 256 MiB. Each repetition times `iters` all-reduces ending
+ * through raw NCCL (ncclAllReduce of both ranks in one ncclGroupStart/End), on the same buffers,
+ * sizes 1 MiB to 256 MiB. Raw NCCL runs on streams of its own, of the communicator stream's
+ * priority: asking weft for its stream's handle would expose it (weft_stream_raw), and an
+ * exposed stream records an event after every use. Each repetition times `iters` all-reduces ending
  * in one synchronisation of both streams, the two ways alternating repetition by repetition; the
  * medians are compared. Goal (issue 14): weft within 2% of raw NCCL at every size. Needs two
  * devices and NCCL (WEFT_NCCL); skipped otherwise. */
@@ -20,12 +22,17 @@ typedef struct pair {
   CUstream raw[2];
   ncclComm_t nc[2];
   CUevent ev[2]; /* the "raw + record" path's events */
+  CUcontext ctx[2]; /* the devices' primary contexts (the "raw + switches" path) */
 } pair_t;
 
-/* The ways an all-reduce is issued: through weft, raw NCCL, and raw NCCL followed by an event
- * record on each stream (what a tracked use adds on the GPU side: it tells a host-side cost from
- * a GPU-side one). */
-enum { RAW, WEFT, RAW_RECORD };
+/* The ways an all-reduce is issued: through weft, raw NCCL, and raw NCCL followed by driver
+ * calls a tracked use of each rank makes, to tell where weft's host time goes:
+ *   RAW_RECORD  an event record on each stream (also tells a host-side cost from a GPU-side one);
+ *   RAW_SWITCH  two context switches, device 1 then device 0 (a weft group over two devices
+ *               binds each rank's context once);
+ *   RAW_PROBE   per rank, two cuCtxGetCurrent and two cuStreamGetCaptureInfo (the bind check and
+ *               the capture probe of an exposed stream, at the use's begin and end). */
+enum { RAW, WEFT, RAW_RECORD, RAW_SWITCH, RAW_PROBE };
 
 /* The NCCL communicators under weft's (the same ones the raw path uses): made separately with
  * ncclCommInitAll, and adopted by weft. */
@@ -45,18 +52,28 @@ static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, u
           bench_die("ncclAllReduce");
       if (nl->ncclGroupEnd() != ncclSuccess) bench_die("ncclGroupEnd");
       for (int r = 0; r < 2 && how == RAW_RECORD; r++) BENCH_CU(b->drv->cuEventRecord(p->ev[r], p->raw[r]));
+      for (int r = 1; r >= 0 && how == RAW_SWITCH; r--) BENCH_CU(b->drv->cuCtxSetCurrent(p->ctx[r]));
+      for (int r = 0; r < 4 && how == RAW_PROBE; r++) {
+        CUcontext cur;
+        CUstreamCaptureStatus cs;
+        BENCH_CU(b->drv->cuCtxGetCurrent(&cur));
+        BENCH_CU(b->drv->cuStreamGetCaptureInfo(p->raw[r / 2], &cs, NULL, NULL, NULL, NULL, NULL));
+      }
     }
   }
   if (host_us != NULL) *host_us = (double)(bench_now_ns() - t0) / iters / 1000.0;
-  for (int r = 0; r < 2; r++) BENCH_WEFT(weft_stream_synchronize(weft_comm_stream(p->comm[r])));
-  (void)b;
+  for (int r = 0; r < 2; r++) {
+    if (how == WEFT) BENCH_WEFT(weft_stream_synchronize(weft_comm_stream(p->comm[r])));
+    else BENCH_CU(b->drv->cuStreamSynchronize(p->raw[r]));
+  }
   return (double)(bench_now_ns() - t0) / iters / 1000.0;
 }
 
 void bench_comm(bench_t *b) {
   bench_section(b, "Collectives: all-reduce through weft and raw NCCL",
                 "float32 sum over two devices of one process, in place; weft_all_reduce (a tracked use per rank, one "
-                "weft group) against ncclAllReduce (one NCCL group) on the same buffers and streams; microseconds per "
+                "weft group) against ncclAllReduce (one NCCL group) on the same buffers, on streams of the same priority; "
+                "microseconds per "
                 "all-reduce, median of the repetitions, the two alternating. Goal: within 2% at every size.");
   int ndev = 0;
   BENCH_CU(b->drv->cuDeviceGetCount(&ndev));
@@ -76,29 +93,39 @@ void bench_comm(bench_t *b) {
     BENCH_WEFT(weft_alloc(p.rt[r], max_count * 4, s, "allreduce", &p.buf[r]));
     BENCH_WEFT(weft_block_ptr(p.buf[r], &p.ptr[r]));
     BENCH_WEFT(weft_memset32(s, p.buf[r], 0, 0, max_count * 4));
-    p.raw[r] = weft_stream_raw(s);
-    CUcontext ctx; /* the device's primary context, weft's too: the event belongs to its device */
+    BENCH_WEFT(weft_stream_synchronize(s)); /* the raw path's streams do not wait for weft's */
+    CUcontext ctx; /* the device's primary context, weft's too: the stream and event belong to its device */
     BENCH_CU(b->drv->cuDevicePrimaryCtxRetain(&ctx, r));
     BENCH_CU(b->drv->cuCtxSetCurrent(ctx));
+    /* The raw path's own stream, of the communicator stream's priority: weft's stays unexposed
+     * (weft_stream_raw would expose it), as in a program that leaves its streams to weft. */
+    int prio;
+    BENCH_WEFT(weft_stream_priority(s, &prio));
+    BENCH_CU(b->drv->cuStreamCreateWithPriority(&p.raw[r], CU_STREAM_NON_BLOCKING, prio));
     BENCH_CU(b->drv->cuEventCreate(&p.ev[r], CU_EVENT_DISABLE_TIMING));
-    BENCH_CU(b->drv->cuDevicePrimaryCtxRelease(r));
+    p.ctx[r] = ctx; /* kept retained until the end */
   }
   static const char *const cols[] = {"bytes",         "weft us",           "raw NCCL us",
                                      "weft / raw",    "range of weft / raw", "raw + event record us",
-                                     "weft host us",  "raw host us"};
-  bench_table(cols, 8);
+                                     "weft host us",  "raw host us", "raw + record host us",
+                                     "raw + 2 context switches host us", "raw + 4 probes host us"};
+  bench_table(cols, 11);
   for (size_t count = MIB / 4; count <= max_count; count *= 4) {
     unsigned iters = bench_count(b, count >= 16 * MIB ? 20 : 200, 2);
     double w[BENCH_MAX_REPS], raw[BENCH_MAX_REPS], ratio[BENCH_MAX_REPS], rec[BENCH_MAX_REPS], wh[BENCH_MAX_REPS],
-        rh[BENCH_MAX_REPS];
+        rh[BENCH_MAX_REPS], qh[BENCH_MAX_REPS], sh[BENCH_MAX_REPS], ph[BENCH_MAX_REPS];
     unsigned reps = b->reps < BENCH_MAX_REPS ? b->reps : BENCH_MAX_REPS;
     (void)run(b, nl, &p, count, 2, WEFT, NULL); /* warm every path */
     (void)run(b, nl, &p, count, 2, RAW, NULL);
     (void)run(b, nl, &p, count, 2, RAW_RECORD, NULL);
+    (void)run(b, nl, &p, count, 2, RAW_SWITCH, NULL);
+    (void)run(b, nl, &p, count, 2, RAW_PROBE, NULL);
     for (unsigned k = 0; k < reps; k++) {
       w[k] = run(b, nl, &p, count, iters, WEFT, &wh[k]);
       raw[k] = run(b, nl, &p, count, iters, RAW, &rh[k]);
-      rec[k] = run(b, nl, &p, count, iters, RAW_RECORD, NULL);
+      rec[k] = run(b, nl, &p, count, iters, RAW_RECORD, &qh[k]);
+      (void)run(b, nl, &p, count, iters, RAW_SWITCH, &sh[k]);
+      (void)run(b, nl, &p, count, iters, RAW_PROBE, &ph[k]);
       ratio[k] = w[k] / raw[k];
     }
     double lo = ratio[0], hi = ratio[0];
@@ -109,17 +136,22 @@ void bench_comm(bench_t *b) {
     char x[32];
     snprintf(x, sizeof x, "%zu", count * 4);
     static const char wn[] = "weft_all_reduce, one weft group", rn[] = "raw ncclAllReduce, one NCCL group",
-                      qn[] = "raw ncclAllReduce + an event record per stream";
+                      qn[] = "raw ncclAllReduce + an event record per stream",
+                      sn[] = "raw ncclAllReduce + 2 context switches", pn[] = "raw ncclAllReduce + 4 capture probes";
     for (unsigned k = 0; k < reps; k++) {
       bench_sample(b, "comm", wn, "us per all-reduce", "us", rn, x, k, w[k]);
       bench_sample(b, "comm", rn, "us per all-reduce", "us", NULL, x, k, raw[k]);
       bench_sample(b, "comm", qn, "us per all-reduce", "us", rn, x, k, rec[k]);
       bench_sample(b, "comm", wn, "host us to enqueue", "us", rn, x, k, wh[k]);
       bench_sample(b, "comm", rn, "host us to enqueue", "us", NULL, x, k, rh[k]);
+      bench_sample(b, "comm", qn, "host us to enqueue", "us", rn, x, k, qh[k]);
+      bench_sample(b, "comm", sn, "host us to enqueue", "us", rn, x, k, sh[k]);
+      bench_sample(b, "comm", pn, "host us to enqueue", "us", rn, x, k, ph[k]);
     }
     double mw = bench_median(w, reps), mr = bench_median(raw, reps), mq = bench_median(ratio, reps);
-    printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f | %.1f | %.1f | %.1f |\n", count * 4, mw, mr, mq, lo, hi,
-           bench_median(rec, reps), bench_median(wh, reps), bench_median(rh, reps));
+    printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f |\n", count * 4, mw, mr,
+           mq, lo, hi, bench_median(rec, reps), bench_median(wh, reps), bench_median(rh, reps), bench_median(qh, reps),
+           bench_median(sh, reps), bench_median(ph, reps));
   }
   printf("\n");
   for (int r = 0; r < 2; r++) {
@@ -127,6 +159,8 @@ void bench_comm(bench_t *b) {
     BENCH_WEFT(weft_runtime_synchronize(p.rt[r]));
     BENCH_WEFT(weft_comm_destroy(p.comm[r]));
     BENCH_CU(b->drv->cuEventDestroy(p.ev[r]));
+    BENCH_CU(b->drv->cuStreamDestroy(p.raw[r]));
+    BENCH_CU(b->drv->cuDevicePrimaryCtxRelease(r));
     if (nl->ncclCommDestroy(p.nc[r]) != ncclSuccess) bench_die("ncclCommDestroy");
   }
   BENCH_WEFT(weft_runtime_release(p.rt[1]));

@@ -1,14 +1,24 @@
 /* The data-parallel step (issue 14): does an all-reduce hide behind the backward pass it follows?
  *
- * A synthetic step per rank: 64 MiB of gradients in `buckets` buckets (4 of 16 MiB unless
- * WEFT_BENCH_DP_BUCKETS says otherwise), written one after the
- * other by a compute kernel (the pipeline example's LCG kernel, `rounds` steps per element; the
- * "backward pass"), each all-reduced (sum, float32 data) on the communicator's stream as soon as
- * it is written (weft_all_reduce: the stream waits for that bucket's kernel only), then a short
- * kernel reading every bucket (the "update", which waits for every all-reduce). `rounds` is
- * calibrated on the GPU so that the all-reduces alone take 25-50% of the compute alone: the
- * issue's case of an all-reduce at least 30% of the compute. The same step with hand-placed
- * events and raw NCCL on the same streams is the baseline.
+ * A synthetic step per rank: 64 MiB of gradients (a model of 16 M float32 parameters) in
+ * `buckets` buckets, written one after the other by a compute kernel (the pipeline example's LCG
+ * kernel, `rounds` steps per element; the "backward pass"), each all-reduced (sum, float32 data)
+ * on the communicator's stream as soon as it is written (weft_all_reduce: the stream waits for
+ * that bucket's kernel only), then a short kernel reading every bucket (the "update", which
+ * waits for every all-reduce). `rounds` is calibrated on the GPU so that the all-reduces alone
+ * take 25-50% of the compute alone: the issue's case of an all-reduce at least 30% of the
+ * compute. The same step with hand-placed events and raw NCCL on the same streams is the
+ * baseline.
+ *
+ * Two shapes of the backward kernel, each a row set with x naming it:
+ *   "264 blocks, 4 buckets"    one wave: 2 blocks of 256 threads per SM of an H100, each running
+ *                              the whole kernel. NCCL's kernels share SMs with blocks that never
+ *                              retire, and every block waits for the slowest: nothing hides.
+ *   "4224 blocks, 16 buckets"  many waves (4 at full occupancy on 132 SMs), as a backward pass's
+ *                              GEMM tiles are: blocks retire continuously, the high-priority
+ *                              communication stream's blocks take the freed SMs, and the rest
+ *                              of the kernel balances over the others.
+ * WEFT_BENCH_DP_BLOCKS and WEFT_BENCH_DP_BUCKETS (both set) measure one shape of their own.
  *
  * Measured, each as the median of repetitions of `steps` steps ending in one synchronisation:
  *   compute alone   the step on one GPU without all-reduces (the one-GPU step at the same
@@ -43,8 +53,8 @@ typedef struct dp {
   rank_t r[2];
   unsigned n;      /* elements per bucket */
   unsigned rounds; /* LCG steps per element of the compute kernel */
-  unsigned blocks; /* blocks of 256 threads of the compute kernel (WEFT_BENCH_DP_BLOCKS, 264) */
-  int buckets;     /* gradient buckets (WEFT_BENCH_DP_BUCKETS, 4, at most MAX_BUCKETS) */
+  unsigned blocks; /* blocks of 256 threads of the compute kernel */
+  int buckets;     /* gradient buckets (at most MAX_BUCKETS) */
 } dp_t;
 
 /* The LCG kernel as a use on r's compute stream: out = LCG^rounds(in) over n elements, with
@@ -156,13 +166,63 @@ static double one_way(void *arg) {
   return run(w->d, w->what, w->steps, w->rounds);
 }
 
+/* Measures one shape of the backward kernel: allocates the buckets, calibrates, measures the
+ * four ways interleaved, prints a table row and frees the buckets. */
+static void measure_shape(dp_t *d, unsigned blocks, int buckets) {
+  bench_t *b = d->b;
+  d->blocks = blocks;
+  d->buckets = buckets;
+  d->n = (unsigned)(((b->quick ? 4u : TOTAL_MIB) << 20) / 4 / (unsigned)buckets);
+  for (int k = 0; k < 2; k++) {
+    rank_t *r = &d->r[k];
+    for (int bkt = 0; bkt < buckets; bkt++)
+      BENCH_WEFT(weft_alloc(r->rt, (size_t)d->n * 4, r->compute, "grad", &r->grad[bkt]));
+    BENCH_WEFT(weft_alloc(r->rt, (size_t)d->n * 4, r->compute, "seed", &r->seed));
+    BENCH_WEFT(weft_memset32(r->compute, r->seed, 0, 7, (size_t)d->n * 4));
+  }
+  char x[64];
+  snprintf(x, sizeof x, "%u blocks, %d buckets", blocks, buckets);
+  unsigned steps = bench_count(b, 20, 2);
+  /* Calibration: double the rounds until compute alone takes 2 x the all-reduces alone (the
+   * all-reduces are then 25-50% of it). */
+  double ar = median_of(d, ALLREDUCE_ALONE, steps, 1);
+  unsigned rounds = 1;
+  while (!b->sim && rounds < (1u << 16) && run(d, COMPUTE_ALONE, steps, rounds) < 2.0 * ar) rounds *= 2;
+  /* The four ways interleaved, repetition by repetition. */
+  static const char *const names[] = {"compute alone, 1 GPU", "all-reduces alone, 2 GPUs",
+                                      "step on 2 GPUs (weft)", "step on 2 GPUs, hand-placed events + raw NCCL"};
+  way_t ways[4];
+  bench_series_t series[4];
+  for (int k = 0; k < 4; k++) {
+    ways[k] = (way_t){d, (what_t)k, steps, rounds};
+    /* The step's baseline is one GPU (the goal's ratio); the hand-placed step is compared with
+     * weft's by the table below. */
+    series[k] = (bench_series_t){names[k], k == STEP ? names[COMPUTE_ALONE] : k == RAW_STEP ? names[STEP] : NULL,
+                                 x, one_way, &ways[k]};
+  }
+  double med[4];
+  bench_measure(b, "dp", "us per step", "us", series, 4, med);
+  double comp = med[COMPUTE_ALONE], step2 = med[STEP], raw2 = med[RAW_STEP];
+  ar = med[ALLREDUCE_ALONE];
+  printf("| %u | %d | %u | %.1f | %.1f | %.2f | %.1f | %.3f | %.0f%% | %.1f | %.3f |\n", blocks, buckets, rounds, comp, ar,
+         ar / comp, step2, step2 / comp, 100.0 * (comp + ar - step2) / ar, raw2, step2 / raw2);
+  bench_sample(b, "dp", "compute kernel", "LCG rounds (calibrated)", "rounds", NULL, x, 0, rounds);
+  for (int k = 0; k < 2; k++) {
+    rank_t *r = &d->r[k];
+    for (int bkt = 0; bkt < buckets; bkt++) BENCH_WEFT(weft_free(r->grad[bkt], r->compute));
+    BENCH_WEFT(weft_free(r->seed, r->compute));
+    BENCH_WEFT(weft_runtime_synchronize(r->rt));
+  }
+}
+
 void bench_dp(bench_t *b) {
   bench_section(b, "Data-parallel step: all-reduce behind the backward pass",
-                "64 MiB of gradients in buckets (4 of 16 MiB; WEFT_BENCH_DP_BUCKETS) written one after the other by a "
-                "compute kernel (WEFT_BENCH_DP_BLOCKS blocks, 264), each all-reduced on the "
-                "communicator's stream as soon as it is written, then an update reading all of them; one thread drives "
-                "both ranks. Compute calibrated so that the all-reduces alone take 25-50% of the compute alone. "
-                "Microseconds per step, medians. Goal: two GPUs <= 1.15 x one GPU.");
+                "64 MiB of gradients (16 M float32 parameters) in buckets written one after the other by a compute "
+                "kernel, each all-reduced on the communicator's stream as soon as it is written, then an update reading "
+                "all of them; one thread drives both ranks. Two kernel shapes: one wave (264 blocks, 4 buckets) and "
+                "many waves (4224 blocks, 16 buckets; WEFT_BENCH_DP_BLOCKS and WEFT_BENCH_DP_BUCKETS choose another). "
+                "Compute calibrated so that the all-reduces alone take 25-50% of the compute alone. Microseconds per "
+                "step, medians. Goal: two GPUs <= 1.15 x one GPU.");
   int ndev = 0;
   BENCH_CU(b->drv->cuDeviceGetCount(&ndev));
   weft_comm_id_t probe;
@@ -170,11 +230,15 @@ void bench_dp(bench_t *b) {
     printf("skipped: %s\n\n", ndev < 2 ? "one device" : weft_last_error());
     return;
   }
-  dp_t d = {.b = b, .blocks = 264, .buckets = 4};
+  dp_t d = {.b = b};
+  unsigned shape_blocks[2] = {264, 4224};
+  int shape_buckets[2] = {4, 16}, shapes = 2;
   const char *blocks = getenv("WEFT_BENCH_DP_BLOCKS"), *buckets = getenv("WEFT_BENCH_DP_BUCKETS");
-  if (blocks != NULL && atoi(blocks) > 0) d.blocks = (unsigned)atoi(blocks);
-  if (buckets != NULL && atoi(buckets) > 0) d.buckets = atoi(buckets) < MAX_BUCKETS ? atoi(buckets) : MAX_BUCKETS;
-  d.n = (unsigned)(((b->quick ? 4u : TOTAL_MIB) << 20) / 4 / (unsigned)d.buckets);
+  if (blocks != NULL && atoi(blocks) > 0 && buckets != NULL && atoi(buckets) > 0) {
+    shapes = 1;
+    shape_blocks[0] = (unsigned)atoi(blocks);
+    shape_buckets[0] = atoi(buckets) < MAX_BUCKETS ? atoi(buckets) : MAX_BUCKETS;
+  }
   d.r[0].rt = bench_runtime(NULL);
   BENCH_WEFT(weft_runtime_get(1, NULL, &d.r[1].rt));
   const weft__nccl_t *nl;
@@ -199,51 +263,21 @@ void bench_dp(bench_t *b) {
       BENCH_CU(b->drv->cuModuleLoadData(&mod1, pipeline_kernels_fatbin));
       BENCH_CU(b->drv->cuModuleGetFunction(&r->lcg, mod1, "pipeline_transform"));
     }
-    for (int e = 0; e < d.buckets; e++) BENCH_CU(b->drv->cuEventCreate(&r->done[e], CU_EVENT_DISABLE_TIMING));
+    for (int e = 0; e < MAX_BUCKETS; e++) BENCH_CU(b->drv->cuEventCreate(&r->done[e], CU_EVENT_DISABLE_TIMING));
     BENCH_CU(b->drv->cuCtxSetCurrent(b->ctx));
-    for (int bkt = 0; bkt < d.buckets; bkt++) BENCH_WEFT(weft_alloc(r->rt, (size_t)d.n * 4, r->compute, "grad", &r->grad[bkt]));
-    BENCH_WEFT(weft_alloc(r->rt, (size_t)d.n * 4, r->compute, "seed", &r->seed));
-    BENCH_WEFT(weft_memset32(r->compute, r->seed, 0, 7, (size_t)d.n * 4));
   }
-  unsigned steps = bench_count(b, 20, 2);
-  /* Calibration: double the rounds until compute alone takes 2 x the all-reduces alone (the
-   * all-reduces are then 25-50% of it). */
-  double ar = median_of(&d, ALLREDUCE_ALONE, steps, 1);
-  unsigned rounds = 1;
-  while (!b->sim && rounds < (1u << 16) && run(&d, COMPUTE_ALONE, steps, rounds) < 2.0 * ar) rounds *= 2;
-  /* The four ways interleaved, repetition by repetition. */
-  static const char *const names[] = {"compute alone, 1 GPU", "all-reduces alone, 2 GPUs",
-                                      "step on 2 GPUs (weft)", "step on 2 GPUs, hand-placed events + raw NCCL"};
-  way_t ways[4];
-  bench_series_t series[4];
-  for (int k = 0; k < 4; k++) {
-    ways[k] = (way_t){&d, (what_t)k, steps, rounds};
-    /* The step's baseline is one GPU (the goal's ratio); the hand-placed step is compared with
-     * weft's by the table below. */
-    series[k] = (bench_series_t){names[k], k == STEP ? names[COMPUTE_ALONE] : k == RAW_STEP ? names[STEP] : NULL,
-                                 NULL, one_way, &ways[k]};
-  }
-  double med[4];
-  bench_measure(b, "dp", "us per step", "us", series, 4, med);
-  double comp = med[COMPUTE_ALONE], step2 = med[STEP], raw2 = med[RAW_STEP];
-  ar = med[ALLREDUCE_ALONE];
-  static const char *const cols[] = {"LCG rounds", "compute alone (1 GPU) us", "all-reduce alone us",
-                                     "all-reduce / compute", "step on 2 GPUs us", "2 GPUs / 1 GPU", "all-reduce hidden",
-                                     "hand-placed events + raw NCCL us", "weft / hand-placed"};
-  bench_table(cols, 9);
-  printf("| %u | %.1f | %.1f | %.2f | %.1f | %.3f | %.0f%% | %.1f | %.3f |\n\n", rounds, comp, ar, ar / comp, step2,
-         step2 / comp, 100.0 * (comp + ar - step2) / ar, raw2, step2 / raw2);
-  bench_sample(b, "dp", "compute kernel", "LCG rounds (calibrated)", "rounds", NULL, NULL, 0, rounds);
-  bench_sample(b, "dp", "compute kernel", "blocks of 256 threads", "blocks", NULL, NULL, 0, d.blocks);
-  bench_sample(b, "dp", "gradients", "buckets (64 MiB in all)", "buckets", NULL, NULL, 0, d.buckets);
+  static const char *const cols[] = {"blocks", "buckets", "LCG rounds", "compute alone (1 GPU) us",
+                                     "all-reduce alone us", "all-reduce / compute", "step on 2 GPUs us",
+                                     "2 GPUs / 1 GPU", "all-reduce hidden", "hand-placed events + raw NCCL us",
+                                     "weft / hand-placed"};
+  bench_table(cols, 11);
+  for (int k = 0; k < shapes; k++) measure_shape(&d, shape_blocks[k], shape_buckets[k]);
+  printf("\n");
   for (int k = 0; k < 2; k++) {
     rank_t *r = &d.r[k];
-    for (int bkt = 0; bkt < d.buckets; bkt++) BENCH_WEFT(weft_free(r->grad[bkt], r->compute));
-    BENCH_WEFT(weft_free(r->seed, r->compute));
-    BENCH_WEFT(weft_runtime_synchronize(r->rt));
     BENCH_WEFT(weft_comm_destroy(r->comm));
     if (nl->ncclCommDestroy(r->nc) != ncclSuccess) bench_die("ncclCommDestroy");
-    for (int e = 0; e < d.buckets; e++) BENCH_CU(b->drv->cuEventDestroy(r->done[e]));
+    for (int e = 0; e < MAX_BUCKETS; e++) BENCH_CU(b->drv->cuEventDestroy(r->done[e]));
   }
   if (mod1 != NULL) {
     CUcontext c1;
