@@ -498,6 +498,12 @@ void sim__nccl_run(sim__stream_t *s);
 void sim__nccl_release(sim__action_t *act);
 /** Whether any NCCL operation is queued (waiting for partners, or not yet run). */
 int sim__nccl_pending(void);
+/** Whether a queued NCCL operation may wait for a rank of another process (whose posts only a
+ * look at the board sees: the scheduler polls). */
+int sim__nccl_remote_pending(void);
+/** How long a synchronisation waits for NCCL partners that do not come (WEFT_SIM_NCCL_WAIT_MS,
+ * default 10000 ms). */
+long sim__nccl_wait_ms(void);
 /** A captured NCCL operation's copy for a graph (instantiation). */
 void sim__nccl_clone(sim__action_t *dst, const sim__action_t *src);
 /** At a launch's start: each NCCL node of x becomes an operation of this launch (sequence numbers

@@ -3,8 +3,21 @@
  * oracle. libweft_sim.so exports nccl* next to cu*.
  *
  * Communicators: ncclCommInitAll (one rank per listed device), or ncclCommInitRank with one
- * unique id from ncclGetUniqueId (each rank on its own thread, blocking until all joined, or all
- * ranks inside one ncclGroupStart/End). Ranks of one id form a *clique*.
+ * unique id from ncclGetUniqueId (each rank on its own thread or in its own process, blocking
+ * until all joined, or all ranks inside one ncclGroupStart/End). Ranks of one id form a *clique*.
+ *
+ * Processes: a unique id names a *board*, a directory (in /dev/shm where there is one, else
+ * TMPDIR or /tmp) through which the processes of a clique meet. Each rank registers there
+ * (rank-R holds its pid); ncclCommInitRank returns once every rank registered, or fails with
+ * ncclSystemError after WEFT_SIM_NCCL_WAIT_MS. A rank of another process is *remote*. When a
+ * fused operation reaches its stream's head it *posts* its parts for its remote partners, each
+ * a file made whole at once (link or rename): a collective's send bytes for every remote rank
+ * (c-SEQ-FROM-TO), a send's bytes (s-SEQ-FROM-TO), and a receive's arrival (r-SEQ-TO-FROM, for
+ * its sender). Its remote partners are ready when their files are there; the reader takes each
+ * file and removes it. Results are computed in rank order from every rank's bytes, so every
+ * process computes the same values. The oracle stays per process: its clocks order the local
+ * members only (memory of other processes is not this process's). The last rank destroyed
+ * removes what was addressed to its process and the board.
  *
  * A collective or a send/receive is an operation on the caller's stream. Inside a group, every
  * operation of one communicator on one stream becomes one fused operation, as NCCL fuses a
@@ -29,14 +42,20 @@
  * its partners (nodes of the other ranks' launches, or queued operations) are ready, as above.
  *
  * Data types: int8, uint8, int32, uint32, int64, uint64, float32, float64; operations sum, prod,
- * max, min, avg. float16 / bfloat16, pre-multiplied sums and several processes are not modelled
+ * max, min, avg. float16 / bfloat16 and pre-multiplied sums are not modelled
  * (ncclInvalidArgument, counted as unimplemented). Fault injection reaches every nccl function ("ncclAllReduce:1:2": the first
  * call returns ncclResult_t 2).
  */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "sim/internal.h"
 
@@ -80,11 +99,18 @@ typedef struct fused {
   size_t n;
   struct fused *next; /* the clique's queued operations */
   int mark;           /* visited by the readiness walk */
+  int posted;         /* its parts are on the board for its remote partners */
 } fused_t;
+
+/* The longest board path a unique id holds (after "weft-sim" and the counter). */
+#define BOARD_MAX (NCCL_UNIQUE_ID_BYTES - 16)
 
 struct sim__clique {
   ncclUniqueId id;
   int by_id;          /* made by ncclCommInitRank (found by id) */
+  char board[BOARD_MAX]; /* the id's board ("" for ids not made here, ncclCommInitAll) */
+  int remote;         /* some rank lives in another process (known once every rank joined) */
+  int complete;       /* every rank joined */
   int nranks, joined;
   sim__comm_t **ranks;
   fused_t *queued;
@@ -153,6 +179,15 @@ static ncclResult_t unique_id(ncclUniqueId *id) {
   uint64_t n = g_next_id++;
   memcpy(id->internal, "weft-sim", 8);
   memcpy(id->internal + 8, &n, sizeof n);
+  /* The board: unique across processes and runs (pid, counter, time). */
+  const char *tmp = getenv("TMPDIR");
+  const char *root = access("/dev/shm", W_OK | X_OK) == 0 ? "/dev/shm" : tmp != NULL && *tmp ? tmp : "/tmp";
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  int len = snprintf(id->internal + 16, BOARD_MAX, "%s/weft-sim-nccl-%d-%llu-%lx", root, (int)getpid(),
+                     (unsigned long long)n, (unsigned long)t.tv_nsec);
+  if (len < 0 || len >= BOARD_MAX)
+    snprintf(id->internal + 16, BOARD_MAX, "/tmp/weft-sim-nccl-%d-%llu", (int)getpid(), (unsigned long long)n);
   return ncclSuccess;
 }
 
@@ -181,6 +216,160 @@ const char *ncclGetLastError(ncclComm_t comm) {
 static ncclResult_t fail(ncclResult_t r, const char *what) {
   snprintf(g_last_error, sizeof g_last_error, "weft-sim nccl: %s", what);
   return r;
+}
+
+/* ---- the board: the ranks of other processes ---- */
+
+long sim__nccl_wait_ms(void) {
+  const char *env = getenv("WEFT_SIM_NCCL_WAIT_MS");
+  return env && *env ? strtol(env, NULL, 10) : 10000;
+}
+
+static uint64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* Waits on g_joined (the simulator's lock released) for at most ms milliseconds. */
+static void wait_joined_signal(long ms) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += ms / 1000;
+  until.tv_nsec += (ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  (void)pthread_cond_timedwait(&g_joined, &sim.lock, &until);
+}
+
+/* q's board file `name` into out. */
+static void board_file(const sim__clique_t *q, const char *name, char *out, size_t cap) {
+  snprintf(out, cap, "%s/%s", q->board, name);
+}
+
+static int board_has(const sim__clique_t *q, const char *name) {
+  char path[BOARD_MAX + 64];
+  struct stat st;
+  board_file(q, name, path, sizeof path);
+  return stat(path, &st) == 0;
+}
+
+/* Writes `bytes` of data as each of the files names[0..n): each appears whole at once (a
+ * temporary file, linked under every name). A board that cannot be written is the simulator's
+ * own failure: it stops the process. */
+static void board_put(const sim__clique_t *q, const void *data, size_t bytes, char (*names)[48], size_t n) {
+  static uint64_t counter;
+  char tmp[BOARD_MAX + 64], path[BOARD_MAX + 64];
+  snprintf(tmp, sizeof tmp, "%s/.tmp-%d-%llu", q->board, (int)getpid(), (unsigned long long)++counter);
+  int fd = open(tmp, O_CREAT | O_EXCL | O_WRONLY, 0600);
+  const unsigned char *at = data;
+  size_t left = bytes;
+  while (fd >= 0 && left > 0) {
+    ssize_t w = write(fd, at, left);
+    if (w <= 0) break;
+    at += w;
+    left -= (size_t)w;
+  }
+  if (fd < 0 || left != 0 || close(fd) != 0) {
+    fprintf(stderr, "weft-sim nccl: cannot write the board %s: %s\n", q->board, strerror(errno));
+    abort();
+  }
+  for (size_t i = 0; i < n; i++) {
+    board_file(q, names[i], path, sizeof path);
+    if (link(tmp, path) != 0) {
+      fprintf(stderr, "weft-sim nccl: cannot post %s: %s\n", path, strerror(errno));
+      abort();
+    }
+  }
+  unlink(tmp);
+}
+
+/* Reads and removes board file `name`: its bytes (NULL when absent or not `want` bytes long). */
+static void *board_take(const sim__clique_t *q, const char *name, size_t want) {
+  char path[BOARD_MAX + 64];
+  board_file(q, name, path, sizeof path);
+  int fd = open(path, O_RDONLY);
+  if (fd < 0) return NULL;
+  unsigned char *buf = sim__xmalloc(want + 1);
+  size_t got = 0;
+  ssize_t r;
+  while ((r = read(fd, buf + got, want + 1 - got)) > 0) got += (size_t)r;
+  close(fd);
+  unlink(path);
+  if (got != want) {
+    free(buf);
+    return NULL;
+  }
+  return buf;
+}
+
+static void board_remove(const sim__clique_t *q, const char *name) {
+  char path[BOARD_MAX + 64];
+  board_file(q, name, path, sizeof path);
+  unlink(path);
+}
+
+/* Registers rank r of q on its board (rank-R holds this process's id); -1 when that rank is
+ * registered already. */
+static int board_register(sim__clique_t *q, int r) {
+  char path[BOARD_MAX + 64], name[48];
+  if (mkdir(q->board, 0700) != 0 && errno != EEXIST) {
+    fprintf(stderr, "weft-sim nccl: cannot make the board %s: %s\n", q->board, strerror(errno));
+    abort();
+  }
+  snprintf(name, sizeof name, "rank-%d", r);
+  board_file(q, name, path, sizeof path);
+  int fd = open(path, O_CREAT | O_EXCL | O_WRONLY, 0600);
+  if (fd < 0) return -1;
+  dprintf(fd, "%d\n", (int)getpid());
+  close(fd);
+  return 0;
+}
+
+/* Rank r leaves the board: its registration and what was addressed to it go; the board goes
+ * with the last rank. */
+static void board_leave(sim__clique_t *q, int r) {
+  char name[48], suffix[16];
+  snprintf(name, sizeof name, "rank-%d", r);
+  board_remove(q, name);
+  snprintf(suffix, sizeof suffix, "-%d", r);
+  DIR *dir = opendir(q->board);
+  struct dirent *e;
+  while (dir != NULL && (e = readdir(dir)) != NULL) {
+    size_t len = strlen(e->d_name), sl = strlen(suffix);
+    if ((e->d_name[0] == 'c' || e->d_name[0] == 's' || e->d_name[0] == 'r') && e->d_name[1] == '-' && len > sl &&
+        strcmp(e->d_name + len - sl, suffix) == 0 && strchr(e->d_name + 2, '-') != NULL &&
+        strchr(strchr(e->d_name + 2, '-') + 1, '-') == e->d_name + len - sl)
+      board_remove(q, e->d_name);
+  }
+  if (dir != NULL) closedir(dir);
+  rmdir(q->board); /* fails while other ranks are registered */
+}
+
+/* How many ranks of q registered on its board. */
+static int board_count(const sim__clique_t *q) {
+  int n = 0;
+  for (int r = 0; r < q->nranks; r++) {
+    char name[48];
+    snprintf(name, sizeof name, "rank-%d", r);
+    n += board_has(q, name);
+  }
+  return n;
+}
+
+/* Waits (the simulator's lock released) until every rank of q joined, in this process or, for a
+ * clique with a board, in others; then knows which ranks are remote. 0 after the wait limit
+ * (at least 10 s: a process may start slowly). */
+static int wait_all_joined(sim__clique_t *q) {
+  long ms = sim__nccl_wait_ms();
+  if (ms < 10000) ms = 10000;
+  uint64_t deadline = now_ns() + (uint64_t)ms * 1000000u;
+  while (q->board[0] ? board_count(q) < q->nranks : q->joined < q->nranks) {
+    if (now_ns() > deadline) return 0;
+    wait_joined_signal(q->board[0] ? 1 : 100);
+  }
+  for (int r = 0; r < q->nranks; r++) q->remote |= q->ranks[r] == NULL;
+  q->complete = 1;
+  return 1;
 }
 
 /* ---- communicators ---- */
@@ -216,6 +405,7 @@ static ncclResult_t init_all(ncclComm_t *comms, int ndev, const int *devlist) {
   }
   sim__clique_t *q = clique_new(ndev);
   for (int i = 0; i < ndev; i++) comms[i] = (ncclComm_t)comm_new(q, i, devlist ? devlist[i] : i);
+  q->complete = 1;
   return ncclSuccess;
 }
 
@@ -223,8 +413,11 @@ ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist) {
   NCCL_CALL(ncclCommInitAll, init_all(comm, ndev, devlist));
 }
 
+static void comm_free(sim__comm_t *c);
+
 /* Rank `rank` of the clique of `id` on the current context's device. Outside a group it waits
- * (the simulator's lock released) until every rank joined, as ncclCommInitRank blocks. */
+ * (the simulator's lock released) until every rank joined, here or in other processes, as
+ * ncclCommInitRank blocks; ncclSystemError when they do not come. */
 static ncclResult_t init_rank(ncclComm_t *out, int nranks, ncclUniqueId id, int rank) {
   if (out == NULL || nranks <= 0 || rank < 0 || rank >= nranks)
     return fail(ncclInvalidArgument, "ncclCommInitRank: bad communicator pointer, nranks or rank");
@@ -235,13 +428,17 @@ static ncclResult_t init_rank(ncclComm_t *out, int nranks, ncclUniqueId id, int 
     q = clique_new(nranks);
     q->by_id = 1;
     q->id = id;
+    if (memcmp(id.internal, "weft-sim", 8) == 0 && id.internal[16] == '/' && memchr(id.internal + 16, 0, BOARD_MAX))
+      memcpy(q->board, id.internal + 16, BOARD_MAX);
   }
-  if (q->nranks != nranks || q->ranks[rank] != NULL)
+  if (q->nranks != nranks || q->ranks[rank] != NULL || (q->board[0] && board_register(q, rank) != 0))
     return fail(ncclInvalidUsage, "ncclCommInitRank: nranks differs from the other ranks', or the rank joined twice");
   sim__comm_t *c = comm_new(q, rank, sim__cur_dev());
   pthread_cond_broadcast(&g_joined);
-  if (g_depth == 0)
-    while (q->joined < q->nranks) pthread_cond_wait(&g_joined, &sim.lock);
+  if (g_depth == 0 && !q->complete && !wait_all_joined(q)) {
+    comm_free(c);
+    return fail(ncclSystemError, "ncclCommInitRank: not every rank joined within the wait (WEFT_SIM_NCCL_WAIT_MS)");
+  }
   *out = (ncclComm_t)c;
   return ncclSuccess;
 }
@@ -255,15 +452,13 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId c
   NCCL_CALL(ncclCommInitRankConfig, init_rank(comm, nranks, commId, rank));
 }
 
-static ncclResult_t comm_destroy(ncclComm_t h) {
-  sim__comm_t *c = comm_get(h);
-  if (c == NULL) return fail(ncclInvalidArgument, "ncclCommDestroy: not a communicator");
+/* Takes rank c out of its clique (and its board), freeing it and, with its last rank, the clique. */
+static void comm_free(sim__comm_t *c) {
   sim__clique_t *q = c->q;
-  for (fused_t *f = q->queued; f != NULL; f = f->next)
-    if (f->comm == c) return fail(ncclInvalidUsage, "ncclCommDestroy: operations of this rank have not run");
   sim__handle_remove(c);
   q->ranks[c->rank] = NULL;
   q->joined--;
+  if (q->board[0]) board_leave(q, c->rank);
   free(c->send_seq);
   free(c->recv_seq);
   free(c);
@@ -274,6 +469,14 @@ static ncclResult_t comm_destroy(ncclComm_t h) {
     free(q->ranks);
     free(q);
   }
+}
+
+static ncclResult_t comm_destroy(ncclComm_t h) {
+  sim__comm_t *c = comm_get(h);
+  if (c == NULL) return fail(ncclInvalidArgument, "ncclCommDestroy: not a communicator");
+  for (fused_t *f = c->q->queued; f != NULL; f = f->next)
+    if (f->comm == c) return fail(ncclInvalidUsage, "ncclCommDestroy: operations of this rank have not run");
+  comm_free(c);
   return ncclSuccess;
 }
 
@@ -440,7 +643,8 @@ static ncclResult_t group_end(void) {
   g_ngrouped = 0;
   /* Ranks initialised in the group: complete once all joined. */
   for (sim__clique_t *q = g_cliques; q != NULL; q = q->next)
-    while (q->by_id && q->joined < q->nranks) pthread_cond_wait(&g_joined, &sim.lock);
+    if (q->by_id && !q->complete && !wait_all_joined(q) && g_group_error == ncclSuccess)
+      g_group_error = fail(ncclSystemError, "ncclGroupEnd: not every rank joined within the wait (WEFT_SIM_NCCL_WAIT_MS)");
   return g_group_error;
 }
 
@@ -464,6 +668,58 @@ static fused_t *partner(sim__clique_t *q, int me, const part_t *p, int r) {
   return NULL;
 }
 
+/* ---- partners in other processes ---- */
+
+/* Board file names: a collective's bytes from rank `from` for rank `to`; a send's bytes; a
+ * receive's arrival (posted by the receiver `from` for its sender `to`). */
+static void coll_name(char *out, uint64_t seq, int from, int to) {
+  snprintf(out, 48, "c-%llu-%d-%d", (unsigned long long)seq, from, to);
+}
+static void send_name(char *out, uint64_t seq, int from, int to) {
+  snprintf(out, 48, "s-%llu-%d-%d", (unsigned long long)seq, from, to);
+}
+static void arrival_name(char *out, uint64_t seq, int from, int to) {
+  snprintf(out, 48, "r-%llu-%d-%d", (unsigned long long)seq, from, to);
+}
+
+static int is_remote(const sim__clique_t *q, int r) { return q->remote && q->ranks[r] == NULL; }
+
+static size_t send_bytes(const part_t *p, int nranks);
+
+/* Posts member m's parts for its remote partners (once, when m is at its stream's head): its
+ * send bytes as they are now (a part whose range is not allocated posts no bytes: its readers
+ * see it incomplete, as the oracle reports the access). */
+static void post_parts(sim__clique_t *q, fused_t *m) {
+  int me = m->comm->rank;
+  char(*names)[48] = sim__xcalloc((size_t)q->nranks, sizeof *names);
+  for (size_t i = 0; i < m->n; i++) {
+    const part_t *p = &m->parts[i];
+    size_t n = 0, sb = p->kind == P_RECV ? 0 : send_bytes(p, q->nranks);
+    if (p->kind == P_RECV || p->kind == P_SEND) {
+      if (!is_remote(q, p->peer)) continue;
+      if (p->kind == P_SEND) send_name(names[n++], p->seq, me, p->peer);
+      else arrival_name(names[n++], p->seq, me, p->peer);
+    } else {
+      for (int r = 0; r < q->nranks; r++)
+        if (is_remote(q, r)) coll_name(names[n++], p->seq, me, r);
+    }
+    if (n == 0) continue;
+    int valid = sb != 0 && sim__range_valid((CUdeviceptr)(uintptr_t)p->send, sb);
+    board_put(q, valid ? p->send : "", valid ? sb : 0, names, n);
+  }
+  free(names);
+  m->posted = 1;
+}
+
+/* Whether the remote partner r of part p of rank `me` has posted. */
+static int remote_posted(const sim__clique_t *q, int me, const part_t *p, int r) {
+  char name[48];
+  if (p->kind == P_SEND) arrival_name(name, p->seq, r, me);
+  else if (p->kind == P_RECV) send_name(name, p->seq, r, me);
+  else coll_name(name, p->seq, r, me);
+  return board_has(q, name);
+}
+
 /* Whether f may run now: the head of its stream, or a node of a running launch whose
  * predecessors are done. */
 static int at_head(const fused_t *f) {
@@ -483,10 +739,15 @@ static size_t closure(fused_t *f, fused_t ***set, size_t *cap) {
   for (size_t k = 0; k < n; k++) {
     fused_t *m = (*set)[k];
     if (!at_head(m)) return 0;
+    if (q->remote && !m->posted) post_parts(q, m);
     for (size_t i = 0; i < m->n; i++) {
       const part_t *p = &m->parts[i];
       for (int r = 0; r < q->nranks; r++) {
         if (r == m->comm->rank || (!part_is_coll(p) && r != p->peer)) continue;
+        if (is_remote(q, r)) {
+          if (!remote_posted(q, m->comm->rank, p, r)) return 0;
+          continue;
+        }
         fused_t *o = partner(q, m->comm->rank, p, r);
         if (o == NULL) return 0;
         if (o->mark) continue;
@@ -677,6 +938,14 @@ static void run_set(fused_t *f) {
       part_t *p = &set[k]->parts[i];
       size_t e = dt_size(p->dt), bytes = p->count * e;
       if (p->kind == P_SEND) continue; /* the receiving side copies */
+      if (p->kind == P_RECV && is_remote(q, p->peer)) {
+        char name[48];
+        send_name(name, p->seq, p->peer, me);
+        void *bytes_in = board_take(q, name, bytes);
+        if (bytes_in != NULL) memcpy(p->recv, bytes_in, bytes);
+        free(bytes_in);
+        continue;
+      }
       if (p->kind == P_RECV) {
         for (size_t j = 0; j < n; j++)
           for (size_t t = 0; t < set[j]->n; t++) {
@@ -688,9 +957,16 @@ static void run_set(fused_t *f) {
         continue;
       }
       const void **src = sim__xcalloc((size_t)nranks, sizeof *src);
+      void **taken = sim__xcalloc((size_t)nranks, sizeof *taken); /* remote ranks' bytes */
       for (size_t j = 0; j < n; j++) {
         part_t *o = same_coll(set[j], p);
         if (o != NULL) src[set[j]->comm->rank] = snap[j][o - set[j]->parts];
+      }
+      for (int r = 0; r < nranks; r++) {
+        if (!is_remote(q, r)) continue;
+        char name[48];
+        coll_name(name, p->seq, r, me);
+        src[r] = taken[r] = board_take(q, name, send_bytes(p, nranks));
       }
       int complete = 1;
       for (int r = 0; r < nranks; r++) complete &= src[r] != NULL;
@@ -713,7 +989,30 @@ static void run_set(fused_t *f) {
         }
         free(acc);
       }
+      for (int r = 0; r < nranks; r++) free(taken[r]);
+      free(taken);
       free(src);
+    }
+  }
+  /* What remote partners posted for parts that did not run (their ranges were not allocated)
+   * or that need no bytes (a send's partner's arrival) is taken off the board too. */
+  for (size_t k = 0; q->remote && k < n; k++) {
+    int me = set[k]->comm->rank;
+    for (size_t i = 0; i < set[k]->n; i++) {
+      const part_t *p = &set[k]->parts[i];
+      char name[48];
+      if (p->kind == P_SEND || p->kind == P_RECV) {
+        if (!is_remote(q, p->peer) || (ok[k] && p->kind == P_RECV)) continue;
+        if (p->kind == P_SEND) arrival_name(name, p->seq, p->peer, me);
+        else send_name(name, p->seq, p->peer, me);
+        board_remove(q, name);
+        continue;
+      }
+      for (int r = 0; !ok[k] && r < nranks; r++) {
+        if (!is_remote(q, r)) continue;
+        coll_name(name, p->seq, r, me);
+        board_remove(q, name);
+      }
     }
   }
   for (size_t k = 0; k < n; k++) {
@@ -754,6 +1053,12 @@ void sim__nccl_run_node(sim__exec_t *x, size_t node) {
 int sim__nccl_pending(void) {
   for (sim__clique_t *q = g_cliques; q != NULL; q = q->next)
     if (q->queued != NULL) return 1;
+  return 0;
+}
+
+int sim__nccl_remote_pending(void) {
+  for (sim__clique_t *q = g_cliques; q != NULL; q = q->next)
+    if (q->remote && q->queued != NULL) return 1;
   return 0;
 }
 

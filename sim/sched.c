@@ -501,24 +501,40 @@ void sim__progress(sim__fn_t fn) {
 
 /* Nothing can run, but an NCCL operation waits for partners: another thread may still post them
  * (one thread per rank), as on a GPU, where the synchronisation would block. Sleeps until the
- * next enqueue; 0 after WEFT_SIM_NCCL_WAIT_MS (default 10000) without one: then the partner never
- * comes (a hang on a GPU). */
-static int wait_for_partner(void) {
+ * next enqueue, or for a millisecond where a partner may be in another process (its posts are
+ * seen by looking at the board); 0 once WEFT_SIM_NCCL_WAIT_MS (default 10000) passed since
+ * *since (set at the first wait) with nothing run: then the partner never comes (a hang on a
+ * GPU). */
+static int wait_for_partner(struct timespec *since) {
   if (!sim__nccl_pending()) return 0;
-  const char *env = getenv("WEFT_SIM_NCCL_WAIT_MS");
-  long ms = env && *env ? strtol(env, NULL, 10) : 10000;
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
+  long ms = sim__nccl_wait_ms();
+  struct timespec now, until;
+  clock_gettime(CLOCK_REALTIME, &now);
+  if (since->tv_sec == 0 && since->tv_nsec == 0) *since = now;
+  until = *since;
   until.tv_sec += ms / 1000;
   until.tv_nsec += (ms % 1000) * 1000000L;
   if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  if (now.tv_sec > until.tv_sec || (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec)) return 0;
+  if (sim__nccl_remote_pending()) {
+    struct timespec poll = now;
+    poll.tv_nsec += 1000000L;
+    if (poll.tv_nsec >= 1000000000L) poll.tv_sec++, poll.tv_nsec -= 1000000000L;
+    (void)pthread_cond_timedwait(&g_enqueued, &sim.lock, &poll);
+    return 1;
+  }
   return pthread_cond_timedwait(&g_enqueued, &sim.lock, &until) == 0;
 }
 
 CUresult sim__run_until(int (*done)(void *), void *arg) {
+  struct timespec since = {0, 0};
   while (!done(arg)) {
     if (sim.in_callback) return CUDA_ERROR_NOT_PERMITTED;
-    if (!step() && !wait_for_partner()) return CUDA_ERROR_LAUNCH_TIMEOUT;
+    if (step()) {
+      since = (struct timespec){0, 0};
+      continue;
+    }
+    if (!wait_for_partner(&since)) return CUDA_ERROR_LAUNCH_TIMEOUT;
   }
   return CUDA_SUCCESS;
 }

@@ -14,7 +14,9 @@
  *                                                   shared disk, K the GPUs of all machines)
  *   data_parallel [--steps N] --rank-threads K --id-file F
  *                                                   the per-process mode's code with one thread
- *                                                   per rank (the simulator runs one process)
+ *                                                   per rank, in one process
+ * On the simulator (WEFT_DRIVER=sim, WEFT_NCCL=sim) every mode runs, the one-process-per-device
+ * mode as separate processes too (the simulated NCCL joins them through the id's board).
  * The first half of the steps runs eagerly; then each rank's step is captured (its collectives
  * too) and replayed for the rest, the next batch copied in eagerly before each launch. Each rank
  * checks its weights against the same steps on one device over the whole (concatenated) batch,
