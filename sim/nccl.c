@@ -9,7 +9,7 @@
  * Processes: a unique id names a *board*, a directory (in /dev/shm where there is one, else
  * TMPDIR or /tmp) through which the processes of a clique meet. Each rank registers there
  * (rank-R holds its pid); ncclCommInitRank returns once every rank registered, or fails with
- * ncclSystemError after WEFT_SIM_NCCL_WAIT_MS. A rank of another process is *remote*. When a
+ * ncclSystemError after WEFT_SIM_NCCL_WAIT_MS (10 s at least). A rank of another process is *remote*. When a
  * fused operation reaches its stream's head it *posts* its parts for its remote partners, each
  * a file made whole at once (link or rename): a collective's send bytes for every remote rank
  * (c-SEQ-FROM-TO), a send's bytes (s-SEQ-FROM-TO), and a receive's arrival (r-SEQ-TO-FROM, for
