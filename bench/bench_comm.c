@@ -7,6 +7,7 @@
  * in one synchronisation of both streams, the two ways alternating repetition by repetition; the
  * medians are compared. Goal (issue 14): weft within 2% of raw NCCL at every size. Needs two
  * devices and NCCL (WEFT_NCCL); skipped otherwise. */
+#include <pthread.h>
 #include <string.h>
 
 #include "bench/bench.h"
@@ -67,6 +68,63 @@ static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, u
     else BENCH_CU(b->drv->cuStreamSynchronize(p->raw[r]));
   }
   return (double)(bench_now_ns() - t0) / iters / 1000.0;
+}
+
+/* ---- one thread per rank ----
+ * Each rank's all-reduces issued by a thread of its own, as a process per GPU does: the thread
+ * stays on its device, so no context changes, and each all-reduce is one call (one tracked use,
+ * or one ncclAllReduce: NCCL needs no group with a thread per rank). */
+typedef struct ranker {
+  bench_t *b;
+  const weft__nccl_t *nl;
+  pair_t *p;
+  int r, weft;
+  size_t count;
+  unsigned iters;
+  pthread_barrier_t *start;
+  uint64_t host_end, end; /* when the last call returned; when its stream finished */
+} ranker_t;
+
+static void *rank_loop(void *arg) {
+  ranker_t *k = arg;
+  pair_t *p = k->p;
+  BENCH_CU(k->b->drv->cuCtxSetCurrent(p->ctx[k->r]));
+  pthread_barrier_wait(k->start);
+  for (unsigned i = 0; i < k->iters; i++) {
+    if (k->weft)
+      BENCH_WEFT(weft_all_reduce(p->comm[k->r], p->buf[k->r], 0, p->buf[k->r], 0, k->count, WEFT_FLOAT32, WEFT_SUM, NULL));
+    else if (k->nl->ncclAllReduce((void *)p->ptr[k->r], (void *)p->ptr[k->r], k->count, ncclFloat32, ncclSum,
+                                  p->nc[k->r], (cudaStream_t)p->raw[k->r]) != ncclSuccess)
+      bench_die("ncclAllReduce");
+  }
+  k->host_end = bench_now_ns();
+  if (k->weft) BENCH_WEFT(weft_stream_synchronize(weft_comm_stream(p->comm[k->r])));
+  else BENCH_CU(k->b->drv->cuStreamSynchronize(p->raw[k->r]));
+  k->end = bench_now_ns();
+  return NULL;
+}
+
+/* Microseconds per all-reduce with a thread per rank (weft or raw), from the start to the later
+ * rank's end; *host_us: to the later rank's last call. */
+static double run_threads(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, unsigned iters, int weft,
+                          double *host_us) {
+  pthread_barrier_t start;
+  pthread_barrier_init(&start, NULL, 3);
+  ranker_t k[2];
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) {
+    k[r] = (ranker_t){b, nl, p, r, weft, count, iters, &start, 0, 0};
+    if (pthread_create(&th[r], NULL, rank_loop, &k[r]) != 0) bench_die("pthread_create");
+  }
+  pthread_barrier_wait(&start);
+  uint64_t t0 = bench_now_ns();
+  for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+  pthread_barrier_destroy(&start);
+  BENCH_CU(b->drv->cuCtxSetCurrent(p->ctx[0]));
+  uint64_t host = k[0].host_end > k[1].host_end ? k[0].host_end : k[1].host_end;
+  uint64_t end = k[0].end > k[1].end ? k[0].end : k[1].end;
+  if (host_us != NULL) *host_us = (double)(host - t0) / iters / 1000.0;
+  return (double)(end - t0) / iters / 1000.0;
 }
 
 void bench_comm(bench_t *b) {
@@ -152,6 +210,39 @@ void bench_comm(bench_t *b) {
     printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f |\n", count * 4, mw, mr,
            mq, lo, hi, bench_median(rec, reps), bench_median(wh, reps), bench_median(rh, reps), bench_median(qh, reps),
            bench_median(sh, reps), bench_median(ph, reps));
+  }
+  printf("\n");
+  printf("A thread per rank (each on its own device, one call per all-reduce, no group):\n\n");
+  static const char *const tcols[] = {"bytes", "weft us", "raw NCCL us", "weft / raw", "range of weft / raw",
+                                      "weft host us", "raw host us"};
+  bench_table(tcols, 7);
+  for (size_t count = MIB / 4; count <= max_count; count *= 4) {
+    unsigned iters = bench_count(b, count >= 16 * MIB ? 20 : 200, 2);
+    double w[BENCH_MAX_REPS], raw[BENCH_MAX_REPS], ratio[BENCH_MAX_REPS], wh[BENCH_MAX_REPS], rh[BENCH_MAX_REPS];
+    unsigned reps = b->reps < BENCH_MAX_REPS ? b->reps : BENCH_MAX_REPS;
+    (void)run_threads(b, nl, &p, count, 2, 1, NULL); /* warm both paths */
+    (void)run_threads(b, nl, &p, count, 2, 0, NULL);
+    for (unsigned k = 0; k < reps; k++) {
+      w[k] = run_threads(b, nl, &p, count, iters, 1, &wh[k]);
+      raw[k] = run_threads(b, nl, &p, count, iters, 0, &rh[k]);
+      ratio[k] = w[k] / raw[k];
+    }
+    double lo = ratio[0], hi = ratio[0];
+    for (unsigned k = 1; k < reps; k++) {
+      if (ratio[k] < lo) lo = ratio[k];
+      if (ratio[k] > hi) hi = ratio[k];
+    }
+    char x[32];
+    snprintf(x, sizeof x, "%zu", count * 4);
+    static const char wn[] = "weft_all_reduce, a thread per rank", rn[] = "raw ncclAllReduce, a thread per rank";
+    for (unsigned k = 0; k < reps; k++) {
+      bench_sample(b, "comm", wn, "us per all-reduce", "us", rn, x, k, w[k]);
+      bench_sample(b, "comm", rn, "us per all-reduce", "us", NULL, x, k, raw[k]);
+      bench_sample(b, "comm", wn, "host us to enqueue", "us", rn, x, k, wh[k]);
+      bench_sample(b, "comm", rn, "host us to enqueue", "us", NULL, x, k, rh[k]);
+    }
+    printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f | %.2f | %.2f |\n", count * 4, bench_median(w, reps),
+           bench_median(raw, reps), bench_median(ratio, reps), lo, hi, bench_median(wh, reps), bench_median(rh, reps));
   }
   printf("\n");
   for (int r = 0; r < 2; r++) {
