@@ -266,6 +266,10 @@ typedef struct weft_counters {
   uint64_t late_waits;       /**< waits whose event was recorded after later work on its stream
                                   (options.lazy_records: the first time another stream needs a
                                   stream that records lazily; it records eagerly from then on) */
+  uint64_t busy_waits;       /**< times a call waited for another thread's use to finish enqueuing
+                                  its work on a stream: a use of the same stream, a use that
+                                  conflicts with that work, or a host wait on it (uses enqueue
+                                  their work without weft's lock, so other streams never wait) */
   uint64_t allocs, frees;    /**< weft_alloc / weft_free successes */
   uint64_t cached_blocks;    /**< freed blocks the streams keep now (options.stream_cache_bytes) */
   uint64_t cached_bytes;     /**< their bytes (still live for the resource stack) */

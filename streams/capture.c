@@ -39,6 +39,16 @@ weft__capture_block_t *weft__capture_block(weft__capture_t *c, weft__access_stat
 static void lock(weft__tracker_t *tr) { pthread_mutex_lock(tr->lock); }
 static void unlock(weft__tracker_t *tr) { pthread_mutex_unlock(tr->lock); }
 
+/* Waits (lock held, released meanwhile) until no host wait holds s and no use of s is enqueuing
+ * its work (tracker.h, "Busy lanes"): s may then start capturing. */
+static void wait_free(weft__tracker_t *tr, weft_stream_t *s) {
+  for (;;) {
+    if (s->holds != 0) pthread_cond_wait(&tr->unheld, tr->lock);
+    else if ((tr->live->busy & weft__lane_bit(s->lane)) != 0) pthread_cond_wait(&weft__clock_idle, tr->lock);
+    else return;
+  }
+}
+
 static void count_capture(weft__capture_t *c, int delta) {
   atomic_fetch_add_explicit(&c->tr->captures, (unsigned)delta, memory_order_release);
 }
@@ -64,7 +74,7 @@ weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bo
   c->trace_us = weft__trace_on() ? weft__trace_now_us() : 0;
   c->blocks = WEFT__VEC_INIT(weft__capture_block_t);
   lock(tr);
-  while (s->holds != 0) pthread_cond_wait(&tr->unheld, tr->lock); /* host waits on s finish first */
+  wait_free(tr, s); /* host waits on s and its use enqueuing finish first */
   if (s->capture != NULL) {
     st = weft__error(WEFT_ERR_CAPTURE, "weft_capture_begin: stream %u already takes part in a capture", s->index);
   } else if (!foreign) {
@@ -107,7 +117,7 @@ weft_status_t weft__capture_join(weft_stream_t *origin, weft_stream_t *t) {
     st = weft__error(WEFT_ERR_CAPTURE, "weft_capture_join: stream %u is not the origin of a weft capture", origin->index);
     goto out;
   }
-  while (t->holds != 0) pthread_cond_wait(&tr->unheld, tr->lock); /* host waits on t finish first */
+  wait_free(tr, t); /* host waits on t and its use enqueuing finish first */
   if (t->capture == c) goto out;
   if (t->capture != NULL) {
     st = weft__error(WEFT_ERR_CAPTURE, "weft_capture_join: stream %u already takes part in another capture", t->index);

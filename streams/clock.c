@@ -10,6 +10,7 @@
 #include "streams/clock.h"
 
 pthread_mutex_t weft__clock_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_cond_t weft__clock_idle = PTHREAD_COND_INITIALIZER;
 
 /* The process's live domain: created with the first runtime, kept for the process (its lanes'
  * events go with their runtimes). `used` marks lanes some runtime holds. */
@@ -259,6 +260,18 @@ uint64_t weft__clock_defer(weft__domain_t *d, weft_stream_t *s) {
   return l->tick;
 }
 
+uint64_t weft__clock_reserve(weft__domain_t *d, weft_stream_t *s, bool defer) {
+  if (defer) return weft__clock_defer(d, s);
+  unsigned at = weft__at(d, s);
+  weft__lane_t *l = &d->lane[at];
+  if (l->tick == l->recorded) {
+    l->tick++;
+    WEFT__ROW(d, at)[at] = l->tick;
+  }
+  l->dirty = false;
+  return l->tick;
+}
+
 void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k) {
   weft__lane_t *l = &d->lane[weft__at(d, t)];
   if (!l->deferred || k <= l->recorded) return;
@@ -267,14 +280,7 @@ void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t
 }
 
 weft_status_t weft__clock_record(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, uint64_t *tick) {
-  unsigned at = weft__at(d, s);
-  weft__lane_t *l = &d->lane[at];
-  if (l->tick == l->recorded) {
-    l->tick++;
-    WEFT__ROW(d, at)[at] = l->tick;
-  }
-  l->dirty = false;
-  *tick = l->tick;
+  *tick = weft__clock_reserve(d, s, false);
   return weft__clock_flush(tr, d, s);
 }
 

@@ -36,6 +36,8 @@ static inline weft__domain_t *weft__clock_domain(weft__tracker_t *tr, const weft
 
 /** The lock of every tracker (rank 30): the live domain is shared. */
 extern pthread_mutex_t weft__clock_lock;
+/** Signalled (with the lock) when a busy lane becomes idle (tracker.h, "Busy lanes"). */
+extern pthread_cond_t weft__clock_idle;
 /** Gives tr n consecutive lanes of the live domain (creating the domain on first use): tr->live,
  * tr->base. Lock held. BUSY when the process has no n consecutive lanes free (WEFT__MAX_LANES
  * over all runtimes), HOST_OUT_OF_MEMORY. */
@@ -69,6 +71,10 @@ weft_status_t weft__clock_record(weft__tracker_t *tr, weft__domain_t *d, weft_st
 /** Gives the work of the use just enqueued on s a tick without recording its event (lazy
  * records, tracker.h): a new pending tick, or the deferred one it joins. */
 uint64_t weft__clock_defer(weft__domain_t *d, weft_stream_t *s);
+/** The tick a busy use's work will have (tracker.h, "Busy lanes"), before that work is
+ * enqueued: its pending one, recorded after the work by weft__clock_flush; a new tick, or, with
+ * `defer` (lazy records), the deferred tick it joins as weft__clock_defer does. */
+uint64_t weft__clock_reserve(weft__domain_t *d, weft_stream_t *s, bool defer);
 /** Another stream is about to wait for tick k of t: a deferred tick turns t's lane eager (and,
  * when later uses joined it, counts a late wait). Call before weft__clock_slot. */
 void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k);

@@ -12,6 +12,13 @@
 
 static inline void lock(weft__tracker_t *tr) { pthread_mutex_lock(tr->lock); }
 static inline void unlock(weft__tracker_t *tr) { pthread_mutex_unlock(tr->lock); }
+static void wait_idle(weft__tracker_t *tr, weft__lanes_t lanes);
+/* Takes the lock once none of the live lanes of s and the point's stream (when it names one) is
+ * busy (tracker.h, "Busy lanes"): for what records on them, enqueues on s, or learns of them. */
+static void lock_idle(weft_stream_t *s, const weft__point_t *p) {
+  lock(s->tr);
+  wait_idle(s->tr, weft__lane_bit(s->lane) | (p != NULL && p->stream < WEFT__MAX_LANES ? weft__lane_bit(p->stream) : 0));
+}
 
 /* ---- life cycle -------------------------------------------------------------------------------- */
 
@@ -329,17 +336,95 @@ static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_st
   return WEFT_OK;
 }
 
+/* Issues the waits of a use on s, unless one of the lanes it must wait for is busy (tracker.h):
+ * then *busy gets them and nothing changed (the caller waits until they are idle, then begins
+ * again). */
 static weft_status_t begin_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses,
-                                  size_t n) {
-  /* s's pending tick first, so that its event sits at its point rather than after these waits;
-   * a deferred one (lazy records) is joined instead. */
+                                  size_t n, weft__lanes_t *busy) {
   unsigned at = weft__at(d, s);
-  weft_status_t st = d->lane[at].deferred ? WEFT_OK : weft__clock_flush(tr, d, s);
-  if (st != WEFT_OK) return st;
   uint64_t need[WEFT__MAX_LANES];
   memset(need, 0, d->n * sizeof need[0]);
+  uint64_t skipped = tr->counters.waits_skipped, host = tr->counters.waits_host_known;
   weft__lanes_t mask = collect_needs(tr, d, at, uses, n, need);
+  *busy = d == tr->live ? mask & d->busy : 0;
+  if (*busy != 0) {
+    tr->counters.waits_skipped = skipped; /* counted again when it begins again */
+    tr->counters.waits_host_known = host;
+    return WEFT_OK;
+  }
+  /* s's pending tick first, so that its event sits at its point rather than after these waits;
+   * a deferred one (lazy records) is joined instead. */
+  weft_status_t st = d->lane[at].deferred ? WEFT_OK : weft__clock_flush(tr, d, s);
+  if (st != WEFT_OK) return st;
   return issue_waits(tr, d, s, mask, need);
+}
+
+/* Waits, the lock released meanwhile, until no lane of `lanes` in the live domain is busy. */
+static void wait_idle(weft__tracker_t *tr, weft__lanes_t lanes) {
+  if ((tr->live->busy & lanes) == 0) return;
+  tr->counters.busy_waits++;
+  while ((tr->live->busy & lanes) != 0) pthread_cond_wait(&weft__clock_idle, tr->lock);
+}
+
+/* What a busy use changed in a block's history, to put back if its work fails. */
+typedef struct undo {
+  weft__point_t write;
+  weft__lanes_t reader_mask;
+  uint64_t read; /* reads[lane] */
+} undo_t;
+
+/* A live use's work enqueued without the lock (tracker.h, "Busy lanes"): the lock is held on
+ * entry (after the use's waits) and on return. */
+static weft_status_t use_unlocked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses,
+                                  size_t n, weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg) {
+  undo_t small[16];
+  undo_t *undo = weft__small_alloc(small, 16, n, sizeof *undo);
+  if (undo == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for %zu accesses", n);
+  unsigned at = s->lane;
+  weft__lane_t *l = &d->lane[at];
+  const weft__lane_t was = *l;
+  bool defer = tr->lazy && !l->eager && !atomic_load_explicit(&s->exposed, memory_order_relaxed);
+  uint64_t k = weft__clock_reserve(d, s, defer);
+  for (size_t i = 0; i < n; i++) {
+    weft__access_state_t *a = uses[i].state;
+    undo[i] = (undo_t){a->write, a->reader_mask, a->reads[at]};
+    if (weft__rule_starts_history(uses[i].kind)) {
+      a->write = (weft__point_t){at, k};
+      a->reader_mask = 0;
+    } else {
+      a->reads[at] = k;
+      a->reader_mask |= weft__lane_bit(at);
+    }
+  }
+  d->busy |= weft__lane_bit(at);
+  unlock(tr);
+  weft_status_t st = fn(s, arg);
+  lock(tr);
+  d->busy &= ~weft__lane_bit(at);
+  pthread_cond_broadcast(&weft__clock_idle);
+  if (st == WEFT_OK) {
+    /* The use is recorded whatever happens to its event (end_locked). */
+    if (!defer) (void)weft__clock_flush(tr, d, s);
+    tr->counters.uses++;
+    tr->counters.accesses += n;
+    s->last_used = ++tr->use_seq;
+  } else {
+    /* Nobody saw tick k (its lane was busy): the histories and the lane go back. */
+    for (size_t i = n; i-- > 0;) {
+      weft__access_state_t *a = uses[i].state;
+      a->write = undo[i].write;
+      a->reader_mask = undo[i].reader_mask;
+      a->reads[at] = undo[i].read;
+    }
+    l->tick = was.tick;
+    l->recorded = was.recorded;
+    l->dirty = was.dirty;
+    l->deferred = was.deferred;
+    l->joined = was.joined;
+    WEFT__ROW(d, at)[at] = was.tick;
+  }
+  weft__small_free(small, undo);
+  return st;
 }
 
 /* The work is on the stream: the use is recorded whatever happens to its event (a failed record
@@ -392,16 +477,20 @@ static weft_status_t grow_reads(const weft__domain_t *d, unsigned at, const weft
 
 enum { DO_BEGIN = 1, DO_END = 2, DO_OPEN = 4, DO_CLOSE = 8 };
 
-/* The ways in: waits only, record only, both around `fn` (under one lock hold), or the split
- * form's open / close with their checks. Inside a capture the uses act on capture-local
- * histories (kinds go into the access summary once, when the use begins). */
+/* The ways in: waits only, record only, both around `fn`, or the split form's open / close with
+ * their checks. A live use with its work enqueues it without the lock (use_unlocked); the others
+ * run under one lock hold. Inside a capture the uses act on capture-local histories (kinds go
+ * into the access summary once, when the use begins). */
 static weft_status_t run_use(weft_stream_t *s, const weft__use_t *uses, size_t n, unsigned what,
                              weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg, uint64_t print) {
   weft__tracker_t *tr = s->tr;
   weft__use_t small[SMALL_USES];
   const weft__use_t *du = uses;
-  weft_status_t st = WEFT_OK;
+  weft_status_t st;
   lock(tr);
+again:
+  st = WEFT_OK;
+  wait_idle(tr, weft__lane_bit(s->lane)); /* s's own earlier use, enqueuing on another thread */
   weft__capture_t *c = s->capture;
   weft__domain_t *d = c != NULL ? &c->dom : tr->live;
   if ((what & DO_OPEN) && s->use_open) {
@@ -422,10 +511,21 @@ static weft_status_t run_use(weft_stream_t *s, const weft__use_t *uses, size_t n
     du = t;
   }
   if (st == WEFT_OK) {
-    if (what & (DO_BEGIN | DO_OPEN)) st = begin_locked(tr, d, s, du, n);
+    weft__lanes_t busy = 0;
+    if (what & (DO_BEGIN | DO_OPEN)) st = begin_locked(tr, d, s, du, n, &busy);
+    if (st == WEFT_OK && busy != 0) {
+      wait_idle(tr, busy);
+      if (du != uses) weft__small_free(small, (void *)du);
+      du = uses;
+      goto again;
+    }
     /* Device timestamps (trace.h): after the waits, before the record; live streams only. */
     bool timed = st == WEFT_OK && c == NULL && weft__trace_device_on();
     bool whole = (what & (DO_BEGIN | DO_END)) == (DO_BEGIN | DO_END); /* a use with its work, not a free */
+    if (st == WEFT_OK && whole && fn != NULL && c == NULL && !timed && !s->per_thread) {
+      st = use_unlocked(tr, d, s, du, n, fn, arg);
+      goto out;
+    }
     if (timed && (whole || (what & DO_OPEN))) {
       weft__trace_device_drop(s->span);
       s->span = weft__trace_device_begin(tr->drv, tr->ordinal, s->index, s->raw);
@@ -443,6 +543,7 @@ static weft_status_t run_use(weft_stream_t *s, const weft__use_t *uses, size_t n
     }
     if (st == WEFT_OK && (what & DO_CLOSE)) s->use_open = false;
   }
+out:
   if (du != uses) weft__small_free(small, (void *)du);
   WEFT_ASSERT_EXPENSIVE(lane_is_valid(d, weft__at(d, s)));
   unlock(tr);
@@ -487,7 +588,7 @@ static uint64_t point_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream
 weft_status_t weft__tracker_new_block(weft_stream_t *s, weft__access_state_t *st) {
   weft__tracker_t *tr = s->tr;
   weft_status_t r = WEFT_OK;
-  lock(tr);
+  lock_idle(s, NULL);
   weft__capture_t *c = s->capture;
   weft__domain_t *d = c != NULL ? &c->dom : tr->live;
   weft__point_t at = {weft__at(d, s), point_locked(tr, d, s)};
@@ -584,7 +685,7 @@ static uint64_t point_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream
 }
 
 weft__point_t weft__tracker_point(weft_stream_t *s) {
-  lock(s->tr);
+  lock_idle(s, NULL);
   weft__domain_t *d = weft__clock_domain(s->tr, s);
   weft__point_t p = {weft__at(d, s), point_locked(s->tr, d, s)};
   unlock(s->tr);
@@ -603,7 +704,7 @@ bool weft__tracker_is_ordered(weft_stream_t *s, weft__point_t p) {
 weft_status_t weft__tracker_order(weft_stream_t *s, weft__point_t p) {
   weft__tracker_t *tr = s->tr;
   weft_status_t st = WEFT_OK;
-  lock(tr);
+  lock_idle(s, &p);
   weft__domain_t *d = weft__clock_domain(tr, s);
   if (p.stream < d->n && d->stream[p.stream] != NULL && !weft__clock_implied(d, weft__at(d, s), p.stream, p.tick)) {
     st = weft__clock_flush(tr, d, s);
@@ -654,7 +755,7 @@ weft_stream_t *weft__tracker_auto(weft__tracker_t *tr, bool high, const weft__us
 
 void weft__tracker_expose(weft_stream_t *s) {
   if (atomic_load_explicit(&s->exposed, memory_order_relaxed)) return;
-  lock(s->tr);
+  lock_idle(s, NULL);
   atomic_store_explicit(&s->exposed, true, memory_order_relaxed);
   weft__domain_t *d = s->tr->live;
   if (s->capture == NULL && d->lane[s->lane].deferred) (void)weft__clock_flush(s->tr, d, s);
@@ -662,7 +763,7 @@ void weft__tracker_expose(weft_stream_t *s) {
 }
 
 void weft__tracker_touch(weft_stream_t *s) {
-  lock(s->tr);
+  lock_idle(s, NULL);
   weft__domain_t *d = weft__clock_domain(s->tr, s);
   d->lane[weft__at(d, s)].dirty = true;
   unlock(s->tr);
@@ -670,7 +771,7 @@ void weft__tracker_touch(weft_stream_t *s) {
 
 weft_status_t weft__tracker_import_event(weft_stream_t *s, CUevent ev) {
   weft__tracker_t *tr = s->tr;
-  lock(tr);
+  lock_idle(s, NULL);
   weft__capture_t *c = s->capture;
   weft__domain_t *d = c != NULL ? &c->dom : tr->live;
   weft_status_t st = weft__clock_flush(tr, d, s);
@@ -700,6 +801,8 @@ bool weft__tracker_poll(weft__tracker_t *tr, weft__point_t p) {
   weft__domain_t *d = tr->live;
   if (p.stream >= d->n || d->stream[p.stream] == NULL || d->host_known[p.stream] >= p.tick) {
     done = true; /* (a lane given back: its runtime synchronised everything) */
+  } else if ((d->busy & weft__lane_bit(p.stream)) != 0) {
+    done = false; /* its use is enqueuing (tracker.h, "Busy lanes"): look again later */
   } else {
     unsigned slot;
     CUresult r = CUDA_ERROR_NOT_READY;
@@ -723,6 +826,7 @@ weft_status_t weft__tracker_sync_points(weft__tracker_t *tr, const weft__point_t
     if (p.tick == 0) continue;
     uint64_t snap[WEFT__MAX_LANES];
     lock(tr);
+    if (p.stream < WEFT__MAX_LANES) wait_idle(tr, weft__lane_bit(p.stream));
     if (p.stream >= d->n || d->stream[p.stream] == NULL || d->host_known[p.stream] >= p.tick) {
       unlock(tr);
       continue;
@@ -759,7 +863,7 @@ static weft_status_t host_wait_stream(weft_stream_t *s, bool blocking) {
   uint64_t snap[WEFT__MAX_LANES];
   weft_status_t st = weft__tracker_hold(s, blocking ? "weft_stream_synchronize" : "weft_stream_query");
   if (st != WEFT_OK) return st;
-  lock(tr);
+  lock_idle(s, NULL);
   /* The tick the host will know complete must be recorded: work enqueued later may not join it
    * (clock.c), or it would count as complete too. */
   st = weft__clock_flush(tr, d, s);

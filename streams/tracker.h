@@ -28,6 +28,17 @@
  * < resources 20 < tracker 30. The tracker lock is one for the whole process (every runtime's
  * streams are lanes of one live clock domain, so that waits stay minimal across devices). The
  * tracker never calls out of streams/ while holding it, except to the driver.
+ *
+ * Busy lanes: a live use with its work (weft__tracker_use) enqueues that work without the lock,
+ * so that threads driving different streams (different devices above all) enqueue in parallel.
+ * Under the lock it issues its waits and records its accesses at a pending tick of its stream,
+ * and marks the stream's lane busy; it enqueues the work unlocked; under the lock again it
+ * records the tick's event (or leaves it deferred) and clears the lane, or, if the work failed,
+ * puts the histories and the lane back as they were. While a lane is busy nobody else enqueues
+ * on its stream, records on it, or waits for its ticks: whoever must (a use of the same stream,
+ * a use that conflicts with the busy use's accesses, a host wait) first waits until the lane is
+ * idle (weft__clock_idle), then looks again. Nothing else observes a busy use's pending tick,
+ * which is why putting it back is sound.
  */
 #ifndef WEFT_STREAMS_TRACKER_H
 #define WEFT_STREAMS_TRACKER_H
@@ -125,6 +136,7 @@ typedef struct weft__domain {
   weft_stream_t **stream; /* the stream of each lane (NULL: none) */
   weft__lane_t *lane;
   weft__capture_t *capture; /* NULL for the live domain */
+  weft__lanes_t busy;       /* live domain: lanes whose use enqueues its work unlocked (above) */
 } weft__domain_t;
 
 /** A pool stream. `raw`, `index`, `tr`, `runtime`, `high`, `priority` never change after the

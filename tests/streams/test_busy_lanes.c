@@ -1,0 +1,314 @@
+/* Busy lanes (streams/tracker.h): a use enqueues its work without weft's lock, so a thread that
+ * enqueues slowly (a long driver call, an NCCL collective) holds back only what must follow that
+ * work. Each case stops a use inside its enqueue (a use whose work function waits for the test's
+ * word, then enqueues a memset), and checks what other threads may do meanwhile:
+ *   - uses of other streams and other blocks go on (before, one process-wide lock held them);
+ *   - a use that conflicts with the stopped work, a use of the same stream, and a host wait on
+ *     that stream wait (counters.busy_waits) and then are ordered after the work;
+ *   - a use whose work fails leaves the histories as they were, also for a reader that waited.
+ * The cases run with lazy records and with eager ones. Data and the simulator's oracle check
+ * every result; the tests run on a GPU too. */
+#include <pthread.h>
+#include <sched.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <cmocka.h>
+
+#include "lib/core/driver.h"
+#include "lib/core/error.h"
+#include "lib/runtime/runtime.h"
+#include "tests/util/testutil.h"
+
+#define N 4096
+static tu_env_t env;
+static const weft__driver_t *drv;
+
+static int setup_with(unsigned lazy) {
+  weft_options_t o = weft_options_default();
+  o.stream_count = 4;
+  o.high_priority_streams = 0;
+  o.lazy_records = lazy;
+  alarm(120); /* a use held back by another's enqueue would hang: fail instead */
+  if (weft__driver_get(&drv) != WEFT_OK) return -1;
+  return tu_init(&env, &o);
+}
+static int setup_lazy(void **state) {
+  (void)state;
+  return setup_with(1);
+}
+static int setup_eager(void **state) {
+  (void)state;
+  return setup_with(0);
+}
+static int teardown(void **state) {
+  (void)state;
+  tu_fini(&env);
+  alarm(0);
+  return 0;
+}
+
+static weft_counters_t counters(void) {
+  weft_counters_t c;
+  assert_int_equal(weft_runtime_counters(env.rt, &c), WEFT_OK);
+  return c;
+}
+
+static weft_stream_t *stream(unsigned i) {
+  weft_stream_t *s;
+  assert_int_equal(weft_stream_get(env.rt, i, &s), WEFT_OK);
+  return s;
+}
+
+static weft_block_t alloc(weft_stream_t *s) {
+  weft_block_t b;
+  assert_int_equal(weft_alloc(env.rt, N * 4, s, "busy", &b), WEFT_OK);
+  return b;
+}
+
+static void expect_all(weft_stream_t *s, weft_block_t b, unsigned value) {
+  static unsigned host[N];
+  assert_int_equal(tu_read(s, b, host, sizeof host), WEFT_OK);
+  for (unsigned i = 0; i < N; i++)
+    if (host[i] != value) fail_msg("element %u: %u, want %u", i, host[i], value);
+}
+
+/* ---- a use stopped inside its enqueue ---- */
+
+typedef struct stopped {
+  pthread_mutex_t m;
+  pthread_cond_t c;
+  int inside, released, fail;
+  weft_stream_t *s;
+  weft_block_t b;
+  unsigned value;
+  weft_status_t st;
+  pthread_t th;
+} stopped_t;
+
+/* The use's work: says it is inside, waits for the word, then writes `value` over the block (or
+ * fails without enqueuing anything). */
+static weft_status_t stopped_work(weft_stream_t *s, void *arg) {
+  stopped_t *w = arg;
+  pthread_mutex_lock(&w->m);
+  w->inside = 1;
+  pthread_cond_broadcast(&w->c);
+  while (!w->released) pthread_cond_wait(&w->c, &w->m);
+  pthread_mutex_unlock(&w->m);
+  if (w->fail) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "test: the work was refused");
+  CUdeviceptr p;
+  weft_status_t st = weft_block_ptr(w->b, &p);
+  if (st != WEFT_OK) return st;
+  CUresult r = drv->cuMemsetD32Async(p, w->value, N, s->raw);
+  return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuMemsetD32Async");
+}
+
+static void *stopped_thread(void *arg) {
+  stopped_t *w = arg;
+  weft_access_t a = {w->b, WEFT_WRITE};
+  w->st = weft__use_run(w->s, &a, 1, "stopped", stopped_work, w);
+  return NULL;
+}
+
+/* Starts a use writing `value` over b on s and returns once it is inside its enqueue. */
+static void stop(stopped_t *w, weft_stream_t *s, weft_block_t b, unsigned value, int fail) {
+  memset(w, 0, sizeof *w);
+  pthread_mutex_init(&w->m, NULL);
+  pthread_cond_init(&w->c, NULL);
+  w->s = s;
+  w->b = b;
+  w->value = value;
+  w->fail = fail;
+  assert_int_equal(pthread_create(&w->th, NULL, stopped_thread, w), 0);
+  pthread_mutex_lock(&w->m);
+  while (!w->inside) pthread_cond_wait(&w->c, &w->m);
+  pthread_mutex_unlock(&w->m);
+}
+
+/* Lets it enqueue and waits for its use to end. */
+static void release(stopped_t *w) {
+  pthread_mutex_lock(&w->m);
+  w->released = 1;
+  pthread_cond_broadcast(&w->c);
+  pthread_mutex_unlock(&w->m);
+  pthread_join(w->th, NULL);
+  pthread_mutex_destroy(&w->m);
+  pthread_cond_destroy(&w->c);
+}
+
+/* Waits until some call waits for a busy lane (counters.busy_waits passes `was`). */
+static void await_busy_wait(uint64_t was) {
+  struct timespec t0, t;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while (counters().busy_waits <= was) {
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    if (t.tv_sec - t0.tv_sec > 60) fail_msg("no call waited for the busy lane within 60 s");
+    sched_yield();
+  }
+}
+
+/* ---- other threads' calls, each on its own thread ---- */
+
+typedef enum { READ_BLOCK, FILL_BLOCK, SYNC_STREAM } call_kind_t;
+
+typedef struct call {
+  call_kind_t kind;
+  weft_stream_t *s;
+  weft_block_t b;
+  unsigned value;
+  unsigned host[N];
+  weft_status_t st;
+  pthread_t th;
+} call_t;
+
+static void *call_thread(void *arg) {
+  call_t *c = arg;
+  switch (c->kind) {
+    case READ_BLOCK: c->st = tu_read(c->s, c->b, c->host, sizeof c->host); break;
+    case FILL_BLOCK: c->st = tu_fill(&env, c->s, c->b, N, c->value); break;
+    case SYNC_STREAM: c->st = weft_stream_synchronize(c->s); break;
+  }
+  return NULL;
+}
+
+static call_t *call_start(call_kind_t kind, weft_stream_t *s, weft_block_t b, unsigned value) {
+  call_t *c = test_calloc(1, sizeof *c);
+  *c = (call_t){.kind = kind, .s = s, .b = b, .value = value};
+  assert_int_equal(pthread_create(&c->th, NULL, call_thread, c), 0);
+  return c;
+}
+
+static weft_status_t call_join(call_t *c) {
+  pthread_join(c->th, NULL);
+  return c->st;
+}
+
+/* ---- the cases ---- */
+
+static void test_other_streams_go_on_while_a_use_enqueues(void **state) {
+  (void)state;
+  weft_block_t x = alloc(stream(0)), y = alloc(stream(1));
+  assert_int_equal(weft_stream_synchronize(stream(0)), WEFT_OK);
+  weft_counters_t c0 = counters();
+  stopped_t w;
+  stop(&w, stream(0), x, 5, 0);
+  /* On this thread, while the use on stream 0 is inside its enqueue: another block on another
+   * stream, written, read back and synchronised. With one lock held across the enqueue this
+   * would wait for ever. */
+  assert_int_equal(tu_fill(&env, stream(1), y, N, 7), WEFT_OK);
+  expect_all(stream(1), y, 7);
+  assert_int_equal(counters().busy_waits, c0.busy_waits);
+  release(&w);
+  assert_int_equal(w.st, WEFT_OK);
+  expect_all(stream(2), x, 5); /* a reader elsewhere waits for the write's event */
+  assert_int_equal(tu_races(&env), 0);
+  assert_int_equal(weft_free(x, stream(2)), WEFT_OK);
+  assert_int_equal(weft_free(y, stream(1)), WEFT_OK);
+}
+
+static void test_a_conflicting_use_waits_for_the_enqueue(void **state) {
+  (void)state;
+  weft_block_t x = alloc(stream(0));
+  assert_int_equal(tu_fill(&env, stream(0), x, N, 1), WEFT_OK);
+  weft_counters_t c0 = counters();
+  stopped_t w;
+  stop(&w, stream(0), x, 5, 0);
+  call_t *reader = call_start(READ_BLOCK, stream(1), x, 0);
+  await_busy_wait(c0.busy_waits); /* the reader waits for the lane... */
+  release(&w);                    /* ...until the write is enqueued */
+  assert_int_equal(call_join(reader), WEFT_OK);
+  assert_int_equal(w.st, WEFT_OK);
+  for (unsigned i = 0; i < N; i++)
+    if (reader->host[i] != 5) fail_msg("element %u: %u, want 5 (the reader ran before the write)", i, reader->host[i]);
+  weft_counters_t c1 = counters();
+  assert_true(c1.waits_issued > c0.waits_issued); /* stream 1 waited for stream 0's write */
+  assert_int_equal(tu_races(&env), 0);
+  test_free(reader);
+  assert_int_equal(weft_free(x, stream(1)), WEFT_OK);
+}
+
+static void test_the_same_stream_waits_for_its_use(void **state) {
+  (void)state;
+  weft_block_t x = alloc(stream(0)), y = alloc(stream(0));
+  assert_int_equal(weft_stream_synchronize(stream(0)), WEFT_OK);
+  weft_counters_t c0 = counters();
+  stopped_t w;
+  stop(&w, stream(0), x, 5, 0);
+  call_t *filler = call_start(FILL_BLOCK, stream(0), y, 9);
+  await_busy_wait(c0.busy_waits);
+  release(&w);
+  assert_int_equal(call_join(filler), WEFT_OK);
+  assert_int_equal(w.st, WEFT_OK);
+  expect_all(stream(0), x, 5);
+  expect_all(stream(0), y, 9);
+  assert_int_equal(counters().waits_issued, c0.waits_issued); /* one stream: stream order is enough */
+  assert_int_equal(tu_races(&env), 0);
+  test_free(filler);
+  assert_int_equal(weft_free(x, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(y, stream(0)), WEFT_OK);
+}
+
+static void test_a_host_wait_waits_for_the_enqueue(void **state) {
+  (void)state;
+  weft_block_t x = alloc(stream(0));
+  assert_int_equal(weft_stream_synchronize(stream(0)), WEFT_OK);
+  weft_counters_t c0 = counters();
+  stopped_t w;
+  stop(&w, stream(0), x, 5, 0);
+  call_t *sync = call_start(SYNC_STREAM, stream(0), x, 0);
+  await_busy_wait(c0.busy_waits);
+  release(&w);
+  assert_int_equal(call_join(sync), WEFT_OK);
+  assert_int_equal(w.st, WEFT_OK);
+  expect_all(stream(0), x, 5);
+  assert_int_equal(tu_races(&env), 0);
+  test_free(sync);
+  assert_int_equal(weft_free(x, stream(0)), WEFT_OK);
+}
+
+static void test_a_failed_enqueue_leaves_the_histories_as_they_were(void **state) {
+  (void)state;
+  weft_block_t x = alloc(stream(1));
+  assert_int_equal(tu_fill(&env, stream(1), x, N, 3), WEFT_OK);
+  weft_counters_t c0 = counters();
+  /* A reader on stream 2 waits meanwhile; the write on stream 0 then fails. */
+  stopped_t w;
+  stop(&w, stream(0), x, 5, 1);
+  call_t *reader = call_start(READ_BLOCK, stream(2), x, 0);
+  await_busy_wait(c0.busy_waits);
+  release(&w);
+  assert_int_equal(call_join(reader), WEFT_OK);
+  assert_int_equal(w.st, WEFT_ERR_INVALID_ARGUMENT);
+  for (unsigned i = 0; i < N; i++)
+    if (reader->host[i] != 3) fail_msg("element %u: %u, want 3", i, reader->host[i]);
+  weft_counters_t c1 = counters();
+  assert_int_equal(c1.uses, c0.uses + 1); /* the reader's copy and... */
+  /* ...nothing of the failed write: a reader on stream 1, the last writer's stream, needs no
+   * wait (it would wait for stream 0 if the failed write were in the history). */
+  expect_all(stream(1), x, 3);
+  weft_counters_t c2 = counters();
+  assert_int_equal(c2.waits_issued, c1.waits_issued);
+  /* Stream 0 goes on as if the failed use had never begun its work. */
+  assert_int_equal(tu_fill(&env, stream(0), x, N, 8), WEFT_OK);
+  expect_all(stream(3), x, 8);
+  assert_int_equal(tu_races(&env), 0);
+  test_free(reader);
+  assert_int_equal(weft_free(x, stream(3)), WEFT_OK);
+}
+
+int main(void) {
+  const struct CMUnitTest lazy[] = {
+      cmocka_unit_test(test_other_streams_go_on_while_a_use_enqueues),
+      cmocka_unit_test(test_a_conflicting_use_waits_for_the_enqueue),
+      cmocka_unit_test(test_the_same_stream_waits_for_its_use),
+      cmocka_unit_test(test_a_host_wait_waits_for_the_enqueue),
+      cmocka_unit_test(test_a_failed_enqueue_leaves_the_histories_as_they_were),
+  };
+  int failed = cmocka_run_group_tests_name("lazy records", lazy, setup_lazy, teardown);
+  failed += cmocka_run_group_tests_name("eager records", lazy, setup_eager, teardown);
+  return failed;
+}
