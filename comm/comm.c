@@ -5,11 +5,10 @@
  * do (gate.h: graph calls must not overlap another thread's enqueue).
  *
  * Groups: between weft_comm_group_begin and _end this thread's calls are only checked and
- * recorded. At the end, per stream, the union of the recorded accesses opens one use
- * (weft_use_begin: the stream waits for what they need), NCCL enqueues the whole group, and the
- * uses close (weft_use_end: the collectives are recorded as the blocks' newest uses). A failure
- * before NCCL enqueues anything closes the opened uses with no work (conservative) and enqueues
- * nothing. */
+ * recorded. At the end, per stream, the union of the recorded accesses is one use, and the uses
+ * of all the group's streams are one joint use (weft__use_joint) around the NCCL group: each
+ * stream waits for what its accesses need, NCCL enqueues the whole group, and the collectives
+ * are recorded as the blocks' newest uses. When NCCL refuses the group, nothing is recorded. */
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -294,6 +293,25 @@ static size_t group_streams(const call_t *calls, size_t ncalls, group_stream_t *
   return ns;
 }
 
+/* The group's NCCL calls, one NCCL group (fn of the group's joint use). */
+typedef struct group_run {
+  const weft__nccl_t *nl;
+  const call_t *calls;
+  size_t n;
+} group_run_t;
+
+static weft_status_t run_group(weft_stream_t *s, void *arg) {
+  (void)s;
+  const group_run_t *g = arg;
+  ncclResult_t r = g->nl->ncclGroupStart();
+  for (size_t i = 0; r == ncclSuccess && i < g->n; i++) r = enqueue(g->nl, &g->calls[i]);
+  weft__gate_enter(); /* NCCL enqueues the group's work here */
+  ncclResult_t e = g->nl->ncclGroupEnd();
+  weft__gate_leave();
+  if (r == ncclSuccess) r = e;
+  return r == ncclSuccess ? WEFT_OK : weft__nccl_fail(g->nl, r, "weft_comm_group_end");
+}
+
 weft_status_t weft_comm_group_end(void) {
   if (g_depth == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_comm_group_end: no weft_comm_group_begin");
   if (--g_depth > 0) return WEFT_OK;
@@ -305,40 +323,35 @@ weft_status_t weft_comm_group_end(void) {
   weft_status_t st = weft__nccl_get(&nl);
   group_stream_t gs_small[SMALL_GROUP], *gs = NULL;
   weft_access_t acc_small[2 * SMALL_GROUP], *acc = NULL;
-  size_t ns = 0, opened = 0;
+  weft_stream_t *s_small[SMALL_GROUP], **streams = NULL;
+  const weft_access_t *a_small[SMALL_GROUP], **accs = NULL;
+  size_t n_small[SMALL_GROUP], *ns = NULL;
   if (st == WEFT_OK) {
     gs = weft__small_alloc(gs_small, SMALL_GROUP, ncalls, sizeof *gs);
     acc = weft__small_alloc(acc_small, SMALL_GROUP, ncalls, 2 * sizeof *acc);
-    if (gs == NULL || acc == NULL) st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm_group_end: no host memory");
+    streams = weft__small_alloc(s_small, SMALL_GROUP, ncalls, sizeof *streams);
+    accs = weft__small_alloc(a_small, SMALL_GROUP, ncalls, sizeof *accs);
+    ns = weft__small_alloc(n_small, SMALL_GROUP, ncalls, sizeof *ns);
+    if (gs == NULL || acc == NULL || streams == NULL || accs == NULL || ns == NULL)
+      st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm_group_end: no host memory");
   }
-  if (st == WEFT_OK) ns = group_streams(g_calls, ncalls, gs, acc);
-  /* Each stream waits for what its calls need. */
-  for (; st == WEFT_OK && opened < ns; opened++) st = weft_use_begin(gs[opened].s, acc + gs[opened].first, gs[opened].n);
-  char why[512] = "";
   if (st == WEFT_OK) {
-    ncclResult_t r = nl->ncclGroupStart();
-    for (size_t i = 0; r == ncclSuccess && i < ncalls; i++) r = enqueue(nl, &g_calls[i]);
-    weft__gate_enter(); /* NCCL enqueues the group's work here */
-    ncclResult_t e = nl->ncclGroupEnd();
-    weft__gate_leave();
-    if (r == ncclSuccess) r = e;
-    if (r != ncclSuccess) {
-      st = weft__nccl_fail(nl, r, "weft_comm_group_end");
-      snprintf(why, sizeof why, "%s", weft_last_error());
+    /* One use per stream (the union of its calls' accesses), all around the one NCCL group. */
+    size_t k = group_streams(g_calls, ncalls, gs, acc);
+    for (size_t j = 0; j < k; j++) {
+      streams[j] = gs[j].s;
+      accs[j] = acc + gs[j].first;
+      ns[j] = gs[j].n;
     }
-  } else {
-    snprintf(why, sizeof why, "%s", weft_last_error());
-  }
-  /* Every opened use closes (after a failure, with no work: conservative), last opened first:
-   * the last stream's context is still bound, so a group over k devices binds a context k times
-   * per group end instead of 2k - 1. */
-  for (size_t j = opened; j-- > 0;) {
-    weft_status_t closed = weft_use_end(gs[j].s, acc + gs[j].first, gs[j].n);
-    (void)closed; /* a failure was reported already, or closing cannot fail here */
+    group_run_t run = {nl, g_calls, ncalls};
+    st = weft__use_joint(streams, accs, ns, k, "weft_comm_group_end", run_group, &run);
   }
   if (gs != NULL) weft__small_free(gs_small, gs);
   if (acc != NULL) weft__small_free(acc_small, acc);
-  return st == WEFT_OK ? WEFT_OK : weft__error(st, "%s", why);
+  if (streams != NULL) weft__small_free(s_small, streams);
+  if (accs != NULL) weft__small_free(a_small, (void *)accs);
+  if (ns != NULL) weft__small_free(n_small, ns);
+  return st;
 }
 
 /* ---- communicators ---- */

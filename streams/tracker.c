@@ -373,16 +373,14 @@ typedef struct undo {
   uint64_t read; /* reads[lane] */
 } undo_t;
 
-/* A live use's work enqueued without the lock (tracker.h, "Busy lanes"): the lock is held on
- * entry (after the use's waits) and on return. */
-static weft_status_t use_unlocked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses,
-                                  size_t n, weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg) {
-  undo_t small[16];
-  undo_t *undo = weft__small_alloc(small, 16, n, sizeof *undo);
-  if (undo == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for %zu accesses", n);
+/* Records a busy use's accesses at the pending tick of s that its work will have (tracker.h,
+ * "Busy lanes"), saving in undo[0..n) and *was what putting them back needs. Returns whether
+ * the tick stays deferred after the work (lazy records); lock held. */
+static bool reserve_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n,
+                        undo_t *undo, weft__lane_t *was) {
   unsigned at = s->lane;
   weft__lane_t *l = &d->lane[at];
-  const weft__lane_t was = *l;
+  *was = *l;
   bool defer = tr->lazy && !l->eager && !atomic_load_explicit(&s->exposed, memory_order_relaxed);
   uint64_t k = weft__clock_reserve(d, s, defer);
   for (size_t i = 0; i < n; i++) {
@@ -396,33 +394,61 @@ static weft_status_t use_unlocked(weft__tracker_t *tr, weft__domain_t *d, weft_s
       a->reader_mask |= weft__lane_bit(at);
     }
   }
-  d->busy |= weft__lane_bit(at);
-  unlock(tr);
-  weft_status_t st = fn(s, arg);
-  lock(tr);
-  d->busy &= ~weft__lane_bit(at);
-  pthread_cond_broadcast(&weft__clock_idle);
-  if (st == WEFT_OK) {
-    /* The use is recorded whatever happens to its event (end_locked). */
+  return defer;
+}
+
+/* Ends a busy use of s once its work was enqueued (ok) or failed (lock held): records the tick's
+ * event unless it stays deferred (the use is recorded whatever happens to its event, as in
+ * end_locked), or puts the histories and the lane back: nobody saw the tick, its lane was busy. */
+static void finish_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n,
+                       const undo_t *undo, const weft__lane_t *was, bool defer, bool ok) {
+  unsigned at = s->lane;
+  if (ok) {
     if (!defer) (void)weft__clock_flush(tr, d, s);
     tr->counters.uses++;
     tr->counters.accesses += n;
     s->last_used = ++tr->use_seq;
-  } else {
-    /* Nobody saw tick k (its lane was busy): the histories and the lane go back. */
-    for (size_t i = n; i-- > 0;) {
-      weft__access_state_t *a = uses[i].state;
-      a->write = undo[i].write;
-      a->reader_mask = undo[i].reader_mask;
-      a->reads[at] = undo[i].read;
-    }
-    l->tick = was.tick;
-    l->recorded = was.recorded;
-    l->dirty = was.dirty;
-    l->deferred = was.deferred;
-    l->joined = was.joined;
-    WEFT__ROW(d, at)[at] = was.tick;
+    return;
   }
+  for (size_t i = n; i-- > 0;) {
+    weft__access_state_t *a = uses[i].state;
+    a->write = undo[i].write;
+    a->reader_mask = undo[i].reader_mask;
+    a->reads[at] = undo[i].read;
+  }
+  weft__lane_t *l = &d->lane[at];
+  l->tick = was->tick;
+  l->recorded = was->recorded;
+  l->dirty = was->dirty;
+  l->deferred = was->deferred;
+  l->joined = was->joined;
+  WEFT__ROW(d, at)[at] = was->tick;
+}
+
+/* Runs fn without the lock, the lanes of `busy` marked busy meanwhile; the lock is held on entry
+ * and on return. */
+static weft_status_t run_busy(weft__tracker_t *tr, weft__domain_t *d, weft__lanes_t busy,
+                              weft_status_t (*fn)(weft_stream_t *s, void *arg), weft_stream_t *s, void *arg) {
+  d->busy |= busy;
+  unlock(tr);
+  weft_status_t st = fn(s, arg);
+  lock(tr);
+  d->busy &= ~busy;
+  pthread_cond_broadcast(&weft__clock_idle);
+  return st;
+}
+
+/* A live use's work enqueued without the lock (tracker.h, "Busy lanes"): the lock is held on
+ * entry (after the use's waits) and on return. */
+static weft_status_t use_unlocked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses,
+                                  size_t n, weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg) {
+  undo_t small[16];
+  undo_t *undo = weft__small_alloc(small, 16, n, sizeof *undo);
+  if (undo == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for %zu accesses", n);
+  weft__lane_t was;
+  bool defer = reserve_use(tr, d, s, uses, n, undo, &was);
+  weft_status_t st = run_busy(tr, d, weft__lane_bit(s->lane), fn, s, arg);
+  finish_use(tr, d, s, uses, n, undo, &was, defer, st == WEFT_OK);
   weft__small_free(small, undo);
   return st;
 }
@@ -561,6 +587,77 @@ weft_status_t weft__tracker_end(weft_stream_t *s, const weft__use_t *uses, size_
 weft_status_t weft__tracker_use(weft_stream_t *s, const weft__use_t *uses, size_t n,
                                 weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg) {
   return run_use(s, uses, n, DO_BEGIN | DO_END, fn, arg, 0);
+}
+
+/* Binds s's context if it is not current: before a driver call of a joint use, whose streams
+ * may belong to several devices. */
+static weft_status_t bind_for(weft_stream_t *s) { return weft__tracker_bind(s->tr); }
+
+weft_status_t weft__tracker_use_joint(weft_stream_t *const *s, weft__use_t *const *uses, const size_t *n, size_t k,
+                                      weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg) {
+  if (k == 0) return WEFT_OK;
+  weft__tracker_t *tr0 = s[0]->tr;
+  size_t total = 0;
+  for (size_t i = 0; i < k; i++) total += n[i];
+  undo_t small_undo[32];
+  weft__lane_t small_was[8];
+  undo_t *undo = weft__small_alloc(small_undo, 32, total, sizeof *undo);
+  weft__lane_t *was = weft__small_alloc(small_was, 8, k, sizeof *was);
+  weft_status_t st = undo != NULL && was != NULL && k <= WEFT__MAX_LANES
+                         ? WEFT_OK
+                         : weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for a joint use");
+  weft__lanes_t lanes = 0, defer = 0;
+  for (size_t i = 0; i < k; i++) lanes |= weft__lane_bit(s[i]->lane);
+  if (st != WEFT_OK) goto done;
+  lock(tr0);
+  weft__domain_t *d = tr0->live;
+again:
+  wait_idle(tr0, lanes);
+  for (size_t i = 0; i < k && st == WEFT_OK; i++) {
+    if (s[i]->capture != NULL || s[i]->per_thread)
+      st = weft__error(WEFT_ERR_CAPTURE, "weft: stream %u of a joint use began capturing meanwhile", s[i]->index);
+    else if ((st = check_graph_memory(NULL, s[i], uses[i], n[i])) == WEFT_OK)
+      st = grow_reads(d, s[i]->lane, uses[i], n[i]);
+  }
+  if (st != WEFT_OK) goto out;
+  /* Waits first: every stream's, once none of the lanes they need is busy. */
+  weft__lanes_t busy = 0, waits = 0;
+  for (size_t i = 0; i < k; i++) {
+    weft__tracker_t *tr = s[i]->tr;
+    uint64_t need[WEFT__MAX_LANES];
+    memset(need, 0, d->n * sizeof need[0]);
+    uint64_t skipped = tr->counters.waits_skipped, host = tr->counters.waits_host_known;
+    weft__lanes_t m = collect_needs(tr, d, s[i]->lane, uses[i], n[i], need);
+    tr->counters.waits_skipped = skipped; /* counted by begin_locked below */
+    tr->counters.waits_host_known = host;
+    busy |= m & d->busy;
+    if (m != 0) waits |= weft__lane_bit(i);
+  }
+  if (busy != 0) {
+    wait_idle(tr0, busy);
+    goto again;
+  }
+  for (size_t i = 0; i < k && st == WEFT_OK; i++) {
+    const weft__lane_t *l = &d->lane[s[i]->lane];
+    bool driver = (waits & weft__lane_bit(i)) != 0 || (!l->deferred && l->recorded != l->tick);
+    if (driver && (st = bind_for(s[i])) != WEFT_OK) break;
+    st = begin_locked(s[i]->tr, d, s[i], uses[i], n[i], &busy);
+  }
+  if (st != WEFT_OK) goto out; /* waits issued stay (harmless, conservative); nothing recorded */
+  for (size_t i = 0, off = 0; i < k; off += n[i], i++)
+    if (reserve_use(s[i]->tr, d, s[i], uses[i], n[i], undo + off, &was[i])) defer |= weft__lane_bit(i);
+  st = run_busy(tr0, d, lanes, fn, s[0], arg);
+  for (size_t i = 0, off = 0; i < k; off += n[i], i++) {
+    bool keep = (defer & weft__lane_bit(i)) != 0;
+    if (st == WEFT_OK && !keep) (void)bind_for(s[i]); /* a failed bind makes the record fail: it stays pending */
+    finish_use(s[i]->tr, d, s[i], uses[i], n[i], undo + off, &was[i], keep, st == WEFT_OK);
+  }
+out:
+  unlock(tr0);
+done:
+  if (undo != NULL) weft__small_free(small_undo, undo);
+  if (was != NULL) weft__small_free(small_was, was);
+  return st;
 }
 
 weft_status_t weft__tracker_open(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print) {

@@ -169,6 +169,9 @@ weft_status_t weft__stream_check(const weft_stream_t *s, const char *fn);
  * a capture that code outside weft began on it, dropping one that its owner ended). Costs one
  * driver query for streams outside code can reach, nothing otherwise. */
 weft_status_t weft__stream_prepare(weft_stream_t *s);
+/** weft__stream_prepare without binding the context: for calls whose driver work binds it
+ * itself (weft__tracker_use_joint). */
+weft_status_t weft__stream_sync_capture(weft_stream_t *s);
 /** Ends the records of the blocks allocated inside capture c and not freed there: their memory
  * went with c's graph (or with its owner's). Their handles become stale; their resource stops
  * counting them. */
@@ -228,6 +231,15 @@ void weft__cache_forget(weft_runtime_t *rt);
  * one way every tracked operation of weft (launches, copies, sets, collectives) runs. */
 weft_status_t weft__use_run(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name,
                            weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg);
+/** One use of each of the k distinct streams s[i] with the accesses acc[i][0..n[i]) around one
+ * fn(s[0], arg) that enqueues the work of all of them (an NCCL group): each stream first waits
+ * for what its accesses conflict with, and afterwards the work is recorded as their newest use on
+ * that stream. Live streams go through weft__tracker_use_joint (no context bound unless a stream
+ * gets a wait or a record); when one takes part in a capture, every stream's use opens, fn runs
+ * and the uses close, as weft_use_begin / weft_use_end do. With the trace's slices and an NVTX
+ * range named `name`. */
+weft_status_t weft__use_joint(weft_stream_t *const *s, const weft_access_t *const *acc, const size_t *n, size_t k,
+                              const char *name, weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg);
 /** Resolves accesses to tracker uses; checks every block belongs to s's runtime.
  * `uses` has room for n. */
 weft_status_t weft__uses_from_accesses(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses,

@@ -93,6 +93,8 @@ weft_status_t weft__stream_prepare(weft_stream_t *s) {
   return st == WEFT_OK ? sync_capture(s) : st;
 }
 
+weft_status_t weft__stream_sync_capture(weft_stream_t *s) { return sync_capture(s); }
+
 void weft__runtime_refresh_captures(weft_runtime_t *rt) {
   /* Every exposed stream: a capture begun outside weft is unknown until asked about. */
   weft__tracker_t *tr = &rt->tracker;

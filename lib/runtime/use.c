@@ -42,16 +42,24 @@ static weft_runtime_t *rt_of(weft_block_t b) { return ((struct weft__block *)b.r
  * with `peer`, s's device is first given access to their memory. */
 #define SMALL 32
 
-static weft_status_t prepare(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *small,
-                             weft__use_t **uses, const char *fn, bool peer) {
+/* Checks s and resolves accesses into uses[0..n); with `peer`, s's device is first given access
+ * to the memory of blocks of other runtimes ("blocks of other devices" below). */
+static weft_status_t check_accesses(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses,
+                                    const char *fn, bool peer) {
   weft_status_t st = weft__stream_check(s, fn);
   if (st != WEFT_OK) return st;
-  *uses = weft__small_alloc(small, SMALL, n, sizeof **uses);
-  if (*uses == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory for %zu accesses", fn, n);
   bool far = false;
-  st = resolve(s, acc, n, *uses, fn, &far);
+  st = resolve(s, acc, n, uses, fn, &far);
   for (size_t i = 0; far && peer && i < n && st == WEFT_OK; i++)
     if (rt_of(acc[i].block) != s->runtime) st = weft__runtime_peer_ready(s->runtime, rt_of(acc[i].block), fn);
+  return st;
+}
+
+static weft_status_t prepare(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *small,
+                             weft__use_t **uses, const char *fn, bool peer) {
+  *uses = weft__small_alloc(small, SMALL, n, sizeof **uses);
+  if (*uses == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory for %zu accesses", fn, n);
+  weft_status_t st = check_accesses(s, acc, n, *uses, fn, peer);
   /* A capture begun by code outside weft changes which clocks this use belongs to. */
   if (st == WEFT_OK) st = weft__stream_prepare(s);
   if (st != WEFT_OK) weft__small_free(small, *uses);
@@ -122,6 +130,60 @@ static weft_status_t use_run(weft_stream_t *s, const weft_access_t *acc, size_t 
 weft_status_t weft__use_run(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name,
                            weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
   return use_run(s, acc, n, name, true, fn, arg);
+}
+
+/* A joint use where a stream takes part in a capture: every use opens (its waits), fn runs, and
+ * every opened use closes, last opened first (after a failure, with no work: conservative). */
+static weft_status_t joint_split(weft_stream_t *const *s, weft__use_t *const *uses, const size_t *n, size_t k,
+                                 weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
+  weft_status_t st = WEFT_OK;
+  size_t opened = 0;
+  while (st == WEFT_OK && opened < k) {
+    st = weft__stream_prepare(s[opened]);
+    if (st == WEFT_OK)
+      st = weft__tracker_open(s[opened], uses[opened], n[opened], weft__tracker_fingerprint(uses[opened], n[opened]));
+    if (st == WEFT_OK) opened++;
+  }
+  if (st == WEFT_OK) st = fn(s[0], arg);
+  char why[512] = "";
+  if (st != WEFT_OK) snprintf(why, sizeof why, "%s", weft_last_error());
+  for (size_t j = opened; j-- > 0;) {
+    uint64_t print = weft__tracker_fingerprint(uses[j], n[j]);
+    weft_status_t closed = weft__stream_prepare(s[j]);
+    if (closed == WEFT_OK) closed = weft__tracker_close(s[j], uses[j], n[j], print);
+    if (st == WEFT_OK) st = closed;
+  }
+  return st == WEFT_OK || why[0] == 0 ? st : weft__error(st, "%s", why);
+}
+
+weft_status_t weft__use_joint(weft_stream_t *const *s, const weft_access_t *const *acc, const size_t *n, size_t k,
+                              const char *name, weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
+  size_t total = 0;
+  for (size_t i = 0; i < k; i++) total += n[i];
+  weft__use_t small[SMALL], *all = weft__small_alloc(small, SMALL, total, sizeof *all);
+  weft__use_t *small_per[8], **per = weft__small_alloc(small_per, 8, k, sizeof *per);
+  weft_status_t st = all != NULL && per != NULL ? WEFT_OK
+                                                : weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory", name);
+  /* Live streams enqueue through one joint tracker use; a capture (or device timestamps, which
+   * need a span per stream) takes the split form. */
+  bool joint = !weft__trace_device_on();
+  for (size_t i = 0, off = 0; st == WEFT_OK && i < k; off += n[i], i++) {
+    per[i] = all + off;
+    st = check_accesses(s[i], acc[i], n[i], per[i], name, true);
+    if (st == WEFT_OK) st = weft__stream_sync_capture(s[i]);
+    if (st == WEFT_OK && (atomic_load_explicit(&s[i]->capture, memory_order_acquire) != NULL || s[i]->per_thread))
+      joint = false;
+  }
+  uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
+  if (st == WEFT_OK) {
+    weft__nvtx_push(name);
+    st = joint ? weft__tracker_use_joint(s, per, n, k, fn, arg) : joint_split(s, per, n, k, fn, arg);
+    weft__nvtx_pop();
+  }
+  for (size_t i = 0; st == WEFT_OK && weft__trace_on() && i < k; i++) weft__trace_use(s[i], name, acc[i], n[i], t0);
+  if (all != NULL) weft__small_free(small, all);
+  if (per != NULL) weft__small_free(small_per, per);
+  return st;
 }
 
 static unsigned dim(unsigned d) { return d == 0 ? 1 : d; }

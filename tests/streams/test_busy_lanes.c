@@ -5,7 +5,9 @@
  *   - uses of other streams and other blocks go on (before, one process-wide lock held them);
  *   - a use that conflicts with the stopped work, a use of the same stream, and a host wait on
  *     that stream wait (counters.busy_waits) and then are ordered after the work;
- *   - a use whose work fails leaves the histories as they were, also for a reader that waited.
+ *   - a use whose work fails leaves the histories as they were, also for a reader that waited;
+ *   - a joint use of several streams (weft__use_joint, as an NCCL group is) waits for a busy lane
+ *     it needs, and records nothing when its work fails.
  * The cases run with lazy records and with eager ones. Data and the simulator's oracle check
  * every result; the tests run on a GPU too. */
 #include <pthread.h>
@@ -300,6 +302,101 @@ static void test_a_failed_enqueue_leaves_the_histories_as_they_were(void **state
   assert_int_equal(weft_free(x, stream(3)), WEFT_OK);
 }
 
+/* ---- joint uses ---- */
+
+typedef struct joint_work {
+  weft_block_t copy_dst, copy_src, set; /* on s[0]: copy_dst = copy_src; on s[1]: set = 4 */
+  weft_stream_t *s1;
+  int fail;
+} joint_work_t;
+
+static weft_status_t joint_fn(weft_stream_t *s0, void *arg) {
+  joint_work_t *j = arg;
+  if (j->fail) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "test: the joint work was refused");
+  CUdeviceptr dst, src, set;
+  if (weft_block_ptr(j->copy_dst, &dst) != WEFT_OK || weft_block_ptr(j->copy_src, &src) != WEFT_OK ||
+      weft_block_ptr(j->set, &set) != WEFT_OK)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "test: a block went");
+  CUresult r = drv->cuMemcpyDtoDAsync(dst, src, N * 4, s0->raw);
+  if (r == CUDA_SUCCESS) r = drv->cuMemsetD32Async(set, 4, N, j->s1->raw);
+  return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "joint work");
+}
+
+typedef struct joint_call {
+  joint_work_t work;
+  weft_status_t st;
+  pthread_t th;
+} joint_call_t;
+
+static weft_status_t joint_run(joint_work_t *w, weft_stream_t *s0, weft_stream_t *s1) {
+  weft_stream_t *s[2] = {s0, s1};
+  weft_access_t a0[2] = {{w->copy_dst, WEFT_WRITE}, {w->copy_src, WEFT_READ}}, a1[1] = {{w->set, WEFT_WRITE}};
+  const weft_access_t *acc[2] = {a0, a1};
+  size_t n[2] = {2, 1};
+  w->s1 = s1;
+  return weft__use_joint(s, acc, n, 2, "joint", joint_fn, w);
+}
+
+static void *joint_thread(void *arg) {
+  joint_call_t *c = arg;
+  c->st = joint_run(&c->work, stream(1), stream(2));
+  return NULL;
+}
+
+static void test_a_joint_use_waits_for_a_busy_lane_it_needs(void **state) {
+  (void)state;
+  weft_block_t x = alloc(stream(0)), y = alloc(stream(1)), z = alloc(stream(2));
+  assert_int_equal(tu_fill(&env, stream(0), x, N, 1), WEFT_OK);
+  weft_counters_t c0 = counters();
+  stopped_t w;
+  stop(&w, stream(0), x, 5, 0);
+  joint_call_t *j = test_calloc(1, sizeof *j);
+  j->work = (joint_work_t){.copy_dst = y, .copy_src = x, .set = z};
+  assert_int_equal(pthread_create(&j->th, NULL, joint_thread, j), 0);
+  await_busy_wait(c0.busy_waits); /* the joint use needs x, written by the busy use */
+  release(&w);
+  pthread_join(j->th, NULL);
+  assert_int_equal(w.st, WEFT_OK);
+  assert_int_equal(j->st, WEFT_OK);
+  expect_all(stream(3), y, 5);
+  expect_all(stream(3), z, 4);
+  assert_int_equal(tu_races(&env), 0);
+  weft_counters_t c1 = counters();
+  assert_int_equal(c1.uses, c0.uses + 1 + 2 + 2); /* the busy use, the joint use's two, two reads */
+  test_free(j);
+  assert_int_equal(weft_free(x, stream(3)), WEFT_OK);
+  assert_int_equal(weft_free(y, stream(3)), WEFT_OK);
+  assert_int_equal(weft_free(z, stream(3)), WEFT_OK);
+}
+
+static void test_a_failed_joint_use_records_nothing(void **state) {
+  (void)state;
+  weft_block_t x = alloc(stream(3)), y = alloc(stream(3)), z = alloc(stream(3));
+  assert_int_equal(tu_fill(&env, stream(3), x, N, 2), WEFT_OK);
+  assert_int_equal(tu_fill(&env, stream(3), y, N, 3), WEFT_OK);
+  assert_int_equal(tu_fill(&env, stream(3), z, N, 6), WEFT_OK);
+  weft_counters_t c0 = counters();
+  joint_work_t w = {.copy_dst = y, .copy_src = x, .set = z, .fail = 1};
+  assert_int_equal(joint_run(&w, stream(1), stream(2)), WEFT_ERR_INVALID_ARGUMENT);
+  weft_counters_t c1 = counters();
+  assert_int_equal(c1.uses, c0.uses);
+  /* Readers on stream 3, which wrote all three last, need no wait: the failed writes on streams
+   * 1 and 2 are in no history. */
+  expect_all(stream(3), y, 3);
+  expect_all(stream(3), z, 6);
+  weft_counters_t c2 = counters();
+  assert_int_equal(c2.waits_issued, c1.waits_issued);
+  /* The same joint use, not refused, runs. */
+  w.fail = 0;
+  assert_int_equal(joint_run(&w, stream(1), stream(2)), WEFT_OK);
+  expect_all(stream(0), y, 2);
+  expect_all(stream(0), z, 4);
+  assert_int_equal(tu_races(&env), 0);
+  assert_int_equal(weft_free(x, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(y, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(z, stream(0)), WEFT_OK);
+}
+
 int main(void) {
   const struct CMUnitTest lazy[] = {
       cmocka_unit_test(test_other_streams_go_on_while_a_use_enqueues),
@@ -307,6 +404,8 @@ int main(void) {
       cmocka_unit_test(test_the_same_stream_waits_for_its_use),
       cmocka_unit_test(test_a_host_wait_waits_for_the_enqueue),
       cmocka_unit_test(test_a_failed_enqueue_leaves_the_histories_as_they_were),
+      cmocka_unit_test(test_a_joint_use_waits_for_a_busy_lane_it_needs),
+      cmocka_unit_test(test_a_failed_joint_use_records_nothing),
   };
   int failed = cmocka_run_group_tests_name("lazy records", lazy, setup_lazy, teardown);
   failed += cmocka_run_group_tests_name("eager records", lazy, setup_eager, teardown);
