@@ -320,7 +320,8 @@ static void test_random_programs_across_devices(void **state) {
       } else { /* a copy between two devices, on a stream of one of them */
         int dd = (int)(o / PER), sd = (dd + 1 + (int)RND((unsigned)nd - 1)) % nd;
         unsigned src = (unsigned)sd * PER + RND(PER);
-        weft_stream_t *cs = s[RND(2) ? dd : sd][RND(3)];
+        int cd = RND(2) ? dd : sd; /* two statements: RND twice in one expression is unsequenced */
+        weft_stream_t *cs = s[cd][RND(3)];
         assert_int_equal(weft_copy_block(cs, b[o], 0, b[src], 0, NE * 4), WEFT_OK);
         model[o] = model[src];
       }
