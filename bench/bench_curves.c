@@ -6,8 +6,10 @@
  *   curve_tracker_accesses  a use against its number of accesses, beside a raw cuEventRecord;
  *   curve_pool              a `pool` resource pair against the number of live (fragmenting) blocks;
  *   curve_graph             instantiating and launching a captured chain against its kernel count;
+ *   curve_threads           launches from T threads, each on a stream of its own, against T;
  *   curve_sim               the simulator's own speed against program length (simulator only).
  * Nothing is derived here (no ratios, no fits): bench/results.py draws the curves from the CSV. */
+#include <pthread.h>
 #include <stdlib.h>
 
 #include "bench/bench.h"
@@ -337,6 +339,118 @@ static void curve_pool(const bench_t *b, unsigned n) {
   free(blocks);
 }
 
+/* ---- curve_threads ------------------------------------------------------------------------- */
+
+#define MAX_THREADS 8
+
+/* One thread's launches: the LCG kernel (one block, one round: a launch costs its enqueue) over
+ * a block of its own, on a stream of its own, weft_launch or cuLaunchKernel. */
+typedef struct launcher {
+  const bench_t *b;
+  weft_stream_t *s;
+  CUstream raw;
+  weft_block_t blk;
+  CUdeviceptr ptr;
+  unsigned n;
+  int weft;
+  pthread_barrier_t *start;
+} launcher_t;
+
+static void *launch_loop(void *arg) {
+  launcher_t *l = arg;
+  BENCH_CU(l->b->drv->cuCtxSetCurrent(l->b->ctx));
+  unsigned elems = 256, rounds = 1;
+  void *params[] = {&l->ptr, &l->ptr, &elems, &rounds};
+  weft_access_t acc = {l->blk, WEFT_READ_WRITE};
+  weft_launch_t launch = {.func = l->b->lcg, .grid = {1}, .block = {256}, .params = params};
+  pthread_barrier_wait(l->start);
+  for (unsigned i = 0; i < l->n; i++) {
+    if (l->weft) BENCH_WEFT(weft_launch(l->s, &launch, &acc, 1));
+    else BENCH_CU(l->b->drv->cuLaunchKernel(l->b->lcg, 1, 1, 1, 256, 1, 1, 0, l->raw, params, NULL));
+  }
+  return NULL;
+}
+
+typedef struct threads_point {
+  launcher_t l[MAX_THREADS];
+  unsigned t;
+  weft_runtime_t *rt;
+} threads_point_t;
+
+/* ns per launch over all threads: their wall time from a common start / every launch. */
+static double threads_sample(void *arg) {
+  threads_point_t *q = arg;
+  pthread_barrier_t start;
+  pthread_barrier_init(&start, NULL, q->t + 1);
+  pthread_t th[MAX_THREADS];
+  for (unsigned i = 0; i < q->t; i++) {
+    q->l[i].start = &start;
+    if (pthread_create(&th[i], NULL, launch_loop, &q->l[i]) != 0) bench_die("pthread_create");
+  }
+  pthread_barrier_wait(&start);
+  uint64_t t0 = bench_now_ns();
+  for (unsigned i = 0; i < q->t; i++) pthread_join(th[i], NULL);
+  uint64_t t1 = bench_now_ns();
+  pthread_barrier_destroy(&start);
+  /* Untimed: the launches drain before the next sample. */
+  for (unsigned i = 0; i < q->t; i++) BENCH_CU(q->l[0].b->drv->cuStreamSynchronize(q->l[i].raw));
+  BENCH_WEFT(weft_runtime_synchronize(q->rt));
+  return (double)(t1 - t0) / ((double)q->t * q->l[0].n);
+}
+
+static void curve_threads(const bench_t *b, unsigned n) {
+  static const char sec[] = "curve_threads";
+  static const unsigned xs[] = {1, 2, 4, 8};
+  size_t np = points(b, 4, 4, 2);
+  curve_heading(sec, "Launches from several threads",
+                "Host ns per kernel launch, over all T threads together (their wall time from a common start, "
+                "divided by every launch): each thread launches a one-block kernel over a block of its own on a "
+                "stream of its own, `weft_launch` on a pool stream (a tracked use) or `cuLaunchKernel` on a raw "
+                "stream. With perfect scaling the time per launch falls as 1/T. weft's lock is not held while a "
+                "launch is enqueued (busy lanes, streams/tracker.h), so threads on different streams enqueue in "
+                "parallel; what they still share is the lock around each use's bookkeeping.");
+  static const char *const cols[] = {"threads", "weft_launch (ns)", "cuLaunchKernel (ns)", "weft / raw"};
+  bench_table(cols, 4);
+  weft_options_t o = plain_options(MAX_THREADS);
+  weft_runtime_t *rt = bench_runtime(&o);
+  threads_point_t *w = calloc(1, sizeof *w), *r = calloc(1, sizeof *r);
+  if (w == NULL || r == NULL) bench_die("curve_threads: no host memory");
+  for (unsigned i = 0; i < MAX_THREADS; i++) {
+    weft_stream_t *s;
+    BENCH_WEFT(weft_stream_get(rt, i, &s));
+    weft_block_t blk;
+    BENCH_WEFT(weft_alloc(rt, 1024, s, "curve", &blk));
+    BENCH_WEFT(weft_memset32(s, blk, 0, 1, 1024));
+    CUdeviceptr ptr;
+    BENCH_WEFT(weft_block_ptr(blk, &ptr));
+    CUstream raw;
+    BENCH_CU(b->drv->cuStreamCreateWithPriority(&raw, CU_STREAM_NON_BLOCKING, 0));
+    w->l[i] = (launcher_t){b, s, raw, blk, ptr, n, 1, NULL};
+    r->l[i] = (launcher_t){b, s, raw, blk, ptr, n, 0, NULL};
+  }
+  w->rt = r->rt = rt;
+  BENCH_WEFT(weft_runtime_synchronize(rt));
+  for (size_t p = 0; p < np; p++) {
+    w->t = r->t = xs[p];
+    char x[16];
+    snprintf(x, sizeof x, "%u", xs[p]);
+    bench_series_t series[2] = {{"weft_launch, a stream per thread", "cuLaunchKernel, a raw stream per thread", x,
+                                 threads_sample, w},
+                                {"cuLaunchKernel, a raw stream per thread", NULL, x, threads_sample, r}};
+    double med[2];
+    bench_measure(b, sec, "ns per launch, all threads", "ns", series, 2, med);
+    printf("| %u | %.0f | %.0f | %.2f |\n", xs[p], med[0], med[1], med[0] / med[1]);
+  }
+  printf("\n");
+  for (unsigned i = 0; i < MAX_THREADS; i++) {
+    BENCH_WEFT(weft_free(w->l[i].blk, w->l[i].s));
+    BENCH_CU(b->drv->cuStreamDestroy(w->l[i].raw));
+  }
+  free(w);
+  free(r);
+  BENCH_WEFT(weft_runtime_release(rt));
+}
+
 /* ---- curve_graph --------------------------------------------------------------------------- */
 
 typedef struct graph_point {
@@ -544,5 +658,6 @@ void bench_curves(bench_t *b) {
   curve_accesses(b, n);
   curve_pool(b, n);
   curve_graph(b);
+  curve_threads(b, n / 4 > 0 ? n / 4 : 1);
   curve_sim(b);
 }

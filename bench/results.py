@@ -126,6 +126,7 @@ CURVE_X = {
     "curve_tracker_accesses": "accesses per use",
     "curve_pool": "live blocks",
     "curve_graph": "kernels in the graph",
+    "curve_threads": "threads",
     "curve_sim": "program length",
 }
 
