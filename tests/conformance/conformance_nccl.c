@@ -8,6 +8,7 @@
 #define _GNU_SOURCE
 #endif
 #include <dlfcn.h>
+#include <signal.h>
 #include <nccl.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "lib/core/driver.h"
@@ -41,8 +45,9 @@ static void *sym(const char *name) {
 }
 #define NCCL(fn) ((__typeof__(&fn))sym(#fn))
 
-static int setup(void **state) {
-  (void)state;
+/* The driver and NCCL (the simulator's, or libnccl.so.2 / WEFT_NCCL on a GPU); g_two says
+ * whether there are two devices. */
+static int load(void) {
   if (weft__driver_get(&d) != WEFT_OK) return -1;
   int n = 0;
   if (d->cuDeviceGetCount(&n) != CUDA_SUCCESS) return -1;
@@ -57,6 +62,13 @@ static int setup(void **state) {
       return -1;
     }
   }
+  return 0;
+}
+
+static int setup(void **state) {
+  (void)state;
+  if (load() != 0) return -1;
+  if (!g_two) return 0;
   for (int dev = 0; dev < 2; dev++) {
     if (d->cuDevicePrimaryCtxRetain(&ctx[dev], dev) != CUDA_SUCCESS || d->cuCtxSetCurrent(ctx[dev]) != CUDA_SUCCESS ||
         d->cuStreamCreateWithPriority(&st[dev], CU_STREAM_NON_BLOCKING, 0) != CUDA_SUCCESS ||
@@ -260,7 +272,83 @@ static void test_bad_arguments(void **state) {
   printf("conformance-nccl: a root or peer out of range and a null communicator are ncclInvalidArgument ok\n");
 }
 
-int main(void) {
+/* ---- ranks in two processes ---- */
+
+/* This process's rank `rank` of a two-rank communicator from the id in `id_file` (rank 0 made
+ * it), on device `rank`: an in-place float all-reduce of rank-dependent values, checked. Returns
+ * 0 when the result is right. Used by both processes of test_two_processes_all_reduce. */
+static int process_rank(int rank, const ncclUniqueId *id) {
+  CUcontext c;
+  CUstream s;
+  CUdeviceptr p;
+  if (d->cuDevicePrimaryCtxRetain(&c, rank) != CUDA_SUCCESS || d->cuCtxSetCurrent(c) != CUDA_SUCCESS ||
+      d->cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, 0) != CUDA_SUCCESS ||
+      d->cuMemAlloc(&p, N * 4) != CUDA_SUCCESS)
+    return 1;
+  static float h[N];
+  for (int i = 0; i < N; i++) h[i] = (float)(i + 1000 * rank);
+  ncclComm_t cm;
+  int bad = d->cuMemcpyHtoD(p, h, sizeof h) != CUDA_SUCCESS;
+  bad |= NCCL(ncclCommInitRank)(&cm, 2, *id, rank) != ncclSuccess;
+  if (!bad) {
+    bad |= NCCL(ncclAllReduce)((void *)p, (void *)p, N, ncclFloat32, ncclSum, cm, (cudaStream_t)s) != ncclSuccess;
+    bad |= d->cuStreamSynchronize(s) != CUDA_SUCCESS || d->cuMemcpyDtoH(h, p, sizeof h) != CUDA_SUCCESS;
+    for (int i = 0; !bad && i < N; i++) bad |= h[i] != (float)(2 * i + 1000);
+    bad |= NCCL(ncclCommDestroy)(cm) != ncclSuccess;
+  }
+  d->cuMemFree(p);
+  d->cuStreamDestroy(s);
+  d->cuDevicePrimaryCtxRelease(rank);
+  return bad;
+}
+
+/* The child: rank 1 (`--rank1 ID_FILE`). */
+static int child_main(const char *id_file) {
+  if (load() != 0 || !g_two) return 1;
+  ncclUniqueId id;
+  FILE *f = fopen(id_file, "rb");
+  if (f == NULL || fread(&id, sizeof id, 1, f) != 1) return 1;
+  fclose(f);
+  return process_rank(1, &id);
+}
+
+static void test_two_processes_all_reduce(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  ncclUniqueId id;
+  NOK(NCCL(ncclGetUniqueId)(&id));
+  char dir[] = "/tmp/weft-conformance-XXXXXX", path[64];
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/id", dir);
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(&id, sizeof id, 1, f), 1);
+  assert_int_equal(fclose(f), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    execl("/proc/self/exe", "conformance_nccl", "--rank1", path, (char *)NULL);
+    _exit(127);
+  }
+  int bad = process_rank(0, &id);
+  int status = 0;
+  time_t until = time(NULL) + 60;
+  while (waitpid(pid, &status, WNOHANG) == 0 && time(NULL) < until) usleep(10000);
+  if (time(NULL) >= until) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    fail_msg("rank 1's process did not end within 60 s");
+  }
+  unlink(path);
+  rmdir(dir);
+  assert_int_equal(bad, 0);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  on(0);
+  printf("conformance-nccl: ranks in two processes sharing a unique id (a file): all-reduce ok\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "--rank1") == 0) return child_main(argv[2]);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_communicators),
       cmocka_unit_test(test_all_reduce_in_place),
@@ -268,6 +356,7 @@ int main(void) {
       cmocka_unit_test(test_send_receive),
       cmocka_unit_test(test_captured_all_reduce),
       cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_two_processes_all_reduce),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
