@@ -398,6 +398,7 @@ static double threads_sample(void *arg) {
   return (double)(t1 - t0) / ((double)q->t * q->l[0].n);
 }
 
+/* n: launches per thread per sample. */
 static void curve_threads(const bench_t *b, unsigned n) {
   static const char sec[] = "curve_threads";
   static const unsigned xs[] = {1, 2, 4, 8};
@@ -406,7 +407,9 @@ static void curve_threads(const bench_t *b, unsigned n) {
                 "Host ns per kernel launch, over all T threads together (their wall time from a common start, "
                 "divided by every launch): each thread launches a one-block kernel over a block of its own on a "
                 "stream of its own, `weft_launch` on a pool stream (a tracked use) or `cuLaunchKernel` on a raw "
-                "stream. With perfect scaling the time per launch falls as 1/T. weft's lock is not held while a "
+                "stream; 128 launches a thread a sample, so that at most about 1,000 are in flight and the driver's "
+                "launch queue does not hold the host back. With perfect scaling the time per launch falls as 1/T. "
+                "weft's lock is not held while a "
                 "launch is enqueued (busy lanes, streams/tracker.h), so threads on different streams enqueue in "
                 "parallel; what they still share is the lock around each use's bookkeeping.");
   static const char *const cols[] = {"threads", "weft_launch (ns)", "cuLaunchKernel (ns)", "weft / raw"};
@@ -658,6 +661,6 @@ void bench_curves(bench_t *b) {
   curve_accesses(b, n);
   curve_pool(b, n);
   curve_graph(b);
-  curve_threads(b, n / 4 > 0 ? n / 4 : 1);
+  curve_threads(b, b->quick ? 16 : 128);
   curve_sim(b);
 }
