@@ -28,7 +28,8 @@ The CSV (bench/report.c writes it; one line per sample, a header line first)
   x         a curve's parameter (numeric in curve_* sections), or a variant; empty: none
   rep       the repetition, an integer (interleaved with the baseline's, same numbers)
   value     the sample
-  machine   "gpu" or "simulator" (simulator figures are not performance numbers)
+  machine   "gpu" or "simulator" (simulator figures are not performance numbers, except those of
+            SIM_SPEED sections, which measure the simulator itself)
 Standard CSV quoting. A repeated (section,row,metric,x,rep) keeps its first line (some sections
 write a shared baseline once per row that uses it). When the baseline has no sample of some rep
 of the row, repetitions are paired in rep order if both have as many samples, else the ratio is
@@ -118,6 +119,10 @@ SECTION_TITLES = {
     "dp": "Data-parallel step",
     "alloc_torch": "Allocation: weft through the PyTorch adapter vs PyTorch's caching allocator",
 }
+
+# Sections whose subject is the simulator's own speed (on the CPU that runs it): their simulator
+# samples are performance numbers, of the simulator.
+SIM_SPEED = {"curve_sim"}
 
 # The x axis of each curve (bench/bench_curves.c); others: the section name after "curve_".
 CURVE_X = {
@@ -498,7 +503,9 @@ def curves(sections, plotter, img_dir, out_dir, out):
                 png = os.path.join(img_dir, "%s_%s.png" % (name, slug(metric)))
                 lines = [(r, sorted(points[r])) for r in rows if r in points]
                 title = "%s: %s" % (name, metric)
-                if any("simulator" in s.machines for s in ms):
+                if name in SIM_SPEED:
+                    title += " (the simulator's own speed, on a CPU)"
+                elif any("simulator" in s.machines for s in ms):
                     title += " (simulator: not performance numbers)"
                 if plotter.plot(png, title, xlabel, "%s (%s)" % (metric, unit), lines):
                     out.append("![%s: %s](%s)\n" % (name, metric, os.path.relpath(png, out_dir)))
@@ -519,7 +526,8 @@ def curves(sections, plotter, img_dir, out_dir, out):
 def render(args, sections, origin, meta, plotter):
     out_dir = os.path.dirname(os.path.abspath(args.out))
     machines = sorted({m for series in sections.values() for s in series for m in s.machines})
-    sim = [n for n, series in sections.items() if any("simulator" in s.machines for s in series)]
+    sim = [n for n, series in sections.items()
+           if n not in SIM_SPEED and any("simulator" in s.machines for s in series)]
     out = ["# weft benchmark results\n"]
     by_file = {}
     for name, path in origin.items():

@@ -170,6 +170,15 @@ printf 'section,row,metric,unit,baseline,x,rep,value,machine\nalloc,a,ns,ns,,,0,
 has "$tmp/sim/R.md" "- machine: simulator"
 has "$tmp/sim/R.md" "**Simulator figures (sections alloc): these are not performance numbers.**"
 
+# ---- the simulator's own speed (curve_sim) is a performance number: no warning ------------------
+mkdir -p "$tmp/simspeed"
+printf 'section,row,metric,unit,baseline,x,rep,value,machine\ncurve_sim,simulator,ops,ops/s,,1000,0,5,simulator\ncurve_sim,simulator,ops,ops/s,,10000,0,6,simulator\nalloc,a,ns,ns,,,0,1,gpu\n' \
+  > "$tmp/simspeed/bench.csv"
+"$py" "$script" --csv "$tmp/simspeed/bench.csv" --card c --driver d --commit e --date f --gnuplot none \
+  --out "$tmp/simspeed/R.md" --img "$tmp/simspeed/img"
+has "$tmp/simspeed/R.md" "- machine: gpu, simulator"
+lacks "$tmp/simspeed/R.md" "not performance numbers"
+
 # ---- refusals: the old header, no card -----------------------------------------------------------
 printf 'section,row,metric,value,unit,baseline,baseline_value,ratio,machine\nalloc,a,ns,1,ns,,,,gpu\n' \
   > "$tmp/bad/bench.csv"
