@@ -84,6 +84,7 @@ struct sim__comm {
   uint64_t coll_seq;
   uint64_t *send_seq, *recv_seq; /* [nranks] */
   ncclResult_t async;
+  int aborted; /* ncclCommAbort took it out of its clique; its aborted operations free it */
 };
 typedef struct sim__comm sim__comm_t;
 
@@ -100,6 +101,7 @@ typedef struct fused {
   struct fused *next; /* the clique's queued operations */
   int mark;           /* visited by the readiness walk */
   int posted;         /* its parts are on the board for its remote partners */
+  int aborted;        /* its communicator was aborted: it runs alone, doing nothing */
 } fused_t;
 
 /* The longest board path a unique id holds (after "weft-sim" and the counter). */
@@ -452,23 +454,37 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId c
   NCCL_CALL(ncclCommInitRankConfig, init_rank(comm, nranks, commId, rank));
 }
 
-/* Takes rank c out of its clique (and its board), freeing it and, with its last rank, the clique. */
-static void comm_free(sim__comm_t *c) {
+/* Frees clique q once no rank and no operation is left in it. */
+static void clique_maybe_free(sim__clique_t *q) {
+  if (q->joined != 0 || q->queued != NULL) return;
+  sim__clique_t **link = &g_cliques;
+  while (*link != q) link = &(*link)->next;
+  *link = q->next;
+  free(q->ranks);
+  free(q);
+}
+
+/* Takes rank c out of its clique (and its board): its handle is gone. */
+static void comm_leave(sim__comm_t *c) {
   sim__clique_t *q = c->q;
   sim__handle_remove(c);
   q->ranks[c->rank] = NULL;
   q->joined--;
   if (q->board[0]) board_leave(q, c->rank);
+}
+
+/* Frees a communicator that left its clique, and the clique if that was its last. */
+static void comm_release(sim__comm_t *c) {
+  sim__clique_t *q = c->q;
   free(c->send_seq);
   free(c->recv_seq);
   free(c);
-  if (q->joined == 0 && q->queued == NULL) {
-    sim__clique_t **link = &g_cliques;
-    while (*link != q) link = &(*link)->next;
-    *link = q->next;
-    free(q->ranks);
-    free(q);
-  }
+  clique_maybe_free(q);
+}
+
+static void comm_free(sim__comm_t *c) {
+  comm_leave(c);
+  comm_release(c);
 }
 
 static ncclResult_t comm_destroy(ncclComm_t h) {
@@ -480,8 +496,23 @@ static ncclResult_t comm_destroy(ncclComm_t h) {
   return ncclSuccess;
 }
 
+/* ncclCommAbort: as NCCL aborts the rank's uncompleted operations, each queued operation of c
+ * becomes aborted (at its stream's head it runs alone and does nothing; its partners wait for it
+ * no more and time out, as NCCL's peers of an aborted rank fail), and c leaves at once. */
+static ncclResult_t comm_abort(ncclComm_t h) {
+  sim__comm_t *c = comm_get(h);
+  if (c == NULL) return fail(ncclInvalidArgument, "ncclCommAbort: not a communicator");
+  int pending = 0;
+  for (fused_t *f = c->q->queued; f != NULL; f = f->next)
+    if (f->comm == c) f->aborted = pending = 1;
+  comm_leave(c);
+  if (pending) c->aborted = 1;
+  else comm_release(c);
+  return ncclSuccess;
+}
+
 ncclResult_t ncclCommDestroy(ncclComm_t comm) { NCCL_CALL(ncclCommDestroy, comm_destroy(comm)); }
-ncclResult_t ncclCommAbort(ncclComm_t comm) { NCCL_CALL(ncclCommAbort, comm_destroy(comm)); }
+ncclResult_t ncclCommAbort(ncclComm_t comm) { NCCL_CALL(ncclCommAbort, comm_abort(comm)); }
 
 static ncclResult_t comm_finalize(ncclComm_t h) {
   return comm_get(h) != NULL ? ncclSuccess : fail(ncclInvalidArgument, "ncclCommFinalize: not a communicator");
@@ -657,7 +688,7 @@ static int part_is_coll(const part_t *p) { return p->kind != P_SEND && p->kind !
 /* The queued fused operation of rank r holding the partner of part p of rank `me`, or NULL. */
 static fused_t *partner(sim__clique_t *q, int me, const part_t *p, int r) {
   for (fused_t *f = q->queued; f != NULL; f = f->next) {
-    if (f->comm->rank != r) continue;
+    if (f->aborted || f->comm->rank != r) continue;
     for (size_t i = 0; i < f->n; i++) {
       const part_t *o = &f->parts[i];
       if (part_is_coll(p) ? (part_is_coll(o) && o->seq == p->seq)
@@ -731,9 +762,13 @@ static int at_head(const fused_t *f) {
  * missing or not yet at its stream's head. */
 static size_t closure(fused_t *f, fused_t ***set, size_t *cap) {
   sim__clique_t *q = f->comm->q;
+  sim__grow(set, cap, 1, sizeof **set);
+  if (f->aborted) { /* alone, doing nothing */
+    (*set)[0] = f;
+    return at_head(f) ? 1 : 0;
+  }
   for (fused_t *g = q->queued; g != NULL; g = g->next) g->mark = 0;
   size_t n = 0;
-  sim__grow(set, cap, 1, sizeof **set);
   (*set)[n++] = f;
   f->mark = 1;
   for (size_t k = 0; k < n; k++) {
@@ -869,12 +904,45 @@ static part_t *same_coll(fused_t *m, const part_t *p) {
 
 /* Runs the rendezvous set of f (a stream's head op or a launch's node): clocks, accesses, data,
  * then every member is finished (popped from its stream, or finished in its launch). */
+/* Every member of a set that ran leaves the clique's queue, then its stream's head or its launch;
+ * an aborted communicator goes with its last operation. */
+static void retire_set(sim__clique_t *q, fused_t **set, size_t n) {
+  for (size_t k = 0; k < n; k++) {
+    fused_t **link = &q->queued;
+    while (*link != set[k]) link = &(*link)->next;
+    *link = set[k]->next;
+  }
+  for (size_t k = 0; k < n; k++) {
+    fused_t *m = set[k];
+    sim__comm_t *c = m->comm;
+    if (m->exec == NULL) {
+      sim__pop_head(m->stream); /* releases the op's action, m with it */
+    } else {
+      sim__exec_t *x = m->exec;
+      size_t node = m->node;
+      x->nodes[node].nccl = NULL;
+      free(m->parts);
+      free(m);
+      sim__exec_finish_node(x, node);
+    }
+    if (!c->aborted) continue;
+    int left = 0;
+    for (fused_t *g = q->queued; g != NULL && !left; g = g->next) left = g->comm == c;
+    if (!left) comm_release(c); /* frees q too when it was the last of it */
+  }
+}
+
 static void run_set(fused_t *f) {
   size_t n = closure(f, &g_set, &g_capset);
   if (n == 0) return; /* not ready: collect() would not have offered it */
   fused_t **set = sim__xmalloc(n * sizeof *set);
   memcpy(set, g_set, n * sizeof *set);
   sim__clique_t *q = f->comm->q;
+  if (f->aborted) { /* its communicator was aborted: it does nothing */
+    retire_set(q, set, n);
+    free(set);
+    return;
+  }
   int nranks = q->nranks;
   /* Clocks: every member after all members' work before the collective. */
   sim__vc_t join = {0};
@@ -1022,25 +1090,7 @@ static void run_set(fused_t *f) {
   free(snap);
   free(ok);
   free(ctx);
-  /* Every member leaves the clique's queue, then its stream's head or its launch. */
-  for (size_t k = 0; k < n; k++) {
-    fused_t **link = &q->queued;
-    while (*link != set[k]) link = &(*link)->next;
-    *link = set[k]->next;
-  }
-  for (size_t k = 0; k < n; k++) {
-    fused_t *m = set[k];
-    if (m->exec == NULL) {
-      sim__pop_head(m->stream); /* releases the op's action, m with it */
-      continue;
-    }
-    sim__exec_t *x = m->exec;
-    size_t node = m->node;
-    x->nodes[node].nccl = NULL;
-    free(m->parts);
-    free(m);
-    sim__exec_finish_node(x, node);
-  }
+  retire_set(q, set, n);
   free(set);
 }
 

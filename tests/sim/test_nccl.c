@@ -234,6 +234,35 @@ static void test_init_rank_from_two_threads_then_a_missing_partner_times_out(voi
   assert_int_equal(api->race_count(), 0);
 }
 
+/* ncclCommAbort drops the rank's queued operations, as NCCL aborts uncompleted ones: the stream
+ * goes on past them with nothing written, the communicator is gone at once, and the partner's
+ * operation, posted later, waits for a rank that is no more (a synchronisation times out). */
+static void test_abort_drops_the_queued_operations(void **state) {
+  (void)state;
+  ncclComm_t c[2];
+  on(0);
+  assert_int_equal(ncclCommInitAll(c, 2, (int[]){0, 1}), ncclSuccess);
+  float before[N], got[N];
+  for (int i = 0; i < N; i++) before[i] = (float)(-i);
+  put(0, out[0], before, sizeof before);
+  on(0);
+  assert_int_equal(ncclAllReduce((void *)buf[0], (void *)out[0], N, ncclFloat32, ncclSum, c[0], st[0]), ncclSuccess);
+  CU_IS(CUDA_ERROR_LAUNCH_TIMEOUT, cuStreamSynchronize(st[0])); /* rank 1 never posted */
+  assert_int_equal(ncclCommDestroy(c[0]), ncclInvalidUsage);     /* destroy refuses: still queued */
+  assert_int_equal(ncclCommAbort(c[0]), ncclSuccess);            /* abort drops it */
+  int n;
+  assert_int_equal(ncclCommCount(c[0], &n), ncclInvalidArgument); /* gone */
+  CU_OK(cuStreamSynchronize(st[0]));
+  get(0, out[0], got, sizeof got);
+  assert_memory_equal(got, before, sizeof got); /* nothing written */
+  on(1);
+  assert_int_equal(ncclAllReduce((void *)buf[1], (void *)out[1], N, ncclFloat32, ncclSum, c[1], st[1]), ncclSuccess);
+  CU_IS(CUDA_ERROR_LAUNCH_TIMEOUT, cuStreamSynchronize(st[1]));
+  assert_int_equal(ncclCommAbort(c[1]), ncclSuccess);
+  CU_OK(cuStreamSynchronize(st[1]));
+  assert_int_equal(api->race_count(), 0);
+}
+
 /* Captured collectives: each rank's stream captured (RELAXED, one thread), an in-place all-reduce
  * in one group, the graphs instantiated and launched three times with new inputs in between, an
  * eager all-reduce between two launches: right data every time, no race. */
@@ -314,6 +343,7 @@ int main(void) {
       cmocka_unit_test(test_collective_before_its_input_is_written_is_a_race),
       cmocka_unit_test(test_init_rank_from_two_threads_then_a_missing_partner_times_out),
       cmocka_unit_test(test_captured_all_reduce_replays),
+      cmocka_unit_test(test_abort_drops_the_queued_operations),
       cmocka_unit_test(test_bad_arguments_and_faults_queue_nothing),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
