@@ -127,6 +127,15 @@ static double run_threads(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t 
   return (double)(end - t0) / iters / 1000.0;
 }
 
+/* The smallest and largest of v[0..n), n >= 1. */
+static void min_max(const double *v, unsigned n, double *lo, double *hi) {
+  *lo = *hi = v[0];
+  for (unsigned k = 1; k < n; k++) {
+    if (v[k] < *lo) *lo = v[k];
+    if (v[k] > *hi) *hi = v[k];
+  }
+}
+
 void bench_comm(bench_t *b) {
   bench_section(b, "Collectives: all-reduce through weft and raw NCCL",
                 "float32 sum over two devices of one process, in place; weft_all_reduce (a tracked use per rank, one "
@@ -186,11 +195,8 @@ void bench_comm(bench_t *b) {
       (void)run(b, nl, &p, count, iters, RAW_PROBE, &ph[k]);
       ratio[k] = w[k] / raw[k];
     }
-    double lo = ratio[0], hi = ratio[0];
-    for (unsigned k = 1; k < reps; k++) {
-      if (ratio[k] < lo) lo = ratio[k];
-      if (ratio[k] > hi) hi = ratio[k];
-    }
+    double lo, hi;
+    min_max(ratio, reps, &lo, &hi);
     char x[32];
     snprintf(x, sizeof x, "%zu", count * 4);
     static const char wn[] = "weft_all_reduce, one weft group", rn[] = "raw ncclAllReduce, one NCCL group",
@@ -227,11 +233,8 @@ void bench_comm(bench_t *b) {
       raw[k] = run_threads(b, nl, &p, count, iters, 0, &rh[k]);
       ratio[k] = w[k] / raw[k];
     }
-    double lo = ratio[0], hi = ratio[0];
-    for (unsigned k = 1; k < reps; k++) {
-      if (ratio[k] < lo) lo = ratio[k];
-      if (ratio[k] > hi) hi = ratio[k];
-    }
+    double lo, hi;
+    min_max(ratio, reps, &lo, &hi);
     char x[32];
     snprintf(x, sizeof x, "%zu", count * 4);
     static const char wn[] = "weft_all_reduce, a thread per rank", rn[] = "raw ncclAllReduce, a thread per rank";
