@@ -147,12 +147,11 @@ static size_t accesses(const call_t *k, weft_access_t acc[2]) {
   return n;
 }
 
-/* Enqueues a call's NCCL operation on its stream (in the gate's shared side). */
-static ncclResult_t enqueue(const weft__nccl_t *nl, const call_t *k) {
+/* Enqueues a call's NCCL operation on its stream; the caller is in the gate's shared side. */
+static ncclResult_t enqueue_gated(const weft__nccl_t *nl, const call_t *k) {
   cudaStream_t cs = (cudaStream_t)k->s->raw;
   void *sp = (void *)(uintptr_t)k->send_ptr, *rp = (void *)(uintptr_t)k->recv_ptr;
   ncclResult_t r;
-  weft__gate_enter();
   switch (k->kind) {
     case C_ALLREDUCE: r = nl->ncclAllReduce(sp, rp, k->count, k->dt, k->op, k->c->nc, cs); break;
     case C_BROADCAST: r = nl->ncclBroadcast(sp, rp, k->count, k->dt, k->root_or_peer, k->c->nc, cs); break;
@@ -161,6 +160,13 @@ static ncclResult_t enqueue(const weft__nccl_t *nl, const call_t *k) {
     case C_SEND: r = nl->ncclSend(sp, k->count, k->dt, k->root_or_peer, k->c->nc, cs); break;
     default: r = nl->ncclRecv(rp, k->count, k->dt, k->root_or_peer, k->c->nc, cs); break;
   }
+  return r;
+}
+
+/* Enqueues a call's NCCL operation on its stream (in the gate's shared side). */
+static ncclResult_t enqueue(const weft__nccl_t *nl, const call_t *k) {
+  weft__gate_enter();
+  ncclResult_t r = enqueue_gated(nl, k);
   weft__gate_leave();
   return r;
 }
@@ -303,9 +309,9 @@ typedef struct group_run {
 static weft_status_t run_group(weft_stream_t *s, void *arg) {
   (void)s;
   const group_run_t *g = arg;
+  weft__gate_enter(); /* the whole group in the gate's shared side: NCCL enqueues at its end */
   ncclResult_t r = g->nl->ncclGroupStart();
-  for (size_t i = 0; r == ncclSuccess && i < g->n; i++) r = enqueue(g->nl, &g->calls[i]);
-  weft__gate_enter(); /* NCCL enqueues the group's work here */
+  for (size_t i = 0; r == ncclSuccess && i < g->n; i++) r = enqueue_gated(g->nl, &g->calls[i]);
   ncclResult_t e = g->nl->ncclGroupEnd();
   weft__gate_leave();
   if (r == ncclSuccess) r = e;

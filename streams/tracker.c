@@ -336,27 +336,37 @@ static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_st
   return WEFT_OK;
 }
 
-/* Issues the waits of a use on s, unless one of the lanes it must wait for is busy (tracker.h):
- * then *busy gets them and nothing changed (the caller waits until they are idle, then begins
- * again). */
-static weft_status_t begin_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses,
-                                  size_t n, weft__lanes_t *busy) {
-  unsigned at = weft__at(d, s);
-  uint64_t need[WEFT__MAX_LANES];
+/* The lanes a use on s must wait for, their ticks in need[0..d->n). When one of them is busy
+ * (tracker.h), *busy gets them and the counters are as they were (the caller waits until they
+ * are idle, then looks again). */
+static weft__lanes_t needs_locked(weft__tracker_t *tr, const weft__domain_t *d, const weft_stream_t *s,
+                                  const weft__use_t *uses, size_t n, uint64_t *need, weft__lanes_t *busy) {
   memset(need, 0, d->n * sizeof need[0]);
   uint64_t skipped = tr->counters.waits_skipped, host = tr->counters.waits_host_known;
-  weft__lanes_t mask = collect_needs(tr, d, at, uses, n, need);
+  weft__lanes_t mask = collect_needs(tr, d, weft__at(d, s), uses, n, need);
   *busy = d == tr->live ? mask & d->busy : 0;
   if (*busy != 0) {
-    tr->counters.waits_skipped = skipped; /* counted again when it begins again */
+    tr->counters.waits_skipped = skipped; /* counted again when it looks again */
     tr->counters.waits_host_known = host;
-    return WEFT_OK;
   }
-  /* s's pending tick first, so that its event sits at its point rather than after these waits;
-   * a deferred one (lazy records) is joined instead. */
-  weft_status_t st = d->lane[at].deferred ? WEFT_OK : weft__clock_flush(tr, d, s);
-  if (st != WEFT_OK) return st;
-  return issue_waits(tr, d, s, mask, need);
+  return mask;
+}
+
+/* Issues the waits needs_locked found: s's pending tick first, so that its event sits at its
+ * point rather than after these waits (a deferred one, lazy records, is joined instead). */
+static weft_status_t issue_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, weft__lanes_t mask,
+                                  uint64_t *need) {
+  weft_status_t st = d->lane[weft__at(d, s)].deferred ? WEFT_OK : weft__clock_flush(tr, d, s);
+  return st == WEFT_OK ? issue_waits(tr, d, s, mask, need) : st;
+}
+
+/* Issues the waits of a use on s, unless one of the lanes it must wait for is busy: then *busy
+ * gets them and nothing changed. */
+static weft_status_t begin_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses,
+                                  size_t n, weft__lanes_t *busy) {
+  uint64_t need[WEFT__MAX_LANES];
+  weft__lanes_t mask = needs_locked(tr, d, s, uses, n, need, busy);
+  return *busy != 0 ? WEFT_OK : issue_locked(tr, d, s, mask, need);
 }
 
 /* Waits, the lock released meanwhile, until no lane of `lanes` in the live domain is busy. */
@@ -596,59 +606,58 @@ static weft_status_t bind_for(weft_stream_t *s) { return weft__tracker_bind(s->t
 weft_status_t weft__tracker_use_joint(weft_stream_t *const *s, weft__use_t *const *uses, const size_t *n, size_t k,
                                       weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg) {
   if (k == 0) return WEFT_OK;
+  if (k > 64) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft: a joint use of %zu streams (at most 64)", k);
   weft__tracker_t *tr0 = s[0]->tr;
   size_t total = 0;
   for (size_t i = 0; i < k; i++) total += n[i];
+  /* Per stream: its undo records, its lane as it was, the lanes it waits for and their ticks. */
   undo_t small_undo[32];
-  weft__lane_t small_was[8];
+  weft__lane_t small_was[4];
+  weft__lanes_t small_mask[4];
+  uint64_t small_need[4 * WEFT__MAX_LANES];
   undo_t *undo = weft__small_alloc(small_undo, 32, total, sizeof *undo);
-  weft__lane_t *was = weft__small_alloc(small_was, 8, k, sizeof *was);
-  weft_status_t st = undo != NULL && was != NULL && k <= WEFT__MAX_LANES
+  weft__lane_t *was = weft__small_alloc(small_was, 4, k, sizeof *was);
+  weft__lanes_t *mask = weft__small_alloc(small_mask, 4, k, sizeof *mask);
+  uint64_t *need = weft__small_alloc(small_need, 4, k, WEFT__MAX_LANES * sizeof *need);
+  weft_status_t st = undo != NULL && was != NULL && mask != NULL && need != NULL
                          ? WEFT_OK
                          : weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for a joint use");
-  weft__lanes_t lanes = 0, defer = 0;
+  weft__lanes_t lanes = 0;
+  uint64_t defer = 0; /* bit i: stream i's tick stays deferred */
   for (size_t i = 0; i < k; i++) lanes |= weft__lane_bit(s[i]->lane);
   if (st != WEFT_OK) goto done;
   lock(tr0);
   weft__domain_t *d = tr0->live;
 again:
   wait_idle(tr0, lanes);
+  weft__lanes_t busy = 0;
   for (size_t i = 0; i < k && st == WEFT_OK; i++) {
     if (s[i]->capture != NULL || s[i]->per_thread)
       st = weft__error(WEFT_ERR_CAPTURE, "weft: stream %u of a joint use began capturing meanwhile", s[i]->index);
-    else if ((st = check_graph_memory(NULL, s[i], uses[i], n[i])) == WEFT_OK)
-      st = grow_reads(d, s[i]->lane, uses[i], n[i]);
+    else if ((st = check_graph_memory(NULL, s[i], uses[i], n[i])) == WEFT_OK &&
+             (st = grow_reads(d, s[i]->lane, uses[i], n[i])) == WEFT_OK) {
+      weft__lanes_t b;
+      mask[i] = needs_locked(s[i]->tr, d, s[i], uses[i], n[i], need + i * WEFT__MAX_LANES, &b);
+      busy |= b;
+    }
   }
   if (st != WEFT_OK) goto out;
-  /* Waits first: every stream's, once none of the lanes they need is busy. */
-  weft__lanes_t busy = 0, waits = 0;
-  for (size_t i = 0; i < k; i++) {
-    weft__tracker_t *tr = s[i]->tr;
-    uint64_t need[WEFT__MAX_LANES];
-    memset(need, 0, d->n * sizeof need[0]);
-    uint64_t skipped = tr->counters.waits_skipped, host = tr->counters.waits_host_known;
-    weft__lanes_t m = collect_needs(tr, d, s[i]->lane, uses[i], n[i], need);
-    tr->counters.waits_skipped = skipped; /* counted by begin_locked below */
-    tr->counters.waits_host_known = host;
-    busy |= m & d->busy;
-    if (m != 0) waits |= weft__lane_bit(i);
-  }
-  if (busy != 0) {
+  if (busy != 0) { /* every stream looks again once the lanes they need are idle */
     wait_idle(tr0, busy);
     goto again;
   }
+  /* The waits; a stream's context is bound only when it gets a driver call. */
   for (size_t i = 0; i < k && st == WEFT_OK; i++) {
     const weft__lane_t *l = &d->lane[s[i]->lane];
-    bool driver = (waits & weft__lane_bit(i)) != 0 || (!l->deferred && l->recorded != l->tick);
-    if (driver && (st = bind_for(s[i])) != WEFT_OK) break;
-    st = begin_locked(s[i]->tr, d, s[i], uses[i], n[i], &busy);
+    if ((mask[i] != 0 || (!l->deferred && l->recorded != l->tick)) && (st = bind_for(s[i])) != WEFT_OK) break;
+    st = issue_locked(s[i]->tr, d, s[i], mask[i], need + i * WEFT__MAX_LANES);
   }
   if (st != WEFT_OK) goto out; /* waits issued stay (harmless, conservative); nothing recorded */
   for (size_t i = 0, off = 0; i < k; off += n[i], i++)
-    if (reserve_use(s[i]->tr, d, s[i], uses[i], n[i], undo + off, &was[i])) defer |= weft__lane_bit(i);
+    if (reserve_use(s[i]->tr, d, s[i], uses[i], n[i], undo + off, &was[i])) defer |= 1ull << i;
   st = run_busy(tr0, d, lanes, fn, s[0], arg);
   for (size_t i = 0, off = 0; i < k; off += n[i], i++) {
-    bool keep = (defer & weft__lane_bit(i)) != 0;
+    bool keep = (defer >> i) & 1;
     if (st == WEFT_OK && !keep) (void)bind_for(s[i]); /* a failed bind makes the record fail: it stays pending */
     finish_use(s[i]->tr, d, s[i], uses[i], n[i], undo + off, &was[i], keep, st == WEFT_OK);
   }
@@ -657,6 +666,8 @@ out:
 done:
   if (undo != NULL) weft__small_free(small_undo, undo);
   if (was != NULL) weft__small_free(small_was, was);
+  if (mask != NULL) weft__small_free(small_mask, mask);
+  if (need != NULL) weft__small_free(small_need, need);
   return st;
 }
 

@@ -286,7 +286,8 @@ weft_status_t weft__tracker_use(weft_stream_t *s, const weft__use_t *uses, size_
  * waits for what uses[i][0..n[i]) need, fn runs once without the lock (every stream busy
  * meanwhile), then each stream's uses are recorded, or, when fn failed, nothing is. A stream's
  * context is bound only for its own waits and record. CAPTURE when a stream takes part in a
- * capture or is a per-thread stream (take the split form there). */
+ * capture or is a per-thread stream (take the split form there); INVALID_ARGUMENT for more than
+ * 64 streams. */
 weft_status_t weft__tracker_use_joint(weft_stream_t *const *s, weft__use_t *const *uses, const size_t *n, size_t k,
                                       weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg);
 /** The split form's bracket (weft_use_begin / weft_use_end): opens a use on s (BUSY when one is

@@ -234,9 +234,9 @@ weft_status_t weft__use_run(weft_stream_t *s, const weft_access_t *acc, size_t n
 /** One use of each of the k distinct streams s[i] with the accesses acc[i][0..n[i]) around one
  * fn(s[0], arg) that enqueues the work of all of them (an NCCL group): each stream first waits
  * for what its accesses conflict with, and afterwards the work is recorded as their newest use on
- * that stream. Live streams go through weft__tracker_use_joint (no context bound unless a stream
- * gets a wait or a record); when one takes part in a capture, every stream's use opens, fn runs
- * and the uses close, as weft_use_begin / weft_use_end do. With the trace's slices and an NVTX
+ * that stream. Up to 64 live streams go through weft__tracker_use_joint (no context bound unless
+ * a stream gets a wait or a record); when one takes part in a capture (or there are more), every
+ * stream's use opens, fn runs and the uses close, as weft_use_begin / weft_use_end do. With the trace's slices and an NVTX
  * range named `name`. */
 weft_status_t weft__use_joint(weft_stream_t *const *s, const weft_access_t *const *acc, const size_t *n, size_t k,
                               const char *name, weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg);

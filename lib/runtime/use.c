@@ -166,7 +166,7 @@ weft_status_t weft__use_joint(weft_stream_t *const *s, const weft_access_t *cons
                                                 : weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory", name);
   /* Live streams enqueue through one joint tracker use; a capture (or device timestamps, which
    * need a span per stream) takes the split form. */
-  bool joint = !weft__trace_device_on();
+  bool joint = !weft__trace_device_on() && k <= 64;
   for (size_t i = 0, off = 0; st == WEFT_OK && i < k; off += n[i], i++) {
     per[i] = all + off;
     st = check_accesses(s[i], acc[i], n[i], per[i], name, true);
