@@ -407,8 +407,9 @@ typedef struct weft_launch {
   void **params;         /**< kernelParams for cuLaunchKernel */
 } weft_launch_t;
 
-/** weft_use_begin + cuLaunchKernel on s + weft_use_end, atomically with respect to other
- * threads' uses. Errors: as weft_use_begin; DRIVER if the launch fails (the use is not
+/** weft_use_begin + cuLaunchKernel on s + weft_use_end, atomically as far as other threads'
+ * uses can tell (uses of s, or conflicting with these accesses, wait for the launch to be
+ * enqueued; other streams' go on meanwhile). Errors: as weft_use_begin; DRIVER if the launch fails (the use is not
  * recorded then, though waits already issued stay). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_launch(weft_stream_t *s, const weft_launch_t *launch, const weft_access_t *accesses, size_t n);
 

@@ -277,8 +277,9 @@ weft_status_t weft__tracker_begin(weft_stream_t *s, const weft__use_t *uses, siz
  * recorded even when its event cannot be recorded at once (the tick stays pending, see above):
  * work that reached the stream stays ordered. */
 weft_status_t weft__tracker_end(weft_stream_t *s, const weft__use_t *uses, size_t n);
-/** begin; fn(s, arg) (enqueues the work; its failure aborts the use); end: atomically with
- * respect to other threads' uses. */
+/** begin; fn(s, arg) (enqueues the work; its failure aborts the use, leaving every history as
+ * it was); end. A live use runs fn without the lock, s busy meanwhile ("Busy lanes" above): to
+ * other threads' uses it is one step all the same. */
 weft_status_t weft__tracker_use(weft_stream_t *s, const weft__use_t *uses, size_t n,
                                 weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg);
 /** One use of each of k distinct live streams around one fn(s[0], arg) that enqueues the work

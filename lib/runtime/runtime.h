@@ -226,8 +226,9 @@ void weft__cache_forget(weft_runtime_t *rt);
 /* ---- use.c -------------------------------------------------------------------------------------- */
 
 /** Runs fn(s, arg), which enqueues work on s, as one use with the accesses: s first waits for
- * what they conflict with, the work is recorded as their newest use (atomically with respect to
- * other threads' uses), with the counters, the trace's slice and an NVTX range named `name`. The
+ * what they conflict with, the work is recorded as their newest use (atomically as far as other
+ * threads' uses can tell: those of s, or conflicting with it, wait for its enqueue; the rest go
+ * on meanwhile), with the counters, the trace's slice and an NVTX range named `name`. The
  * one way every tracked operation of weft (launches, copies, sets, collectives) runs. */
 weft_status_t weft__use_run(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name,
                            weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg);
