@@ -504,6 +504,8 @@ int sim__nccl_remote_pending(void);
 /** How long a synchronisation waits for NCCL partners that do not come (WEFT_SIM_NCCL_WAIT_MS,
  * default 10000 ms). */
 long sim__nccl_wait_ms(void);
+/** t plus ms milliseconds (a deadline for pthread_cond_timedwait). */
+struct timespec sim__after_ms(struct timespec t, long ms);
 /** A captured NCCL operation's copy for a graph (instantiation). */
 void sim__nccl_clone(sim__action_t *dst, const sim__action_t *src);
 /** At a launch's start: each NCCL node of x becomes an operation of this launch (sequence numbers

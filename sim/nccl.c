@@ -235,11 +235,9 @@ static uint64_t now_ns(void) {
 
 /* Waits on g_joined (the simulator's lock released) for at most ms milliseconds. */
 static void wait_joined_signal(long ms) {
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += ms / 1000;
-  until.tv_nsec += (ms % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  struct timespec now;
+  clock_gettime(CLOCK_REALTIME, &now);
+  struct timespec until = sim__after_ms(now, ms);
   (void)pthread_cond_timedwait(&g_joined, &sim.lock, &until);
 }
 
@@ -701,16 +699,13 @@ static fused_t *partner(sim__clique_t *q, int me, const part_t *p, int r) {
 
 /* ---- partners in other processes ---- */
 
-/* Board file names: a collective's bytes from rank `from` for rank `to`; a send's bytes; a
+/* Board file kinds: a collective's bytes from rank `from` for rank `to`; a send's bytes; a
  * receive's arrival (posted by the receiver `from` for its sender `to`). */
-static void coll_name(char *out, uint64_t seq, int from, int to) {
-  snprintf(out, 48, "c-%llu-%d-%d", (unsigned long long)seq, from, to);
-}
-static void send_name(char *out, uint64_t seq, int from, int to) {
-  snprintf(out, 48, "s-%llu-%d-%d", (unsigned long long)seq, from, to);
-}
-static void arrival_name(char *out, uint64_t seq, int from, int to) {
-  snprintf(out, 48, "r-%llu-%d-%d", (unsigned long long)seq, from, to);
+enum { BOARD_COLL = 'c', BOARD_SEND = 's', BOARD_ARRIVAL = 'r' };
+
+/* The board file name of a part of kind `kind` (BOARD_COLL, BOARD_SEND, BOARD_ARRIVAL). */
+static void board_name(char *out, int kind, uint64_t seq, int from, int to) {
+  snprintf(out, 48, "%c-%llu-%d-%d", kind, (unsigned long long)seq, from, to);
 }
 
 static int is_remote(const sim__clique_t *q, int r) { return q->remote && q->ranks[r] == NULL; }
@@ -728,11 +723,11 @@ static void post_parts(sim__clique_t *q, fused_t *m) {
     size_t n = 0, sb = p->kind == P_RECV ? 0 : send_bytes(p, q->nranks);
     if (p->kind == P_RECV || p->kind == P_SEND) {
       if (!is_remote(q, p->peer)) continue;
-      if (p->kind == P_SEND) send_name(names[n++], p->seq, me, p->peer);
-      else arrival_name(names[n++], p->seq, me, p->peer);
+      if (p->kind == P_SEND) board_name(names[n++], BOARD_SEND, p->seq, me, p->peer);
+      else board_name(names[n++], BOARD_ARRIVAL, p->seq, me, p->peer);
     } else {
       for (int r = 0; r < q->nranks; r++)
-        if (is_remote(q, r)) coll_name(names[n++], p->seq, me, r);
+        if (is_remote(q, r)) board_name(names[n++], BOARD_COLL, p->seq, me, r);
     }
     if (n == 0) continue;
     int valid = sb != 0 && sim__range_valid((CUdeviceptr)(uintptr_t)p->send, sb);
@@ -745,9 +740,9 @@ static void post_parts(sim__clique_t *q, fused_t *m) {
 /* Whether the remote partner r of part p of rank `me` has posted. */
 static int remote_posted(const sim__clique_t *q, int me, const part_t *p, int r) {
   char name[48];
-  if (p->kind == P_SEND) arrival_name(name, p->seq, r, me);
-  else if (p->kind == P_RECV) send_name(name, p->seq, r, me);
-  else coll_name(name, p->seq, r, me);
+  if (p->kind == P_SEND) board_name(name, BOARD_ARRIVAL, p->seq, r, me);
+  else if (p->kind == P_RECV) board_name(name, BOARD_SEND, p->seq, r, me);
+  else board_name(name, BOARD_COLL, p->seq, r, me);
   return board_has(q, name);
 }
 
@@ -1008,7 +1003,7 @@ static void run_set(fused_t *f) {
       if (p->kind == P_SEND) continue; /* the receiving side copies */
       if (p->kind == P_RECV && is_remote(q, p->peer)) {
         char name[48];
-        send_name(name, p->seq, p->peer, me);
+        board_name(name, BOARD_SEND, p->seq, p->peer, me);
         void *bytes_in = board_take(q, name, bytes);
         if (bytes_in != NULL) memcpy(p->recv, bytes_in, bytes);
         free(bytes_in);
@@ -1033,7 +1028,7 @@ static void run_set(fused_t *f) {
       for (int r = 0; r < nranks; r++) {
         if (!is_remote(q, r)) continue;
         char name[48];
-        coll_name(name, p->seq, r, me);
+        board_name(name, BOARD_COLL, p->seq, r, me);
         src[r] = taken[r] = board_take(q, name, send_bytes(p, nranks));
       }
       int complete = 1;
@@ -1071,14 +1066,14 @@ static void run_set(fused_t *f) {
       char name[48];
       if (p->kind == P_SEND || p->kind == P_RECV) {
         if (!is_remote(q, p->peer) || (ok[k] && p->kind == P_RECV)) continue;
-        if (p->kind == P_SEND) arrival_name(name, p->seq, p->peer, me);
-        else send_name(name, p->seq, p->peer, me);
+        if (p->kind == P_SEND) board_name(name, BOARD_ARRIVAL, p->seq, p->peer, me);
+        else board_name(name, BOARD_SEND, p->seq, p->peer, me);
         board_remove(q, name);
         continue;
       }
       for (int r = 0; !ok[k] && r < nranks; r++) {
         if (!is_remote(q, r)) continue;
-        coll_name(name, p->seq, r, me);
+        board_name(name, BOARD_COLL, p->seq, r, me);
         board_remove(q, name);
       }
     }

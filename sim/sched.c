@@ -505,21 +505,23 @@ void sim__progress(sim__fn_t fn) {
  * seen by looking at the board); 0 once WEFT_SIM_NCCL_WAIT_MS (default 10000) passed since
  * *since (set at the first wait) with nothing run: then the partner never comes (a hang on a
  * GPU). */
+struct timespec sim__after_ms(struct timespec t, long ms) {
+  t.tv_sec += ms / 1000;
+  t.tv_nsec += (ms % 1000) * 1000000L;
+  if (t.tv_nsec >= 1000000000L) t.tv_sec++, t.tv_nsec -= 1000000000L;
+  return t;
+}
+
 static int wait_for_partner(struct timespec *since) {
   if (!sim__nccl_pending()) return 0;
   long ms = sim__nccl_wait_ms();
   struct timespec now, until;
   clock_gettime(CLOCK_REALTIME, &now);
   if (since->tv_sec == 0 && since->tv_nsec == 0) *since = now;
-  until = *since;
-  until.tv_sec += ms / 1000;
-  until.tv_nsec += (ms % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  until = sim__after_ms(*since, ms);
   if (now.tv_sec > until.tv_sec || (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec)) return 0;
   if (sim__nccl_remote_pending()) {
-    struct timespec poll = now;
-    poll.tv_nsec += 1000000L;
-    if (poll.tv_nsec >= 1000000000L) poll.tv_sec++, poll.tv_nsec -= 1000000000L;
+    struct timespec poll = sim__after_ms(now, 1);
     (void)pthread_cond_timedwait(&g_enqueued, &sim.lock, &poll);
     return 1;
   }

@@ -78,6 +78,15 @@ weft_status_t weft__lane_init(weft__tracker_t *tr, weft__domain_t *d, weft__lane
   return WEFT_OK;
 }
 
+/* Frees a domain's arrays (not its lanes' events) and clears it. */
+static void domain_arrays_free(weft__domain_t *d) {
+  weft__meta_free(d->known);
+  weft__meta_free(d->host_known);
+  weft__meta_free(d->stream);
+  weft__meta_free(d->lane);
+  memset(d, 0, sizeof *d);
+}
+
 /* The arrays of a domain with room for `lanes` lanes and clocks of `stride` entries (zeroed). */
 static bool domain_alloc(weft__domain_t *d, unsigned lanes, unsigned stride) {
   d->stride = stride;
@@ -86,11 +95,7 @@ static bool domain_alloc(weft__domain_t *d, unsigned lanes, unsigned stride) {
   d->stream = weft__meta_calloc(lanes, sizeof *d->stream);
   d->lane = weft__meta_calloc(lanes, sizeof *d->lane);
   if (d->known != NULL && d->host_known != NULL && d->stream != NULL && d->lane != NULL) return true;
-  weft__meta_free(d->known);
-  weft__meta_free(d->host_known);
-  weft__meta_free(d->stream);
-  weft__meta_free(d->lane);
-  memset(d, 0, sizeof *d);
+  domain_arrays_free(d);
   return false;
 }
 
@@ -108,11 +113,7 @@ weft_status_t weft__domain_free(weft__tracker_t *tr, weft__domain_t *d) {
   pthread_mutex_lock(tr->lock);
   for (unsigned i = 0; i < d->n; i++) (void)weft__lane_free(tr, d, &d->lane[i]); /* to the spares: never fails */
   pthread_mutex_unlock(tr->lock);
-  weft__meta_free(d->known);
-  weft__meta_free(d->host_known);
-  weft__meta_free(d->stream);
-  weft__meta_free(d->lane);
-  memset(d, 0, sizeof *d);
+  domain_arrays_free(d);
   return WEFT_OK;
 }
 
@@ -231,45 +232,35 @@ weft_status_t weft__clock_flush(weft__tracker_t *tr, weft__domain_t *d, weft_str
   return WEFT_OK;
 }
 
+/* Lane `at`'s pending tick, a new one when it has none (its event, recorded later, lands after
+ * the work enqueued meanwhile too); the lane's work is then covered by it (not dirty). */
+static uint64_t pending_tick(weft__domain_t *d, unsigned at) {
+  weft__lane_t *l = &d->lane[at];
+  if (l->tick == l->recorded) {
+    l->tick++;
+    WEFT__ROW(d, at)[at] = l->tick;
+  }
+  l->dirty = false;
+  return l->tick;
+}
+
 uint64_t weft__clock_point(weft__domain_t *d, const weft_stream_t *s) {
   unsigned at = weft__at(d, s);
-  weft__lane_t *l = &d->lane[at];
-  if (l->dirty) {
-    /* New work or waits since the newest tick: a new tick covers them, unless one is pending
-     * already (its event, recorded later, lands after this work too). */
-    if (l->tick == l->recorded) {
-      l->tick++;
-      WEFT__ROW(d, at)[at] = l->tick;
-    }
-    l->dirty = false;
-  }
-  return l->tick;
+  /* New work or waits since the newest tick: the pending tick covers them. */
+  return d->lane[at].dirty ? pending_tick(d, at) : d->lane[at].tick;
 }
 
 uint64_t weft__clock_defer(weft__domain_t *d, weft_stream_t *s) {
   unsigned at = weft__at(d, s);
   weft__lane_t *l = &d->lane[at];
-  if (l->tick == l->recorded) {
-    l->tick++;
-    WEFT__ROW(d, at)[at] = l->tick;
-  } else if (l->deferred) {
-    l->joined++;
-  }
-  l->dirty = false;
+  if (l->tick != l->recorded && l->deferred) l->joined++; /* joins the deferred tick */
+  uint64_t k = pending_tick(d, at);
   l->deferred = true;
-  return l->tick;
+  return k;
 }
 
 uint64_t weft__clock_reserve(weft__domain_t *d, weft_stream_t *s, bool defer) {
-  if (defer) return weft__clock_defer(d, s);
-  unsigned at = weft__at(d, s);
-  weft__lane_t *l = &d->lane[at];
-  if (l->tick == l->recorded) {
-    l->tick++;
-    WEFT__ROW(d, at)[at] = l->tick;
-  }
-  l->dirty = false;
-  return l->tick;
+  return defer ? weft__clock_defer(d, s) : pending_tick(d, weft__at(d, s));
 }
 
 void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k) {

@@ -599,10 +599,6 @@ weft_status_t weft__tracker_use(weft_stream_t *s, const weft__use_t *uses, size_
   return run_use(s, uses, n, DO_BEGIN | DO_END, fn, arg, 0);
 }
 
-/* Binds s's context if it is not current: before a driver call of a joint use, whose streams
- * may belong to several devices. */
-static weft_status_t bind_for(weft_stream_t *s) { return weft__tracker_bind(s->tr); }
-
 weft_status_t weft__tracker_use_joint(weft_stream_t *const *s, weft__use_t *const *uses, const size_t *n, size_t k,
                                       weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg) {
   if (k == 0) return WEFT_OK;
@@ -649,7 +645,7 @@ again:
   /* The waits; a stream's context is bound only when it gets a driver call. */
   for (size_t i = 0; i < k && st == WEFT_OK; i++) {
     const weft__lane_t *l = &d->lane[s[i]->lane];
-    if ((mask[i] != 0 || (!l->deferred && l->recorded != l->tick)) && (st = bind_for(s[i])) != WEFT_OK) break;
+    if ((mask[i] != 0 || (!l->deferred && l->recorded != l->tick)) && (st = weft__tracker_bind(s[i]->tr)) != WEFT_OK) break;
     st = issue_locked(s[i]->tr, d, s[i], mask[i], need + i * WEFT__MAX_LANES);
   }
   if (st != WEFT_OK) goto out; /* waits issued stay (harmless, conservative); nothing recorded */
@@ -658,7 +654,7 @@ again:
   st = run_busy(tr0, d, lanes, fn, s[0], arg);
   for (size_t i = 0, off = 0; i < k; off += n[i], i++) {
     bool keep = (defer >> i) & 1;
-    if (st == WEFT_OK && !keep) (void)bind_for(s[i]); /* a failed bind makes the record fail: it stays pending */
+    if (st == WEFT_OK && !keep) (void)weft__tracker_bind(s[i]->tr); /* a failed bind makes the record fail: it stays pending */
     finish_use(s[i]->tr, d, s[i], uses[i], n[i], undo + off, &was[i], keep, st == WEFT_OK);
   }
 out:
