@@ -32,10 +32,12 @@ void weft__vec_free(weft__vec_t *v) {
   v->len = v->cap = 0;
 }
 
-/* Fibonacci hashing of the key's bits; the low bits of pointers and device addresses are mostly
- * zero, the high bits of the product are well mixed. */
+/* Fibonacci hashing: the top log2(cap) bits of key * 2^64/phi. Only the top bits mix every bit
+ * of the key; keeping middle bits (a shift, then a mask) sent keys in arithmetic progression,
+ * as device addresses of one size are, to consecutive homes: one run of every key
+ * (tests/core:test_containers, test_map_spreads_keys_with_a_common_stride). */
 static inline size_t home(const weft__map_t *m, uint64_t key) {
-  return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & (m->cap - 1);
+  return (size_t)((key * 0x9E3779B97F4A7C15ull) >> (64 - __builtin_ctzll(m->cap))); /* cap >= 16 here */
 }
 
 uint64_t *weft__map_find(const weft__map_t *m, uint64_t key) {

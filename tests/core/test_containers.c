@@ -67,6 +67,38 @@ static void test_map_matches_a_brute_force_model(void **state) {
   assert_int_equal(after.live, before.live);
 }
 
+/* The longest run of occupied slots: every lookup, insert and removal in it scans up to its end. */
+static size_t longest_run(const weft__map_t *m) {
+  size_t best = 0, run = 0;
+  for (size_t i = 0; i < 2 * m->cap; i++) { /* twice round: a run may wrap */
+    run = m->keys[i & (m->cap - 1)] != 0 ? run + 1 : 0;
+    if (run > best) best = run;
+  }
+  return best < m->cap ? best : m->cap;
+}
+
+/* Keys in arithmetic progressions (device addresses of one size class, pointers of one slab
+ * size) spread over the table: a hash that keeps only middle bits of the product put such keys
+ * in consecutive homes, one run of every key (a pool's free then scanned every live range). */
+static void test_map_spreads_keys_with_a_common_stride(void **state) {
+  (void)state;
+  static const uint64_t strides[] = {8, 16, 256, 4096, 1u << 21, 1ull << 30, 3 * 256, 1u << 20};
+  static const uint64_t counts[] = {9, 33, 60, 200, 600, 2000};
+  for (size_t j = 0; j < sizeof strides / sizeof strides[0]; j++)
+    for (size_t c = 0; c < sizeof counts / sizeof counts[0]; c++) {
+      weft__map_t m = {0};
+      for (uint64_t k = 0; k < counts[c]; k++)
+        assert_non_null(weft__map_insert(&m, 0x7f0ed9400001ull + k * strides[j], NULL));
+      /* Load at most 1/2: uniform hashing gives runs of a few slots (about 15 for 2000 keys). */
+      size_t run = longest_run(&m);
+      if (run > 12 + counts[c] / 16)
+        fail_msg("stride %llu, %llu keys: a run of %zu occupied slots of %zu", (unsigned long long)strides[j],
+                 (unsigned long long)counts[c], run, m.cap);
+      assert_true(weft__map_is_valid(&m));
+      weft__map_free(&m);
+    }
+}
+
 static void test_map_rejects_the_empty_key(void **state) {
   (void)state;
   weft__map_t m = {0};
@@ -114,6 +146,7 @@ static void test_small_buffer_and_checked_multiply(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_map_matches_a_brute_force_model),
+      cmocka_unit_test(test_map_spreads_keys_with_a_common_stride),
       cmocka_unit_test(test_map_rejects_the_empty_key),
       cmocka_unit_test(test_vec_grows_and_keeps_elements),
       cmocka_unit_test(test_small_buffer_and_checked_multiply),
