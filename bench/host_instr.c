@@ -1,0 +1,171 @@
+/* host_instr: each of weft's hot host paths, alone, in a loop of its own function, so that
+ * callgrind can count the instructions of one path (tools/host_instr.sh runs it once per path
+ * with --toggle-collect=path_<name> and divides by the loop's count). Instructions are not time,
+ * but they are exact and repeatable on any CPU machine: a change to a hot path shows its effect
+ * here before a GPU run measures it (bench/README.md, "Instructions per operation").
+ *
+ *   host_instr PATH [N]      PATH: use1 use4 use16 eager1 eager16 edge launch alloc pool torch
+ *
+ * Runs on the simulator (WEFT_DRIVER=sim); the simulator's own instructions are left out by the
+ * script (it counts the objects of this binary only). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/core/driver.h"
+#include "lib/runtime/runtime.h"
+#include "lib/torch/weft_torch.h"
+#include "weft/weft.h"
+
+#define CHECK(call)                                                                    \
+  do {                                                                                 \
+    weft_status_t st_ = (call);                                                        \
+    if (st_ != WEFT_OK) {                                                              \
+      fprintf(stderr, "host_instr: %s: %s\n", #call, weft_last_error());              \
+      exit(1);                                                                         \
+    }                                                                                  \
+  } while (0)
+
+#define BLOCKS 16
+
+typedef struct ctx {
+  weft_runtime_t *rt;
+  weft_stream_t *s[3]; /* s[0], s[1] wait on each other (eager); s[2]: nobody waits on it (lazy) */
+  weft_block_t blk[BLOCKS], own[BLOCKS];
+  weft_access_t acc[BLOCKS];
+  weft_resource_t *res;
+  unsigned n;
+} ctx_t;
+
+/* k accesses, a quarter written (at least one), as bench/bench_tracker.c's rows. */
+static void accesses(ctx_t *c, const weft_block_t *b, size_t k) {
+  size_t writes = k / 4 ? k / 4 : 1;
+  for (size_t i = 0; i < k; i++) c->acc[i] = (weft_access_t){b[i], i < writes ? WEFT_WRITE : WEFT_READ};
+}
+
+__attribute__((noinline)) static void path_use(ctx_t *c, weft_stream_t *s, size_t k) {
+  for (unsigned i = 0; i < c->n; i++) {
+    CHECK(weft_use_begin(s, c->acc, k));
+    CHECK(weft_use_end(s, c->acc, k));
+  }
+}
+
+__attribute__((noinline)) static void path_edge(ctx_t *c) {
+  for (unsigned i = 0; i < c->n; i++) {
+    weft_stream_t *s = c->s[i & 1];
+    CHECK(weft_use_begin(s, c->acc, 1));
+    CHECK(weft_use_end(s, c->acc, 1));
+  }
+}
+
+static weft_status_t nothing(weft_stream_t *s, void *arg) {
+  (void)s;
+  (void)arg;
+  return WEFT_OK;
+}
+
+/* A use with its work (the shape of weft_launch, without the kernel's driver call). */
+__attribute__((noinline)) static void path_run(ctx_t *c, weft_stream_t *s, size_t k) {
+  for (unsigned i = 0; i < c->n; i++) CHECK(weft__use_run(s, c->acc, k, "instr", nothing, NULL));
+}
+
+__attribute__((noinline)) static void path_alloc(ctx_t *c) {
+  for (unsigned i = 0; i < c->n; i++) {
+    weft_block_t b;
+    CHECK(weft_alloc(c->rt, 1u << 20, c->s[2], "instr", &b));
+    CHECK(weft_free(b, c->s[2]));
+  }
+}
+
+__attribute__((noinline)) static void path_pool(ctx_t *c) {
+  for (unsigned i = 0; i < c->n; i++) {
+    CUdeviceptr p;
+    CHECK(weft_resource_allocate(c->res, 1u << 20, c->s[2], "", &p));
+    CHECK(weft_resource_deallocate(c->res, p, 1u << 20, c->s[2], ""));
+  }
+}
+
+__attribute__((noinline)) static void path_torch(ctx_t *c, CUstream raw) {
+  for (unsigned i = 0; i < c->n; i++) {
+    void *p = weft_torch_alloc(1 << 20, 0, raw);
+    if (p == NULL) {
+      fprintf(stderr, "host_instr: weft_torch_alloc: %s\n", weft_torch_last_error());
+      exit(1);
+    }
+    weft_torch_free(p, 1 << 20, 0, raw);
+  }
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: host_instr PATH [N]\n");
+    return 2;
+  }
+  const char *path = argv[1];
+  ctx_t c = {.n = argc > 2 ? (unsigned)atoi(argv[2]) : 10000};
+  if (strcmp(path, "torch") == 0) {
+    /* The adapter makes its own runtime; the stream is one PyTorch would pass (weft adopts it). */
+    const weft__driver_t *d;
+    CUcontext ctx;
+    CUstream raw;
+    CHECK(weft__driver_get(&d));
+    if (d->cuInit(0) != CUDA_SUCCESS || d->cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||
+        d->cuCtxSetCurrent(ctx) != CUDA_SUCCESS || d->cuStreamCreateWithPriority(&raw, CU_STREAM_NON_BLOCKING, 0) != CUDA_SUCCESS) {
+      fprintf(stderr, "host_instr: no stream for the adapter\n");
+      return 1;
+    }
+    unsigned n = c.n;
+    c.n = n / 10 ? n / 10 : 1; /* warm-up round: stream adoption, the pool's first chunk */
+    path_torch(&c, raw);
+    c.n = n;
+    path_torch(&c, raw);
+    return 0;
+  }
+  weft_options_t o = weft_options_default();
+  o.high_priority_streams = 0;
+  o.memory = strcmp(path, "alloc") == 0 ? WEFT_MEMORY_ASYNC : WEFT_MEMORY_POOL;
+  CHECK(weft_runtime_get(0, &o, &c.rt));
+  for (unsigned k = 0; k < 3; k++) CHECK(weft_stream_get(c.rt, k, &c.s[k]));
+  c.res = weft_runtime_resource(c.rt);
+  for (int i = 0; i < BLOCKS; i++) CHECK(weft_alloc(c.rt, 256, c.s[0], "instr", &c.blk[i]));
+  for (int i = 0; i < BLOCKS; i++) CHECK(weft_alloc(c.rt, 256, c.s[2], "instr.own", &c.own[i]));
+  /* s[0] and s[1] wait on each other once: they record eagerly from then on. */
+  weft_access_t w = {c.blk[0], WEFT_WRITE};
+  for (unsigned k = 0; k < 3; k++) {
+    CHECK(weft_use_begin(c.s[k & 1], &w, 1));
+    CHECK(weft_use_end(c.s[k & 1], &w, 1));
+  }
+  CHECK(weft_runtime_synchronize(c.rt));
+  unsigned n = c.n;
+  c.n = n / 10 ? n / 10 : 1; /* warm-up round: whatever grows on first use grows now */
+  for (int round = 0; round < 2; round++) {
+    if (strncmp(path, "use", 3) == 0) {
+      size_t k = (size_t)atoi(path + 3);
+      accesses(&c, c.own, k);
+      path_use(&c, c.s[2], k);
+    } else if (strncmp(path, "eager", 5) == 0) {
+      size_t k = (size_t)atoi(path + 5);
+      accesses(&c, c.blk, k);
+      path_use(&c, c.s[0], k);
+    } else if (strcmp(path, "edge") == 0) {
+      accesses(&c, c.blk, 1);
+      path_edge(&c);
+    } else if (strcmp(path, "launch") == 0) {
+      accesses(&c, c.own, 4);
+      path_run(&c, c.s[2], 4);
+    } else if (strcmp(path, "alloc") == 0) {
+      path_alloc(&c);
+    } else if (strcmp(path, "pool") == 0) {
+      path_pool(&c);
+    } else {
+      fprintf(stderr, "host_instr: unknown path %s\n", path);
+      return 2;
+    }
+    CHECK(weft_runtime_synchronize(c.rt));
+    c.n = n;
+  }
+  for (int i = 0; i < BLOCKS; i++) CHECK(weft_free(c.blk[i], c.s[0]));
+  for (int i = 0; i < BLOCKS; i++) CHECK(weft_free(c.own[i], c.s[2]));
+  CHECK(weft_runtime_release(c.rt));
+  return 0;
+}
