@@ -509,9 +509,13 @@ static weft_status_t grow_reads(const weft__domain_t *d, unsigned at, const weft
   return WEFT_OK;
 }
 
+static uint64_t point_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s);
+
 #define SMALL_USES 32
 
-enum { DO_BEGIN = 1, DO_END = 2, DO_OPEN = 4, DO_CLOSE = 8 };
+/* DO_RESTART (with DO_BEGIN, one live access): after the waits, the history restarts at s's
+ * point, as a new block's on s (weft__tracker_free_kept). */
+enum { DO_BEGIN = 1, DO_END = 2, DO_OPEN = 4, DO_CLOSE = 8, DO_RESTART = 16 };
 
 /* The ways in: waits only, record only, both around `fn`, or the split form's open / close with
  * their checks. A live use with its work enqueues it without the lock (use_unlocked); the others
@@ -555,6 +559,11 @@ again:
       du = uses;
       goto again;
     }
+    if (st == WEFT_OK && (what & DO_RESTART) && c == NULL) {
+      weft__access_state_t *a = du[0].state;
+      weft__access_init(a, a->reads, a->reads_cap);
+      a->write = (weft__point_t){weft__at(d, s), point_locked(tr, d, s)};
+    }
     /* Device timestamps (trace.h): after the waits, before the record; live streams only. */
     bool timed = st == WEFT_OK && c == NULL && weft__trace_device_on();
     bool whole = (what & (DO_BEGIN | DO_END)) == (DO_BEGIN | DO_END); /* a use with its work, not a free */
@@ -588,6 +597,11 @@ out:
 
 weft_status_t weft__tracker_begin(weft_stream_t *s, const weft__use_t *uses, size_t n) {
   return run_use(s, uses, n, DO_BEGIN, NULL, NULL, 0);
+}
+
+weft_status_t weft__tracker_free_kept(weft_stream_t *s, weft__access_state_t *st) {
+  weft__use_t use = {st, 2u /* WEFT_WRITE */};
+  return run_use(s, &use, 1, DO_BEGIN | DO_RESTART, NULL, NULL, 0);
 }
 
 weft_status_t weft__tracker_end(weft_stream_t *s, const weft__use_t *uses, size_t n) {
@@ -686,8 +700,6 @@ uint64_t weft__tracker_fingerprint(const weft__use_t *uses, size_t n) {
   }
   return sum;
 }
-
-static uint64_t point_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s);
 
 weft_status_t weft__tracker_new_block(weft_stream_t *s, weft__access_state_t *st) {
   weft__tracker_t *tr = s->tr;

@@ -17,7 +17,7 @@
 static const char *freed_tag(const struct weft__block *rec, size_t *bytes) {
   weft_runtime_t *rt = rec->rt;
   pthread_mutex_lock(&rt->blocks_lock);
-  const char *tag = rec->tag ? rec->tag : ""; /* interned: lives as long as the process */
+  const char *tag = weft__block_tag(rec); /* interned: lives as long as the process */
   *bytes = rec->bytes;
   pthread_mutex_unlock(&rt->blocks_lock);
   return tag;
@@ -220,7 +220,7 @@ static void top_tags(weft_runtime_t *rt, weft_oom_info_t *info) {
   if (t == NULL) return;
   pthread_mutex_lock(&rt->blocks_lock);
   for (const struct weft__block *b = rt->live; b != NULL; b = b->next)
-    if (atomic_load_explicit(&b->state, memory_order_relaxed) != WEFT__BLOCK_CACHED) weft__tally_add(t, b->tag, b->bytes);
+    if (atomic_load_explicit(&b->state, memory_order_relaxed) != WEFT__BLOCK_CACHED) weft__tally_add(t, weft__block_tag(b), b->bytes);
   pthread_mutex_unlock(&rt->blocks_lock);
   for (int k = 0; k < 3; k++) {
     size_t best = t->n;
@@ -294,42 +294,31 @@ static void announce_alloc(weft_runtime_t *rt, weft_stream_t *s, const struct we
     char args[320];
     size_t at = (size_t)snprintf(args, sizeof args, "{\"bytes\": %zu, \"ptr\": \"0x%llx\", \"tag\": \"", rec->bytes,
                                  (unsigned long long)rec->ptr);
-    (void)weft__json_escape(args, &at, sizeof args - 4, rec->tag);
+    (void)weft__json_escape(args, &at, sizeof args - 4, weft__block_tag(rec));
     snprintf(args + at, sizeof args - at, "\"}");
     weft__trace_instant(rt->ordinal, weft__tracker_trace_tid(s), "weft_alloc", args);
   }
   if (weft__nvtx_on()) {
     char m[160];
-    snprintf(m, sizeof m, "weft_alloc '%s' %zu bytes on stream %u", rec->tag ? rec->tag : "", rec->bytes, s->index);
+    snprintf(m, sizeof m, "weft_alloc '%s' %zu bytes on stream %u", weft__block_tag(rec), rec->bytes, s->index);
     weft__nvtx_mark(m);
   }
 }
 
-/* A block s cached (cache.c) handed out again: a new generation with a new history on s. */
+/* A block s cached (cache.c) handed out again: a new generation, its history already that of a
+ * new block on s (the free restarted it). The tag and allocation facts are stored atomically:
+ * snapshots read them under blocks_lock, which the reuse does not take. */
 static weft_status_t reuse_cached(weft_stream_t *s, struct weft__block *rec, const char *itag, weft_block_t *out) {
-  weft_runtime_t *rt = s->runtime;
   struct timespec now;
   clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
-  /* The record stays on the live list, where snapshots and messages read it under the lock. */
-  pthread_mutex_lock(&rt->blocks_lock);
-  rec->tag = itag;
-  rec->alloc_stream = s->index;
-  rec->alloc_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
-  pthread_mutex_unlock(&rt->blocks_lock);
-  weft__access_init(&rec->acc, rec->acc.reads, rec->acc.reads_cap);
-  weft_status_t st = weft__tracker_new_block(s, &rec->acc); /* cannot fail outside a capture */
-  if (st != WEFT_OK) {
-    char why[256];
-    snprintf(why, sizeof why, "%s", weft_last_error());
-    if (weft__resource_deallocate(rec->resource, rec->ptr, rec->bytes, s, rec->tag) == WEFT_OK) weft__block_end(rec);
-    else atomic_store_explicit(&rec->state, WEFT__BLOCK_CACHED, memory_order_release); /* held till release */
-    return weft__error(st, "%s", why);
-  }
+  __atomic_store_n(&rec->tag, itag, __ATOMIC_RELAXED);
+  __atomic_store_n(&rec->alloc_stream, s->index, __ATOMIC_RELAXED);
+  __atomic_store_n(&rec->alloc_ns, (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec, __ATOMIC_RELAXED);
   uint64_t gen = atomic_load_explicit(&rec->gen, memory_order_relaxed) + 1;
   atomic_store_explicit(&rec->gen, gen, memory_order_relaxed);
   atomic_store_explicit(&rec->state, WEFT__BLOCK_LIVE, memory_order_release);
   *out = (weft_block_t){rec, gen};
-  announce_alloc(rt, s, rec);
+  announce_alloc(s->runtime, s, rec);
   return WEFT_OK;
 }
 
@@ -543,7 +532,7 @@ void weft__runtime_flush_deferred(weft_runtime_t *rt) {
 static void free_announced(weft_stream_t *s, const struct weft__block *rec) {
   if (weft__nvtx_on()) {
     char m[160];
-    snprintf(m, sizeof m, "weft_free '%s' %zu bytes on stream %u", rec->tag ? rec->tag : "", rec->bytes, s->index);
+    snprintf(m, sizeof m, "weft_free '%s' %zu bytes on stream %u", weft__block_tag(rec), rec->bytes, s->index);
     weft__nvtx_mark(m);
   }
   atomic_fetch_add_explicit(&((weft_runtime_t *)s->runtime)->frees, 1, memory_order_relaxed);
@@ -564,15 +553,16 @@ static weft_status_t free_claimed(weft_block_t b, weft_stream_t *s) {
     return undo_free(rec, weft__error(WEFT_ERR_INVALID_ARGUMENT,
                                       "weft_free: block '%s' belongs to '%s'; give it back there", rec->tag,
                                       r->ops->name ? r->ops->name : "its owner"));
-  /* The free is a write: s waits for every outstanding use. */
+  /* The free is a write: s waits for every outstanding use. Outside a capture s may keep the
+   * block (cache.c): its history then restarts at s's point in the same lock hold. */
   weft__use_t use = {&rec->acc, WEFT_WRITE};
   uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   weft_access_t traced = {b, WEFT_WRITE};
-  st = weft__tracker_begin(s, &use, 1);
+  bool keep = c == NULL && weft__cache_accepts(s, rec);
+  st = keep ? weft__tracker_free_kept(s, &rec->acc) : weft__tracker_begin(s, &use, 1);
   if (st == WEFT_OK && weft__trace_on()) weft__trace_use(s, "weft_free", &traced, 1, t0);
-  /* s is ordered after every use now: outside a capture, s may keep the block (cache.c). */
-  if (st == WEFT_OK && c == NULL && weft__cache_put(s, rec)) {
-    free_announced(s, rec);
+  if (st == WEFT_OK && keep && weft__cache_put(s, rec)) {
+    free_announced(s, rec); /* the tag read atomically: another thread may hand the block out already */
     return WEFT_OK;
   }
   /* CORRUPTED from the guard: freed, but the memory around the block was damaged. */
@@ -617,7 +607,7 @@ weft_status_t weft_block_size(weft_block_t b, size_t *out) {
 
 const char *weft_block_tag(weft_block_t b) {
   struct weft__block *rec;
-  return weft__block_check(b, "weft_block_tag", &rec) == WEFT_OK ? rec->tag : "";
+  return weft__block_check(b, "weft_block_tag", &rec) == WEFT_OK ? weft__block_tag(rec) : "";
 }
 
 weft_status_t weft_block_synchronize(weft_block_t b) {

@@ -1,9 +1,10 @@
 /* The stream cache: a block freed on stream s stays in s's cache, memory and record both, for s's
  * next weft_alloc of the same size. Stream order alone makes that reuse safe: the free made s wait
  * for every use of the block, so whatever s enqueues afterwards runs after all of them, and the
- * new block's history starts at s's current point like any new block's. The reuse costs a lock
- * and a scan of at most WEFT__CACHE_SLOTS records: no resource call, no address-map or live-list
- * update, no record recycling, no driver call. This is PyTorch's caching allocator's fast path
+ * new block's history starts at s's point like any new block's (set by the free, in the lock
+ * hold of its waits: weft__tracker_free_kept). The reuse costs one lock (the lane's) and a scan of
+ * at most WEFT__CACHE_SLOTS records: no tracker call, no resource call, no address-map or
+ * live-list update, no record recycling, no driver call. This is PyTorch's caching allocator's fast path
  * (a block freed on a stream is reused by that stream), and issue 13's measurement asked for it:
  * on an H100 the adapter's alloc + free pair took 408 ns through the resource stack against
  * PyTorch's 379 ns.
@@ -65,10 +66,15 @@ static weft_status_t give_back(weft_stream_t *s, struct weft__block *rec) {
   return WEFT_OK;
 }
 
+bool weft__cache_accepts(const weft_stream_t *s, const struct weft__block *rec) {
+  const weft_runtime_t *rt = s->runtime;
+  return rt->cache_on && rec->resource == rt->top && rec->bytes <= rt->opts.stream_cache_bytes;
+}
+
 bool weft__cache_put(weft_stream_t *s, struct weft__block *rec) {
   weft_runtime_t *rt = s->runtime;
   uint64_t cap = rt->opts.stream_cache_bytes;
-  if (!rt->cache_on || rec->resource != rt->top || rec->bytes > cap) return false;
+  if (!weft__cache_accepts(s, rec)) return false;
   weft__stream_cache_t *c = &rt->cache[s->index];
   struct weft__block *old[WEFT__CACHE_SLOTS];
   unsigned n_old = 0;

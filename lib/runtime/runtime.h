@@ -63,6 +63,13 @@ struct weft__block {
   uint64_t alloc_ns;          /* weft_alloc: CLOCK_MONOTONIC_COARSE at allocation (snapshots) */
 };
 
+/** A record's tag, read atomically: a cached block handed out again (block.c, reuse_cached)
+ * stores its new tag without blocks_lock. */
+static inline const char *weft__block_tag(const struct weft__block *rec) {
+  const char *t = __atomic_load_n(&rec->tag, __ATOMIC_RELAXED);
+  return t != NULL ? t : "";
+}
+
 /** The record a block's access history is embedded in. */
 #define WEFT__BLOCK_OF(state) ((struct weft__block *)((char *)(state) - offsetof(struct weft__block, acc)))
 
@@ -186,6 +193,17 @@ void weft__runtime_refresh_captures(weft_runtime_t *rt);
 /** Resolves a live block handle to its record. `fn` names the caller for messages.
  * Errors: INVALID_ARGUMENT (null handle), STALE_HANDLE (freed or reused, runtime released). */
 weft_status_t weft__block_check(weft_block_t b, const char *fn, struct weft__block **out);
+/** weft__block_check's common case, inline for the per-access loops of uses: the record of a
+ * live handle of runtime `rt` (whose liveness the caller checked), or NULL, where the caller
+ * runs weft__block_check for the error (or a block of another runtime). Reads the state before
+ * the generation, for the reason weft__block_check gives. */
+static inline struct weft__block *weft__block_live(weft_block_t b, const weft_runtime_t *rt) {
+  struct weft__block *rec = b.rec;
+  if (rec == NULL || atomic_load_explicit(&rec->state, memory_order_acquire) != WEFT__BLOCK_LIVE ||
+      atomic_load_explicit(&rec->gen, memory_order_acquire) != b.gen || rec->rt != rt)
+    return NULL;
+  return rec;
+}
 /** The one block initialiser: a record for `bytes` tagged `tag` (interned) that `resource` owns,
  * with an empty history and no address yet; not live until weft__block_publish(). NULL when out
  * of host memory. */
@@ -207,13 +225,18 @@ void weft__block_end(struct weft__block *rec);
 
 /** Initialises the lanes' cache locks (once per runtime slot). HOST_OUT_OF_MEMORY on failure. */
 weft_status_t weft__cache_init(weft_runtime_t *rt);
+/** Whether s's cache may keep rec: the cache is on, rec is from the runtime's stack and not
+ * larger than the cache (weft__cache_put may still refuse it for the bytes other lanes hold). */
+bool weft__cache_accepts(const weft_stream_t *s, const struct weft__block *rec);
 /** Keeps claimed block rec, whose free on s (live, prepared, every use waited for) is done as
  * far as ordering goes, in s's cache instead of giving it to its resource; older blocks of s go
  * back to their resource on s to make room. False (rec untouched) when the cache is off, rec is
- * not from the runtime's stack or does not fit. */
+ * not from the runtime's stack or does not fit. The free restarted rec's history at s's point
+ * (weft__tracker_free_kept), so that it can be handed out with no tracker call. */
 bool weft__cache_put(weft_stream_t *s, struct weft__block *rec);
 /** A block of exactly `bytes` from resource r that s cached, taken out of the cache (state
- * FREEING until the caller publishes it again), or NULL. */
+ * FREEING until the caller publishes it again), or NULL. Its history is that of a block new on
+ * s (weft__cache_put). */
 struct weft__block *weft__cache_take(weft_stream_t *s, size_t bytes, weft_resource_t *r);
 /** Gives every cached block back to its resource on its stream; lanes that take part in a
  * capture (or cannot be used now) keep theirs. Returns the first failure (CAPTURE for a kept lane

@@ -9,24 +9,40 @@
 #include "lib/core/trace.h"
 #include "lib/runtime/runtime.h"
 
-/* Checks every access (kind, handle) and resolves it into uses[i]. Blocks of other runtimes than
- * s's are refused (WRONG_DEVICE) unless `far` is given, which then says whether there was one. */
+/* Checks every access (kind, handle) and resolves it into uses[i]; s is checked already
+ * (weft__stream_check: its runtime is alive). Blocks of other runtimes than s's are refused
+ * (WRONG_DEVICE) unless `far` is given, which then says whether there was one. The common case
+ * (a live block of s's runtime, a valid kind) is one inline check per access. */
+static weft_status_t resolve_slow(weft_stream_t *s, const weft_access_t *a, size_t i, const char *fn, bool *far,
+                                  struct weft__block **rec);
+
 static weft_status_t resolve(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses, const char *fn,
                              bool *far) {
   if (n > 0 && acc == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses is NULL with n = %zu", fn, n);
   for (size_t i = 0; i < n; i++) {
-    if (acc[i].kind != WEFT_READ && acc[i].kind != WEFT_WRITE && acc[i].kind != WEFT_READ_WRITE)
-      return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses[%zu].kind = %d is not a weft_access_kind_t", fn, i,
-                         (int)acc[i].kind);
-    struct weft__block *rec;
-    weft_status_t st = weft__block_check(acc[i].block, fn, &rec);
-    if (st != WEFT_OK) return st;
-    if (rec->rt != s->runtime && far == NULL)
-      return weft__error(WEFT_ERR_WRONG_DEVICE, "%s: accesses[%zu] is a block of another runtime", fn, i);
-    if (rec->rt != s->runtime) *far = true;
+    unsigned kind = (unsigned)acc[i].kind;
+    struct weft__block *rec = weft__block_live(acc[i].block, s->runtime);
+    if (__builtin_expect(rec == NULL || kind - 1u > 2u, 0)) { /* kind: WEFT_READ, _WRITE or _READ_WRITE */
+      weft_status_t st = resolve_slow(s, &acc[i], i, fn, far, &rec);
+      if (st != WEFT_OK) return st;
+    }
     uses[i].state = &rec->acc;
-    uses[i].kind = (unsigned)acc[i].kind;
+    uses[i].kind = kind;
   }
+  return WEFT_OK;
+}
+
+/* resolve's other cases: an error, or a block of another runtime. */
+static __attribute__((noinline)) weft_status_t resolve_slow(weft_stream_t *s, const weft_access_t *a, size_t i,
+                                                            const char *fn, bool *far, struct weft__block **rec) {
+  if (a->kind != WEFT_READ && a->kind != WEFT_WRITE && a->kind != WEFT_READ_WRITE)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses[%zu].kind = %d is not a weft_access_kind_t", fn, i,
+                       (int)a->kind);
+  weft_status_t st = weft__block_check(a->block, fn, rec);
+  if (st != WEFT_OK) return st;
+  if ((*rec)->rt != s->runtime && far == NULL)
+    return weft__error(WEFT_ERR_WRONG_DEVICE, "%s: accesses[%zu] is a block of another runtime", fn, i);
+  if ((*rec)->rt != s->runtime) *far = true;
   return WEFT_OK;
 }
 
