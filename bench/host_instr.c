@@ -4,10 +4,12 @@
  * but they are exact and repeatable on any CPU machine: a change to a hot path shows its effect
  * here before a GPU run measures it (bench/README.md, "Instructions per operation").
  *
- *   host_instr PATH [N]      PATH: use1 use4 use16 eager1 eager16 edge launch alloc pool torch
+ *   host_instr PATH [N]      PATH: use1 use4 use16 eager1 eager16 edge launch alloc pool torch group
  *
- * Runs on the simulator (WEFT_DRIVER=sim); the simulator's own instructions are left out by the
- * script (it counts the objects of this binary only). */
+ * Runs on the simulator (WEFT_DRIVER=sim; `group` also WEFT_NCCL=sim WEFT_SIM_DEVICES=2); the
+ * simulator's own instructions are left out by the script (it counts the objects of this binary
+ * only). `group` is bench/bench_comm.c's one-thread group: one weft group of one all-reduce per
+ * device, 1 MiB each. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +98,38 @@ __attribute__((noinline)) static void path_torch(ctx_t *c, CUstream raw) {
   }
 }
 
+/* One thread, one weft group of an all-reduce per device. */
+__attribute__((noinline)) static void path_group(unsigned n, weft_comm_t *const *comm, const weft_block_t *buf) {
+  for (unsigned i = 0; i < n; i++) {
+    CHECK(weft_comm_group_begin());
+    for (int r = 0; r < 2; r++)
+      CHECK(weft_all_reduce(comm[r], buf[r], 0, buf[r], 0, 1u << 18, WEFT_FLOAT32, WEFT_SUM, NULL));
+    CHECK(weft_comm_group_end());
+  }
+}
+
+static int group(unsigned n) {
+  weft_runtime_t *rt[2];
+  weft_comm_t *comm[2];
+  weft_block_t buf[2];
+  for (int r = 0; r < 2; r++) CHECK(weft_runtime_get(r, NULL, &rt[r]));
+  CHECK(weft_comm_init_all(rt, 2, comm));
+  for (int r = 0; r < 2; r++) {
+    CHECK(weft_alloc(rt[r], 4u << 20, weft_comm_stream(comm[r]), "instr", &buf[r]));
+    CHECK(weft_memset32(weft_comm_stream(comm[r]), buf[r], 0, 0, 4u << 20));
+  }
+  path_group(n / 10 ? n / 10 : 1, comm, buf); /* warm-up round */
+  for (int r = 0; r < 2; r++) CHECK(weft_stream_synchronize(weft_comm_stream(comm[r])));
+  path_group(n, comm, buf);
+  for (int r = 0; r < 2; r++) {
+    CHECK(weft_stream_synchronize(weft_comm_stream(comm[r])));
+    CHECK(weft_free(buf[r], weft_comm_stream(comm[r])));
+    CHECK(weft_comm_destroy(comm[r]));
+  }
+  for (int r = 0; r < 2; r++) CHECK(weft_runtime_release(rt[r]));
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "usage: host_instr PATH [N]\n");
@@ -103,6 +137,7 @@ int main(int argc, char **argv) {
   }
   const char *path = argv[1];
   ctx_t c = {.n = argc > 2 ? (unsigned)atoi(argv[2]) : 10000};
+  if (strcmp(path, "group") == 0) return group(c.n);
   if (strcmp(path, "torch") == 0) {
     /* The adapter makes its own runtime; the stream is one PyTorch would pass (weft adopts it). */
     const weft__driver_t *d;

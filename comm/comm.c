@@ -92,10 +92,12 @@ static ncclDataType_t nccl_dt(weft_dtype_t dt) {
 /* The device address of [offset, offset + bytes) of block b, a live block of c's runtime. */
 static weft_status_t range(const weft_comm_t *c, weft_block_t b, size_t offset, size_t bytes, const char *what,
                            const char *fn, CUdeviceptr *out) {
-  struct weft__block *rec;
-  weft_status_t st = weft__block_check(b, fn, &rec);
-  if (st != WEFT_OK) return st;
-  if (rec->rt != c->rt) return weft__error(WEFT_ERR_WRONG_DEVICE, "%s: the %s block belongs to another runtime", fn, what);
+  struct weft__block *rec = weft__block_live(b, c->rt); /* the common case, inline */
+  if (rec == NULL) {
+    weft_status_t st = weft__block_check(b, fn, &rec);
+    if (st != WEFT_OK) return st;
+    if (rec->rt != c->rt) return weft__error(WEFT_ERR_WRONG_DEVICE, "%s: the %s block belongs to another runtime", fn, what);
+  }
   if (offset > rec->bytes || bytes > rec->bytes - offset)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: %zu bytes at offset %zu of the %s block pass its end (%zu bytes)",
                        fn, bytes, offset, what, rec->bytes);

@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""Calls to pthread_mutex_lock made from one object's functions, in a callgrind output file.
+"""Calls that one object's functions make to the named functions, in a callgrind output file.
 
-    callgrind_locks.py FILE OBJECT_SUBSTRING
+    callgrind_calls.py FILE OBJECT_SUBSTRING NAME [NAME ...]
 
-(tools/host_instr.sh: the locks weft takes per operation; the simulator's own are left out.)"""
+Prints one count per NAME (a callee counts when its name starts with NAME). tools/host_instr.sh
+uses it for the locks weft takes and the driver calls it makes per operation; the simulator's
+own calls (its object is another) are left out."""
 import re
 import sys
 
-path, want = sys.argv[1], sys.argv[2]
+path, want, wanted = sys.argv[1], sys.argv[2], sys.argv[3:]
 names = {"ob": {}, "fn": {}}
-cur_ob, cur_fn_ob, pending, total = "", "", None, 0
+cur_ob, cur_fn_ob, pending = "", "", None
+totals = {w: 0 for w in wanted}
 
 
 def name(kind, value):
@@ -35,7 +38,9 @@ with open(path) as f:
         elif line.startswith("cfn="):
             pending = name("fn", line[4:])
         elif line.startswith("calls=") and pending is not None:
-            if pending.startswith("pthread_mutex_lock") and want in cur_fn_ob:
-                total += int(line[6:].split()[0])
+            if want in cur_fn_ob:
+                for w in wanted:
+                    if pending.startswith(w):
+                        totals[w] += int(line[6:].split()[0])
             pending = None
-print(total)
+print(" ".join(str(totals[w]) for w in wanted))
