@@ -181,6 +181,7 @@ weft_status_t weft__clock_lanes_take(weft__tracker_t *tr, unsigned n) {
     l->recorded = l->tick;
     l->dirty = l->deferred = l->eager = false;
     l->joined = 0;
+    weft__clock_publish(d, at);
   }
   if (base + n > d->n) {
     d->n = base + n;
@@ -232,6 +233,18 @@ weft_status_t weft__clock_flush(weft__tracker_t *tr, weft__domain_t *d, weft_str
   return WEFT_OK;
 }
 
+void weft__clock_publish(const weft__domain_t *d, unsigned at) {
+  weft_stream_t *s = d->stream != NULL ? d->stream[at] : NULL;
+  if (d->capture != NULL || s == NULL || s->per_thread) return;
+  const weft__lane_t *l = &d->lane[at];
+  atomic_store_explicit(&s->point, l->dirty ? 0 : l->tick + 1, memory_order_release);
+}
+
+void weft__clock_unpublish(const weft__domain_t *d, unsigned at) {
+  weft_stream_t *s = d->stream != NULL ? d->stream[at] : NULL;
+  if (d->capture == NULL && s != NULL) atomic_store_explicit(&s->point, 0, memory_order_release);
+}
+
 /* Lane `at`'s pending tick, a new one when it has none (its event, recorded later, lands after
  * the work enqueued meanwhile too); the lane's work is then covered by it (not dirty). */
 static uint64_t pending_tick(weft__domain_t *d, unsigned at) {
@@ -241,6 +254,7 @@ static uint64_t pending_tick(weft__domain_t *d, unsigned at) {
     WEFT__ROW(d, at)[at] = l->tick;
   }
   l->dirty = false;
+  weft__clock_publish(d, at);
   return l->tick;
 }
 
@@ -307,6 +321,7 @@ weft_status_t weft__clock_wait(weft__tracker_t *tr, weft__domain_t *d, weft_stre
   row[at] = weft__max_u64(row[at], lt->ring_tick[slot]);
   row[as] = d->lane[as].tick; /* own entry is always the own tick */
   d->lane[as].dirty = true;
+  weft__clock_publish(d, as);
   tr->counters.waits_issued++;
   if (weft__trace_on()) {
     uint64_t id = d->capture != NULL ? d->capture->id : 0;

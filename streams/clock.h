@@ -80,6 +80,13 @@ uint64_t weft__clock_reserve(weft__domain_t *d, weft_stream_t *s, bool defer);
 void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k);
 /** A tick covering everything enqueued on s so far, recorded lazily (see tracker.h). */
 uint64_t weft__clock_point(weft__domain_t *d, const weft_stream_t *s);
+/** Publishes lane `at`'s point for lock-free readers (weft_stream_t.point): 1 + its tick while
+ * it is not dirty, else 0; live domain only, never for a per-thread stream. Called wherever a live
+ * lane's tick or dirtiness changes, lock held. */
+void weft__clock_publish(const weft__domain_t *d, unsigned at);
+/** Withdraws lane `at`'s published point (readers take the lock): for a busy use's reserved tick,
+ * which a failure takes back. */
+void weft__clock_unpublish(const weft__domain_t *d, unsigned at);
 /** The ring slot of the oldest recorded tick >= k of stream t (k <= tick), flushing t's pending
  * tick first. With k evicted, a newer event stands in: waiting on it is later than needed but
  * never wrong. */

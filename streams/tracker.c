@@ -393,6 +393,7 @@ static bool reserve_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s
   *was = *l;
   bool defer = tr->lazy && !l->eager && !atomic_load_explicit(&s->exposed, memory_order_relaxed);
   uint64_t k = weft__clock_reserve(d, s, defer);
+  weft__clock_unpublish(d, at); /* the reserved tick is taken back if the work fails */
   for (size_t i = 0; i < n; i++) {
     weft__access_state_t *a = uses[i].state;
     undo[i] = (undo_t){a->write, a->reader_mask, a->reads[at]};
@@ -418,6 +419,7 @@ static void finish_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s,
     tr->counters.uses++;
     tr->counters.accesses += n;
     s->last_used = ++tr->use_seq;
+    weft__clock_publish(d, at);
     return;
   }
   for (size_t i = n; i-- > 0;) {
@@ -433,6 +435,7 @@ static void finish_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s,
   l->deferred = was->deferred;
   l->joined = was->joined;
   WEFT__ROW(d, at)[at] = was->tick;
+  weft__clock_publish(d, at);
 }
 
 /* Runs fn without the lock, the lanes of `busy` marked busy meanwhile; the lock is held on entry
@@ -801,6 +804,11 @@ static uint64_t point_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream
 }
 
 weft__point_t weft__tracker_point(weft_stream_t *s) {
+  /* The published point, where there is one (weft_stream_t.point): no lock. */
+  if (atomic_load_explicit(&s->capture, memory_order_acquire) == NULL) {
+    uint64_t k = atomic_load_explicit(&s->point, memory_order_acquire);
+    if (k != 0) return (weft__point_t){s->lane, k - 1};
+  }
   lock_idle(s, NULL);
   weft__domain_t *d = weft__clock_domain(s->tr, s);
   weft__point_t p = {weft__at(d, s), point_locked(s->tr, d, s)};
@@ -882,6 +890,7 @@ void weft__tracker_touch(weft_stream_t *s) {
   lock_idle(s, NULL);
   weft__domain_t *d = weft__clock_domain(s->tr, s);
   d->lane[weft__at(d, s)].dirty = true;
+  weft__clock_publish(d, weft__at(d, s));
   unlock(s->tr);
 }
 
@@ -895,7 +904,10 @@ weft_status_t weft__tracker_import_event(weft_stream_t *s, CUevent ev) {
     /* Inside a capture, an event recorded outside it is waited on as an external dependency. */
     CUresult r = tr->drv->cuStreamWaitEvent(s->raw, ev, c != NULL ? CU_EVENT_WAIT_EXTERNAL : 0);
     if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuStreamWaitEvent");
-    else d->lane[weft__at(d, s)].dirty = true;
+    else {
+      d->lane[weft__at(d, s)].dirty = true;
+      weft__clock_publish(d, weft__at(d, s));
+    }
   }
   unlock(tr);
   return st;
@@ -1030,6 +1042,10 @@ static bool lane_is_valid(const weft__domain_t *d, unsigned s) {
   if (row[s] != l->tick) return weft__debug_report("tracker", "known[s][s] != tick[s]");
   if (l->recorded > l->tick) return weft__debug_report("tracker", "recorded tick beyond tick");
   if (l->tick - l->recorded > 1) return weft__debug_report("tracker", "more than one pending tick");
+  const weft_stream_t *st = d->capture == NULL ? d->stream[s] : NULL;
+  if (st != NULL && !st->per_thread && (d->busy & weft__lane_bit(s)) == 0 &&
+      atomic_load_explicit(&st->point, memory_order_relaxed) != (l->dirty ? 0 : l->tick + 1))
+    return weft__debug_report("tracker", "published point differs from the lane's");
   for (unsigned t = 0; t < d->n; t++) {
     if (row[t] > d->lane[t].tick) return weft__debug_report("tracker", "known beyond the other stream's tick");
     if (d->host_known[t] > d->lane[t].tick) return weft__debug_report("tracker", "host knows a future tick");

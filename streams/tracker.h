@@ -165,6 +165,11 @@ struct weft_stream {
    * it waited on an outside event): only then can a capture weft did not begin reach it, so only
    * then does the runtime ask the driver about it before each call. */
   _Atomic bool exposed;
+  /* 1 + the tick weft__tracker_point would give now in the live domain, published under the
+   * lock whenever the lane changes (weft__clock_publish), or 0: take it under the lock (the lane
+   * has work or waits since its tick, a busy use holds it, or the stream is per-thread). Read
+   * without the lock (acquire) by weft__tracker_point: the pool stamps each free with it. */
+  _Atomic uint64_t point;
   unsigned holds;        /* host waits on the raw stream in progress (weft__tracker_hold) */
   bool use_open;         /* weft_use_begin without its weft_use_end yet */
   weft__trace_span_t *span; /* the device-timestamp span of the use in progress (trace.h), or NULL */
@@ -316,7 +321,9 @@ void weft__tracker_free_block(weft_stream_t *s, weft__access_state_t *st);
 
 /* ---- points, ordering, host knowledge (tracker.c) ------------------------------------------------ */
 
-/** The point covering all work and waits enqueued on s so far (may hand out a pending tick). */
+/** The point covering all work and waits enqueued on s so far (may hand out a pending tick).
+ * Without the lock when the lane has published it (weft_stream_t.point): what other threads
+ * enqueue on s meanwhile may or may not be covered, as with the lock. */
 weft__point_t weft__tracker_point(weft_stream_t *s);
 /** True when work enqueued on s from now on is ordered after p without a new wait. */
 bool weft__tracker_is_ordered(weft_stream_t *s, weft__point_t p);

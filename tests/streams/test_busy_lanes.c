@@ -7,7 +7,9 @@
  *     that stream wait (counters.busy_waits) and then are ordered after the work;
  *   - a use whose work fails leaves the histories as they were, also for a reader that waited;
  *   - a joint use of several streams (weft__use_joint, as an NCCL group is) waits for a busy lane
- *     it needs, and records nothing when its work fails.
+ *     it needs, and records nothing when its work fails;
+ *   - a stream's published point (weft_stream_t.point, what the pool stamps frees with, read
+ *     without the lock) is the locked one whenever the lane is idle, and none while it is busy.
  * The cases run with lazy records and with eager ones. Data and the simulator's oracle check
  * every result; the tests run on a GPU too. */
 #include <pthread.h>
@@ -24,6 +26,7 @@
 #include "lib/core/driver.h"
 #include "lib/core/error.h"
 #include "lib/runtime/runtime.h"
+#include "streams/clock.h"
 #include "tests/util/testutil.h"
 
 #define N 4096
@@ -397,6 +400,65 @@ static void test_a_failed_joint_use_records_nothing(void **state) {
   assert_int_equal(weft_free(z, stream(0)), WEFT_OK);
 }
 
+/* What weft__tracker_point would give under the lock, published: 1 + tick while the lane is
+ * not dirty, else 0 (take the lock). */
+static void expect_published(weft_stream_t *s) {
+  weft__tracker_t *tr = s->tr;
+  pthread_mutex_lock(tr->lock);
+  const weft__lane_t *l = &tr->live->lane[s->lane];
+  uint64_t want = l->dirty ? 0 : l->tick + 1, got = atomic_load(&s->point);
+  pthread_mutex_unlock(tr->lock);
+  if (got != want) fail_msg("stream %u: published %llu, the lane says %llu", s->index, (unsigned long long)got,
+                            (unsigned long long)want);
+}
+
+/* Every way a lane changes leaves the published point equal to the locked one; a busy use
+ * withdraws it (a reader takes the lock and waits), and a failed one puts the old one back. A
+ * free's stamp through the pool then names the same point either way. */
+static void test_the_published_point_is_the_locked_one(void **state) {
+  (void)state;
+  weft_stream_t *s0 = stream(0), *s1 = stream(1);
+  weft_block_t b = alloc(s0), c = alloc(s1);
+  expect_published(s0);
+  expect_published(s1);
+  assert_int_equal(tu_fill(&env, s0, b, N, 3), WEFT_OK); /* a use */
+  expect_published(s0);
+  assert_int_equal(tu_fill(&env, s1, b, N, 4), WEFT_OK); /* s1 waits for s0 */
+  expect_published(s0);
+  expect_published(s1);
+  assert_int_not_equal(atomic_load(&s1->point), 0);
+  /* An outside event waited on: the lane is dirty until its next tick. */
+  CUevent ev;
+  assert_int_equal(drv->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  assert_int_equal(drv->cuEventRecord(ev, weft_stream_raw(s1)), CUDA_SUCCESS);
+  assert_int_equal(weft_stream_import_event(s0, ev), WEFT_OK);
+  expect_published(s0);
+  assert_int_equal(atomic_load(&s0->point), 0);
+  weft__point_t p = weft__tracker_point(s0); /* the locked path: a pending tick */
+  expect_published(s0);
+  assert_int_equal(atomic_load(&s0->point), p.tick + 1);
+  assert_int_equal(weft__tracker_point(s0).tick, p.tick); /* the published one, the same */
+  /* Busy: withdrawn; a failed use puts the point back as it was. */
+  uint64_t before = atomic_load(&s1->point);
+  stopped_t w;
+  stop(&w, s1, c, 9, 1);
+  assert_int_equal(atomic_load(&s1->point), 0);
+  release(&w);
+  assert_int_equal(w.st, WEFT_ERR_INVALID_ARGUMENT);
+  expect_published(s1);
+  assert_int_equal(atomic_load(&s1->point), before);
+  stop(&w, s1, c, 9, 0);
+  assert_int_equal(atomic_load(&s1->point), 0);
+  release(&w);
+  assert_int_equal(w.st, WEFT_OK);
+  expect_published(s1);
+  assert_int_not_equal(atomic_load(&s1->point), before);
+  expect_all(s1, c, 9);
+  assert_int_equal(drv->cuEventDestroy(ev), CUDA_SUCCESS);
+  assert_int_equal(weft_free(b, s1), WEFT_OK);
+  assert_int_equal(weft_free(c, s1), WEFT_OK);
+}
+
 int main(void) {
   const struct CMUnitTest lazy[] = {
       cmocka_unit_test(test_other_streams_go_on_while_a_use_enqueues),
@@ -406,6 +468,7 @@ int main(void) {
       cmocka_unit_test(test_a_failed_enqueue_leaves_the_histories_as_they_were),
       cmocka_unit_test(test_a_joint_use_waits_for_a_busy_lane_it_needs),
       cmocka_unit_test(test_a_failed_joint_use_records_nothing),
+      cmocka_unit_test(test_the_published_point_is_the_locked_one),
   };
   int failed = cmocka_run_group_tests_name("lazy records", lazy, setup_lazy, teardown);
   failed += cmocka_run_group_tests_name("eager records", lazy, setup_eager, teardown);
