@@ -233,18 +233,6 @@ weft_status_t weft__clock_flush(weft__tracker_t *tr, weft__domain_t *d, weft_str
   return WEFT_OK;
 }
 
-void weft__clock_publish(const weft__domain_t *d, unsigned at) {
-  weft_stream_t *s = d->stream != NULL ? d->stream[at] : NULL;
-  if (d->capture != NULL || s == NULL || s->per_thread) return;
-  const weft__lane_t *l = &d->lane[at];
-  atomic_store_explicit(&s->point, l->dirty ? 0 : l->tick + 1, memory_order_release);
-}
-
-void weft__clock_unpublish(const weft__domain_t *d, unsigned at) {
-  weft_stream_t *s = d->stream != NULL ? d->stream[at] : NULL;
-  if (d->capture == NULL && s != NULL) atomic_store_explicit(&s->point, 0, memory_order_release);
-}
-
 /* Lane `at`'s pending tick, a new one when it has none (its event, recorded later, lands after
  * the work enqueued meanwhile too); the lane's work is then covered by it (not dirty). */
 static uint64_t pending_tick(weft__domain_t *d, unsigned at) {

@@ -83,10 +83,18 @@ uint64_t weft__clock_point(weft__domain_t *d, const weft_stream_t *s);
 /** Publishes lane `at`'s point for lock-free readers (weft_stream_t.point): 1 + its tick while
  * it is not dirty, else 0; live domain only, never for a per-thread stream. Called wherever a live
  * lane's tick or dirtiness changes, lock held. */
-void weft__clock_publish(const weft__domain_t *d, unsigned at);
+static inline void weft__clock_publish(const weft__domain_t *d, unsigned at) {
+  weft_stream_t *s = d->capture == NULL ? d->stream[at] : NULL;
+  if (s == NULL || s->per_thread) return;
+  const weft__lane_t *l = &d->lane[at];
+  atomic_store_explicit(&s->point, l->dirty ? 0 : l->tick + 1, memory_order_release);
+}
 /** Withdraws lane `at`'s published point (readers take the lock): for a busy use's reserved tick,
  * which a failure takes back. */
-void weft__clock_unpublish(const weft__domain_t *d, unsigned at);
+static inline void weft__clock_unpublish(const weft__domain_t *d, unsigned at) {
+  weft_stream_t *s = d->capture == NULL ? d->stream[at] : NULL;
+  if (s != NULL) atomic_store_explicit(&s->point, 0, memory_order_release);
+}
 /** The ring slot of the oldest recorded tick >= k of stream t (k <= tick), flushing t's pending
  * tick first. With k evicted, a newer event stands in: waiting on it is later than needed but
  * never wrong. */
