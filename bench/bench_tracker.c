@@ -10,6 +10,7 @@
  * is weft's bookkeeping: argument and handle checks, the context check (two cuCtxGetCurrent,
  * shown below for scale), the lock, the clocks and the blocks' histories. */
 #include "bench/bench.h"
+#include "lib/runtime/runtime.h"
 
 #define BLOCKS 16
 #define RING 64 /* raw events per stream, as many as weft's default ring */
@@ -98,6 +99,67 @@ static double weft_uses(void *arg) {
   return (double)(t1 - t0) / t->n;
 }
 
+/* ---- a use with its work: where weft_launch's time goes (a diagnostic table) ---- */
+
+typedef struct lctx {
+  const bench_t *b;
+  weft_stream_t *s;
+  CUstream raw;
+  weft_block_t blk;
+  CUdeviceptr ptr;
+  unsigned n;
+} lctx_t;
+
+static weft_status_t no_work(weft_stream_t *s, void *arg) {
+  (void)s;
+  (void)arg;
+  return WEFT_OK;
+}
+
+/* ns per launch of a one-block kernel: raw (cuLaunchKernel on a raw stream), weft (weft_launch on
+ * a pool stream nobody waits on, one READ_WRITE access), or weft's use alone (the same use
+ * around no work: its bookkeeping, the lock taken twice as around real work). */
+enum { L_RAW, L_WEFT, L_USE };
+static double launches(lctx_t *l, int how) {
+  unsigned elems = 256, rounds = 1;
+  void *params[] = {&l->ptr, &l->ptr, &elems, &rounds};
+  weft_access_t acc = {l->blk, WEFT_READ_WRITE};
+  weft_launch_t launch = {.func = l->b->lcg, .grid = {1}, .block = {256}, .params = params};
+  uint64_t t0 = bench_now_ns();
+  for (unsigned i = 0; i < l->n; i++) {
+    if (how == L_RAW) BENCH_CU(l->b->drv->cuLaunchKernel(l->b->lcg, 1, 1, 1, 256, 1, 1, 0, l->raw, params, NULL));
+    else if (how == L_WEFT) BENCH_WEFT(weft_launch(l->s, &launch, &acc, 1));
+    else BENCH_WEFT(weft__use_run(l->s, &acc, 1, "bench", no_work, NULL));
+  }
+  uint64_t t1 = bench_now_ns();
+  if (how == L_RAW) BENCH_CU(l->b->drv->cuStreamSynchronize(l->raw));
+  else BENCH_WEFT(weft_stream_synchronize(l->s));
+  return (double)(t1 - t0) / l->n;
+}
+static double launch_raw(void *arg) { return launches(arg, L_RAW); }
+static double launch_weft(void *arg) { return launches(arg, L_WEFT); }
+static double launch_use(void *arg) { return launches(arg, L_USE); }
+
+static void launch_breakdown(bench_t *b, weft_runtime_t *rt, weft_stream_t *s, unsigned n) {
+  lctx_t l = {.b = b, .s = s, .n = n};
+  BENCH_CU(b->drv->cuStreamCreateWithPriority(&l.raw, CU_STREAM_NON_BLOCKING, 0));
+  BENCH_WEFT(weft_alloc(rt, 1024, s, "launch", &l.blk));
+  BENCH_WEFT(weft_block_ptr(l.blk, &l.ptr));
+  static const char raw_name[] = "cuLaunchKernel, a raw stream";
+  bench_series_t series[3] = {{"weft_launch, 1 access, a stream nobody waits on", raw_name, NULL, launch_weft, &l},
+                              {raw_name, NULL, NULL, launch_raw, &l},
+                              {"the same use around no work (weft's share, diagnostic)", raw_name, NULL, launch_use, &l}};
+  double med[3];
+  bench_measure(b, "tracker", "ns per launch", "ns", series, 3, med);
+  static const char *const cols[] = {"launch of a one-block kernel, one thread", "ns per launch", "vs cuLaunchKernel"};
+  bench_table(cols, 3);
+  printf("| weft_launch | %.0f | %.3fx |\n| cuLaunchKernel | %.0f | baseline |\n| weft's use around no work | %.0f | "
+         "%.3fx |\n\nweft_launch - cuLaunchKernel = %.0f ns; the use alone %.0f ns.\n\n",
+         med[0], med[0] / med[1], med[1], med[2], med[2] / med[1], med[0] - med[1], med[2]);
+  BENCH_WEFT(weft_free(l.blk, s));
+  BENCH_CU(b->drv->cuStreamDestroy(l.raw));
+}
+
 void bench_tracker(bench_t *b) {
   bench_section(b, "Tracker: cost of a use",
                 "Host ns per `weft_use_begin` + `weft_use_end` with no work between (median), next to the raw "
@@ -171,6 +233,9 @@ void bench_tracker(bench_t *b) {
   }
   for (int i = 0; i < BLOCKS; i++) BENCH_WEFT(weft_free(blk[i], t.s[0]));
   for (int i = 0; i < BLOCKS; i++) BENCH_WEFT(weft_free(own[i], t.s[2]));
+  weft_stream_t *ls;
+  BENCH_WEFT(weft_stream_get(t.rt, 3, &ls));
+  launch_breakdown(b, t.rt, ls, bench_count(b, 20000, 16));
   BENCH_WEFT(weft_runtime_release(t.rt));
 
   printf("\nRaw driver calls in the same run, ns each (medians): `cuEventRecord` %.0f, `cuStreamWaitEvent` + "
