@@ -104,7 +104,7 @@ static double weft_uses(void *arg) {
 typedef struct lctx {
   const bench_t *b;
   weft_stream_t *s;
-  CUstream raw;
+  CUstream raw, pool_raw; /* a raw stream; another pool stream's handle, used raw only */
   weft_block_t blk;
   CUdeviceptr ptr;
   unsigned n;
@@ -119,7 +119,7 @@ static weft_status_t no_work(weft_stream_t *s, void *arg) {
 /* ns per launch of a one-block kernel: raw (cuLaunchKernel on a raw stream), weft (weft_launch on
  * a pool stream nobody waits on, one READ_WRITE access), or weft's use alone (the same use
  * around no work: its bookkeeping, the lock taken twice as around real work). */
-enum { L_RAW, L_WEFT, L_USE };
+enum { L_RAW, L_WEFT, L_USE, L_POOL_RAW, L_USE_THEN_RAW };
 static double launches(lctx_t *l, int how) {
   unsigned elems = 256, rounds = 1;
   void *params[] = {&l->ptr, &l->ptr, &elems, &rounds};
@@ -127,35 +127,51 @@ static double launches(lctx_t *l, int how) {
   weft_launch_t launch = {.func = l->b->lcg, .grid = {1}, .block = {256}, .params = params};
   uint64_t t0 = bench_now_ns();
   for (unsigned i = 0; i < l->n; i++) {
-    if (how == L_RAW) BENCH_CU(l->b->drv->cuLaunchKernel(l->b->lcg, 1, 1, 1, 256, 1, 1, 0, l->raw, params, NULL));
-    else if (how == L_WEFT) BENCH_WEFT(weft_launch(l->s, &launch, &acc, 1));
-    else BENCH_WEFT(weft__use_run(l->s, &acc, 1, "bench", no_work, NULL));
+    if (how == L_WEFT) {
+      BENCH_WEFT(weft_launch(l->s, &launch, &acc, 1));
+      continue;
+    }
+    if (how == L_USE || how == L_USE_THEN_RAW) BENCH_WEFT(weft__use_run(l->s, &acc, 1, "bench", no_work, NULL));
+    if (how != L_USE)
+      BENCH_CU(l->b->drv->cuLaunchKernel(l->b->lcg, 1, 1, 1, 256, 1, 1, 0, how == L_POOL_RAW ? l->pool_raw : l->raw,
+                                         params, NULL));
   }
   uint64_t t1 = bench_now_ns();
-  if (how == L_RAW) BENCH_CU(l->b->drv->cuStreamSynchronize(l->raw));
-  else BENCH_WEFT(weft_stream_synchronize(l->s));
+  BENCH_CU(l->b->drv->cuStreamSynchronize(l->raw));
+  BENCH_CU(l->b->drv->cuStreamSynchronize(l->pool_raw));
+  BENCH_WEFT(weft_stream_synchronize(l->s));
   return (double)(t1 - t0) / l->n;
 }
 static double launch_raw(void *arg) { return launches(arg, L_RAW); }
 static double launch_weft(void *arg) { return launches(arg, L_WEFT); }
 static double launch_use(void *arg) { return launches(arg, L_USE); }
+static double launch_pool_raw(void *arg) { return launches(arg, L_POOL_RAW); }
+static double launch_use_then_raw(void *arg) { return launches(arg, L_USE_THEN_RAW); }
 
-static void launch_breakdown(bench_t *b, weft_runtime_t *rt, weft_stream_t *s, unsigned n) {
-  lctx_t l = {.b = b, .s = s, .n = n};
+static void launch_breakdown(bench_t *b, weft_runtime_t *rt, weft_stream_t *s, weft_stream_t *other, unsigned n) {
+  lctx_t l = {.b = b, .s = s, .n = n, .pool_raw = weft_stream_raw(other)};
   BENCH_CU(b->drv->cuStreamCreateWithPriority(&l.raw, CU_STREAM_NON_BLOCKING, 0));
   BENCH_WEFT(weft_alloc(rt, 1024, s, "launch", &l.blk));
   BENCH_WEFT(weft_block_ptr(l.blk, &l.ptr));
   static const char raw_name[] = "cuLaunchKernel, a raw stream";
-  bench_series_t series[3] = {{"weft_launch, 1 access, a stream nobody waits on", raw_name, NULL, launch_weft, &l},
-                              {raw_name, NULL, NULL, launch_raw, &l},
-                              {"the same use around no work (weft's share, diagnostic)", raw_name, NULL, launch_use, &l}};
-  double med[3];
-  bench_measure(b, "tracker", "ns per launch", "ns", series, 3, med);
+  enum { NL = 5 };
+  static const char *const names[NL] = {
+      "weft_launch, 1 access, a stream nobody waits on", raw_name,
+      "the same use around no work (weft's share, diagnostic)",
+      "cuLaunchKernel on a weft pool stream's handle (diagnostic)",
+      "that use around no work, then cuLaunchKernel on a raw stream (diagnostic)"};
+  double (*const fns[NL])(void *) = {launch_weft, launch_raw, launch_use, launch_pool_raw, launch_use_then_raw};
+  bench_series_t series[NL];
+  for (int i = 0; i < NL; i++) series[i] = (bench_series_t){names[i], i == 1 ? NULL : raw_name, NULL, fns[i], &l};
+  double med[NL];
+  bench_measure(b, "tracker", "ns per launch", "ns", series, NL, med);
   static const char *const cols[] = {"launch of a one-block kernel, one thread", "ns per launch", "vs cuLaunchKernel"};
   bench_table(cols, 3);
-  printf("| weft_launch | %.0f | %.3fx |\n| cuLaunchKernel | %.0f | baseline |\n| weft's use around no work | %.0f | "
-         "%.3fx |\n\nweft_launch - cuLaunchKernel = %.0f ns; the use alone %.0f ns.\n\n",
-         med[0], med[0] / med[1], med[1], med[2], med[2] / med[1], med[0] - med[1], med[2]);
+  for (int i = 0; i < NL; i++)
+    printf("| %s | %.0f | %.3fx |\n", names[i], med[i], med[i] / med[1]);
+  printf("\nweft_launch - cuLaunchKernel = %.0f ns; the use alone %.0f ns; the use and a raw launch one after the "
+         "other %.0f ns over the launch alone.\n\n",
+         med[0] - med[1], med[2], med[4] - med[1]);
   BENCH_WEFT(weft_free(l.blk, s));
   BENCH_CU(b->drv->cuStreamDestroy(l.raw));
 }
@@ -233,9 +249,10 @@ void bench_tracker(bench_t *b) {
   }
   for (int i = 0; i < BLOCKS; i++) BENCH_WEFT(weft_free(blk[i], t.s[0]));
   for (int i = 0; i < BLOCKS; i++) BENCH_WEFT(weft_free(own[i], t.s[2]));
-  weft_stream_t *ls;
+  weft_stream_t *ls, *other;
   BENCH_WEFT(weft_stream_get(t.rt, 3, &ls));
-  launch_breakdown(b, t.rt, ls, bench_count(b, 20000, 16));
+  BENCH_WEFT(weft_stream_get(t.rt, 4, &other)); /* given out raw: exposed, used raw only */
+  launch_breakdown(b, t.rt, ls, other, bench_count(b, 20000, 16));
   BENCH_WEFT(weft_runtime_release(t.rt));
 
   printf("\nRaw driver calls in the same run, ns each (medians): `cuEventRecord` %.0f, `cuStreamWaitEvent` + "
