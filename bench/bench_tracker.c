@@ -9,6 +9,9 @@
  * cuEventRecord (no edge) or a cuStreamWaitEvent + cuEventRecord pair (one edge). What is left
  * is weft's bookkeeping: argument and handle checks, the context check (two cuCtxGetCurrent,
  * shown below for scale), the lock, the clocks and the blocks' histories. */
+#include <pthread.h>
+#include <stdatomic.h>
+
 #include "bench/bench.h"
 #include "lib/runtime/runtime.h"
 
@@ -119,14 +122,25 @@ static weft_status_t no_work(weft_stream_t *s, void *arg) {
 /* ns per launch of a one-block kernel: raw (cuLaunchKernel on a raw stream), weft (weft_launch on
  * a pool stream nobody waits on, one READ_WRITE access), or weft's use alone (the same use
  * around no work: its bookkeeping, the lock taken twice as around real work). */
-enum { L_RAW, L_WEFT, L_USE, L_POOL_RAW, L_USE_THEN_RAW };
+enum { L_RAW, L_WEFT, L_USE, L_POOL_RAW, L_USE_THEN_RAW, L_RAW_THEN_RMW, L_RAW_THEN_LOCK };
 static double launches(lctx_t *l, int how) {
   unsigned elems = 256, rounds = 1;
   void *params[] = {&l->ptr, &l->ptr, &elems, &rounds};
   weft_access_t acc = {l->blk, WEFT_READ_WRITE};
   weft_launch_t launch = {.func = l->b->lcg, .grid = {1}, .block = {256}, .params = params};
+  static _Atomic unsigned long word;
+  static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
   uint64_t t0 = bench_now_ns();
   for (unsigned i = 0; i < l->n; i++) {
+    if (how == L_RAW_THEN_RMW || how == L_RAW_THEN_LOCK) {
+      BENCH_CU(l->b->drv->cuLaunchKernel(l->b->lcg, 1, 1, 1, 256, 1, 1, 0, l->raw, params, NULL));
+      if (how == L_RAW_THEN_RMW) atomic_fetch_add_explicit(&word, 1, memory_order_seq_cst);
+      else {
+        pthread_mutex_lock(&m);
+        pthread_mutex_unlock(&m);
+      }
+      continue;
+    }
     if (how == L_WEFT) {
       BENCH_WEFT(weft_launch(l->s, &launch, &acc, 1));
       continue;
@@ -147,6 +161,8 @@ static double launch_weft(void *arg) { return launches(arg, L_WEFT); }
 static double launch_use(void *arg) { return launches(arg, L_USE); }
 static double launch_pool_raw(void *arg) { return launches(arg, L_POOL_RAW); }
 static double launch_use_then_raw(void *arg) { return launches(arg, L_USE_THEN_RAW); }
+static double launch_raw_then_rmw(void *arg) { return launches(arg, L_RAW_THEN_RMW); }
+static double launch_raw_then_lock(void *arg) { return launches(arg, L_RAW_THEN_LOCK); }
 
 static void launch_breakdown(bench_t *b, weft_runtime_t *rt, weft_stream_t *s, weft_stream_t *other, unsigned n) {
   lctx_t l = {.b = b, .s = s, .n = n, .pool_raw = weft_stream_raw(other)};
@@ -154,13 +170,16 @@ static void launch_breakdown(bench_t *b, weft_runtime_t *rt, weft_stream_t *s, w
   BENCH_WEFT(weft_alloc(rt, 1024, s, "launch", &l.blk));
   BENCH_WEFT(weft_block_ptr(l.blk, &l.ptr));
   static const char raw_name[] = "cuLaunchKernel, a raw stream";
-  enum { NL = 5 };
+  enum { NL = 7 };
   static const char *const names[NL] = {
       "weft_launch, 1 access, a stream nobody waits on", raw_name,
       "the same use around no work (weft's share, diagnostic)",
       "cuLaunchKernel on a weft pool stream's handle (diagnostic)",
-      "that use around no work, then cuLaunchKernel on a raw stream (diagnostic)"};
-  double (*const fns[NL])(void *) = {launch_weft, launch_raw, launch_use, launch_pool_raw, launch_use_then_raw};
+      "that use around no work, then cuLaunchKernel on a raw stream (diagnostic)",
+      "cuLaunchKernel, then one atomic read-modify-write (diagnostic)",
+      "cuLaunchKernel, then a mutex lock and unlock (diagnostic)"};
+  double (*const fns[NL])(void *) = {launch_weft,         launch_raw,          launch_use,          launch_pool_raw,
+                                     launch_use_then_raw, launch_raw_then_rmw, launch_raw_then_lock};
   bench_series_t series[NL];
   for (int i = 0; i < NL; i++) series[i] = (bench_series_t){names[i], i == 1 ? NULL : raw_name, NULL, fns[i], &l};
   double med[NL];
