@@ -376,6 +376,13 @@ static void wait_idle(weft__tracker_t *tr, weft__lanes_t lanes) {
   while ((tr->live->busy & lanes) != 0) pthread_cond_wait(&weft__clock_idle, tr->lock);
 }
 
+/* What a busy use changed in its lane, to put back if its work fails. */
+typedef struct lane_was {
+  uint64_t tick, recorded;
+  unsigned joined;
+  bool dirty, deferred;
+} lane_was_t;
+
 /* What a busy use changed in a block's history, to put back if its work fails. */
 typedef struct undo {
   weft__point_t write;
@@ -387,10 +394,10 @@ typedef struct undo {
  * "Busy lanes"), saving in undo[0..n) and *was what putting them back needs. Returns whether
  * the tick stays deferred after the work (lazy records); lock held. */
 static bool reserve_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n,
-                        undo_t *undo, weft__lane_t *was) {
+                        undo_t *undo, lane_was_t *was) {
   unsigned at = s->lane;
   weft__lane_t *l = &d->lane[at];
-  *was = *l;
+  *was = (lane_was_t){l->tick, l->recorded, l->joined, l->dirty, l->deferred};
   bool defer = tr->lazy && !l->eager && !atomic_load_explicit(&s->exposed, memory_order_relaxed);
   uint64_t k = weft__clock_reserve(d, s, defer);
   weft__clock_unpublish(d, at); /* the reserved tick is taken back if the work fails */
@@ -412,7 +419,7 @@ static bool reserve_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s
  * event unless it stays deferred (the use is recorded whatever happens to its event, as in
  * end_locked), or puts the histories and the lane back: nobody saw the tick, its lane was busy. */
 static void finish_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n,
-                       const undo_t *undo, const weft__lane_t *was, bool defer, bool ok) {
+                       const undo_t *undo, const lane_was_t *was, bool defer, bool ok) {
   unsigned at = s->lane;
   if (ok) {
     if (!defer) (void)weft__clock_flush(tr, d, s);
@@ -458,7 +465,7 @@ static weft_status_t use_unlocked(weft__tracker_t *tr, weft__domain_t *d, weft_s
   undo_t small[16];
   undo_t *undo = weft__small_alloc(small, 16, n, sizeof *undo);
   if (undo == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for %zu accesses", n);
-  weft__lane_t was;
+  lane_was_t was;
   bool defer = reserve_use(tr, d, s, uses, n, undo, &was);
   weft_status_t st = run_busy(tr, d, weft__lane_bit(s->lane), fn, s, arg);
   finish_use(tr, d, s, uses, n, undo, &was, defer, st == WEFT_OK);
@@ -625,11 +632,11 @@ weft_status_t weft__tracker_use_joint(weft_stream_t *const *s, weft__use_t *cons
   for (size_t i = 0; i < k; i++) total += n[i];
   /* Per stream: its undo records, its lane as it was, the lanes it waits for and their ticks. */
   undo_t small_undo[32];
-  weft__lane_t small_was[4];
+  lane_was_t small_was[4];
   weft__lanes_t small_mask[4];
   uint64_t small_need[4 * WEFT__MAX_LANES];
   undo_t *undo = weft__small_alloc(small_undo, 32, total, sizeof *undo);
-  weft__lane_t *was = weft__small_alloc(small_was, 4, k, sizeof *was);
+  lane_was_t *was = weft__small_alloc(small_was, 4, k, sizeof *was);
   weft__lanes_t *mask = weft__small_alloc(small_mask, 4, k, sizeof *mask);
   uint64_t *need = weft__small_alloc(small_need, 4, k, WEFT__MAX_LANES * sizeof *need);
   weft_status_t st = undo != NULL && was != NULL && mask != NULL && need != NULL
