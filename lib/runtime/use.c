@@ -9,13 +9,13 @@
 #include "lib/core/trace.h"
 #include "lib/runtime/runtime.h"
 
+static weft_status_t resolve_slow(weft_stream_t *s, const weft_access_t *a, size_t i, const char *fn, bool *far,
+                                  struct weft__block **rec);
+
 /* Checks every access (kind, handle) and resolves it into uses[i]; s is checked already
  * (weft__stream_check: its runtime is alive). Blocks of other runtimes than s's are refused
  * (WRONG_DEVICE) unless `far` is given, which then says whether there was one. The common case
  * (a live block of s's runtime, a valid kind) is one inline check per access. */
-static weft_status_t resolve_slow(weft_stream_t *s, const weft_access_t *a, size_t i, const char *fn, bool *far,
-                                  struct weft__block **rec);
-
 static weft_status_t resolve(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses, const char *fn,
                              bool *far) {
   if (n > 0 && acc == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses is NULL with n = %zu", fn, n);
