@@ -14,6 +14,7 @@
 #define MAX_CAPTURES 64 /* graph pools of captures kept at once per device */
 #define STREAM_CACHE 8  /* adopted streams remembered per thread */
 #define MAX_USE 256     /* accesses of one declared use */
+#define HANDLE_CACHE 64 /* blocks this thread allocated, by address (a power of two) */
 
 typedef struct capture_pool {
   uint64_t id;            /* the driver's capture id */
@@ -37,6 +38,17 @@ static _Thread_local struct {
   weft_stream_t *s;
 } cache[STREAM_CACHE];
 static _Thread_local unsigned cache_next;
+/* The handles of blocks this thread allocated, by address, so that their free (PyTorch frees by
+ * pointer, mostly on the allocating thread) names the block without weft_free_ptr's lookup in
+ * the runtime's address map under its lock. An entry may be stale (the block freed elsewhere, its
+ * record handed out again): weft_free then refuses the handle, and the pointer is looked up. */
+static _Thread_local struct {
+  uintptr_t ptr;
+  int device;
+  weft_block_t b;
+} handles[HANDLE_CACHE];
+
+static unsigned handle_slot(uintptr_t p) { return (unsigned)(((uint64_t)p * 0x9E3779B97F4A7C15ull) >> 58); }
 static _Atomic unsigned reported; /* free failures printed so far */
 
 static int fail(int status, const char *fmt, ...) {
@@ -155,6 +167,10 @@ void *weft_torch_alloc(ssize_t size, int device, CUstream stream) {
     return NULL;
   }
   atomic_fetch_add_explicit(&d->allocs, 1, memory_order_relaxed);
+  unsigned k = handle_slot((uintptr_t)p);
+  handles[k].ptr = (uintptr_t)p;
+  handles[k].device = device;
+  handles[k].b = b;
   return (void *)(uintptr_t)p;
 }
 
@@ -174,7 +190,15 @@ void weft_torch_free(void *ptr, ssize_t size, int device, CUstream stream) {
   if (rt == NULL) return;
   device_t *d = &devices[device];
   weft_stream_t *s = stream_of(rt, device, stream);
-  weft_status_t st = s == NULL ? WEFT_ERR_INVALID_ARGUMENT : weft_free_ptr(rt, (CUdeviceptr)(uintptr_t)ptr, s);
+  weft_status_t st = WEFT_ERR_STALE_HANDLE;
+  unsigned k = handle_slot((uintptr_t)ptr);
+  if (s != NULL && handles[k].ptr == (uintptr_t)ptr && handles[k].device == device) {
+    handles[k].ptr = 0;
+    st = weft_free(handles[k].b, s);
+  }
+  /* Not this thread's, or no longer the block its handle named: by pointer. */
+  if (st == WEFT_ERR_STALE_HANDLE || st == WEFT_ERR_DOUBLE_FREE)
+    st = s == NULL ? WEFT_ERR_INVALID_ARGUMENT : weft_free_ptr(rt, (CUdeviceptr)(uintptr_t)ptr, s);
   if (st == WEFT_OK) {
     atomic_fetch_add_explicit(&d->frees, 1, memory_order_relaxed);
     return;

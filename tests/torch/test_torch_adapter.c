@@ -224,6 +224,59 @@ static void test_frees_from_other_threads(void **state) {
   assert_int_equal(d_stream_destroy(raw), CUDA_SUCCESS);
 }
 
+/* One step of another thread: free p, or allocate n bytes (*p gets the pointer), on stream s. */
+typedef struct other_step {
+  CUdeviceptr *p;
+  size_t n;
+  CUstream s;
+  int alloc;
+} other_step_t;
+
+static void *other_step(void *arg) {
+  other_step_t *o = arg;
+  if (o->alloc) *o->p = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)o->n, 0, o->s);
+  else t_free((void *)(uintptr_t)*o->p, (ssize_t)o->n, 0, o->s);
+  return NULL;
+}
+
+static void on_other_thread(CUdeviceptr *p, size_t n, CUstream s, int alloc) {
+  other_step_t o = {p, n, s, alloc};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, other_step, &o), 0);
+  pthread_join(th, NULL);
+}
+
+/* A thread remembers the blocks it allocated, to free them without the address lookup; the
+ * memory may meanwhile have been freed and handed out again elsewhere. This thread allocates p;
+ * another frees it and allocates the same size on the same stream (the stream cache gives p back
+ * as a new block); this thread's free of p then frees that new block (PyTorch frees by pointer).
+ * Both on the legacy stream and on a side stream. */
+static void test_a_pointer_reallocated_elsewhere_frees_the_new_block(void **state) {
+  (void)state;
+  CUstream side = new_stream();
+  for (int k = 0; k < 2; k++) {
+    CUstream s = k ? side : NULL;
+    const size_t n = 3 * 4096;
+    uint64_t live0 = stat_of("live_bytes"), frees0 = stat_of("adapter_frees"), fail0 = stat_of("free_failures");
+    CUdeviceptr p = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, s);
+    assert_true(p != 0);
+    CUdeviceptr q = p;
+    on_other_thread(&q, n, s, 0); /* freed there */
+    q = 0;
+    on_other_thread(&q, n, s, 1); /* allocated there: the same memory again */
+    if (q != p) skip();          /* the cache did not hand p back: nothing of this to check */
+    assert_int_equal(d_memset(q, 77, n / 4, s), CUDA_SUCCESS);
+    assert_int_equal(stat_of("live_bytes"), live0 + n);
+    t_free((void *)(uintptr_t)p, (ssize_t)n, 0, s); /* this thread's old entry names a freed block */
+    assert_int_equal(stat_of("live_bytes"), live0);
+    assert_int_equal(stat_of("adapter_frees"), frees0 + 2);
+    assert_int_equal(stat_of("free_failures"), fail0);
+  }
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  check_races();
+  assert_int_equal(d_stream_destroy(side), CUDA_SUCCESS);
+}
+
 /* torch.cuda.graph: a GLOBAL capture on a side stream, allocations and frees inside, replays. */
 static void test_outside_capture_then_replays(void **state) {
   (void)state;
@@ -330,6 +383,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup(test_eager_steps_on_the_legacy_stream, setup),
       cmocka_unit_test_setup(test_side_stream_prefetch_without_record_stream, setup),
       cmocka_unit_test_setup(test_frees_from_other_threads, setup),
+      cmocka_unit_test_setup(test_a_pointer_reallocated_elsewhere_frees_the_new_block, setup),
       cmocka_unit_test_setup(test_outside_capture_then_replays, setup),
       cmocka_unit_test_setup(test_legacy_frees_during_a_blocking_capture, setup),
       cmocka_unit_test_setup(test_adapter_defaults, setup),
