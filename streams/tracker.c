@@ -426,23 +426,22 @@ static void finish_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s,
     tr->counters.uses++;
     tr->counters.accesses += n;
     s->last_used = ++tr->use_seq;
-    weft__clock_publish(d, at);
-    return;
+  } else {
+    for (size_t i = n; i-- > 0;) {
+      weft__access_state_t *a = uses[i].state;
+      a->write = undo[i].write;
+      a->reader_mask = undo[i].reader_mask;
+      a->reads[at] = undo[i].read;
+    }
+    weft__lane_t *l = &d->lane[at];
+    l->tick = was->tick;
+    l->recorded = was->recorded;
+    l->dirty = was->dirty;
+    l->deferred = was->deferred;
+    l->joined = was->joined;
+    WEFT__ROW(d, at)[at] = was->tick;
   }
-  for (size_t i = n; i-- > 0;) {
-    weft__access_state_t *a = uses[i].state;
-    a->write = undo[i].write;
-    a->reader_mask = undo[i].reader_mask;
-    a->reads[at] = undo[i].read;
-  }
-  weft__lane_t *l = &d->lane[at];
-  l->tick = was->tick;
-  l->recorded = was->recorded;
-  l->dirty = was->dirty;
-  l->deferred = was->deferred;
-  l->joined = was->joined;
-  WEFT__ROW(d, at)[at] = was->tick;
-  weft__clock_publish(d, at);
+  weft__clock_publish(d, at); /* reserve_use withdrew it */
 }
 
 /* Runs fn without the lock, the lanes of `busy` marked busy meanwhile; the lock is held on entry

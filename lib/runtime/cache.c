@@ -26,6 +26,7 @@
  * in the stack: they must see every free. */
 #include <string.h>
 
+#include "lib/core/debug.h"
 #include "lib/core/error.h"
 #include "lib/runtime/runtime.h"
 
@@ -74,7 +75,7 @@ bool weft__cache_accepts(const weft_stream_t *s, const struct weft__block *rec) 
 bool weft__cache_put(weft_stream_t *s, struct weft__block *rec) {
   weft_runtime_t *rt = s->runtime;
   uint64_t cap = rt->opts.stream_cache_bytes;
-  if (!weft__cache_accepts(s, rec)) return false;
+  WEFT_ASSERT_INTERNAL(weft__cache_accepts(s, rec)); /* the caller asked before the free's waits */
   weft__stream_cache_t *c = &rt->cache[s->index];
   struct weft__block *old[WEFT__CACHE_SLOTS];
   unsigned n_old = 0;

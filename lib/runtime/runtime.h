@@ -230,9 +230,9 @@ weft_status_t weft__cache_init(weft_runtime_t *rt);
 bool weft__cache_accepts(const weft_stream_t *s, const struct weft__block *rec);
 /** Keeps claimed block rec, whose free on s (live, prepared, every use waited for) is done as
  * far as ordering goes, in s's cache instead of giving it to its resource; older blocks of s go
- * back to their resource on s to make room. False (rec untouched) when the cache is off, rec is
- * not from the runtime's stack or does not fit. The free restarted rec's history at s's point
- * (weft__tracker_free_kept), so that it can be handed out with no tracker call. */
+ * back to their resource on s to make room. Only for a block weft__cache_accepts took; false
+ * (rec untouched) when the other lanes' bytes leave no room. The free restarted rec's history at
+ * s's point (weft__tracker_free_kept), so that it can be handed out with no tracker call. */
 bool weft__cache_put(weft_stream_t *s, struct weft__block *rec);
 /** A block of exactly `bytes` from resource r that s cached, taken out of the cache (state
  * FREEING until the caller publishes it again), or NULL. Its history is that of a block new on
