@@ -267,31 +267,34 @@ static weft_status_t translate(weft__capture_t *c, const weft__use_t *uses, size
   return WEFT_OK;
 }
 
+/* One conflicting point (t, tick) of a use on s: a need unless s already implies it. need[t] is
+ * defined for the lanes of *mask only (set when t joins the mask), so callers need not clear it:
+ * a use touches a few lanes of a domain of many (no work or cache lines per lane of the domain). */
+static inline void consider(weft__tracker_t *tr, const weft__domain_t *d, unsigned s, unsigned t, uint64_t tick,
+                            uint64_t *need, weft__lanes_t *mask) {
+  if (!weft__clock_implied(d, s, t, tick)) {
+    weft__lanes_t bit = weft__lane_bit(t);
+    need[t] = (*mask & bit) != 0 ? weft__max_u64(need[t], tick) : tick;
+    *mask |= bit;
+  } else {
+    tr->counters.waits_skipped++;
+    if (WEFT__ROW(d, s)[t] < tick) tr->counters.waits_host_known++;
+  }
+}
+
 /* need[t]: the newest tick of t that the uses conflict with (weft__rule_*) and that is not yet
- * implied for s. Returns a bit mask of the streams with a need. */
+ * implied for s, for each t of the returned mask (need[] is not read or cleared elsewhere). */
 static weft__lanes_t collect_needs(weft__tracker_t *tr, const weft__domain_t *d, unsigned s, const weft__use_t *uses,
                                    size_t n, uint64_t *need) {
   weft__lanes_t mask = 0, others = ~weft__lane_bit(s);
   for (size_t i = 0; i < n; i++) {
     const weft__access_state_t *st = uses[i].state;
-    weft__point_t pts[WEFT__MAX_LANES + 1];
-    size_t k = 0;
-    if (st->write.tick != 0 && st->write.stream != s) pts[k++] = st->write;
+    if (st->write.tick != 0 && st->write.stream != s) consider(tr, d, s, st->write.stream, st->write.tick, need, &mask);
     if (weft__rule_follows_reads(uses[i].kind))
       for (weft__lanes_t m = st->reader_mask & others; m != 0; m &= m - 1) {
         unsigned t = weft__lanes_first(m);
-        pts[k++] = (weft__point_t){t, st->reads[t]};
+        consider(tr, d, s, t, st->reads[t], need, &mask);
       }
-    for (size_t j = 0; j < k; j++) {
-      unsigned t = pts[j].stream;
-      if (!weft__clock_implied(d, s, t, pts[j].tick)) {
-        need[t] = weft__max_u64(need[t], pts[j].tick);
-        mask |= weft__lane_bit(t);
-      } else {
-        tr->counters.waits_skipped++;
-        if (WEFT__ROW(d, s)[t] < pts[j].tick) tr->counters.waits_host_known++;
-      }
-    }
   }
   return mask;
 }
@@ -336,12 +339,11 @@ static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_st
   return WEFT_OK;
 }
 
-/* The lanes a use on s must wait for, their ticks in need[0..d->n). When one of them is busy
+/* The lanes a use on s must wait for (the mask returned), their ticks in need[t] for those t. When one of them is busy
  * (tracker.h), *busy gets them and the counters are as they were (the caller waits until they
  * are idle, then looks again). */
 static weft__lanes_t needs_locked(weft__tracker_t *tr, const weft__domain_t *d, const weft_stream_t *s,
                                   const weft__use_t *uses, size_t n, uint64_t *need, weft__lanes_t *busy) {
-  memset(need, 0, d->n * sizeof need[0]);
   uint64_t skipped = tr->counters.waits_skipped, host = tr->counters.waits_host_known;
   weft__lanes_t mask = collect_needs(tr, d, weft__at(d, s), uses, n, need);
   *busy = d == tr->live ? mask & d->busy : 0;
@@ -868,7 +870,6 @@ weft_stream_t *weft__tracker_auto(weft__tracker_t *tr, bool high, const weft__us
   for (unsigned c = first; c < last; c++) {
     weft_stream_t *s = &tr->streams[c];
     if (s->capture != NULL) continue; /* a capturing stream is not free for eager work */
-    memset(need, 0, tr->live->n * sizeof need[0]);
     weft__lanes_t m = collect_needs(tr, tr->live, s->lane, uses, n, need);
     unsigned waits = (unsigned)__builtin_popcountll((uint64_t)m) + (unsigned)__builtin_popcountll((uint64_t)(m >> 64));
     if (best == NULL || waits < best_waits || (waits == best_waits && s->last_used < best->last_used)) {
