@@ -327,6 +327,16 @@ weft_status_t weft_comm_group_end(void) {
   g_ncalls = 0;
   if (g_group_error != WEFT_OK) return weft__error(g_group_error, "weft_comm_group_end: %s", g_group_message);
   if (ncalls == 0) return WEFT_OK;
+  /* A call's communicator may have been destroyed since the call (its blocks and streams are
+   * checked again by the joint use): the group then enqueues nothing. */
+  for (size_t i = 0; i < ncalls; i++) {
+    weft_status_t bad = comm_check(g_calls[i].c, kind_name[g_calls[i].kind]);
+    if (bad != WEFT_OK) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", weft_last_error());
+      return weft__error(bad, "weft_comm_group_end: call %zu of the group: %s", i + 1, why);
+    }
+  }
   const weft__nccl_t *nl;
   weft_status_t st = weft__nccl_get(&nl);
   group_stream_t gs_small[SMALL_GROUP], *gs = NULL;

@@ -285,6 +285,39 @@ static void test_bad_calls_and_nccl_failures_change_nothing(void **state) {
   assert_int_equal(races(), 0);
 }
 
+/* A communicator destroyed between a group's call and the group's end: the end refuses the whole
+ * group (STALE_HANDLE, naming the call), enqueues nothing and records no use; the group's other
+ * communicators stay usable. (Before, the end used the destroyed communicator's memory.) */
+static void test_a_communicator_destroyed_inside_a_group_fails_its_end(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  weft_comm_t *x[2];
+  assert_int_equal(weft_comm_init_all(rt, 2, x), WEFT_OK);
+  weft_block_t a[2] = {alloc(0, N * 4), alloc(1, N * 4)};
+  weft_counters_t c0[2], c1[2];
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_counters(rt[r], &c0[r]), WEFT_OK);
+  assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+  for (int r = 0; r < 2; r++)
+    assert_int_equal(weft_all_reduce(x[r], a[r], 0, a[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_OK);
+  assert_int_equal(weft_comm_destroy(x[1]), WEFT_OK);
+  assert_int_equal(weft_comm_group_end(), WEFT_ERR_STALE_HANDLE);
+  assert_non_null(strstr(weft_last_error(), "weft_all_reduce"));
+  assert_non_null(strstr(weft_last_error(), "destroyed"));
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(weft_runtime_counters(rt[r], &c1[r]), WEFT_OK);
+    assert_int_equal(c1[r].uses, c0[r].uses); /* nothing recorded */
+  }
+  /* The same thread's next group, on the live communicators, runs. */
+  assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+  for (int r = 0; r < 2; r++)
+    assert_int_equal(weft_all_reduce(comm[r], a[r], 0, a[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_OK);
+  assert_int_equal(weft_comm_group_end(), WEFT_OK);
+  assert_int_equal(weft_comm_destroy(x[0]), WEFT_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_free(a[r], stream(r, 0)), WEFT_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
+  assert_int_equal(races(), 0);
+}
+
 typedef struct joiner {
   weft_comm_id_t id;
   int rank;
@@ -456,6 +489,7 @@ int main(void) {
       cmocka_unit_test(test_every_collective_at_offsets),
       cmocka_unit_test(test_a_large_group_over_two_streams_per_rank),
       cmocka_unit_test(test_bad_calls_and_nccl_failures_change_nothing),
+      cmocka_unit_test(test_a_communicator_destroyed_inside_a_group_fails_its_end),
       cmocka_unit_test(test_ranks_join_by_unique_id_and_a_destroyed_communicator_is_stale),
       cmocka_unit_test(test_adopted_communicator_is_tracked_and_left_to_its_owner),
       cmocka_unit_test(test_nccl_faults_leave_nothing_behind),
