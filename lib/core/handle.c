@@ -1,5 +1,6 @@
 /* The live-handle set (handle.h). */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "lib/core/container.h"
@@ -9,6 +10,28 @@ static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
 static weft__map_t g_live; /* address -> kind, | DEAD once destroyed */
 
 #define DEAD 0x100u
+
+/* weft__handle_live's fast path: each thread remembers its last few positive answers, each with
+ * the number of removals the set had seen when the answer was taken. While no handle was removed
+ * since, the object is still live (adds and restores never make a live object dead), so a hot
+ * call (a collective's communicator, a replayed exec) reads one shared counter, which nobody
+ * writes in steady state, instead of taking the set's lock (an atomic read-modify-write on one
+ * line for every thread of the process). */
+static atomic_uint_least64_t g_removals;
+
+typedef struct seen {
+  const void *p;
+  unsigned kind;
+  uint64_t removals;
+} seen_t;
+
+#define SEEN 4
+static _Thread_local seen_t tls_seen[SEEN];
+
+static seen_t *seen_slot(const void *p) {
+  uintptr_t a = (uintptr_t)p;
+  return &tls_seen[((a >> 4) ^ (a >> 9)) & (SEEN - 1)];
+}
 
 bool weft__handle_add(const void *p, weft__handle_kind_t kind) {
   pthread_rwlock_wrlock(&g_lock);
@@ -20,10 +43,15 @@ bool weft__handle_add(const void *p, weft__handle_kind_t kind) {
 
 bool weft__handle_live(const void *p, weft__handle_kind_t kind) {
   if (p == NULL) return false;
+  /* Read before the lookup: a removal after this load makes the remembered answer stale. */
+  uint64_t removals = atomic_load_explicit(&g_removals, memory_order_acquire);
+  seen_t *e = seen_slot(p);
+  if (e->p == p && e->kind == (unsigned)kind && e->removals == removals) return true;
   pthread_rwlock_rdlock(&g_lock);
   const uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
   bool live = v != NULL && *v == kind;
   pthread_rwlock_unlock(&g_lock);
+  if (live) *e = (seen_t){p, (unsigned)kind, removals};
   return live;
 }
 
@@ -32,7 +60,10 @@ bool weft__handle_remove(const void *p, weft__handle_kind_t kind) {
   pthread_rwlock_wrlock(&g_lock);
   uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
   bool live = v != NULL && *v == kind;
-  if (live) *v = kind | DEAD;
+  if (live) {
+    *v = kind | DEAD;
+    atomic_fetch_add_explicit(&g_removals, 1, memory_order_release); /* every thread's answers go stale */
+  }
   pthread_rwlock_unlock(&g_lock);
   return live;
 }

@@ -22,7 +22,8 @@ typedef enum weft__handle_kind {
 
 /** Registers a new object; false when out of host memory. */
 bool weft__handle_add(const void *p, weft__handle_kind_t kind);
-/** True while p is a live object of that kind. */
+/** True while p is a live object of that kind. Lock-free while the calling thread asked about p
+ * before and no handle was removed since (a per-thread memory of positive answers). */
 bool weft__handle_live(const void *p, weft__handle_kind_t kind);
 /** Marks p destroyed; false when it was not a live object of that kind (destroyed already). */
 bool weft__handle_remove(const void *p, weft__handle_kind_t kind);

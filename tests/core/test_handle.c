@@ -1,0 +1,97 @@
+/* The live-handle set (lib/core/handle.h): answers, kinds, restores, and the per-thread memory of
+ * positive answers, which a removal on any thread must make stale at once. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdbool.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "lib/core/handle.h"
+
+static char objects[4][64]; /* addresses to register (never dereferenced) */
+
+static void test_live_remove_restore_and_kinds(void **state) {
+  (void)state;
+  const void *p = objects[0];
+  assert_false(weft__handle_live(p, WEFT__HANDLE_EXEC));
+  assert_true(weft__handle_add(p, WEFT__HANDLE_EXEC));
+  for (int i = 0; i < 3; i++) assert_true(weft__handle_live(p, WEFT__HANDLE_EXEC)); /* remembered after the first */
+  assert_false(weft__handle_live(p, WEFT__HANDLE_COMM)); /* another kind: never from the memory */
+  assert_false(weft__handle_live(NULL, WEFT__HANDLE_EXEC));
+  assert_true(weft__handle_remove(p, WEFT__HANDLE_EXEC));
+  assert_false(weft__handle_live(p, WEFT__HANDLE_EXEC)); /* this thread had it remembered */
+  assert_true(weft__handle_dead(p, WEFT__HANDLE_EXEC));
+  assert_false(weft__handle_remove(p, WEFT__HANDLE_EXEC)); /* a second destroy */
+  weft__handle_restore(p, WEFT__HANDLE_EXEC);
+  assert_true(weft__handle_live(p, WEFT__HANDLE_EXEC));
+  assert_false(weft__handle_dead(p, WEFT__HANDLE_EXEC));
+  /* A removal of another object also ends what this thread remembers, and p stays live. */
+  assert_true(weft__handle_add(objects[1], WEFT__HANDLE_COMM));
+  assert_true(weft__handle_remove(objects[1], WEFT__HANDLE_COMM));
+  assert_true(weft__handle_live(p, WEFT__HANDLE_EXEC));
+  /* The address taken by a new object of another kind (the old one destroyed). */
+  assert_true(weft__handle_remove(p, WEFT__HANDLE_EXEC));
+  assert_true(weft__handle_add(p, WEFT__HANDLE_GRAPH));
+  assert_false(weft__handle_live(p, WEFT__HANDLE_EXEC));
+  assert_true(weft__handle_live(p, WEFT__HANDLE_GRAPH));
+  assert_true(weft__handle_remove(p, WEFT__HANDLE_GRAPH));
+}
+
+/* 8 threads ask about an object over and over; once each has asked many times (so each has it
+ * remembered), the main thread removes it and then raises a flag. A thread that sees the flag and
+ * still gets "live" has used a stale answer. */
+#define THREADS 8
+static atomic_int g_removed;
+static atomic_uint g_asked;
+
+typedef struct asker {
+  unsigned live_before, stale, after;
+} asker_t;
+
+static void *ask(void *arg) {
+  asker_t *a = arg;
+  const void *p = objects[2];
+  while (a->after < 1000) {
+    int removed = atomic_load_explicit(&g_removed, memory_order_acquire);
+    bool live = weft__handle_live(p, WEFT__HANDLE_COMM);
+    if (!removed) {
+      if (live) a->live_before++;
+      atomic_fetch_add_explicit(&g_asked, 1, memory_order_relaxed);
+    } else {
+      a->after++;
+      if (live) a->stale++;
+    }
+  }
+  return NULL;
+}
+
+static void test_a_removal_ends_every_threads_remembered_answer(void **state) {
+  (void)state;
+  assert_true(weft__handle_add(objects[2], WEFT__HANDLE_COMM));
+  pthread_t t[THREADS];
+  asker_t a[THREADS] = {{0}};
+  for (int i = 0; i < THREADS; i++) assert_int_equal(pthread_create(&t[i], NULL, ask, &a[i]), 0);
+  while (atomic_load_explicit(&g_asked, memory_order_relaxed) < THREADS * 2000u) sched_yield();
+  assert_true(weft__handle_remove(objects[2], WEFT__HANDLE_COMM));
+  atomic_store_explicit(&g_removed, 1, memory_order_release);
+  for (int i = 0; i < THREADS; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+  unsigned asked_live = 0;
+  for (int i = 0; i < THREADS; i++) {
+    if (a[i].stale != 0) fail_msg("thread %d: %u answers of live after the removal", i, a[i].stale);
+    asked_live += a[i].live_before;
+  }
+  if (asked_live < THREADS * 2000u / 2) fail_msg("only %u live answers before the removal", asked_live);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_live_remove_restore_and_kinds),
+      cmocka_unit_test(test_a_removal_ends_every_threads_remembered_answer),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
