@@ -30,6 +30,19 @@
 
 #define BLOCKS 16
 
+/* HOST_INSTR_EVICT=bytes: after every operation, write that many bytes of a buffer of its own
+ * (evict), as the driver call beside each use does on a GPU host: the next operation then finds
+ * weft's metadata out of the first-level cache. tools/host_instr.sh counts each path's D1
+ * misses this way ("lines", the cache lines an operation brings back). evict is left out of
+ * the counts (it is not a path_ function's own code). */
+static size_t g_evict;
+static unsigned char *g_evict_buf;
+
+__attribute__((noinline)) static void evict(void) {
+  if (g_evict == 0) return;
+  for (size_t i = 0; i < g_evict; i += 64) g_evict_buf[i]++;
+}
+
 typedef struct ctx {
   weft_runtime_t *rt;
   weft_stream_t *s[3]; /* s[0], s[1] wait on each other (eager); s[2]: nobody waits on it (lazy) */
@@ -49,6 +62,7 @@ __attribute__((noinline)) static void path_use(ctx_t *c, weft_stream_t *s, size_
   for (unsigned i = 0; i < c->n; i++) {
     CHECK(weft_use_begin(s, c->acc, k));
     CHECK(weft_use_end(s, c->acc, k));
+    evict();
   }
 }
 
@@ -57,6 +71,7 @@ __attribute__((noinline)) static void path_edge(ctx_t *c) {
     weft_stream_t *s = c->s[i & 1];
     CHECK(weft_use_begin(s, c->acc, 1));
     CHECK(weft_use_end(s, c->acc, 1));
+    evict();
   }
 }
 
@@ -68,7 +83,10 @@ static weft_status_t nothing(weft_stream_t *s, void *arg) {
 
 /* A use with its work (the shape of weft_launch, without the kernel's driver call). */
 __attribute__((noinline)) static void path_run(ctx_t *c, weft_stream_t *s, size_t k) {
-  for (unsigned i = 0; i < c->n; i++) CHECK(weft__use_run(s, c->acc, k, "instr", nothing, NULL));
+  for (unsigned i = 0; i < c->n; i++) {
+    CHECK(weft__use_run(s, c->acc, k, "instr", nothing, NULL));
+    evict();
+  }
 }
 
 __attribute__((noinline)) static void path_alloc(ctx_t *c) {
@@ -76,6 +94,7 @@ __attribute__((noinline)) static void path_alloc(ctx_t *c) {
     weft_block_t b;
     CHECK(weft_alloc(c->rt, 1u << 20, c->s[2], "instr", &b));
     CHECK(weft_free(b, c->s[2]));
+    evict();
   }
 }
 
@@ -84,6 +103,7 @@ __attribute__((noinline)) static void path_pool(ctx_t *c) {
     CUdeviceptr p;
     CHECK(weft_resource_allocate(c->res, 1u << 20, c->s[2], "", &p));
     CHECK(weft_resource_deallocate(c->res, p, 1u << 20, c->s[2], ""));
+    evict();
   }
 }
 
@@ -95,6 +115,7 @@ __attribute__((noinline)) static void path_torch(ctx_t *c, CUstream raw) {
       exit(1);
     }
     weft_torch_free(p, 1 << 20, 0, raw);
+    evict();
   }
 }
 
@@ -105,6 +126,7 @@ __attribute__((noinline)) static void path_group(unsigned n, weft_comm_t *const 
     for (int r = 0; r < 2; r++)
       CHECK(weft_all_reduce(comm[r], buf[r], 0, buf[r], 0, 1u << 18, WEFT_FLOAT32, WEFT_SUM, NULL));
     CHECK(weft_comm_group_end());
+    evict();
   }
 }
 
@@ -136,6 +158,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   const char *path = argv[1];
+  const char *ev = getenv("HOST_INSTR_EVICT");
+  g_evict = ev != NULL ? (size_t)strtoull(ev, NULL, 10) : 0;
+  if (g_evict != 0 && (g_evict_buf = calloc(1, g_evict)) == NULL) return 1;
   ctx_t c = {.n = argc > 2 ? (unsigned)atoi(argv[2]) : 10000};
   if (strcmp(path, "group") == 0) return group(c.n);
   if (strcmp(path, "torch") == 0) {

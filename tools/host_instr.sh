@@ -3,7 +3,10 @@
 # callgrind counts the instructions of host_instr's own objects (weft; not the simulator, libc or
 # libpthread) inside each path's loop, divided by the loop's count, and the calls weft makes
 # there (tools/callgrind_calls.py) that cost more on a GPU host than instructions show: mutex
-# locks, and the driver calls a use may make beside its work.
+# locks, and the driver calls a use may make beside its work. A second run per path simulates the
+# caches with the first-level data cache emptied after every operation (HOST_INSTR_EVICT: a
+# driver call beside each use, NCCL's group launch, does much the same on a GPU host) and counts
+# weft's first-level data misses: the cache lines an operation brings back ("lines, cold").
 #   tools/host_instr.sh [PATH ...]     (default: every path)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,9 +20,11 @@ sim=$out/sim
 n=2000
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-printf '| path | weft instructions | mutex locks | cuCtxGetCurrent | cuCtxSetCurrent | capture probes | event records | stream waits |\n'
-printf '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n'
+printf '| path | weft instructions | lines, cold | mutex locks | cuCtxGetCurrent | cuCtxSetCurrent | capture probes | event records | stream waits |\n'
+printf '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n'
 for p in "${paths[@]}"; do
+  n=2000
+  [ "$p" = group ] && n=200 # each group reduces 1 MiB per rank on the simulator: slow under callgrind
   case $p in
     use*|eager*) fn=path_use ;;
     launch) fn=path_run ;;
@@ -31,11 +36,18 @@ for p in "${paths[@]}"; do
   # runs n/10 more operations.
   total=$(callgrind_annotate --threshold=100 "$tmp/cg" 2>/dev/null | { grep "host_instr\]" || true; } |
           awk '{gsub(",","",$1); s+=$1} END {print s+0}')
+  # First-level data misses of the same functions, the cache emptied after every operation.
+  HOST_INSTR_EVICT=262144 WEFT_DRIVER=sim WEFT_NCCL=sim WEFT_SIM_DEVICES=2 LD_LIBRARY_PATH="$sim" valgrind --tool=callgrind \
+    --cache-sim=yes --callgrind-out-file="$tmp/cgc" --toggle-collect="$fn*" "$bin" "$p" "$n" >/dev/null 2>"$tmp/err" ||
+    { cat "$tmp/err" >&2; exit 1; }
+  lines=$(callgrind_annotate --threshold=100 --show=D1mr,D1mw --show-percs=no "$tmp/cgc" 2>/dev/null |
+          { grep "host_instr\]" || true; } | { grep -v ":evict " || true; } |
+          awk '{for (i = 1; i <= 2; i++) {gsub(",", "", $i); if ($i == ".") $i = 0}; s += $1 + $2} END {print s+0}')
   calls=$(python3 tools/callgrind_calls.py "$tmp/cg" host_instr pthread_mutex_lock cuCtxGetCurrent cuCtxSetCurrent \
           cuStreamGetCaptureInfo cuEventRecord cuStreamWaitEvent)
-  awk -v t="$total" -v c="$calls" -v n="$n" -v p="$p" 'BEGIN {
+  awk -v t="$total" -v l="$lines" -v c="$calls" -v n="$n" -v p="$p" 'BEGIN {
     k = split(c, v, " "); ops = n + n / 10
-    printf "| %s | %.0f |", p, t / ops
+    printf "| %s | %.0f | %.1f |", p, t / ops, l / ops
     for (i = 1; i <= k; i++) printf " %.2f |", v[i] / ops
     printf "\n" }'
 done
