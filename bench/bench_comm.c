@@ -12,6 +12,7 @@
 
 #include "bench/bench.h"
 #include "lib/core/nccl.h"
+#include "lib/runtime/runtime.h"
 
 #define MIB (1u << 20)
 
@@ -24,6 +25,7 @@ typedef struct pair {
   ncclComm_t nc[2];
   CUevent ev[2]; /* the "raw + record" path's events */
   CUcontext ctx[2]; /* the devices' primary contexts (the "raw + switches" path) */
+  CUstream wraw[2]; /* the communicators' weft streams' own handles (the "raw on weft's streams" path) */
 } pair_t;
 
 /* The ways an all-reduce is issued: through weft, raw NCCL, and raw NCCL followed by driver
@@ -32,8 +34,18 @@ typedef struct pair {
  *   RAW_SWITCH  two context switches, device 1 then device 0 (a weft group over two devices
  *               binds each rank's context once);
  *   RAW_PROBE   per rank, two cuCtxGetCurrent and two cuStreamGetCaptureInfo (the bind check and
- *               the capture probe of an exposed stream, at the use's begin and end). */
-enum { RAW, WEFT, RAW_RECORD, RAW_SWITCH, RAW_PROBE };
+ *               the capture probe of an exposed stream, at the use's begin and end);
+ *   RAW_ON_WEFT raw NCCL on the weft streams' own handles (is it the streams?);
+ *   RAW_BOOK    raw NCCL, then weft's bookkeeping of the group without NCCL: the joint use of
+ *               both ranks' streams and buffers (weft__use_joint, as weft_comm_group_end makes it)
+ *               around no work (is it weft's own host work, among NCCL's?). */
+enum { RAW, WEFT, RAW_RECORD, RAW_SWITCH, RAW_PROBE, RAW_ON_WEFT, RAW_BOOK };
+
+static weft_status_t no_work(weft_stream_t *s, void *arg) {
+  (void)s;
+  (void)arg;
+  return WEFT_OK;
+}
 
 /* The NCCL communicators under weft's (the same ones the raw path uses): made separately with
  * ncclCommInitAll, and adopted by weft. */
@@ -49,9 +61,16 @@ static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, u
       if (nl->ncclGroupStart() != ncclSuccess) bench_die("ncclGroupStart");
       for (int r = 0; r < 2; r++)
         if (nl->ncclAllReduce((void *)p->ptr[r], (void *)p->ptr[r], count, ncclFloat32, ncclSum, p->nc[r],
-                              (cudaStream_t)p->raw[r]) != ncclSuccess)
+                              (cudaStream_t)(how == RAW_ON_WEFT ? p->wraw[r] : p->raw[r])) != ncclSuccess)
           bench_die("ncclAllReduce");
       if (nl->ncclGroupEnd() != ncclSuccess) bench_die("ncclGroupEnd");
+      if (how == RAW_BOOK) {
+        weft_stream_t *s[2] = {weft_comm_stream(p->comm[0]), weft_comm_stream(p->comm[1])};
+        weft_access_t a0[1] = {{p->buf[0], WEFT_READ_WRITE}}, a1[1] = {{p->buf[1], WEFT_READ_WRITE}};
+        const weft_access_t *acc[2] = {a0, a1};
+        size_t n[2] = {1, 1};
+        BENCH_WEFT(weft__use_joint(s, acc, n, 2, "bench", no_work, NULL));
+      }
       for (int r = 0; r < 2 && how == RAW_RECORD; r++) BENCH_CU(b->drv->cuEventRecord(p->ev[r], p->raw[r]));
       for (int r = 1; r >= 0 && how == RAW_SWITCH; r--) BENCH_CU(b->drv->cuCtxSetCurrent(p->ctx[r]));
       for (int r = 0; r < 4 && how == RAW_PROBE; r++) {
@@ -64,8 +83,8 @@ static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, u
   }
   if (host_us != NULL) *host_us = (double)(bench_now_ns() - t0) / iters / 1000.0;
   for (int r = 0; r < 2; r++) {
-    if (how == WEFT) BENCH_WEFT(weft_stream_synchronize(weft_comm_stream(p->comm[r])));
-    else BENCH_CU(b->drv->cuStreamSynchronize(p->raw[r]));
+    if (how == WEFT || how == RAW_BOOK) BENCH_WEFT(weft_stream_synchronize(weft_comm_stream(p->comm[r])));
+    if (how != WEFT) BENCH_CU(b->drv->cuStreamSynchronize(how == RAW_ON_WEFT ? p->wraw[r] : p->raw[r]));
   }
   return (double)(bench_now_ns() - t0) / iters / 1000.0;
 }
@@ -171,28 +190,35 @@ void bench_comm(bench_t *b) {
     BENCH_CU(b->drv->cuStreamCreateWithPriority(&p.raw[r], CU_STREAM_NON_BLOCKING, prio));
     BENCH_CU(b->drv->cuEventCreate(&p.ev[r], CU_EVENT_DISABLE_TIMING));
     p.ctx[r] = ctx; /* kept retained until the end */
+    p.wraw[r] = s->raw; /* read, not weft_stream_raw: that would expose the stream (an event after every use) */
   }
   static const char *const cols[] = {"bytes",         "weft us",           "raw NCCL us",
                                      "weft / raw",    "range of weft / raw", "raw + event record us",
                                      "weft host us",  "raw host us", "raw + record host us",
-                                     "raw + 2 context switches host us", "raw + 4 probes host us"};
-  bench_table(cols, 11);
+                                     "raw + 2 context switches host us", "raw + 4 probes host us",
+                                     "raw on weft's streams host us", "raw + weft's bookkeeping host us"};
+  bench_table(cols, 13);
   for (size_t count = MIB / 4; count <= max_count; count *= 4) {
     unsigned iters = bench_count(b, count >= 16 * MIB ? 20 : 200, 2);
     double w[BENCH_MAX_REPS], raw[BENCH_MAX_REPS], ratio[BENCH_MAX_REPS], rec[BENCH_MAX_REPS], wh[BENCH_MAX_REPS],
-        rh[BENCH_MAX_REPS], qh[BENCH_MAX_REPS], sh[BENCH_MAX_REPS], ph[BENCH_MAX_REPS];
+        rh[BENCH_MAX_REPS], qh[BENCH_MAX_REPS], sh[BENCH_MAX_REPS], ph[BENCH_MAX_REPS], oh[BENCH_MAX_REPS],
+        kh[BENCH_MAX_REPS];
     unsigned reps = b->reps < BENCH_MAX_REPS ? b->reps : BENCH_MAX_REPS;
     (void)run(b, nl, &p, count, 2, WEFT, NULL); /* warm every path */
     (void)run(b, nl, &p, count, 2, RAW, NULL);
     (void)run(b, nl, &p, count, 2, RAW_RECORD, NULL);
     (void)run(b, nl, &p, count, 2, RAW_SWITCH, NULL);
     (void)run(b, nl, &p, count, 2, RAW_PROBE, NULL);
+    (void)run(b, nl, &p, count, 2, RAW_ON_WEFT, NULL);
+    (void)run(b, nl, &p, count, 2, RAW_BOOK, NULL);
     for (unsigned k = 0; k < reps; k++) {
       w[k] = run(b, nl, &p, count, iters, WEFT, &wh[k]);
       raw[k] = run(b, nl, &p, count, iters, RAW, &rh[k]);
       rec[k] = run(b, nl, &p, count, iters, RAW_RECORD, &qh[k]);
       (void)run(b, nl, &p, count, iters, RAW_SWITCH, &sh[k]);
       (void)run(b, nl, &p, count, iters, RAW_PROBE, &ph[k]);
+      (void)run(b, nl, &p, count, iters, RAW_ON_WEFT, &oh[k]);
+      (void)run(b, nl, &p, count, iters, RAW_BOOK, &kh[k]);
       ratio[k] = w[k] / raw[k];
     }
     double lo, hi;
@@ -201,7 +227,9 @@ void bench_comm(bench_t *b) {
     snprintf(x, sizeof x, "%zu", count * 4);
     static const char wn[] = "weft_all_reduce, one weft group", rn[] = "raw ncclAllReduce, one NCCL group",
                       qn[] = "raw ncclAllReduce + an event record per stream",
-                      sn[] = "raw ncclAllReduce + 2 context switches", pn[] = "raw ncclAllReduce + 4 capture probes";
+                      sn[] = "raw ncclAllReduce + 2 context switches", pn[] = "raw ncclAllReduce + 4 capture probes",
+                      on[] = "raw ncclAllReduce on weft's streams (diagnostic)",
+                      kn[] = "raw ncclAllReduce + weft's group bookkeeping around no work (diagnostic)";
     for (unsigned k = 0; k < reps; k++) {
       bench_sample(b, "comm", wn, "us per all-reduce", "us", rn, x, k, w[k]);
       bench_sample(b, "comm", rn, "us per all-reduce", "us", NULL, x, k, raw[k]);
@@ -211,11 +239,14 @@ void bench_comm(bench_t *b) {
       bench_sample(b, "comm", qn, "host us to enqueue", "us", rn, x, k, qh[k]);
       bench_sample(b, "comm", sn, "host us to enqueue", "us", rn, x, k, sh[k]);
       bench_sample(b, "comm", pn, "host us to enqueue", "us", rn, x, k, ph[k]);
+      bench_sample(b, "comm", on, "host us to enqueue", "us", rn, x, k, oh[k]);
+      bench_sample(b, "comm", kn, "host us to enqueue", "us", rn, x, k, kh[k]);
     }
     double mw = bench_median(w, reps), mr = bench_median(raw, reps), mq = bench_median(ratio, reps);
-    printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f |\n", count * 4, mw, mr,
-           mq, lo, hi, bench_median(rec, reps), bench_median(wh, reps), bench_median(rh, reps), bench_median(qh, reps),
-           bench_median(sh, reps), bench_median(ph, reps));
+    printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+           count * 4, mw, mr, mq, lo, hi, bench_median(rec, reps), bench_median(wh, reps), bench_median(rh, reps),
+           bench_median(qh, reps), bench_median(sh, reps), bench_median(ph, reps), bench_median(oh, reps),
+           bench_median(kh, reps));
   }
   printf("\n");
   printf("A thread per rank (each on its own device, one call per all-reduce, no group):\n\n");
