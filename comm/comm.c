@@ -115,14 +115,21 @@ static weft_status_t prepare(call_t *k, weft_comm_t *c, weft_stream_t *s, weft_b
   if (e == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: %d is not a weft_dtype_t", fn, (int)dt);
   if (count == 0 || count > SIZE_MAX / e / (size_t)c->nranks)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: count %zu is 0 or too large", fn, count);
+  /* The communicator's own stream is a stream of its runtime, which comm_check found alive. */
+  if (s != NULL && s != c->stream) {
+    if ((st = weft__stream_check(s, fn)) != WEFT_OK) return st;
+    if (s->runtime != c->rt) return weft__error(WEFT_ERR_WRONG_DEVICE, "%s: the stream belongs to another runtime", fn);
+  }
   if (s == NULL) s = c->stream;
-  if ((st = weft__stream_check(s, fn)) != WEFT_OK) return st;
-  if (s->runtime != c->rt) return weft__error(WEFT_ERR_WRONG_DEVICE, "%s: the stream belongs to another runtime", fn);
   size_t sb = count * e, rb = count * e;
   if (k->kind == C_REDUCESCATTER) sb *= (size_t)c->nranks;
   if (k->kind == C_ALLGATHER) rb *= (size_t)c->nranks;
   if (k->kind != C_RECV && (st = range(c, send, send_off, sb, "send", fn, &k->send_ptr)) != WEFT_OK) return st;
-  if (k->kind != C_SEND && (st = range(c, recv, recv_off, rb, "receive", fn, &k->recv_ptr)) != WEFT_OK) return st;
+  /* In place (the common all-reduce): the send check covered the same range. */
+  if (k->kind != C_RECV && recv.rec == send.rec && recv.gen == send.gen && recv_off == send_off && rb == sb)
+    k->recv_ptr = k->send_ptr;
+  else if (k->kind != C_SEND && (st = range(c, recv, recv_off, rb, "receive", fn, &k->recv_ptr)) != WEFT_OK)
+    return st;
   if ((k->kind == C_ALLREDUCE || k->kind == C_REDUCESCATTER) && (unsigned)k->op > WEFT_AVG)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: %d is not a weft_redop_t", fn, (int)k->op);
   if ((k->kind == C_BROADCAST || k->kind == C_SEND || k->kind == C_RECV) &&
