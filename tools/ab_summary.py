@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""Summary of a tools/ab_bench.sh run: for each round and build, the median over repetitions of
+each key row's ratio to its baseline (the repetition's own baseline sample).
+
+    tools/ab_summary.py DIR      (DIR holds ab_<base|new>_<round>.csv or .csv.gz)"""
+import gzip
+import os
+import collections
+import csv
+import statistics
+import sys
+d = sys.argv[1]
+rows_of_interest = [
+ ("comm", "weft_all_reduce, one weft group", "us per all-reduce", "1048576"),
+ ("comm", "weft_all_reduce, one weft group", "host us to enqueue", "1048576"),
+ ("comm", "weft_all_reduce, a thread per rank", "us per all-reduce", "1048576"),
+ ("tracker", "no edge, 1 access", "ns per use, begin+end", ""),
+ ("tracker", "no edge, 16 accesses", "ns per use, begin+end", ""),
+ ("tracker", "one edge (write after write, 2 streams)", "ns per use, begin+end", ""),
+]
+def load(path):
+    v = collections.defaultdict(dict)
+    f = open(path) if os.path.exists(path) else gzip.open(path + ".gz", "rt")
+    for r in csv.DictReader(f):
+        v[(r["section"], r["row"], r["metric"], r["x"])][int(r["rep"])] = (float(r["value"]), r["baseline"])
+    return v
+print("| round | build | " + " | ".join(f"{r[1]} ({r[2]}{', x = ' + r[3] if r[3] else ''}), ratio to its baseline" for r in rows_of_interest) + " |")
+print("| --- | --- |" + " ---: |" * len(rows_of_interest))
+rounds = sorted({int(n.split("_")[2].split(".")[0]) for n in os.listdir(d) if n.startswith("ab_new_") and ".csv" in n})
+for rnd in rounds:
+    for v in ("base", "new"):
+        data = load(f"{d}/ab_{v}_{rnd}.csv")
+        cells = []
+        for key in rows_of_interest:
+            reps = data.get(key, {})
+            ratios = []
+            for rep, (val, base) in reps.items():
+                b = data.get((key[0], base, key[2], key[3]), {}).get(rep)
+                if b: ratios.append(val / b[0])
+            cells.append(f"{statistics.median(ratios):.3f}" if ratios else "-")
+        print(f"| {rnd} | {v} | " + " | ".join(cells) + " |")
