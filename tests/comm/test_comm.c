@@ -318,6 +318,39 @@ static void test_a_communicator_destroyed_inside_a_group_fails_its_end(void **st
   assert_int_equal(races(), 0);
 }
 
+/* The rest of that class: a buffer freed, or the runtime of a call's stream released, between a
+ * group's call and its end. The end refuses the group (STALE_HANDLE) and enqueues nothing: no use
+ * is recorded on any rank, and the oracle sees no race. */
+static void test_a_buffer_freed_inside_a_group_fails_its_end(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  weft_block_t a[2] = {alloc(0, N * 4), alloc(1, N * 4)}, gone = alloc(1, N * 4);
+  weft_counters_t c0[2], c1[2];
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_counters(rt[r], &c0[r]), WEFT_OK);
+  assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+  assert_int_equal(weft_all_reduce(comm[0], a[0], 0, a[0], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_OK);
+  assert_int_equal(weft_all_reduce(comm[1], gone, 0, gone, 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_OK);
+  assert_int_equal(weft_free(gone, stream(1, 0)), WEFT_OK);
+  assert_int_equal(weft_comm_group_end(), WEFT_ERR_STALE_HANDLE);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(weft_runtime_counters(rt[r], &c1[r]), WEFT_OK);
+    assert_int_equal(c1[r].uses, c0[r].uses);
+  }
+  /* A group on live buffers afterwards runs, and its result is the sum. */
+  float *ones = malloc(N * sizeof *ones), *twos = malloc(N * sizeof *twos);
+  for (size_t i = 0; i < N; i++) ones[i] = 1.0f, twos[i] = 2.0f;
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_copy_to_block(stream(r, 0), a[r], 0, ones, N * 4), WEFT_OK);
+  assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+  for (int r = 0; r < 2; r++)
+    assert_int_equal(weft_all_reduce(comm[r], a[r], 0, a[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_OK);
+  assert_int_equal(weft_comm_group_end(), WEFT_OK);
+  for (int r = 0; r < 2; r++) expect(r, a[r], 0, twos, N);
+  free(ones);
+  free(twos);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_free(a[r], stream(r, 0)), WEFT_OK);
+  assert_int_equal(races(), 0);
+}
+
 typedef struct joiner {
   weft_comm_id_t id;
   int rank;
@@ -490,6 +523,7 @@ int main(void) {
       cmocka_unit_test(test_a_large_group_over_two_streams_per_rank),
       cmocka_unit_test(test_bad_calls_and_nccl_failures_change_nothing),
       cmocka_unit_test(test_a_communicator_destroyed_inside_a_group_fails_its_end),
+      cmocka_unit_test(test_a_buffer_freed_inside_a_group_fails_its_end),
       cmocka_unit_test(test_ranks_join_by_unique_id_and_a_destroyed_communicator_is_stale),
       cmocka_unit_test(test_adopted_communicator_is_tracked_and_left_to_its_owner),
       cmocka_unit_test(test_nccl_faults_leave_nothing_behind),
