@@ -9,7 +9,9 @@
  * of all the group's streams are one joint use (weft__use_joint) around the NCCL group: each
  * stream waits for what its accesses need, NCCL enqueues the whole group, and the collectives
  * are recorded as the blocks' newest uses. When NCCL refuses the group, nothing is recorded. */
+#include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,10 +52,39 @@ static const char *const kind_name[] = {"weft_all_reduce", "weft_broadcast", "we
 /* ---- a group on this thread ---- */
 
 static _Thread_local int g_depth;
+/* The calls of this thread's open group: a buffer of the thread's own, kept between groups and
+ * freed when the thread ends (g_calls_key's destructor). */
 static _Thread_local call_t *g_calls;
 static _Thread_local size_t g_ncalls, g_capcalls;
 static _Thread_local weft_status_t g_group_error; /* the first refused call of the group */
 static _Thread_local char g_group_message[512];
+
+static pthread_key_t g_calls_key;
+static pthread_once_t g_calls_once = PTHREAD_ONCE_INIT;
+static bool g_calls_keyed; /* the key exists (set once, under g_calls_once) */
+
+static void calls_release(void *p) { weft__meta_free(p); }
+
+static void calls_key_create(void) { g_calls_keyed = pthread_key_create(&g_calls_key, calls_release) == 0; }
+
+/* Room for one more call in this thread's buffer; the thread's end frees it. */
+static weft_status_t calls_room(const char *fn) {
+  if (g_ncalls < g_capcalls) return WEFT_OK;
+  if (g_capcalls == 0) {
+    /* The thread's slot for the key is made now, before the buffer exists: afterwards setting it
+     * cannot fail, so the destructor always sees the buffer's current address. */
+    pthread_once(&g_calls_once, calls_key_create);
+    if (!g_calls_keyed || pthread_setspecific(g_calls_key, NULL) != 0)
+      return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no thread-specific slot for the group's calls", fn);
+  }
+  size_t cap = g_capcalls ? 2 * g_capcalls : 16;
+  call_t *n = weft__meta_realloc(g_calls, cap * sizeof *n);
+  if (n == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory to record the call", fn);
+  (void)pthread_setspecific(g_calls_key, n);
+  g_calls = n;
+  g_capcalls = cap;
+  return WEFT_OK;
+}
 
 /* ---- helpers ---- */
 
@@ -200,16 +231,12 @@ static weft_status_t submit(weft_status_t st, const call_t *k) {
       }
       return st;
     }
-    if (g_ncalls == g_capcalls) {
-      size_t cap = g_capcalls ? 2 * g_capcalls : 16;
-      call_t *n = weft__meta_realloc(g_calls, cap * sizeof *n);
-      if (n == NULL) {
-        st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory to record the call", kind_name[k->kind]);
-        if (g_group_error == WEFT_OK) g_group_error = st;
-        return st;
+    if ((st = calls_room(kind_name[k->kind])) != WEFT_OK) {
+      if (g_group_error == WEFT_OK) {
+        g_group_error = st;
+        snprintf(g_group_message, sizeof g_group_message, "%s", weft_last_error());
       }
-      g_calls = n;
-      g_capcalls = cap;
+      return st;
     }
     g_calls[g_ncalls++] = *k;
     return WEFT_OK;

@@ -670,6 +670,10 @@ static ncclResult_t group_end(void) {
     if (r != ncclSuccess && g_group_error == ncclSuccess) g_group_error = r;
   }
   g_ngrouped = 0;
+  /* The list goes with the group (a thread's buffer would outlive the thread). */
+  free(g_grouped);
+  g_grouped = NULL;
+  g_capgrouped = 0;
   /* Ranks initialised in the group: complete once all joined. */
   for (sim__clique_t *q = g_cliques; q != NULL; q = q->next)
     if (q->by_id && !q->complete && !wait_all_joined(q) && g_group_error == ncclSuccess)

@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "lib/core/driver.h"
+#include "lib/core/meta.h"
 #include "lib/runtime/runtime.h"
 #include "sim/weft_sim.h"
 #include "weft/weft.h"
@@ -351,6 +352,45 @@ static void test_a_buffer_freed_inside_a_group_fails_its_end(void **state) {
   assert_int_equal(races(), 0);
 }
 
+/* A thread's group calls are kept in a buffer of the thread's own: it goes when the thread
+ * ends (a program that runs each step's collectives on a new thread must not grow). */
+typedef struct grouper {
+  weft_block_t a[2];
+  weft_status_t st;
+} grouper_t;
+
+static void *one_group(void *arg) {
+  grouper_t *g = arg;
+  g->st = weft_comm_group_begin();
+  for (int r = 0; r < 2 && g->st == WEFT_OK; r++)
+    g->st = weft_all_reduce(comm[r], g->a[r], 0, g->a[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL);
+  weft_status_t end = weft_comm_group_end();
+  if (g->st == WEFT_OK) g->st = end;
+  return NULL;
+}
+
+static void test_a_threads_group_buffer_goes_with_the_thread(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  grouper_t g = {{alloc(0, N * 4), alloc(1, N * 4)}, WEFT_OK};
+  one_group(&g); /* whatever grows on a first group grows now, on this thread */
+  assert_int_equal(g.st, WEFT_OK);
+  weft__meta_stats_t m0, m1;
+  weft__meta_stats(&m0);
+  for (int i = 0; i < 8; i++) {
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, one_group, &g), 0);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    if (g.st != WEFT_OK) fail_msg("thread %d: %s", i, weft_status_name(g.st));
+  }
+  weft__meta_stats(&m1);
+  if (m1.live != m0.live)
+    fail_msg("8 threads that each ran one group and ended left %lld metadata allocations behind",
+             (long long)(m1.live - m0.live));
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_free(g.a[r], stream(r, 0)), WEFT_OK);
+  assert_int_equal(races(), 0);
+}
+
 typedef struct joiner {
   weft_comm_id_t id;
   int rank;
@@ -524,6 +564,7 @@ int main(void) {
       cmocka_unit_test(test_bad_calls_and_nccl_failures_change_nothing),
       cmocka_unit_test(test_a_communicator_destroyed_inside_a_group_fails_its_end),
       cmocka_unit_test(test_a_buffer_freed_inside_a_group_fails_its_end),
+      cmocka_unit_test(test_a_threads_group_buffer_goes_with_the_thread),
       cmocka_unit_test(test_ranks_join_by_unique_id_and_a_destroyed_communicator_is_stale),
       cmocka_unit_test(test_adopted_communicator_is_tracked_and_left_to_its_owner),
       cmocka_unit_test(test_nccl_faults_leave_nothing_behind),
