@@ -5,6 +5,7 @@
  * here before a GPU run measures it (bench/README.md, "Instructions per operation").
  *
  *   host_instr PATH [N]      PATH: use1 use4 use16 eager1 eager16 edge launch alloc pool torch group
+ *                            (and evict: HOST_INSTR_EVICT's eviction alone, for HOST_INSTR_TIME)
  *
  * Runs on the simulator (WEFT_DRIVER=sim; `group` also WEFT_NCCL=sim WEFT_SIM_DEVICES=2); the
  * simulator's own instructions are left out by the script (it counts the objects of this binary
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "lib/core/driver.h"
 #include "lib/runtime/runtime.h"
@@ -41,6 +43,20 @@ static unsigned char *g_evict_buf;
 __attribute__((noinline)) static void evict(void) {
   if (g_evict == 0) return;
   for (size_t i = 0; i < g_evict; i += 64) g_evict_buf[i]++;
+}
+
+/* HOST_INSTR_TIME=1: the measured round's time per operation, on stderr. On the simulator that
+ * is weft's host work and the simulator's, on whatever CPU runs it: with and without
+ * HOST_INSTR_EVICT, and `host_instr evict N` (the eviction alone), it tells what cold lines cost
+ * on that CPU (tools/host_instr_time.sh). */
+static uint64_t now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static void report(const char *path, unsigned n, uint64_t t0) {
+  if (getenv("HOST_INSTR_TIME") != NULL) fprintf(stderr, "%s %.1f ns/op\n", path, (double)(now_ns() - t0) / n);
 }
 
 typedef struct ctx {
@@ -142,7 +158,9 @@ static int group(unsigned n) {
   }
   path_group(n / 10 ? n / 10 : 1, comm, buf); /* warm-up round */
   for (int r = 0; r < 2; r++) CHECK(weft_stream_synchronize(weft_comm_stream(comm[r])));
+  uint64_t t0 = now_ns();
   path_group(n, comm, buf);
+  report("group", n, t0);
   for (int r = 0; r < 2; r++) {
     CHECK(weft_stream_synchronize(weft_comm_stream(comm[r])));
     CHECK(weft_free(buf[r], weft_comm_stream(comm[r])));
@@ -162,6 +180,12 @@ int main(int argc, char **argv) {
   g_evict = ev != NULL ? (size_t)strtoull(ev, NULL, 10) : 0;
   if (g_evict != 0 && (g_evict_buf = calloc(1, g_evict)) == NULL) return 1;
   ctx_t c = {.n = argc > 2 ? (unsigned)atoi(argv[2]) : 10000};
+  if (strcmp(path, "evict") == 0) { /* the eviction alone, to subtract */
+    uint64_t t0 = now_ns();
+    for (unsigned i = 0; i < c.n; i++) evict();
+    report(path, c.n, t0);
+    return 0;
+  }
   if (strcmp(path, "group") == 0) return group(c.n);
   if (strcmp(path, "torch") == 0) {
     /* The adapter makes its own runtime; the stream is one PyTorch would pass (weft adopts it). */
@@ -178,7 +202,9 @@ int main(int argc, char **argv) {
     c.n = n / 10 ? n / 10 : 1; /* warm-up round: stream adoption, the pool's first chunk */
     path_torch(&c, raw);
     c.n = n;
+    uint64_t t0 = now_ns();
     path_torch(&c, raw);
+    report("torch", n, t0);
     return 0;
   }
   weft_options_t o = weft_options_default();
@@ -199,6 +225,7 @@ int main(int argc, char **argv) {
   unsigned n = c.n;
   c.n = n / 10 ? n / 10 : 1; /* warm-up round: whatever grows on first use grows now */
   for (int round = 0; round < 2; round++) {
+    uint64_t t0 = now_ns();
     if (strncmp(path, "use", 3) == 0) {
       size_t k = (size_t)atoi(path + 3);
       accesses(&c, c.own, k);
@@ -221,6 +248,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "host_instr: unknown path %s\n", path);
       return 2;
     }
+    if (round == 1) report(path, c.n, t0);
     CHECK(weft_runtime_synchronize(c.rt));
     c.n = n;
   }
