@@ -131,13 +131,10 @@ bool weft__map_is_valid(const weft__map_t *m) {
   return n == m->count && (m->cap == 0 || m->count * 2 <= m->cap);
 }
 
-void *weft__small_alloc(void *small, size_t small_n, size_t n, size_t size) {
+void *weft__small_alloc_heap(size_t n, size_t size) {
   size_t bytes;
-  if (n <= small_n) return small;
   if (!weft__mul_size(n, size, &bytes)) return NULL;
   return weft__meta_alloc(bytes);
 }
 
-void weft__small_free(void *small, void *p) {
-  if (p != small) weft__meta_free(p);
-}
+void weft__small_free_heap(void *p) { weft__meta_free(p); }

@@ -72,8 +72,19 @@ bool weft__map_is_valid(const weft__map_t *m);
 
 /** An array of n elements of `size` bytes: `small` (room for small_n) when it fits, else metadata
  * memory (NULL when out of host memory or when n * size overflows). Release with weft__small_free. */
-void *weft__small_alloc(void *small, size_t small_n, size_t n, size_t size);
+static inline void *weft__small_alloc(void *small, size_t small_n, size_t n, size_t size);
 /** Releases what weft__small_alloc returned (nothing when it was the small buffer). */
-void weft__small_free(void *small, void *p);
+static inline void weft__small_free(void *small, void *p);
+/** weft__small_alloc's metadata memory, and its release (out of line: the rare case). */
+void *weft__small_alloc_heap(size_t n, size_t size);
+void weft__small_free_heap(void *p);
+
+static inline void *weft__small_alloc(void *small, size_t small_n, size_t n, size_t size) {
+  return n <= small_n ? small : weft__small_alloc_heap(n, size);
+}
+
+static inline void weft__small_free(void *small, void *p) {
+  if (p != small) weft__small_free_heap(p);
+}
 
 #endif /* WEFT_CORE_CONTAINER_H */
