@@ -18,6 +18,7 @@
 
 typedef struct bstate {
   struct weft__block *rec;
+  uint64_t gen;         /* the generation of the block this state is about (records are reused) */
   int last_write;       /* node index, -1: none */
   int *readers;         /* node indices since the last write */
   size_t n_readers, cap_readers;
@@ -44,7 +45,7 @@ struct weft_builder {
   size_t n_nodes, cap_nodes;
   bstate_t *blocks;
   size_t n_blocks, cap_blocks;
-  weft__map_t index;    /* block record -> blocks index + 1 */
+  weft__map_t index;    /* block record -> blocks index + 1 of its newest block's state */
 };
 
 /* Blocks allocated in a builder belong to it until it finishes: weft_free refuses them. */
@@ -75,10 +76,14 @@ weft_status_t weft_builder_create(weft_runtime_t *rt, weft_builder_t **out) {
   return WEFT_OK;
 }
 
-static bstate_t *state_of(weft_builder_t *b, struct weft__block *rec, bool internal) {
+/* The state of block (rec, gen), made on its first use here. A record seen before under another
+ * generation was another block, freed since and its record handed out again: that block's state
+ * stays (the summary names it, so a launch of the graph is refused as stale) and this block gets
+ * a state of its own. */
+static bstate_t *state_of(weft_builder_t *b, struct weft__block *rec, uint64_t gen, bool internal) {
   uint64_t *at = weft__map_find(&b->index, (uint64_t)(uintptr_t)rec);
-  if (at != NULL) return &b->blocks[*at - 1];
-  if (!weft__map_reserve(&b->index, 1)) return NULL;
+  if (at != NULL && b->blocks[*at - 1].gen == gen) return &b->blocks[*at - 1];
+  if (at == NULL && !weft__map_reserve(&b->index, 1)) return NULL;
   if (b->n_blocks == b->cap_blocks) {
     size_t cap = b->cap_blocks ? b->cap_blocks * 2 : 16;
     bstate_t *nb = weft__meta_realloc(b->blocks, cap * sizeof *nb);
@@ -89,10 +94,12 @@ static bstate_t *state_of(weft_builder_t *b, struct weft__block *rec, bool inter
   bstate_t *s = &b->blocks[b->n_blocks++];
   memset(s, 0, sizeof *s);
   s->rec = rec;
+  s->gen = gen;
   s->last_write = -1;
   s->join = -1;
   s->internal = internal;
-  *weft__map_insert(&b->index, (uint64_t)(uintptr_t)rec, NULL) = b->n_blocks;
+  if (at != NULL) *at = b->n_blocks;
+  else *weft__map_insert(&b->index, (uint64_t)(uintptr_t)rec, NULL) = b->n_blocks;
   return s;
 }
 
@@ -263,7 +270,7 @@ static weft_status_t tracked_node(weft_builder_t *b, const weft_access_t *acc, s
       s = weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses[%zu] has a bad kind", fn, i);
     else if ((s = weft__block_check(acc[i].block, fn, &rec)) == WEFT_OK) {
       if (rec->rt != b->rt) s = weft__error(WEFT_ERR_WRONG_DEVICE, "%s: accesses[%zu] is of another runtime", fn, i);
-      else if ((st[i] = state_of(b, rec, false)) == NULL || !ensure_reader_room(st[i])) s = oom(fn);
+      else if ((st[i] = state_of(b, rec, acc[i].block.gen, false)) == NULL || !ensure_reader_room(st[i])) s = oom(fn);
       else if (st[i]->freed) s = weft__error(WEFT_ERR_STALE_HANDLE, "%s: block '%s' was freed in this builder", fn, rec->tag);
     }
   }
@@ -417,7 +424,9 @@ weft_status_t weft_builder_alloc(weft_builder_t *b, size_t bytes, const char *ta
   int node;
   int none[1];
   weft_status_t st = add_node(b, none, 0, add_alloc, &a, &node);
-  bstate_t *s = st == WEFT_OK ? state_of(b, rec, true) : NULL;
+  /* The generation weft__block_publish gives the new block (the record may have served others). */
+  uint64_t gen = atomic_load(&rec->gen) + 1;
+  bstate_t *s = st == WEFT_OK ? state_of(b, rec, gen, true) : NULL;
   if (st == WEFT_OK && s == NULL) st = oom("weft_builder_alloc");
   if (st != WEFT_OK) {
     weft__block_retire(rec);
@@ -427,6 +436,7 @@ weft_status_t weft_builder_alloc(weft_builder_t *b, size_t bytes, const char *ta
   rec->acc.graph = b; /* its memory exists only in the builder's graph */
   s->last_write = node; /* every use follows the allocation node */
   *out = weft__block_publish(rec);
+  WEFT_ASSERT_INTERNAL(out->gen == gen);
   return WEFT_OK;
 }
 
@@ -449,7 +459,7 @@ weft_status_t weft_builder_free(weft_builder_t *b, weft_block_t blk) {
   free_arg_t a = {rec->ptr};
   weft_access_t acc = {blk, WEFT_WRITE};
   if ((st = tracked_node(b, &acc, 1, add_free, &a, NULL, "weft_builder_free")) != WEFT_OK) return st;
-  bstate_t *s = state_of(b, rec, true);
+  bstate_t *s = state_of(b, rec, blk.gen, true); /* found: tracked_node made it */
   s->freed = true;
   s->rec = NULL;
   weft__block_forget(rec);
@@ -486,7 +496,7 @@ weft_status_t weft_builder_finish(weft_builder_t *b, weft_graph_t **out) {
     if (s->internal) {
       if (s->rec != NULL) outputs[no++] = (weft__goutput_t){s->rec->ptr, s->rec->bytes, s->rec->tag};
     } else {
-      summary[ns++] = (weft__gsummary_t){{s->rec, atomic_load(&s->rec->gen)}, s->kind};
+      summary[ns++] = (weft__gsummary_t){{s->rec, s->gen}, s->kind};
     }
   }
   weft_graph_t *g = NULL;

@@ -273,11 +273,63 @@ static void test_builder_misuse(void **state) {
   assert_int_equal(weft_free(outside, tu_stream(&env, 0)), WEFT_OK);
 }
 
+/* A block used in a builder, then freed and its record handed out again (the stream cache): the
+ * graph's summary names the block the builder saw, so a launch after its free is refused
+ * (STALE_HANDLE), not run on the new block's memory. */
+static void test_a_block_freed_after_its_use_in_a_builder_makes_the_launch_stale(void **state) {
+  (void)state;
+  weft_stream_t *s = tu_stream(&env, 0);
+  weft_block_t x = tu_alloc(&env, 4096, 0, "x");
+  weft_builder_t *bd;
+  assert_int_equal(weft_builder_create(env.rt, &bd), WEFT_OK);
+  assert_int_equal(weft_builder_memset32(bd, x, 0, 7, 4096, NULL), WEFT_OK);
+  assert_int_equal(weft_free(x, s), WEFT_OK);
+  weft_block_t y = tu_alloc(&env, 4096, 0, "y"); /* the stream cache: x's record, a new generation */
+  if (y.rec != x.rec) skip(); /* the precondition: the record was handed out again */
+  weft_graph_t *g;
+  assert_int_equal(weft_builder_finish(bd, &g), WEFT_OK);
+  weft_exec_t *e;
+  assert_int_equal(weft_graph_instantiate(g, s, &e), WEFT_OK);
+  weft_status_t st = weft_exec_launch(e, s);
+  assert_int_equal(weft_stream_synchronize(s), WEFT_OK);
+  assert_int_equal(weft_exec_destroy(e), WEFT_OK);
+  assert_int_equal(weft_graph_destroy(g), WEFT_OK);
+  assert_int_equal(weft_free(y, s), WEFT_OK);
+  assert_int_equal(st, WEFT_ERR_STALE_HANDLE);
+}
+
+/* A block freed in a builder whose record comes back as another block: the builder takes the new
+ * block as a new one (before, it said the new block "was freed in this builder"). */
+static void test_a_record_freed_in_a_builder_serves_a_new_block_there(void **state) {
+  (void)state;
+  weft_stream_t *s = tu_stream(&env, 0);
+  weft_builder_t *bd;
+  assert_int_equal(weft_builder_create(env.rt, &bd), WEFT_OK);
+  weft_block_t z, w = {0};
+  assert_int_equal(weft_builder_alloc(bd, 256, "z", &z), WEFT_OK);
+  assert_int_equal(weft_builder_free(bd, z), WEFT_OK);
+  for (int i = 0; i < 5000; i++) {
+    assert_int_equal(weft_block_wrap(env.rt, (CUdeviceptr)(0x7000000000ull + 0x1000ull * (unsigned)i), 256, "w", &w),
+                     WEFT_OK);
+    if (w.rec == z.rec) break;
+    assert_int_equal(weft_free(w, s), WEFT_OK);
+  }
+  if (w.rec != z.rec) skip(); /* the precondition: z's record came back */
+  weft_access_t use = {w, WEFT_READ};
+  weft_status_t st = weft_builder_empty(bd, &use, 1, NULL);
+  if (st != WEFT_OK) fprintf(stderr, "%s\n", weft_last_error());
+  weft_builder_destroy(bd);
+  assert_int_equal(weft_free(w, s), WEFT_OK);
+  assert_int_equal(st, WEFT_OK);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_random_programs_have_exactly_the_needed_edges),
       cmocka_unit_test(test_readers_before_writers_share_one_join_node),
       cmocka_unit_test(test_builder_misuse),
+      cmocka_unit_test(test_a_block_freed_after_its_use_in_a_builder_makes_the_launch_stale),
+      cmocka_unit_test(test_a_record_freed_in_a_builder_serves_a_new_block_there),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
