@@ -89,7 +89,7 @@ weft_status_t weft_capture_join(weft_stream_t *origin, weft_stream_t *t) {
   return weft__capture_join(origin, t);
 }
 
-/* The graph's access summary (blocks from outside, as handles of their current generation) and
+/* The graph's access summary (blocks from outside, as the handles the capture saw) and
  * outputs (blocks allocated inside and not freed there), from the capture's record of blocks. */
 static weft_status_t collect(const weft__capture_t *cap, weft__gsummary_t **summary, size_t *ns,
                              weft__goutput_t **outputs, size_t *no) {
@@ -104,7 +104,10 @@ static weft_status_t collect(const weft__capture_t *cap, weft__gsummary_t **summ
   for (size_t i = 0; i < cap->blocks.len; i++) {
     const weft__capture_block_t *b = &WEFT__VEC_AT(&cap->blocks, weft__capture_block_t, i);
     struct weft__block *rec = WEFT__BLOCK_OF(b->live);
-    if (!b->internal) (*summary)[(*ns)++] = (weft__gsummary_t){{rec, atomic_load(&rec->gen)}, b->kind};
+    /* The block the capture saw: one freed meanwhile (its record handed out again) makes every
+     * launch stale. (A first use that did not name its generation: the record's current one.) */
+    uint64_t gen = b->gen != 0 ? b->gen : atomic_load(&rec->gen);
+    if (!b->internal) (*summary)[(*ns)++] = (weft__gsummary_t){{rec, gen}, b->kind};
     else if (!b->freed) (*outputs)[(*no)++] = (weft__goutput_t){rec->ptr, rec->bytes, rec->tag};
   }
   return WEFT_OK;

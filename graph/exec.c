@@ -201,7 +201,7 @@ static weft_status_t launch_uses(weft_exec_t *e, weft__use_t *uses, size_t *k, s
       return weft__error(WEFT_ERR_STALE_HANDLE,
                          "weft_exec_launch: the graph uses block '%s' from before its capture, which was freed since",
                          g->summary[i].block.rec->tag);
-    uses[(*k)++] = (weft__use_t){&rec->acc, g->summary[i].kind};
+    uses[(*k)++] = (weft__use_t){&rec->acc, g->summary[i].kind, g->summary[i].block.gen};
   }
   for (size_t i = 0; i < g->n_outputs; i++)
     if (g->outs[i].rec != NULL) uses[(*k)++] = (weft__use_t){&g->outs[i].rec->acc, WEFT_WRITE};

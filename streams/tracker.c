@@ -261,8 +261,9 @@ static weft_status_t translate(weft__capture_t *c, const weft__use_t *uses, size
   for (size_t i = 0; i < n; i++) {
     weft__capture_block_t *b = weft__capture_block(c, uses[i].state, false);
     if (b == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for a capture record");
+    if (b->gen == 0) b->gen = uses[i].gen; /* the block the capture first saw */
     if (note_kinds) b->kind |= uses[i].kind;
-    out[i] = (weft__use_t){&b->local, uses[i].kind};
+    out[i] = (weft__use_t){&b->local, uses[i].kind, 0};
   }
   return WEFT_OK;
 }

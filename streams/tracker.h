@@ -96,6 +96,8 @@ static inline bool weft__rule_starts_history(unsigned kind) { return (kind & 2u 
 typedef struct weft__use {
   weft__access_state_t *state;
   unsigned kind; /* weft_access_kind_t */
+  uint64_t gen;  /* which block of the history's owner this is (its handle's generation), opaque
+                    here: a capture keeps the first it sees per block for its summary; 0 unknown */
 } weft__use_t;
 
 typedef struct weft__tracker weft__tracker_t;
@@ -181,6 +183,7 @@ typedef struct weft__capture_block {
   weft__access_state_t *live; /* the block's live history (key) */
   weft__access_state_t local; /* its history inside the capture */
   unsigned kind;              /* union of the kinds used inside the capture */
+  uint64_t gen;               /* weft__use_t.gen of its first use inside the capture (0: unknown) */
   bool internal;              /* allocated inside the capture: not part of the summary */
   bool freed;                 /* internal and freed inside the capture: not an output */
 } weft__capture_block_t;

@@ -28,6 +28,7 @@ static weft_status_t resolve(weft_stream_t *s, const weft_access_t *acc, size_t 
     }
     uses[i].state = &rec->acc;
     uses[i].kind = kind;
+    uses[i].gen = acc[i].block.gen;
   }
   return WEFT_OK;
 }

@@ -365,12 +365,38 @@ static void test_faults_in_capture_and_instantiate(void **state) {
   assert_int_equal(c1.allocs - c0.allocs, c1.frees - c0.frees); /* every block accounted for */
 }
 
+/* A block used inside a capture, freed meanwhile on a live stream and its record handed out
+ * again: the graph's summary names the block the capture saw, so a launch is refused
+ * (STALE_HANDLE), not run on the new block's memory. */
+static void test_a_block_freed_during_the_capture_makes_the_launch_stale(void **state) {
+  (void)state;
+  weft_stream_t *s0 = tu_stream(&env, 0), *s3 = tu_stream(&env, 3);
+  weft_block_t x = tu_alloc(&env, N * 4, 3, "x");
+  assert_int_equal(tu_fill(&env, s3, x, N, 1), WEFT_OK);
+  assert_int_equal(weft_capture_begin(s0, NULL), WEFT_OK);
+  assert_int_equal(tu_fill(&env, s0, x, N, 2), WEFT_OK); /* the graph writes x */
+  assert_int_equal(weft_free(x, s3), WEFT_OK);           /* a live stream's free */
+  weft_block_t y = tu_alloc(&env, N * 4, 3, "y");        /* x's record again */
+  weft_graph_t *g;
+  assert_int_equal(weft_capture_end(s0, &g), WEFT_OK);
+  weft_exec_t *e;
+  assert_int_equal(weft_graph_instantiate(g, s0, &e), WEFT_OK);
+  weft_status_t st = y.rec == x.rec ? weft_exec_launch(e, s0) : WEFT_ERR_STALE_HANDLE;
+  assert_int_equal(weft_stream_synchronize(s0), WEFT_OK);
+  assert_int_equal(weft_exec_destroy(e), WEFT_OK);
+  assert_int_equal(weft_graph_destroy(g), WEFT_OK);
+  assert_int_equal(weft_free(y, s3), WEFT_OK);
+  if (y.rec != x.rec) skip(); /* the precondition: the record was handed out again */
+  assert_int_equal(st, WEFT_ERR_STALE_HANDLE);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_three_stream_step_replays_a_thousand_times),
       cmocka_unit_test(test_relaunch_with_live_output_is_busy_until_freed),
       cmocka_unit_test(test_auto_free_policy_frees_outputs_at_relaunch),
       cmocka_unit_test(test_free_of_a_block_from_before_the_capture_is_refused),
+      cmocka_unit_test(test_a_block_freed_during_the_capture_makes_the_launch_stale),
       cmocka_unit_test(test_capture_run_always_ends_the_capture),
       cmocka_unit_test(test_eager_memory_churn_does_not_break_a_global_capture),
       cmocka_unit_test(test_foreign_capture_works),
