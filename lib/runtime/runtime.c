@@ -211,10 +211,17 @@ weft_status_t weft_resource_destroy(weft_resource_t *r) {
   if (r->ops == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: the resource has no ops", who);
   weft_runtime_t *rt = r->rt;
   bool ours = weft__handle_live(r, WEFT__HANDLE_RESOURCE);
-  if (ours && weft__runtime_check(rt, who) != NULL && rt->top == r)
-    return weft__error(WEFT_ERR_BUSY, "%s: the resource backs the runtime's weft_alloc (weft_runtime_set_resource)", who);
-  if (ours && !weft__handle_remove(r, WEFT__HANDLE_RESOURCE))
-    return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the resource was destroyed already", who);
+  /* Under blocks_lock, as weft_runtime_set_resource sets rt->top: a resource is either the
+   * runtime's top or destroyed, never both. */
+  bool locked = ours && weft__runtime_check(rt, who) != NULL;
+  if (locked) pthread_mutex_lock(&rt->blocks_lock);
+  weft_status_t refused = WEFT_OK;
+  if (locked && rt->top == r)
+    refused = weft__error(WEFT_ERR_BUSY, "%s: the resource backs the runtime's weft_alloc (weft_runtime_set_resource)", who);
+  else if (ours && !weft__handle_remove(r, WEFT__HANDLE_RESOURCE))
+    refused = weft__error(WEFT_ERR_STALE_HANDLE, "%s: the resource was destroyed already", who);
+  if (locked) pthread_mutex_unlock(&rt->blocks_lock);
+  if (refused != WEFT_OK) return refused;
   weft_status_t st = weft__resource_destroy(r);
   if (ours) weft__runtime_depend(rt, -1);
   return st;
@@ -535,13 +542,21 @@ weft_resource_t *weft_runtime_resource(weft_runtime_t *rt) {
 }
 
 weft_status_t weft_runtime_set_resource(weft_runtime_t *rt, weft_resource_t *r) {
-  if (weft__runtime_check(rt, "weft_runtime_set_resource") == NULL) return weft__runtime_check_status(rt);
-  if (r == NULL || r->ops == NULL || r->ops->allocate == NULL || r->ops->deallocate == NULL)
-    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_runtime_set_resource: incomplete resource");
+  static const char who[] = "weft_runtime_set_resource";
+  if (weft__runtime_check(rt, who) == NULL) return weft__runtime_check_status(rt);
+  if (r == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: resource is NULL", who);
+  /* A destroyed resource of weft's is freed memory: told apart before anything of it is read
+   * (and again under blocks_lock below, which weft_resource_destroy's check of rt->top takes). */
+  if (weft__handle_dead(r, WEFT__HANDLE_RESOURCE))
+    return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the resource was destroyed", who);
+  if (r->ops == NULL || r->ops->allocate == NULL || r->ops->deallocate == NULL)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: incomplete resource", who);
   weft_status_t st = weft__cache_flush(rt, false); /* cached blocks belong to the old resource */
   pthread_mutex_lock(&rt->blocks_lock);
-  if (rt->live_count != 0)
-    st = weft__error(WEFT_ERR_BUSY, "weft_runtime_set_resource: %zu blocks are live", rt->live_count);
+  if (weft__handle_dead(r, WEFT__HANDLE_RESOURCE))
+    st = weft__error(WEFT_ERR_STALE_HANDLE, "%s: the resource was destroyed", who);
+  else if (rt->live_count != 0)
+    st = weft__error(WEFT_ERR_BUSY, "%s: %zu blocks are live", who, rt->live_count);
   else
     rt->top = r;
   pthread_mutex_unlock(&rt->blocks_lock);

@@ -298,6 +298,21 @@ static void test_corrupted_block_is_freed_all_the_same(void **state) {
   assert_int_equal(weft_runtime_set_resource(env.rt, top), WEFT_OK);
 }
 
+/* A destroyed resource given to weft_runtime_set_resource: refused (STALE_HANDLE), and the runtime
+ * keeps the resource it had (before, it took the freed resource and allocated through it). */
+static void test_set_resource_refuses_a_destroyed_resource(void **state) {
+  (void)state;
+  weft_resource_t *old = weft_runtime_resource(env.rt), *r;
+  assert_int_equal(weft_stats_create(env.rt, old, &r), WEFT_OK);
+  assert_int_equal(weft_resource_destroy(r), WEFT_OK);
+  assert_int_equal(weft_runtime_trim(env.rt), WEFT_OK);
+  assert_int_equal(weft_runtime_set_resource(env.rt, r), WEFT_ERR_STALE_HANDLE);
+  assert_ptr_equal(weft_runtime_resource(env.rt), old);
+  weft_block_t b;
+  assert_int_equal(weft_alloc(env.rt, 64, tu_stream(&env, 0), "after", &b), WEFT_OK);
+  assert_int_equal(weft_free(b, tu_stream(&env, 0)), WEFT_OK);
+}
+
 /* ---- teardown reports what it could not do -------------------------------------------------- */
 
 static void test_release_reports_a_chunk_the_driver_would_not_free(void **state) {
@@ -328,6 +343,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_release_refuses_while_a_graph_lives, setup, teardown),
       cmocka_unit_test_setup_teardown(test_corrupted_block_is_freed_all_the_same, setup_guard, teardown),
       cmocka_unit_test_setup_teardown(test_release_reports_a_chunk_the_driver_would_not_free, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_set_resource_refuses_a_destroyed_resource, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
