@@ -204,16 +204,16 @@ static weft_status_t launch_uses(weft_exec_t *e, weft__use_t *uses, size_t *k, s
     uses[(*k)++] = (weft__use_t){&rec->acc, g->summary[i].kind, g->summary[i].block.gen};
   }
   for (size_t i = 0; i < g->n_outputs; i++)
-    if (g->outs[i].rec != NULL) uses[(*k)++] = (weft__use_t){&g->outs[i].rec->acc, WEFT_WRITE};
+    if (g->outs[i].rec != NULL) uses[(*k)++] = (weft__use_t){&g->outs[i].rec->acc, WEFT_WRITE, 0};
   /* Graphs sharing a pool share memory: their launches are ordered. */
-  if (g->pool != NULL) uses[(*k)++] = (weft__use_t){&g->pool->acc, WEFT_WRITE};
+  if (g->pool != NULL) uses[(*k)++] = (weft__use_t){&g->pool->acc, WEFT_WRITE, 0};
   for (; *made < g->n_outputs; (*made)++) {
     const weft__goutput_t *o = &g->outputs[*made];
     struct weft__block *rec = weft__block_make(g->rt, o->bytes, o->tag, &g->out_res.base);
     if (rec == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_exec_launch: no host memory for output records");
     rec->ptr = o->ptr;
     fresh[*made] = rec;
-    uses[(*k)++] = (weft__use_t){&rec->acc, WEFT_WRITE};
+    uses[(*k)++] = (weft__use_t){&rec->acc, WEFT_WRITE, 0};
   }
   return WEFT_OK;
 }

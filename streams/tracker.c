@@ -612,7 +612,7 @@ weft_status_t weft__tracker_begin(weft_stream_t *s, const weft__use_t *uses, siz
 }
 
 weft_status_t weft__tracker_free_kept(weft_stream_t *s, weft__access_state_t *st) {
-  weft__use_t use = {st, 2u /* WEFT_WRITE */};
+  weft__use_t use = {st, 2u /* WEFT_WRITE */, 0};
   return run_use(s, &use, 1, DO_BEGIN | DO_RESTART, NULL, NULL, 0);
 }
 
