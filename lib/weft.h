@@ -321,7 +321,9 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_stream_query(weft_stream_t *s);
  * with the same minimal-wait rules, and weft_alloc on it hands out memory usable there with no
  * wait (stream order), as a framework's caching allocator does. Adopting the same handle again
  * gives the same weft stream; an adoption lasts as long as the runtime and takes one of
- * options.adopt_streams slots; weft never destroys the stream (keep it alive while weft may use
+ * options.adopt_streams slots (each thread's CU_STREAM_PER_THREAD is a stream of its own, also
+ * after another thread that ended had the same pthread_t: each adopting thread keeps its slot
+ * until the runtime is released); weft never destroys the stream (keep it alive while weft may use
  * it: until the runtime is released). Code outside weft may enqueue on it and capture it:
  * weft asks the driver about its capture state before each call on it. weft_stream_index gives
  * stream_count and above for adopted streams; weft_stream_raw gives `raw` back.

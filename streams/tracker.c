@@ -140,10 +140,21 @@ fail_lock:
   return st;
 }
 
+/* This thread's serial: 1, 2, ... in the order threads first ask (weft__tracker_owns). */
+static _Atomic uint64_t g_thread_serials;
+static _Thread_local uint64_t tls_thread_serial;
+
+static uint64_t thread_serial(void) {
+  if (tls_thread_serial == 0) tls_thread_serial = atomic_fetch_add_explicit(&g_thread_serials, 1, memory_order_relaxed) + 1;
+  return tls_thread_serial;
+}
+
+bool weft__tracker_owns(const weft_stream_t *s) { return !s->per_thread || s->owner == thread_serial(); }
+
 weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream_t **out) {
   if (raw == CU_STREAM_LEGACY) raw = NULL; /* two names of one stream */
   bool per_thread = raw == CU_STREAM_PER_THREAD;
-  pthread_t self = pthread_self();
+  uint64_t self = per_thread ? thread_serial() : 0;
   for (unsigned i = 0; i < tr->n_pool; i++)
     if (raw != NULL && tr->streams[i].raw == raw)
       return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_adopt: the stream is weft's pool stream %u (use it as it is)", i);
@@ -152,11 +163,13 @@ weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream
   unsigned n = atomic_load_explicit(&tr->n_adopted, memory_order_relaxed), i = tr->n_pool;
   for (; i < tr->n_pool + n; i++) {
     weft_stream_t *s = &tr->streams[i];
-    if (s->raw == raw && (!per_thread || pthread_equal(s->owner, self))) break;
+    if (s->raw == raw && (!per_thread || s->owner == self)) break;
   }
   if (i == tr->n_pool + n) {
     if (i == tr->n) {
-      st = weft__error(WEFT_ERR_BUSY, "weft_stream_adopt: all %u adoption slots are taken (options.adopt_streams)",
+      st = weft__error(WEFT_ERR_BUSY,
+                       "weft_stream_adopt: all %u adoption slots are taken (options.adopt_streams; every thread that "
+                       "adopted CU_STREAM_PER_THREAD keeps one until the runtime is released)",
                        tr->n - tr->n_pool);
     } else if ((st = weft__lane_init(tr, tr->live, &tr->live->lane[tr->base + i])) == WEFT_OK) {
       weft_stream_t *s = &tr->streams[i];
@@ -1008,10 +1021,10 @@ static weft_status_t host_wait_stream(weft_stream_t *s, bool blocking) {
   uint64_t tick = d->lane[s->lane].recorded;
   /* Another thread's per-thread default stream cannot be named from here: its newest event
    * (it has no pending tick) covers its work instead. */
-  CUevent ev = s->per_thread && !pthread_equal(s->owner, pthread_self()) && tick != 0
+  CUevent ev = !weft__tracker_owns(s) && tick != 0
                    ? d->lane[s->lane].ring[tick & (d->lane[s->lane].ring_size - 1)]
                    : NULL;
-  bool nothing = s->per_thread && ev == NULL && !pthread_equal(s->owner, pthread_self());
+  bool nothing = ev == NULL && !weft__tracker_owns(s);
   unlock(tr);
   if (st != WEFT_OK) {
     weft__tracker_unhold(s);

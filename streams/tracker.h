@@ -155,10 +155,10 @@ struct weft_stream {
    * before n_adopted counts it): never destroyed by weft. */
   bool adopted;
   /* CU_STREAM_PER_THREAD names a different stream on each thread: adopted, it is the adopting
-   * thread's (`owner`), usable only there, and its ticks are recorded at once (nobody else may
-   * record on it). */
+   * thread's (`owner`, that thread's serial: weft__tracker_owns), usable only there, and its
+   * ticks are recorded at once (nobody else may record on it). */
   bool per_thread;
-  pthread_t owner;
+  uint64_t owner;
   uint64_t last_used;    /* tracker-wide use sequence at the last use here (LRU) */
   /* The capture this stream takes part in, or NULL. Written under the tracker lock; read without
    * it (acquire) only by the thread that may begin or end that capture. */
@@ -265,6 +265,10 @@ weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv,
  * ring. Adoption lasts as long as the tracker. Errors: INVALID_ARGUMENT (one of weft's own pool
  * streams), BUSY (every adoption slot taken: options.adopt_streams), DRIVER. */
 weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream_t **out);
+/** True unless s is a per-thread stream that another thread adopted. Threads are told apart by a
+ * serial number no other thread of the process gets (a pthread_t is given again to a new thread
+ * once the old one ended, and the new thread's per-thread stream is another stream). */
+bool weft__tracker_owns(const weft_stream_t *s);
 /** Whether lane i holds a stream (a pool stream, or an adopted one). */
 static inline bool weft__tracker_lane_used(weft__tracker_t *tr, unsigned i) {
   return i < tr->n_pool + atomic_load_explicit(&tr->n_adopted, memory_order_acquire);

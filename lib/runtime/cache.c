@@ -130,7 +130,7 @@ weft_status_t weft__cache_flush(weft_runtime_t *rt, bool strict) {
     if (n == 0) continue;
     weft_stream_t *s = &tr->streams[i];
     /* The stream must be usable for enqueueing now, from this thread, outside any capture. */
-    if (s->per_thread && !pthread_equal(s->owner, pthread_self())) continue;
+    if (!weft__tracker_owns(s)) continue;
     weft_status_t st = weft__stream_prepare(s);
     if (st == WEFT_OK) st = weft__tracker_hold(s, "weft_runtime_trim");
     if (st != WEFT_OK) {

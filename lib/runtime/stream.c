@@ -18,7 +18,7 @@ weft_status_t weft__stream_check(const weft_stream_t *s, const char *fn) {
                                                                                : "not a weft stream");
   if (s->tr != &rt->tracker || !weft__tracker_lane_used(&rt->tracker, s->index) || &rt->tracker.streams[s->index] != s)
     return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the stream belongs to a released runtime", fn);
-  if (s->per_thread && !pthread_equal(s->owner, pthread_self()))
+  if (!weft__tracker_owns(s))
     return weft__error(WEFT_ERR_INVALID_ARGUMENT,
                        "%s: stream %u is another thread's per-thread default stream (adopt CU_STREAM_PER_THREAD on "
                        "each thread that uses it)", fn, s->index);

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <cmocka.h>
 
@@ -483,6 +484,87 @@ static void test_adoption_slots_run_out(void **state) {
   assert_int_equal(drv->cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
 }
 
+/* A thread that adopted CU_STREAM_PER_THREAD ends; the next thread often gets the same
+ * pthread_t. Its per-thread stream is another CUDA stream, so it must get a weft stream of its own
+ * (before, it was handed the ended thread's, history included: stream order with that thread's
+ * work would have stood in for a wait). */
+typedef struct pt_arg {
+  tu_env_t *env;
+  weft_block_t b;
+  weft_stream_t *s;
+  pthread_t self;
+  weft_status_t st;
+  int write;
+} pt_arg_t;
+
+static void *pt_body(void *arg) {
+  pt_arg_t *a = arg;
+  a->self = pthread_self();
+  a->st = weft_stream_adopt(a->env->rt, CU_STREAM_PER_THREAD, &a->s);
+  if (a->st != WEFT_OK) return NULL;
+  if (a->write) {
+    a->st = tu_fill(a->env, a->s, a->b, N, 21);
+  } else {
+    weft_block_t c;
+    a->st = weft_alloc(a->env->rt, N * 4, a->s, "c", &c);
+    if (a->st == WEFT_OK)
+      a->st = tu_combine(a->env, a->s, c, (weft_block_t){0}, a->b, (weft_block_t){0}, (weft_block_t){0}, N, 1);
+    if (a->st == WEFT_OK) a->st = weft_free(c, a->s);
+  }
+  return NULL;
+}
+
+static void test_a_new_thread_with_an_ended_threads_id_gets_its_own_stream(void **state) {
+  tu_env_t *env = *state;
+  weft_block_t b = tu_alloc(env, N * 4, 0, "b");
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+  pt_arg_t a = {env, b, NULL, 0, 0, 1}, c = {env, b, NULL, 0, 0, 0};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, pt_body, &a), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_int_equal(a.st, WEFT_OK);
+  assert_int_equal(pthread_create(&th, NULL, pt_body, &c), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_int_equal(c.st, WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+  assert_int_equal(weft_free(b, tu_stream(env, 0)), WEFT_OK);
+  if (!pthread_equal(a.self, c.self)) skip(); /* the precondition: the id was given again */
+  assert_ptr_not_equal(a.s, c.s);
+}
+
+/* Each adopting thread keeps its slot: threads that come and go exhaust options.adopt_streams,
+ * and the refusal says why (BUSY, naming CU_STREAM_PER_THREAD), with nothing of the runtime
+ * changed: the streams adopted before still work. */
+static char adopt_error[512]; /* the adopting thread's message (weft_last_error is per thread) */
+
+static void *adopt_only(void *arg) {
+  pt_arg_t *a = arg;
+  a->st = weft_stream_adopt(a->env->rt, CU_STREAM_PER_THREAD, &a->s);
+  snprintf(adopt_error, sizeof adopt_error, "%s", weft_last_error());
+  return NULL;
+}
+
+static void test_threads_that_adopt_per_thread_streams_run_out_of_slots_clearly(void **state) {
+  tu_env_t *env = *state;
+  unsigned adopted = 0;
+  weft_status_t last = WEFT_OK;
+  for (int i = 0; i < 80 && last == WEFT_OK; i++) {
+    pt_arg_t a = {env, {0}, NULL, 0, 0, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, adopt_only, &a), 0);
+    assert_int_equal(pthread_join(th, NULL), 0);
+    last = a.st;
+    if (last == WEFT_OK) adopted++;
+  }
+  assert_int_equal(last, WEFT_ERR_BUSY);
+  assert_non_null(strstr(adopt_error, "CU_STREAM_PER_THREAD"));
+  assert_true(adopted >= 1 && adopted <= 63);
+  weft_block_t b = tu_alloc(env, N * 4, 0, "b"); /* the runtime goes on */
+  assert_int_equal(tu_fill(env, tu_stream(env, 1), b, N, 3), WEFT_OK);
+  assert_int_equal(weft_free(b, tu_stream(env, 0)), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_legacy_stream_is_one_adopted_stream, setup, teardown),
@@ -491,6 +573,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_block_find_exact_interior_and_missing, setup, teardown),
       cmocka_unit_test_setup_teardown(test_frees_by_pointer_from_other_threads, setup, teardown),
       cmocka_unit_test_setup_teardown(test_per_thread_stream_belongs_to_its_thread, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_new_thread_with_an_ended_threads_id_gets_its_own_stream, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_threads_that_adopt_per_thread_streams_run_out_of_slots_clearly, setup, teardown),
       cmocka_unit_test_setup_teardown(test_outside_capture_on_adopted_stream, setup, teardown),
       cmocka_unit_test_setup_teardown(test_outside_capture_allocates_to_graph_pool, setup, teardown),
       cmocka_unit_test_setup_teardown(test_legacy_free_waits_for_a_blocking_capture, setup, teardown),
