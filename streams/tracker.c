@@ -140,21 +140,18 @@ fail_lock:
   return st;
 }
 
-/* This thread's serial: 1, 2, ... in the order threads first ask (weft__tracker_owns). */
 static _Atomic uint64_t g_thread_serials;
 static _Thread_local uint64_t tls_thread_serial;
 
-static uint64_t thread_serial(void) {
+uint64_t weft__tracker_thread_serial(void) {
   if (tls_thread_serial == 0) tls_thread_serial = atomic_fetch_add_explicit(&g_thread_serials, 1, memory_order_relaxed) + 1;
   return tls_thread_serial;
 }
 
-bool weft__tracker_owns(const weft_stream_t *s) { return !s->per_thread || s->owner == thread_serial(); }
-
 weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream_t **out) {
   if (raw == CU_STREAM_LEGACY) raw = NULL; /* two names of one stream */
   bool per_thread = raw == CU_STREAM_PER_THREAD;
-  uint64_t self = per_thread ? thread_serial() : 0;
+  uint64_t self = per_thread ? weft__tracker_thread_serial() : 0;
   for (unsigned i = 0; i < tr->n_pool; i++)
     if (raw != NULL && tr->streams[i].raw == raw)
       return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_adopt: the stream is weft's pool stream %u (use it as it is)", i);

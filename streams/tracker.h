@@ -265,10 +265,14 @@ weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv,
  * ring. Adoption lasts as long as the tracker. Errors: INVALID_ARGUMENT (one of weft's own pool
  * streams), BUSY (every adoption slot taken: options.adopt_streams), DRIVER. */
 weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream_t **out);
-/** True unless s is a per-thread stream that another thread adopted. Threads are told apart by a
- * serial number no other thread of the process gets (a pthread_t is given again to a new thread
- * once the old one ended, and the new thread's per-thread stream is another stream). */
-bool weft__tracker_owns(const weft_stream_t *s);
+/** The calling thread's serial number: 1, 2, ... in the order threads first ask; no other thread
+ * of the process gets it (a pthread_t is given again to a new thread once the old one ended). */
+uint64_t weft__tracker_thread_serial(void);
+/** True unless s is a per-thread stream that another thread adopted (a new thread with an ended
+ * thread's pthread_t has another per-thread stream, so threads are told apart by serial). */
+static inline bool weft__tracker_owns(const weft_stream_t *s) {
+  return !s->per_thread || s->owner == weft__tracker_thread_serial();
+}
 /** Whether lane i holds a stream (a pool stream, or an adopted one). */
 static inline bool weft__tracker_lane_used(weft__tracker_t *tr, unsigned i) {
   return i < tr->n_pool + atomic_load_explicit(&tr->n_adopted, memory_order_acquire);
