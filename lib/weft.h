@@ -600,7 +600,8 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_resource_trim(weft_resource_t *r, siz
 /** Destroys a resource the caller created (not one the runtime owns): it gives back everything
  * it holds, finishing what it can, and returns the first failure (the resource is gone either
  * way). Errors: STALE_HANDLE (a resource made by weft_*_create that was destroyed already),
- * INVALID_ARGUMENT (NULL), BUSY (it still backs the runtime's weft_alloc), DRIVER. */
+ * INVALID_ARGUMENT (NULL), BUSY (it still backs the runtime's weft_alloc, or a resource made by
+ * weft_*_create draws from it: destroy that one first; nothing changes), DRIVER. */
 WEFT_API weft_status_t weft_resource_destroy(weft_resource_t *r);
 /** Runs weft's resource conformance suite against `r` (as RMM's mr_ref_test_basic): allocations
  * of many sizes on `s` and `other` (two streams of r's runtime), alignment to 256 bytes, no two

@@ -4,12 +4,17 @@
 #include <stdint.h>
 
 #include "lib/core/container.h"
+#include "lib/core/debug.h"
 #include "lib/core/handle.h"
 
 static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
 static weft__map_t g_live; /* address -> kind, | DEAD once destroyed */
 
+/* A handle's value: its kind, DEAD once destroyed, and above HOLDER_SHIFT how many objects hold
+ * it (weft__handle_hold). */
 #define DEAD 0x100u
+#define STATE 0x1ffu /* kind | DEAD */
+#define HOLDER_SHIFT 16
 
 /* weft__handle_live's fast path: each thread remembers its last few positive answers, each with
  * the number of removals the set had seen when the answer was taken. While no handle was removed
@@ -49,23 +54,44 @@ bool weft__handle_live(const void *p, weft__handle_kind_t kind) {
   if (e->p == p && e->kind == (unsigned)kind && e->removals == removals) return true;
   pthread_rwlock_rdlock(&g_lock);
   const uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
-  bool live = v != NULL && *v == kind;
+  bool live = v != NULL && (*v & STATE) == kind;
   pthread_rwlock_unlock(&g_lock);
   if (live) *e = (seen_t){p, (unsigned)kind, removals};
   return live;
 }
 
+/* Marks a live, unheld handle dead (write lock held). */
+static weft__handle_removal_t remove_locked(const void *p, weft__handle_kind_t kind) {
+  uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
+  if (v == NULL || (*v & STATE) != kind) return WEFT__HANDLE_NOT_LIVE;
+  if ((*v >> HOLDER_SHIFT) != 0) return WEFT__HANDLE_HELD;
+  *v = kind | DEAD;
+  atomic_fetch_add_explicit(&g_removals, 1, memory_order_release); /* every thread's answers go stale */
+  return WEFT__HANDLE_REMOVED;
+}
+
+weft__handle_removal_t weft__handle_remove_unheld(const void *p, weft__handle_kind_t kind) {
+  if (p == NULL) return WEFT__HANDLE_NOT_LIVE;
+  pthread_rwlock_wrlock(&g_lock);
+  weft__handle_removal_t r = remove_locked(p, kind);
+  pthread_rwlock_unlock(&g_lock);
+  return r;
+}
+
 bool weft__handle_remove(const void *p, weft__handle_kind_t kind) {
-  if (p == NULL) return false;
+  return weft__handle_remove_unheld(p, kind) == WEFT__HANDLE_REMOVED;
+}
+
+void weft__handle_hold(const void *p, weft__handle_kind_t kind, int delta) {
+  if (p == NULL) return;
   pthread_rwlock_wrlock(&g_lock);
   uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
-  bool live = v != NULL && *v == kind;
-  if (live) {
-    *v = kind | DEAD;
-    atomic_fetch_add_explicit(&g_removals, 1, memory_order_release); /* every thread's answers go stale */
+  if (v != NULL && (*v & STATE) == kind) {
+    uint64_t holders = *v >> HOLDER_SHIFT;
+    WEFT_ASSERT_INTERNAL(delta > 0 || holders > 0);
+    if (delta > 0 || holders > 0) *v = (*v & STATE) | ((holders + (uint64_t)(int64_t)delta) << HOLDER_SHIFT);
   }
   pthread_rwlock_unlock(&g_lock);
-  return live;
 }
 
 void weft__handle_restore(const void *p, weft__handle_kind_t kind) {
@@ -79,7 +105,7 @@ bool weft__handle_dead(const void *p, weft__handle_kind_t kind) {
   if (p == NULL) return false;
   pthread_rwlock_rdlock(&g_lock);
   const uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
-  bool dead = v != NULL && *v == (kind | DEAD);
+  bool dead = v != NULL && (*v & STATE) == (kind | DEAD);
   pthread_rwlock_unlock(&g_lock);
   return dead;
 }

@@ -25,8 +25,21 @@ bool weft__handle_add(const void *p, weft__handle_kind_t kind);
 /** True while p is a live object of that kind. Lock-free while the calling thread asked about p
  * before and no handle was removed since (a per-thread memory of positive answers). */
 bool weft__handle_live(const void *p, weft__handle_kind_t kind);
-/** Marks p destroyed; false when it was not a live object of that kind (destroyed already). */
+/** Marks p destroyed; false when it was not a live object of that kind (destroyed already) or
+ * is held (weft__handle_hold). */
 bool weft__handle_remove(const void *p, weft__handle_kind_t kind);
+/** What weft__handle_remove_unheld did. */
+typedef enum weft__handle_removal {
+  WEFT__HANDLE_REMOVED,  /* p is marked destroyed */
+  WEFT__HANDLE_NOT_LIVE, /* not a live object of that kind (destroyed already): unchanged */
+  WEFT__HANDLE_HELD,     /* live, but held by another object: unchanged */
+} weft__handle_removal_t;
+/** weft__handle_remove, telling a held handle from a dead one. */
+weft__handle_removal_t weft__handle_remove_unheld(const void *p, weft__handle_kind_t kind);
+/** One more (delta +1) or one fewer (-1) object holds live handle p (a resource another draws
+ * from): a held handle is not removed. Nothing for a p that is not a live handle of that kind
+ * (a resource weft did not make). */
+void weft__handle_hold(const void *p, weft__handle_kind_t kind, int delta);
 /** Marks p live again after weft__handle_remove, for a destroy that failed and changed nothing
  * (no allocation: the entry stayed in the set). Meanwhile calls with p saw STALE_HANDLE. */
 void weft__handle_restore(const void *p, weft__handle_kind_t kind);

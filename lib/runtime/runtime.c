@@ -147,6 +147,8 @@ static weft_status_t created(weft_runtime_t *rt, weft_status_t st, weft_resource
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for a resource handle");
   }
   weft__runtime_depend(rt, +1);
+  /* It draws from its upstream: that one is not destroyed under it (weft_resource_destroy). */
+  weft__handle_hold((*out)->upstream, WEFT__HANDLE_RESOURCE, +1);
   return WEFT_OK;
 }
 
@@ -216,14 +218,20 @@ weft_status_t weft_resource_destroy(weft_resource_t *r) {
   bool locked = ours && weft__runtime_check(rt, who) != NULL;
   if (locked) pthread_mutex_lock(&rt->blocks_lock);
   weft_status_t refused = WEFT_OK;
+  weft__handle_removal_t removal = WEFT__HANDLE_REMOVED;
   if (locked && rt->top == r)
     refused = weft__error(WEFT_ERR_BUSY, "%s: the resource backs the runtime's weft_alloc (weft_runtime_set_resource)", who);
-  else if (ours && !weft__handle_remove(r, WEFT__HANDLE_RESOURCE))
+  else if (ours && (removal = weft__handle_remove_unheld(r, WEFT__HANDLE_RESOURCE)) == WEFT__HANDLE_HELD)
+    refused = weft__error(WEFT_ERR_BUSY, "%s: resource '%s': another resource draws from it (destroy that one first)", who,
+                          r->ops->name ? r->ops->name : "?");
+  else if (removal == WEFT__HANDLE_NOT_LIVE)
     refused = weft__error(WEFT_ERR_STALE_HANDLE, "%s: the resource was destroyed already", who);
   if (locked) pthread_mutex_unlock(&rt->blocks_lock);
   if (refused != WEFT_OK) return refused;
+  weft_resource_t *upstream = r->upstream;
   weft_status_t st = weft__resource_destroy(r);
   if (ours) weft__runtime_depend(rt, -1);
+  if (ours) weft__handle_hold(upstream, WEFT__HANDLE_RESOURCE, -1); /* r is gone either way: it draws no more */
   return st;
 }
 

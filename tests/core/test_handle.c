@@ -88,10 +88,33 @@ static void test_a_removal_ends_every_threads_remembered_answer(void **state) {
   if (asked_live < THREADS * 2000u / 2) fail_msg("only %u live answers before the removal", asked_live);
 }
 
+/* A held handle (an object another draws from) is not removed until every holder lets go. */
+static void test_a_held_handle_is_not_removed(void **state) {
+  (void)state;
+  const void *p = objects[3];
+  assert_true(weft__handle_add(p, WEFT__HANDLE_RESOURCE));
+  weft__handle_hold(p, WEFT__HANDLE_RESOURCE, +1);
+  weft__handle_hold(p, WEFT__HANDLE_RESOURCE, +1);
+  weft__handle_hold(p, WEFT__HANDLE_COMM, +1); /* another kind: nothing */
+  assert_int_equal(weft__handle_remove_unheld(p, WEFT__HANDLE_RESOURCE), WEFT__HANDLE_HELD);
+  assert_false(weft__handle_remove(p, WEFT__HANDLE_RESOURCE));
+  assert_true(weft__handle_live(p, WEFT__HANDLE_RESOURCE)); /* unchanged */
+  weft__handle_hold(p, WEFT__HANDLE_RESOURCE, -1);
+  assert_int_equal(weft__handle_remove_unheld(p, WEFT__HANDLE_RESOURCE), WEFT__HANDLE_HELD);
+  weft__handle_hold(p, WEFT__HANDLE_RESOURCE, -1);
+  assert_int_equal(weft__handle_remove_unheld(p, WEFT__HANDLE_RESOURCE), WEFT__HANDLE_REMOVED);
+  assert_int_equal(weft__handle_remove_unheld(p, WEFT__HANDLE_RESOURCE), WEFT__HANDLE_NOT_LIVE);
+  assert_true(weft__handle_dead(p, WEFT__HANDLE_RESOURCE));
+  weft__handle_hold(p, WEFT__HANDLE_RESOURCE, +1); /* a dead handle: nothing */
+  weft__handle_restore(p, WEFT__HANDLE_RESOURCE);
+  assert_int_equal(weft__handle_remove_unheld(p, WEFT__HANDLE_RESOURCE), WEFT__HANDLE_REMOVED);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_live_remove_restore_and_kinds),
       cmocka_unit_test(test_a_removal_ends_every_threads_remembered_answer),
+      cmocka_unit_test(test_a_held_handle_is_not_removed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

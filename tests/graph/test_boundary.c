@@ -313,6 +313,24 @@ static void test_set_resource_refuses_a_destroyed_resource(void **state) {
   assert_int_equal(weft_free(b, tu_stream(&env, 0)), WEFT_OK);
 }
 
+/* A resource another resource draws from is not destroyed under it: BUSY, until the one drawing
+ * from it is destroyed (before, it was freed and the other allocated through freed memory). */
+static void test_a_resource_drawn_from_is_not_destroyed(void **state) {
+  (void)state;
+  weft_resource_t *old = weft_runtime_resource(env.rt), *a, *b;
+  assert_int_equal(weft_stats_create(env.rt, old, &a), WEFT_OK);
+  assert_int_equal(weft_stats_create(env.rt, a, &b), WEFT_OK);
+  assert_int_equal(weft_resource_destroy(a), WEFT_ERR_BUSY);
+  assert_non_null(strstr(weft_last_error(), "draws from it"));
+  CUdeviceptr p; /* b still allocates through a */
+  assert_int_equal(weft_resource_allocate(b, 256, tu_stream(&env, 0), "t", &p), WEFT_OK);
+  assert_int_equal(weft_resource_deallocate(b, p, 256, tu_stream(&env, 0), "t"), WEFT_OK);
+  assert_int_equal(weft_resource_destroy(b), WEFT_OK);
+  assert_int_equal(weft_resource_destroy(a), WEFT_OK);
+  assert_int_equal(weft_resource_destroy(a), WEFT_ERR_STALE_HANDLE);
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+}
+
 /* ---- teardown reports what it could not do -------------------------------------------------- */
 
 static void test_release_reports_a_chunk_the_driver_would_not_free(void **state) {
@@ -344,6 +362,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_corrupted_block_is_freed_all_the_same, setup_guard, teardown),
       cmocka_unit_test_setup_teardown(test_release_reports_a_chunk_the_driver_would_not_free, setup, teardown),
       cmocka_unit_test_setup_teardown(test_set_resource_refuses_a_destroyed_resource, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_resource_drawn_from_is_not_destroyed, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
