@@ -166,6 +166,11 @@ static weft__trace_span_t *pending[SPANS]; /* ended and named, not written yet *
 static size_t npending;
 static _Atomic bool device_wanted;          /* WEFT_TRACE_DEVICE=1 when the trace started */
 static _Thread_local weft__trace_span_t *tls_ended; /* ended by this thread, waiting for its name */
+/* tls_ended, as a thread-specific value too: a thread that ends before naming its span gives it
+ * back (ended_release), instead of leaving it and its two events behind. */
+static pthread_key_t ended_key;
+static pthread_once_t ended_once = PTHREAD_ONCE_INIT;
+static bool ended_keyed;
 
 bool weft__trace_device_on(void) {
   return weft__trace_on() && atomic_load_explicit(&device_wanted, memory_order_relaxed);
@@ -321,22 +326,33 @@ void weft__trace_device_drop(weft__trace_span_t *sp) {
   if (!set) discard(sp);
 }
 
+static void ended_release(void *sp) { weft__trace_device_drop(sp); }
+
+static void ended_key_create(void) { ended_keyed = pthread_key_create(&ended_key, ended_release) == 0; }
+
+/* This thread's ended span becomes sp (NULL: none); false when the thread-specific value could
+ * not be set (then nothing is kept). */
+static bool set_ended(weft__trace_span_t *sp) {
+  pthread_once(&ended_once, ended_key_create);
+  if (!ended_keyed || pthread_setspecific(ended_key, sp) != 0) return false;
+  tls_ended = sp;
+  return true;
+}
+
 void weft__trace_device_end(weft__trace_span_t *sp, void *raw) {
   if (sp == NULL) return;
   weft__trace_span_t *old = tls_ended;
+  (void)set_ended(NULL); /* setting NULL, or the value held now, cannot fail */
   tls_ended = NULL;
   weft__trace_device_drop(old);
-  if (sp->drv->cuEventRecord(sp->end, (CUstream)raw) != CUDA_SUCCESS) {
-    weft__trace_device_drop(sp);
-    return;
-  }
-  tls_ended = sp;
+  if (sp->drv->cuEventRecord(sp->end, (CUstream)raw) != CUDA_SUCCESS || !set_ended(sp)) weft__trace_device_drop(sp);
 }
 
 /* Names this thread's ended span with the slice written for its stream, and queues it. */
 static void label_span(int device, unsigned tid, const char *name, const char *args_json) {
   weft__trace_span_t *sp = tls_ended;
   if (sp == NULL || sp->device != device || sp->stream != tid) return;
+  (void)set_ended(NULL);
   tls_ended = NULL;
   sp->name = weft__meta_strdup(name ? name : "");
   sp->args = args_json ? weft__meta_strdup(args_json) : NULL;

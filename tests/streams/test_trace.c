@@ -8,9 +8,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/wait.h>
 #include <cmocka.h>
 
+#include "lib/core/driver.h"
+#include "lib/core/meta.h"
+#include "lib/core/trace.h"
 #include "tests/util/cmocka_env.h"
 
 #define N 256
@@ -247,11 +251,61 @@ static void test_start_refuses_bad_paths(void **state) {
   assert_non_null(strstr(weft_last_error(), "/nonexistent/dir/trace.json"));
 }
 
+/* A device span ended on a thread that ends before it is labelled (a use whose work failed after
+ * its close, or a trace stopped in between) goes back to the device's spans when the thread ends:
+ * threads that come and go reuse one span instead of leaving theirs behind. */
+static void *end_unlabelled(void *arg) {
+  CUstream raw = arg;
+  const weft__driver_t *drv;
+  CUcontext ctx;
+  if (weft__driver_get(&drv) != WEFT_OK || drv->cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||
+      drv->cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+    return arg;
+  weft__trace_span_t *sp = weft__trace_device_begin(drv, 0, 0, raw);
+  if (sp == NULL) return arg;
+  weft__trace_device_end(sp, raw);
+  (void)drv->cuDevicePrimaryCtxRelease(0);
+  return NULL; /* ends with the span unlabelled */
+}
+
+static void test_a_threads_unlabelled_span_goes_back_when_it_ends(void **state) {
+  (void)state;
+  tu_env_t env;
+  tu_init(&env, NULL);
+  const weft__driver_t *drv;
+  assert_int_equal(weft__driver_get(&drv), WEFT_OK);
+  CUstream raw;
+  assert_int_equal(drv->cuStreamCreateWithPriority(&raw, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);
+  char path[512];
+  trace_path(path, sizeof path, "unlabelled.json");
+  setenv("WEFT_TRACE_DEVICE", "1", 1);
+  assert_int_equal(weft_trace_start(path), WEFT_OK);
+  unsetenv("WEFT_TRACE_DEVICE");
+  weft__meta_stats_t m0, m1;
+  for (int i = 0; i < 9; i++) {
+    if (i == 1) weft__meta_stats(&m0); /* after the first thread: its span exists */
+    pthread_t t;
+    void *failed;
+    assert_int_equal(pthread_create(&t, NULL, end_unlabelled, raw), 0);
+    assert_int_equal(pthread_join(t, &failed), 0);
+    if (failed != NULL) fail_msg("thread %d: no device span (device timestamps unavailable)", i);
+  }
+  weft__meta_stats(&m1);
+  assert_int_equal(weft_trace_stop(), WEFT_OK);
+  assert_int_equal(drv->cuStreamSynchronize(raw), CUDA_SUCCESS);
+  assert_int_equal(drv->cuStreamDestroy(raw), CUDA_SUCCESS);
+  tu_fini(&env);
+  if (m1.live != m0.live)
+    fail_msg("8 threads that ended with an unlabelled span left %lld metadata allocations behind",
+             (long long)(m1.live - m0.live));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_one_arrow_per_wait_on_the_right_pair),
       cmocka_unit_test(test_captures_have_tracks_of_their_own),
       cmocka_unit_test(test_device_timestamps_follow_the_waits),
+      cmocka_unit_test(test_a_threads_unlabelled_span_goes_back_when_it_ends),
       cmocka_unit_test(test_start_refuses_bad_paths),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
