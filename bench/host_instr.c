@@ -33,10 +33,10 @@
 #define BLOCKS 16
 
 /* HOST_INSTR_EVICT=bytes: after every operation, write that many bytes of a buffer of its own
- * (evict), as the driver call beside each use does on a GPU host: the next operation then finds
+ * (evict), as a driver call beside each use may do on a GPU host: the next operation then finds
  * weft's metadata out of the first-level cache. tools/host_instr.sh counts each path's D1
- * misses this way ("lines", the cache lines an operation brings back). evict is left out of
- * the counts (it is not a path_ function's own code). */
+ * misses this way ("cold lines", a footprint measure: tools/host_instr_time.sh found no time in
+ * them on two CPUs, bench/README.md). evict is left out of the counts (not a path_ function). */
 static size_t g_evict;
 static unsigned char *g_evict_buf;
 

@@ -31,8 +31,6 @@ weft__capture_block_t *weft__capture_block(weft__capture_t *c, weft__access_stat
   b = weft__vec_push(&c->blocks);
   b->live = live;
   b->internal = internal;
-  b->kind = 0;
-  b->gen = 0;
   weft__access_init(&b->local, reads, c->dom.n);
   *weft__map_insert(&c->index, (uint64_t)(uintptr_t)live, NULL) = c->blocks.len;
   return b;

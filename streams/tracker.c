@@ -350,9 +350,9 @@ static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_st
   return WEFT_OK;
 }
 
-/* The lanes a use on s must wait for (the mask returned), their ticks in need[t] for those t. When one of them is busy
- * (tracker.h), *busy gets them and the counters are as they were (the caller waits until they
- * are idle, then looks again). */
+/* The lanes a use on s must wait for (the mask returned), their ticks in need[t] for those t.
+ * When one of them is busy (tracker.h), *busy gets them and the counters are as they were (the
+ * caller waits until they are idle, then looks again). */
 static weft__lanes_t needs_locked(weft__tracker_t *tr, const weft__domain_t *d, const weft_stream_t *s,
                                   const weft__use_t *uses, size_t n, uint64_t *need, weft__lanes_t *busy) {
   uint64_t skipped = tr->counters.waits_skipped, host = tr->counters.waits_host_known;

@@ -8,7 +8,7 @@
 #include "lib/core/handle.h"
 
 static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
-static weft__map_t g_live; /* address -> kind, | DEAD once destroyed */
+static weft__map_t g_live; /* address -> its value (below) */
 
 /* A handle's value: its kind, DEAD once destroyed, and above HOLDER_SHIFT how many objects hold
  * it (weft__handle_hold). */
@@ -60,20 +60,17 @@ bool weft__handle_live(const void *p, weft__handle_kind_t kind) {
   return live;
 }
 
-/* Marks a live, unheld handle dead (write lock held). */
-static weft__handle_removal_t remove_locked(const void *p, weft__handle_kind_t kind) {
-  uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
-  if (v == NULL || (*v & STATE) != kind) return WEFT__HANDLE_NOT_LIVE;
-  if ((*v >> HOLDER_SHIFT) != 0) return WEFT__HANDLE_HELD;
-  *v = kind | DEAD;
-  atomic_fetch_add_explicit(&g_removals, 1, memory_order_release); /* every thread's answers go stale */
-  return WEFT__HANDLE_REMOVED;
-}
-
 weft__handle_removal_t weft__handle_remove_unheld(const void *p, weft__handle_kind_t kind) {
   if (p == NULL) return WEFT__HANDLE_NOT_LIVE;
   pthread_rwlock_wrlock(&g_lock);
-  weft__handle_removal_t r = remove_locked(p, kind);
+  uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
+  weft__handle_removal_t r = v == NULL || (*v & STATE) != kind ? WEFT__HANDLE_NOT_LIVE
+                             : (*v >> HOLDER_SHIFT) != 0      ? WEFT__HANDLE_HELD
+                                                              : WEFT__HANDLE_REMOVED;
+  if (r == WEFT__HANDLE_REMOVED) {
+    *v = kind | DEAD;
+    atomic_fetch_add_explicit(&g_removals, 1, memory_order_release); /* every thread's answers go stale */
+  }
   pthread_rwlock_unlock(&g_lock);
   return r;
 }

@@ -555,7 +555,7 @@ static weft_status_t free_claimed(weft_block_t b, weft_stream_t *s) {
                                       r->ops->name ? r->ops->name : "its owner"));
   /* The free is a write: s waits for every outstanding use. Outside a capture s may keep the
    * block (cache.c): its history then restarts at s's point in the same lock hold. */
-  weft__use_t use = {&rec->acc, WEFT_WRITE, atomic_load_explicit(&rec->gen, memory_order_relaxed)};
+  weft__use_t use = {&rec->acc, WEFT_WRITE, b.gen};
   uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   weft_access_t traced = {b, WEFT_WRITE};
   bool keep = c == NULL && weft__cache_accepts(s, rec);

@@ -14,7 +14,7 @@
 #define MAX_CAPTURES 64 /* graph pools of captures kept at once per device */
 #define STREAM_CACHE 8  /* adopted streams remembered per thread */
 #define MAX_USE 256     /* accesses of one declared use */
-#define HANDLE_CACHE 64 /* blocks this thread allocated, by address (a power of two) */
+#define HANDLE_BITS 6   /* blocks this thread allocated, by address: 1 << HANDLE_BITS of them */
 
 typedef struct capture_pool {
   uint64_t id;            /* the driver's capture id */
@@ -46,9 +46,9 @@ static _Thread_local struct {
   uintptr_t ptr;
   int device;
   weft_block_t b;
-} handles[HANDLE_CACHE];
+} handles[1u << HANDLE_BITS];
 
-static unsigned handle_slot(uintptr_t p) { return (unsigned)(((uint64_t)p * 0x9E3779B97F4A7C15ull) >> 58); }
+static unsigned handle_slot(uintptr_t p) { return (unsigned)(((uint64_t)p * 0x9E3779B97F4A7C15ull) >> (64 - HANDLE_BITS)); }
 static _Atomic unsigned reported; /* free failures printed so far */
 
 static int fail(int status, const char *fmt, ...) {
