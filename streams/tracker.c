@@ -114,8 +114,12 @@ weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv,
       st = weft__driver_fail(r, "cuStreamCreateWithPriority");
       goto fail_streams;
     }
-    /* Live rings up front: a use never fails for want of an event. */
-    if ((st = weft__lane_init(tr, tr->live, &tr->live->lane[s->lane])) != WEFT_OK) {
+    /* Live rings up front: a use never fails for want of an event. Under the lock: the lanes are
+     * the process's clock domain's, which another runtime's creation may be growing now. */
+    lock(tr);
+    st = weft__lane_init(tr, tr->live, &tr->live->lane[s->lane]);
+    unlock(tr);
+    if (st != WEFT_OK) {
       drv->cuStreamDestroy(s->raw);
       s->raw = NULL;
       goto fail_streams;

@@ -868,8 +868,57 @@ static void test_threads_pass_data_between_devices(void **state) {
   close_two(rt, &k);
 }
 
+/* Every device's runtime made by a thread of its own at the same moment, over and over: the
+ * runtimes share the process's clock domain, whose lanes one thread initialises while another
+ * grows the domain's clocks (tsan: the lane's rings were made outside the lock before). First in
+ * the program, while the domain's clocks are still short and each new runtime grows them. */
+typedef struct maker {
+  int device;
+  pthread_barrier_t *start;
+  weft_status_t st;
+} maker_t;
+
+static void *make_runtime(void *arg) {
+  maker_t *m = arg;
+  weft_runtime_t *rt;
+  pthread_barrier_wait(m->start);
+  m->st = weft_runtime_get(m->device, NULL, &rt);
+  weft_stream_t *s;
+  weft_block_t b;
+  if (m->st == WEFT_OK) m->st = weft_stream_get(rt, 0, &s);
+  if (m->st == WEFT_OK) m->st = weft_alloc(rt, 4096, s, "made", &b);
+  if (m->st == WEFT_OK) m->st = weft_memset32(s, b, 0, 1, 4096);
+  if (m->st == WEFT_OK) m->st = weft_free(b, s);
+  if (m->st == WEFT_OK) m->st = weft_runtime_release(rt);
+  return NULL;
+}
+
+static void test_runtimes_made_by_threads_at_once(void **state) {
+  (void)state;
+  assert_int_equal(weft__driver_get(&drv), WEFT_OK);
+  int count = 0;
+  assert_int_equal(drv->cuDeviceGetCount(&count), CUDA_SUCCESS);
+  if (count < 2) skip();
+  if (count > MAXD) count = MAXD;
+  for (int round = 0; round < 20; round++) {
+    pthread_barrier_t start;
+    pthread_barrier_init(&start, NULL, (unsigned)count);
+    pthread_t t[MAXD];
+    maker_t m[MAXD];
+    for (int d = 0; d < count; d++) {
+      m[d] = (maker_t){d, &start, WEFT_OK};
+      assert_int_equal(pthread_create(&t[d], NULL, make_runtime, &m[d]), 0);
+    }
+    for (int d = 0; d < count; d++) assert_int_equal(pthread_join(t[d], NULL), 0);
+    pthread_barrier_destroy(&start);
+    for (int d = 0; d < count; d++)
+      if (m[d].st != WEFT_OK) fail_msg("round %d, device %d: %s", round, d, weft_status_name(m[d].st));
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_runtimes_made_by_threads_at_once),
       cmocka_unit_test(test_each_device_has_its_runtime),
       cmocka_unit_test(test_copy_between_devices_is_ordered_both_ways),
       cmocka_unit_test(test_random_programs_across_devices),
