@@ -379,6 +379,11 @@ void weft__tracker_unhold(weft_stream_t *s);
 weft_stream_t *weft__tracker_hold_live(weft__tracker_t *tr, const char *fn);
 /** The capture s takes part in (NULL: none) and its allocation context, read under the lock. */
 weft__capture_t *weft__tracker_capture_of(weft_stream_t *s, weft_resource_t **alloc_to);
+/** Whether s takes part in a capture: weft__tracker_capture_of's pointer alone, inline (written
+ * under the lock, read atomically): the hot check of every resource call. */
+static inline bool weft__tracker_in_capture(weft_stream_t *s) {
+  return atomic_load_explicit(&s->capture, memory_order_acquire) != NULL;
+}
 
 /** An order-independent fingerprint of a use's accesses (for the split form's checks). */
 uint64_t weft__tracker_fingerprint(const weft__use_t *uses, size_t n);

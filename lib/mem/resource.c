@@ -106,7 +106,8 @@ weft_status_t weft__mem_lock_init(pthread_mutex_t *m, const char *who) {
 
 /* ---- checked public calls ---------------------------------------------------------------------- */
 
-static weft_status_t check_call(const char *who, const weft_resource_t *r, bool alloc, weft_stream_t *s, size_t bytes) {
+/* Why a checked call's arguments are refused (the cold side of call_ok). */
+static __attribute__((noinline)) weft_status_t check_call(const char *who, const weft_resource_t *r, bool alloc, weft_stream_t *s, size_t bytes) {
   if (r == NULL || r->ops == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: resource is NULL", who);
   if ((alloc ? (void *)r->ops->allocate : (void *)r->ops->deallocate) == NULL)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: resource '%s' has no %s", who, r->ops->name ? r->ops->name : "?",
@@ -116,17 +117,23 @@ static weft_status_t check_call(const char *who, const weft_resource_t *r, bool 
     return weft__error(WEFT_ERR_WRONG_DEVICE, "%s: stream %u belongs to another runtime than resource '%s'", who,
                        s->index, r->ops->name ? r->ops->name : "?");
   /* Resources serve live streams; inside a capture weft_alloc allocates graph memory. */
-  if (weft__tracker_capture_of(s, NULL) != NULL)
+  if (weft__tracker_in_capture(s))
     return weft__error(WEFT_ERR_CAPTURE, "%s: stream %u takes part in a capture (use weft_alloc inside captures)", who,
                        s->index);
   return weft__mem_check_bytes(who, bytes);
 }
 
+/* Whether a checked call's arguments pass every check of check_call (the hot side, inline). */
+static inline bool call_ok(const weft_resource_t *r, bool alloc, weft_stream_t *s, size_t bytes) {
+  return r != NULL && r->ops != NULL && (alloc ? (void *)r->ops->allocate : (void *)r->ops->deallocate) != NULL &&
+         s != NULL && (r->rt == NULL || s->runtime == (void *)r->rt) && !weft__tracker_in_capture(s) && bytes != 0 &&
+         (uint64_t)bytes <= WEFT__MEM_MAX_BYTES;
+}
+
 weft_status_t weft_resource_allocate(weft_resource_t *r, size_t bytes, weft_stream_t *s, const char *tag,
                                      CUdeviceptr *out) {
   static const char who[] = "weft_resource_allocate";
-  weft_status_t st = check_call(who, r, true, s, bytes);
-  if (st != WEFT_OK) return st;
+  if (__builtin_expect(!call_ok(r, true, s, bytes), 0)) return check_call(who, r, true, s, bytes);
   if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: out is NULL", who);
   return weft__resource_allocate(r, bytes, s, tag ? tag : "", out);
 }
@@ -134,8 +141,7 @@ weft_status_t weft_resource_allocate(weft_resource_t *r, size_t bytes, weft_stre
 weft_status_t weft_resource_deallocate(weft_resource_t *r, CUdeviceptr p, size_t bytes, weft_stream_t *s,
                                        const char *tag) {
   static const char who[] = "weft_resource_deallocate";
-  weft_status_t st = check_call(who, r, false, s, bytes);
-  if (st != WEFT_OK) return st;
+  if (__builtin_expect(!call_ok(r, false, s, bytes), 0)) return check_call(who, r, false, s, bytes);
   if (p == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: pointer is 0", who);
   return weft__resource_deallocate(r, p, bytes, s, tag ? tag : "");
 }

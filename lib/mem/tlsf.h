@@ -65,6 +65,8 @@ typedef struct weft__tlsf_range {
   void *chunk;                            /* the caller's chunk pointer, shared by its ranges */
   uint32_t lane;                          /* free ranges: lane index */
   uint32_t is_free;                       /* 1 free, 0 allocated */
+  uint32_t held;                          /* allocated ranges: the caller's mark, never read here (the
+                                           * pool: 1 while a stream's cache holds the range) */
 } weft__tlsf_range_t;
 
 /** One lane: class lists, their bitmaps and the age list. */

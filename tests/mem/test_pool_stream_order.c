@@ -445,6 +445,144 @@ static void test_random_workload_keeps_reserved_close_to_live(void **state) {
   }
 }
 
+/* ---- each stream's cache of its recent frees (pool.c, CACHE_SLOTS) ---- */
+
+/* A cached free is the block's free: a second free of it is refused, and it is handed out once. */
+static void test_a_cached_free_is_taken_again_once_and_never_freed_twice(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  CUdeviceptr keep = alloc_on(0, 4096); /* live bytes enough that the dispatch asks the pool */
+  CUdeviceptr a = alloc_on(0, 1000);
+  free_on(0, a, 1000);
+  assert_int_equal(weft_resource_deallocate(fx.pool, a, 1000, fake_stream(0), "t"), WEFT_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(weft_last_error(), "was freed"));
+  weft_resource_stats_t st;
+  weft_resource_stats(fx.pool, &st);
+  assert_int_equal(st.live_bytes, 4096);
+  assert_int_equal(st.frees, 1);
+  assert_int_equal(alloc_on(0, 1000), a);
+  CUdeviceptr b = alloc_on(0, 1000);
+  assert_true(b != a);
+  free_on(0, a, 1000);
+  free_on(0, b, 1000);
+  free_on(0, keep, 4096);
+  drop_pool();
+}
+
+/* Cached frees serve other sizes (merged with their neighbours) before the pool grows. */
+static void test_cached_frees_serve_a_larger_request_before_the_pool_grows(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  CUdeviceptr a = alloc_on(0, 512 * KIB), b = alloc_on(0, 512 * KIB); /* the whole chunk */
+  free_on(0, a, 512 * KIB);
+  free_on(0, b, 512 * KIB);
+  assert_int_equal(alloc_on(0, 1 * MIB), a);
+  assert_int_equal(fx.up->allocs, 1);
+  assert_int_equal(fake.waits, 0);
+  free_on(0, a, 1 * MIB);
+  drop_pool();
+}
+
+/* Another stream takes a cached free once the host sees it complete, rather than grow. */
+static void test_a_cached_free_goes_to_another_stream_once_complete(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  CUdeviceptr a = alloc_on(0, 512 * KIB), b = alloc_on(0, 512 * KIB); /* the whole chunk */
+  free_on(0, a, 512 * KIB);
+  fake_complete(0);
+  assert_int_equal(alloc_on(1, 512 * KIB), a);
+  assert_int_equal(fx.up->allocs, 1);
+  assert_int_equal(fake.waits, 0);
+  free_on(1, a, 512 * KIB);
+  free_on(0, b, 512 * KIB);
+  drop_pool();
+}
+
+/* A trim gives back a chunk whose only block sits in a stream's cache, once its free is complete. */
+static void test_trim_gives_back_a_chunk_whose_block_sits_in_a_cache(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  CUdeviceptr a = alloc_on(0, 1000);
+  free_on(0, a, 1000);
+  fake_complete(0);
+  assert_int_equal(weft_resource_trim(fx.pool, 0), WEFT_OK);
+  assert_int_equal(fx.up->live_bytes, 0);
+  weft_resource_stats_t st;
+  weft_resource_stats(fx.pool, &st);
+  assert_int_equal(st.reserved_bytes, 0);
+  drop_pool();
+}
+
+typedef struct seen {
+  uint64_t segment_bytes, free_bytes;
+  CUdeviceptr cached;
+  unsigned cached_lane;
+} seen_t;
+
+static void on_segment(void *ctx, const weft_segment_t *g) { ((seen_t *)ctx)->segment_bytes += g->bytes; }
+
+static void on_free_range(void *ctx, const weft_free_range_t *r) {
+  seen_t *v = ctx;
+  v->free_bytes += r->bytes;
+  if (r->ptr == v->cached) v->cached_lane = r->lane;
+}
+
+/* A snapshot shows a cached free as a free range of the stream that freed it. */
+static void test_a_snapshot_shows_cached_frees_as_free_ranges_of_their_stream(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  CUdeviceptr a = alloc_on(2, 1000), b = alloc_on(2, 1000);
+  free_on(2, a, 1000);
+  seen_t v = {0, 0, a, 99};
+  fx.pool->ops->segments(fx.pool, on_segment, on_free_range, &v);
+  assert_int_equal(v.segment_bytes, 1 * MIB);
+  assert_int_equal(v.free_bytes, 1 * MIB - 1024); /* all but b */
+  assert_int_equal(v.cached_lane, 2);
+  free_on(2, b, 1000);
+  drop_pool();
+}
+
+/* Stream 1 frees n blocks of 4 KiB with a live block between each two (no merging). */
+static void free_apart(CUdeviceptr *x, unsigned n) {
+  for (unsigned i = 0; i < n; i++) {
+    x[i] = alloc_on(1, 4096);
+    (void)alloc_on(1, 4096); /* a neighbour that stays live */
+  }
+}
+
+/* Destroying the pool waits for each stream's newest free, cached or not: here the newest is in
+ * the cache, an older one already among the free ranges. */
+static void test_destroy_waits_for_a_streams_newest_free_in_its_cache(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  CUdeviceptr x[2];
+  free_apart(x, 2);
+  free_on(1, x[0], 4096);
+  (void)alloc_on(0, 1 * MIB); /* a new chunk: the caches are flushed before growing */
+  free_on(1, x[1], 4096);     /* cached */
+  uint64_t newest = fake.tick[1];
+  assert_int_equal(weft_resource_destroy(fx.pool), WEFT_OK);
+  assert_int_equal(fake.last_wait.stream, 1);
+  assert_int_equal(fake.last_wait.tick, newest);
+  fake_upstream_destroy(fx.up);
+}
+
+/* A full cache sends the next free to the free ranges; when the cache is flushed later, its
+ * older frees must not make a lane's newest free point look older than it is. */
+static void test_destroy_waits_for_a_streams_newest_free_after_its_cache_was_flushed(void **state) {
+  (void)state;
+  make_pool(1 * MIB, 0);
+  CUdeviceptr x[9];
+  free_apart(x, 9);
+  for (unsigned i = 0; i < 9; i++) free_on(1, x[i], 4096); /* 8 cached, the 9th a free range */
+  uint64_t newest = fake.tick[1];
+  (void)alloc_on(0, 1 * MIB); /* the caches are flushed before growing */
+  assert_int_equal(weft_resource_destroy(fx.pool), WEFT_OK);
+  assert_int_equal(fake.last_wait.stream, 1);
+  assert_int_equal(fake.last_wait.tick, newest);
+  fake_upstream_destroy(fx.up);
+}
+
 static void *thread_churn(void *arg) {
   unsigned me = (unsigned)(uintptr_t)arg;
   uint64_t s = me + 1;
@@ -504,6 +642,13 @@ int main(void) {
       cmocka_unit_test(test_kept_large_chunks_are_bounded_and_go_back_oldest_first_after_their_free),
       cmocka_unit_test(test_constructor_rejects_bad_arguments),
       cmocka_unit_test(test_random_workload_keeps_reserved_close_to_live),
+      cmocka_unit_test(test_a_cached_free_is_taken_again_once_and_never_freed_twice),
+      cmocka_unit_test(test_cached_frees_serve_a_larger_request_before_the_pool_grows),
+      cmocka_unit_test(test_a_cached_free_goes_to_another_stream_once_complete),
+      cmocka_unit_test(test_trim_gives_back_a_chunk_whose_block_sits_in_a_cache),
+      cmocka_unit_test(test_a_snapshot_shows_cached_frees_as_free_ranges_of_their_stream),
+      cmocka_unit_test(test_destroy_waits_for_a_streams_newest_free_in_its_cache),
+      cmocka_unit_test(test_destroy_waits_for_a_streams_newest_free_after_its_cache_was_flushed),
       cmocka_unit_test(test_threads_share_one_pool),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
