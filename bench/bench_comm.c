@@ -38,13 +38,27 @@ typedef struct pair {
  *   RAW_ON_WEFT raw NCCL on the weft streams' own handles (is it the streams?);
  *   RAW_BOOK    raw NCCL, then weft's bookkeeping of the group without NCCL: the joint use of
  *               both ranks' streams and buffers (weft__use_joint, as weft_comm_group_end makes it)
- *               around no work (is it weft's own host work, among NCCL's?). */
-enum { RAW, WEFT, RAW_RECORD, RAW_SWITCH, RAW_PROBE, RAW_ON_WEFT, RAW_BOOK };
+ *               around no work (is it weft's own host work, among NCCL's?);
+ *   RAW_BOOK_FIRST  the same bookkeeping before raw NCCL rather than after: NCCL's group launch
+ *               empties the host's caches, so the bookkeeping after it finds its data cold, the
+ *               bookkeeping before it warm (from the previous iteration's). The difference between
+ *               the two is what cold data costs weft's group (the per-repetition differences to
+ *               raw NCCL, medians, are the last two columns). */
+enum { RAW, WEFT, RAW_RECORD, RAW_SWITCH, RAW_PROBE, RAW_ON_WEFT, RAW_BOOK, RAW_BOOK_FIRST };
 
 static weft_status_t no_work(weft_stream_t *s, void *arg) {
   (void)s;
   (void)arg;
   return WEFT_OK;
+}
+
+/* weft's bookkeeping of a group of one all-reduce per rank, around no work (RAW_BOOK). */
+static void book(pair_t *p) {
+  weft_stream_t *s[2] = {weft_comm_stream(p->comm[0]), weft_comm_stream(p->comm[1])};
+  weft_access_t a0[1] = {{p->buf[0], WEFT_READ_WRITE}}, a1[1] = {{p->buf[1], WEFT_READ_WRITE}};
+  const weft_access_t *acc[2] = {a0, a1};
+  size_t n[2] = {1, 1};
+  BENCH_WEFT(weft__use_joint(s, acc, n, 2, "bench", no_work, NULL));
 }
 
 /* The NCCL communicators under weft's (the same ones the raw path uses): made separately with
@@ -58,19 +72,14 @@ static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, u
         BENCH_WEFT(weft_all_reduce(p->comm[r], p->buf[r], 0, p->buf[r], 0, count, WEFT_FLOAT32, WEFT_SUM, NULL));
       BENCH_WEFT(weft_comm_group_end());
     } else {
+      if (how == RAW_BOOK_FIRST) book(p);
       if (nl->ncclGroupStart() != ncclSuccess) bench_die("ncclGroupStart");
       for (int r = 0; r < 2; r++)
         if (nl->ncclAllReduce((void *)p->ptr[r], (void *)p->ptr[r], count, ncclFloat32, ncclSum, p->nc[r],
                               (cudaStream_t)(how == RAW_ON_WEFT ? p->wraw[r] : p->raw[r])) != ncclSuccess)
           bench_die("ncclAllReduce");
       if (nl->ncclGroupEnd() != ncclSuccess) bench_die("ncclGroupEnd");
-      if (how == RAW_BOOK) {
-        weft_stream_t *s[2] = {weft_comm_stream(p->comm[0]), weft_comm_stream(p->comm[1])};
-        weft_access_t a0[1] = {{p->buf[0], WEFT_READ_WRITE}}, a1[1] = {{p->buf[1], WEFT_READ_WRITE}};
-        const weft_access_t *acc[2] = {a0, a1};
-        size_t n[2] = {1, 1};
-        BENCH_WEFT(weft__use_joint(s, acc, n, 2, "bench", no_work, NULL));
-      }
+      if (how == RAW_BOOK) book(p);
       for (int r = 0; r < 2 && how == RAW_RECORD; r++) BENCH_CU(b->drv->cuEventRecord(p->ev[r], p->raw[r]));
       for (int r = 1; r >= 0 && how == RAW_SWITCH; r--) BENCH_CU(b->drv->cuCtxSetCurrent(p->ctx[r]));
       for (int r = 0; r < 4 && how == RAW_PROBE; r++) {
@@ -83,7 +92,7 @@ static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, u
   }
   if (host_us != NULL) *host_us = (double)(bench_now_ns() - t0) / iters / 1000.0;
   for (int r = 0; r < 2; r++) {
-    if (how == WEFT || how == RAW_BOOK) BENCH_WEFT(weft_stream_synchronize(weft_comm_stream(p->comm[r])));
+    if (how == WEFT || how == RAW_BOOK || how == RAW_BOOK_FIRST) BENCH_WEFT(weft_stream_synchronize(weft_comm_stream(p->comm[r])));
     if (how != WEFT) BENCH_CU(b->drv->cuStreamSynchronize(how == RAW_ON_WEFT ? p->wraw[r] : p->raw[r]));
   }
   return (double)(bench_now_ns() - t0) / iters / 1000.0;
@@ -196,13 +205,15 @@ void bench_comm(bench_t *b) {
                                      "weft / raw",    "range of weft / raw", "raw + event record us",
                                      "weft host us",  "raw host us", "raw + record host us",
                                      "raw + 2 context switches host us", "raw + 4 probes host us",
-                                     "raw on weft's streams host us", "raw + weft's bookkeeping host us"};
-  bench_table(cols, 13);
+                                     "raw on weft's streams host us", "raw + weft's bookkeeping host us",
+                                     "raw + weft's bookkeeping first host us", "bookkeeping after - raw host us",
+                                     "bookkeeping first - raw host us"};
+  bench_table(cols, 16);
   for (size_t count = MIB / 4; count <= max_count; count *= 4) {
     unsigned iters = bench_count(b, count >= 16 * MIB ? 20 : 200, 2);
     double w[BENCH_MAX_REPS], raw[BENCH_MAX_REPS], ratio[BENCH_MAX_REPS], rec[BENCH_MAX_REPS], wh[BENCH_MAX_REPS],
         rh[BENCH_MAX_REPS], qh[BENCH_MAX_REPS], sh[BENCH_MAX_REPS], ph[BENCH_MAX_REPS], oh[BENCH_MAX_REPS],
-        kh[BENCH_MAX_REPS];
+        kh[BENCH_MAX_REPS], fh[BENCH_MAX_REPS], dk[BENCH_MAX_REPS], df[BENCH_MAX_REPS];
     unsigned reps = b->reps < BENCH_MAX_REPS ? b->reps : BENCH_MAX_REPS;
     (void)run(b, nl, &p, count, 2, WEFT, NULL); /* warm every path */
     (void)run(b, nl, &p, count, 2, RAW, NULL);
@@ -211,6 +222,7 @@ void bench_comm(bench_t *b) {
     (void)run(b, nl, &p, count, 2, RAW_PROBE, NULL);
     (void)run(b, nl, &p, count, 2, RAW_ON_WEFT, NULL);
     (void)run(b, nl, &p, count, 2, RAW_BOOK, NULL);
+    (void)run(b, nl, &p, count, 2, RAW_BOOK_FIRST, NULL);
     for (unsigned k = 0; k < reps; k++) {
       w[k] = run(b, nl, &p, count, iters, WEFT, &wh[k]);
       raw[k] = run(b, nl, &p, count, iters, RAW, &rh[k]);
@@ -219,7 +231,10 @@ void bench_comm(bench_t *b) {
       (void)run(b, nl, &p, count, iters, RAW_PROBE, &ph[k]);
       (void)run(b, nl, &p, count, iters, RAW_ON_WEFT, &oh[k]);
       (void)run(b, nl, &p, count, iters, RAW_BOOK, &kh[k]);
+      (void)run(b, nl, &p, count, iters, RAW_BOOK_FIRST, &fh[k]);
       ratio[k] = w[k] / raw[k];
+      dk[k] = kh[k] - rh[k];
+      df[k] = fh[k] - rh[k];
     }
     double lo, hi;
     min_max(ratio, reps, &lo, &hi);
@@ -229,7 +244,8 @@ void bench_comm(bench_t *b) {
                       qn[] = "raw ncclAllReduce + an event record per stream",
                       sn[] = "raw ncclAllReduce + 2 context switches", pn[] = "raw ncclAllReduce + 4 capture probes",
                       on[] = "raw ncclAllReduce on weft's streams (diagnostic)",
-                      kn[] = "raw ncclAllReduce + weft's group bookkeeping around no work (diagnostic)";
+                      kn[] = "raw ncclAllReduce + weft's group bookkeeping around no work (diagnostic)",
+                      fn[] = "weft's group bookkeeping around no work + raw ncclAllReduce (diagnostic)";
     for (unsigned k = 0; k < reps; k++) {
       bench_sample(b, "comm", wn, "us per all-reduce", "us", rn, x, k, w[k]);
       bench_sample(b, "comm", rn, "us per all-reduce", "us", NULL, x, k, raw[k]);
@@ -241,12 +257,13 @@ void bench_comm(bench_t *b) {
       bench_sample(b, "comm", pn, "host us to enqueue", "us", rn, x, k, ph[k]);
       bench_sample(b, "comm", on, "host us to enqueue", "us", rn, x, k, oh[k]);
       bench_sample(b, "comm", kn, "host us to enqueue", "us", rn, x, k, kh[k]);
+      bench_sample(b, "comm", fn, "host us to enqueue", "us", rn, x, k, fh[k]);
     }
     double mw = bench_median(w, reps), mr = bench_median(raw, reps), mq = bench_median(ratio, reps);
-    printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+    printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
            count * 4, mw, mr, mq, lo, hi, bench_median(rec, reps), bench_median(wh, reps), bench_median(rh, reps),
            bench_median(qh, reps), bench_median(sh, reps), bench_median(ph, reps), bench_median(oh, reps),
-           bench_median(kh, reps));
+           bench_median(kh, reps), bench_median(fh, reps), bench_median(dk, reps), bench_median(df, reps));
   }
   printf("\n");
   printf("A thread per rank (each on its own device, one call per all-reduce, no group):\n\n");
