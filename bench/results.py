@@ -85,6 +85,12 @@ GOALS = [
     dict(section=r"^alloc$", row=r"pool.?\s*resource", metric=r"ns per pair", where=r"same",
          baseline=None, how="value<=", limit="60",
          text="`pool` resource alone: alloc + free pair <= 60 ns, same size (issue 5)"),
+    # Issue 17 states the same goal as a ratio too ("<= 60 ns (<= 1/10 of the native pool pair)"):
+    # the absolute figure moves with the host (the native pair measured 615-1693 ns on the
+    # project's machines), the ratio to the pair measured beside it much less.
+    dict(section=r"^alloc$", row=r"pool.?\s*resource", metric=r"ns per pair", where=r"same",
+         baseline=r"cuMemAllocFromPoolAsync", how="ratio<=", limit="1/10",
+         text="`pool` resource alone: alloc + free pair <= 1/10 of the driver's pool pair, same size (issue 17)"),
     dict(section=r"^tracker$", row=r"no edge", metric=r"ns per use", where=None,
          baseline=r"cuEventRecord", how="diff<=", limit="30",
          text="a use that needs no edge: <= 30 ns over one raw cuEventRecord (issue 4)"),
