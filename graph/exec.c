@@ -291,11 +291,10 @@ static weft_status_t launch_locked(weft_exec_t *e, weft_stream_t *s) {
   return st;
 }
 
-weft_status_t weft_exec_launch(weft_exec_t *e, weft_stream_t *s) {
-  weft_status_t st = weft__graph_handle(e, WEFT__HANDLE_EXEC, "weft_exec_launch");
-  if (st != WEFT_OK) return st;
+/* weft_exec_launch inside e (weft__handle_enter: a concurrent weft_exec_destroy waits for it). */
+static weft_status_t launch_inside(weft_exec_t *e, weft_stream_t *s) {
   weft_graph_t *g = e->graph;
-  st = weft__stream_check(s, "weft_exec_launch");
+  weft_status_t st = weft__stream_check(s, "weft_exec_launch");
   if (st != WEFT_OK) return st;
   if (s->runtime != g->rt) return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_exec_launch: stream of another runtime");
   if ((st = weft__stream_prepare(s)) != WEFT_OK) return st;
@@ -314,6 +313,13 @@ weft_status_t weft_exec_launch(weft_exec_t *e, weft_stream_t *s) {
     for (size_t i = 0; i < g->n_summary && n < 16; i++) acc[n++] = (weft_access_t){g->summary[i].block, g->summary[i].kind};
     weft__trace_use(s, "weft_exec_launch", acc, n, t0);
   }
+  return st;
+}
+
+weft_status_t weft_exec_launch(weft_exec_t *e, weft_stream_t *s) {
+  if (!weft__handle_enter(e, WEFT__HANDLE_EXEC)) return weft__graph_handle(e, WEFT__HANDLE_EXEC, "weft_exec_launch");
+  weft_status_t st = launch_inside(e, s);
+  weft__handle_leave();
   return st;
 }
 

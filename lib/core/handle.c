@@ -1,6 +1,7 @@
 /* The live-handle set (handle.h). */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sched.h>
 #include <stdint.h>
 
 #include "lib/core/container.h"
@@ -60,6 +61,8 @@ bool weft__handle_live(const void *p, weft__handle_kind_t kind) {
   return live;
 }
 
+static void wait_outside(const void *p);
+
 weft__handle_removal_t weft__handle_remove_unheld(const void *p, weft__handle_kind_t kind) {
   if (p == NULL) return WEFT__HANDLE_NOT_LIVE;
   pthread_rwlock_wrlock(&g_lock);
@@ -69,14 +72,111 @@ weft__handle_removal_t weft__handle_remove_unheld(const void *p, weft__handle_ki
                                                               : WEFT__HANDLE_REMOVED;
   if (r == WEFT__HANDLE_REMOVED) {
     *v = kind | DEAD;
-    atomic_fetch_add_explicit(&g_removals, 1, memory_order_release); /* every thread's answers go stale */
+    atomic_fetch_add_explicit(&g_removals, 1, memory_order_seq_cst); /* every thread's answers go stale */
   }
   pthread_rwlock_unlock(&g_lock);
+  if (r == WEFT__HANDLE_REMOVED) wait_outside(p); /* (entries under the lock are gone already) */
   return r;
 }
 
 bool weft__handle_remove(const void *p, weft__handle_kind_t kind) {
   return weft__handle_remove_unheld(p, kind) == WEFT__HANDLE_REMOVED;
+}
+
+/* ---- calls inside an object (weft__handle_enter) -------------------------------------------------
+ * Hazard pointers: each thread that enters an object takes a record of g_inside for good (given
+ * back when it ends) and publishes the object in it. A removal marks the object dead and counts a
+ * removal, then (after a full fence, as the entering thread fences between its publication and
+ * its liveness check) looks through the records: either the entering thread sees the removal and
+ * fails, or the removal sees the publication and waits for it to go. */
+typedef struct inside {
+  _Atomic(const void *) p[WEFT__HANDLE_DEPTH];
+  atomic_bool taken;
+} inside_t;
+
+static inside_t g_inside[WEFT__HANDLE_THREADS];
+static atomic_uint g_inside_top; /* records ever taken: a scan stops there */
+static pthread_key_t g_inside_key;
+static pthread_once_t g_inside_once = PTHREAD_ONCE_INIT;
+static _Thread_local inside_t *tls_inside;
+static _Thread_local unsigned tls_depth;   /* entries published in tls_inside */
+static _Thread_local unsigned tls_locked;  /* entries made under the set's lock (no record) */
+static _Thread_local uint32_t tls_locked_at; /* bit d: entry d holds the lock */
+
+static void inside_release(void *rec) { atomic_store_explicit(&((inside_t *)rec)->taken, false, memory_order_release); }
+static void inside_key(void) { (void)pthread_key_create(&g_inside_key, inside_release); }
+
+/* The calling thread's record, taken at its first entry; NULL when every record is taken. */
+static inside_t *my_inside(void) {
+  if (tls_inside != NULL) return tls_inside;
+  pthread_once(&g_inside_once, inside_key);
+  for (unsigned i = 0; i < WEFT__HANDLE_THREADS; i++) {
+    bool free_ = false;
+    if (!atomic_compare_exchange_strong(&g_inside[i].taken, &free_, true)) continue;
+    unsigned top = atomic_load(&g_inside_top);
+    while (top < i + 1 && !atomic_compare_exchange_weak(&g_inside_top, &top, i + 1)) {
+    }
+    if (pthread_setspecific(g_inside_key, &g_inside[i]) != 0) { /* could not be given back: not taken */
+      atomic_store(&g_inside[i].taken, false);
+      return NULL;
+    }
+    return tls_inside = &g_inside[i];
+  }
+  return NULL;
+}
+
+bool weft__handle_enter(const void *p, weft__handle_kind_t kind) {
+  if (p == NULL) return false;
+  unsigned depth = tls_depth + tls_locked;
+  inside_t *h = depth < WEFT__HANDLE_DEPTH ? my_inside() : NULL;
+  if (h == NULL) { /* no record: the set's lock, as a reader, until the call leaves */
+    pthread_rwlock_rdlock(&g_lock);
+    const uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
+    if (v == NULL || (*v & STATE) != kind) {
+      pthread_rwlock_unlock(&g_lock);
+      return false;
+    }
+    tls_locked_at |= 1u << depth;
+    tls_locked++;
+    return true;
+  }
+  /* A dead object is refused before it is published: a removal waits until it sees each record
+   * without p once, which threads that keep trying a dead object would otherwise put off. */
+  if (!weft__handle_live(p, kind)) return false;
+  atomic_store_explicit(&h->p[tls_depth], p, memory_order_relaxed);
+  atomic_thread_fence(memory_order_seq_cst); /* publication before the check (a removal fences too) */
+  if (!weft__handle_live(p, kind)) {
+    atomic_store_explicit(&h->p[tls_depth], NULL, memory_order_relaxed);
+    return false;
+  }
+  tls_depth++;
+  return true;
+}
+
+void weft__handle_leave(void) {
+  unsigned depth = tls_depth + tls_locked - 1;
+  if ((tls_locked_at >> depth) & 1u) {
+    tls_locked_at &= ~(1u << depth);
+    tls_locked--;
+    pthread_rwlock_unlock(&g_lock);
+    return;
+  }
+  tls_depth--;
+  atomic_store_explicit(&tls_inside->p[tls_depth], NULL, memory_order_release);
+}
+
+/* After p was marked dead: waits until no other thread is inside p (the entering threads leave
+ * soon: a call, not a wait for this thread). A record seen once without p is done: an entry
+ * published after this fence sees p dead and fails. The calling thread's own entries are not
+ * waited for. */
+static void wait_outside(const void *p) {
+  atomic_thread_fence(memory_order_seq_cst);
+  unsigned top = atomic_load(&g_inside_top);
+  for (unsigned i = 0; i < top; i++) {
+    if (&g_inside[i] == tls_inside) continue;
+    for (unsigned d = 0; d < WEFT__HANDLE_DEPTH; d++)
+      while (atomic_load_explicit(&g_inside[i].p[d], memory_order_acquire) == p) sched_yield();
+  }
 }
 
 void weft__handle_hold(const void *p, weft__handle_kind_t kind, int delta) {

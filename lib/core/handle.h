@@ -43,6 +43,21 @@ void weft__handle_hold(const void *p, weft__handle_kind_t kind, int delta);
 /** Marks p live again after weft__handle_remove, for a destroy that failed and changed nothing
  * (no allocation: the entry stayed in the set). Meanwhile calls with p saw STALE_HANDLE. */
 void weft__handle_restore(const void *p, weft__handle_kind_t kind);
+/** Enters live object p for a call that reads it after this check (a launch of an exec): true,
+ * and until weft__handle_leave p is not freed; or false (p is not a live object of that kind),
+ * nothing to leave. A removal (weft__handle_remove*) marks p dead at once, then waits until no
+ * other thread is inside p: whoever destroys p frees it only after every call that entered it has
+ * left. Calls inside p must not wait for a destroy of p on another thread. Each thread publishes
+ * what it is inside in a slot of its own (a hazard pointer: one store and a fence, no lock, no
+ * shared line written); nested entries up to WEFT__HANDLE_DEPTH. A thread that finds no free slot
+ * (more than WEFT__HANDLE_THREADS threads inside at once) holds the set's lock as a reader
+ * instead, until it leaves. */
+bool weft__handle_enter(const void *p, weft__handle_kind_t kind);
+/** Leaves the object the calling thread entered last (weft__handle_enter returned true). */
+void weft__handle_leave(void);
+#define WEFT__HANDLE_THREADS 1024
+#define WEFT__HANDLE_DEPTH 8 /* a weft group enters each of its communicators */
+
 /** True when p was an object of that kind and was destroyed (and its address not reused since):
  * what tells a destroyed weft resource from a resource a user wrote, which weft never saw. */
 bool weft__handle_dead(const void *p, weft__handle_kind_t kind);

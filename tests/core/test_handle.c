@@ -110,11 +110,111 @@ static void test_a_held_handle_is_not_removed(void **state) {
   assert_int_equal(weft__handle_remove_unheld(p, WEFT__HANDLE_RESOURCE), WEFT__HANDLE_REMOVED);
 }
 
+
+/* ---- calls inside an object (weft__handle_enter) ---- */
+
+static atomic_int g_left;     /* the thread inside has left */
+static atomic_int g_returned; /* the removal returned */
+
+static void *remove_it(void *arg) {
+  (void)arg;
+  assert_true(weft__handle_remove(objects[3], WEFT__HANDLE_EXEC));
+  atomic_store(&g_returned, 1);
+  /* The removal may return only once the thread inside has left. */
+  return (void *)(intptr_t)(atomic_load(&g_left) == 1);
+}
+
+static void test_a_removal_waits_for_the_thread_inside(void **state) {
+  (void)state;
+  assert_true(weft__handle_add(objects[3], WEFT__HANDLE_EXEC));
+  assert_true(weft__handle_enter(objects[3], WEFT__HANDLE_EXEC));
+  atomic_store(&g_left, 0);
+  atomic_store(&g_returned, 0);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, remove_it, NULL), 0);
+  while (weft__handle_live(objects[3], WEFT__HANDLE_EXEC)) sched_yield(); /* marked dead: the removal runs */
+  for (int i = 0; i < 1000; i++) sched_yield();                           /* (it must still be waiting) */
+  assert_int_equal(atomic_load(&g_returned), 0);
+  atomic_store(&g_left, 1);
+  weft__handle_leave();
+  void *ok;
+  pthread_join(t, &ok);
+  assert_true(ok != NULL);
+  assert_false(weft__handle_enter(objects[3], WEFT__HANDLE_EXEC)); /* dead: nothing to enter */
+  assert_false(weft__handle_enter(NULL, WEFT__HANDLE_EXEC));
+}
+
+/* Entries nest; past WEFT__HANDLE_DEPTH a thread holds the set's lock instead, and a removal by
+ * another thread waits for it as well. Leaving goes in reverse order. */
+static void test_entries_nest_past_the_records_depth(void **state) {
+  (void)state;
+  assert_true(weft__handle_add(objects[3], WEFT__HANDLE_EXEC));
+  for (int i = 0; i < WEFT__HANDLE_DEPTH + 2; i++) assert_true(weft__handle_enter(objects[3], WEFT__HANDLE_EXEC));
+  assert_false(weft__handle_enter(objects[3], WEFT__HANDLE_GRAPH)); /* another kind: not entered */
+  atomic_store(&g_left, 0);
+  atomic_store(&g_returned, 0);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, remove_it, NULL), 0);
+  for (int i = 0; i < 1000; i++) sched_yield();
+  assert_int_equal(atomic_load(&g_returned), 0);
+  atomic_store(&g_left, 1);
+  for (int i = 0; i < WEFT__HANDLE_DEPTH + 2; i++) weft__handle_leave();
+  void *ok;
+  pthread_join(t, &ok);
+  assert_true(ok != NULL);
+}
+
+enum { ENTERERS = 8 };
+static atomic_int g_inside_now[ENTERERS];
+static atomic_int g_stop;
+static atomic_uint g_entries;
+
+static void *enter_loop(void *arg) {
+  unsigned me = (unsigned)(uintptr_t)arg;
+  while (!atomic_load(&g_stop)) {
+    if (!weft__handle_enter(objects[2], WEFT__HANDLE_EXEC)) {
+      sched_yield(); /* removed: give the remover the CPU (2-CPU machines run 9 threads here) */
+      continue;
+    }
+    atomic_store(&g_inside_now[me], 1);
+    atomic_fetch_add(&g_entries, 1);
+    atomic_store(&g_inside_now[me], 0);
+    weft__handle_leave();
+  }
+  return NULL;
+}
+
+/* 8 threads enter and leave while the object is removed and added again: once a removal returns,
+ * no thread is inside (whoever destroys it may free it). */
+static void test_no_thread_is_inside_once_a_removal_returns(void **state) {
+  (void)state;
+  atomic_store(&g_stop, 0);
+  atomic_store(&g_entries, 0);
+  assert_true(weft__handle_add(objects[2], WEFT__HANDLE_EXEC));
+  pthread_t t[ENTERERS];
+  for (uintptr_t i = 0; i < ENTERERS; i++) assert_int_equal(pthread_create(&t[i], NULL, enter_loop, (void *)i), 0);
+  unsigned seen_inside = 0;
+  for (int round = 0; round < 100; round++) {
+    unsigned before = atomic_load(&g_entries);
+    while (atomic_load(&g_entries) < before + 20) sched_yield(); /* the threads are entering */
+    assert_true(weft__handle_remove(objects[2], WEFT__HANDLE_EXEC));
+    for (unsigned i = 0; i < ENTERERS; i++)
+      if (atomic_load(&g_inside_now[i]) != 0) seen_inside++;
+    weft__handle_restore(objects[2], WEFT__HANDLE_EXEC);
+  }
+  atomic_store(&g_stop, 1);
+  for (int i = 0; i < ENTERERS; i++) pthread_join(t[i], NULL);
+  assert_int_equal(seen_inside, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_live_remove_restore_and_kinds),
       cmocka_unit_test(test_a_removal_ends_every_threads_remembered_answer),
       cmocka_unit_test(test_a_held_handle_is_not_removed),
+      cmocka_unit_test(test_a_removal_waits_for_the_thread_inside),
+      cmocka_unit_test(test_entries_nest_past_the_records_depth),
+      cmocka_unit_test(test_no_thread_is_inside_once_a_removal_returns),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
