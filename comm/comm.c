@@ -251,41 +251,51 @@ static weft_status_t submit(weft_status_t st, const call_t *k) {
 
 /* ---- collectives ---- */
 
+/* A collective call inside c (weft__handle_enter): a concurrent weft_comm_destroy waits until the
+ * call has enqueued its operation or recorded it for its group. */
+static weft_status_t collective(call_t *k, weft_comm_t *c, weft_stream_t *s, weft_block_t send, size_t send_offset,
+                                weft_block_t recv, size_t recv_offset, size_t count, weft_dtype_t dt) {
+  if (!weft__handle_enter(c, WEFT__HANDLE_COMM)) return submit(comm_check(c, kind_name[k->kind]), k);
+  weft_status_t st = submit(prepare(k, c, s, send, send_offset, recv, recv_offset, count, dt), k);
+  weft__handle_leave();
+  return st;
+}
+
 weft_status_t weft_all_reduce(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv,
                               size_t recv_offset, size_t count, weft_dtype_t dt, weft_redop_t op, weft_stream_t *s) {
   call_t k = {.kind = C_ALLREDUCE, .op = (ncclRedOp_t)op};
-  return submit(prepare(&k, c, s, send, send_offset, recv, recv_offset, count, dt), &k);
+  return collective(&k, c, s, send, send_offset, recv, recv_offset, count, dt);
 }
 
 weft_status_t weft_broadcast(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv,
                              size_t recv_offset, size_t count, weft_dtype_t dt, int root, weft_stream_t *s) {
   call_t k = {.kind = C_BROADCAST, .root_or_peer = root};
-  return submit(prepare(&k, c, s, send, send_offset, recv, recv_offset, count, dt), &k);
+  return collective(&k, c, s, send, send_offset, recv, recv_offset, count, dt);
 }
 
 weft_status_t weft_reduce_scatter(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv,
                                   size_t recv_offset, size_t recv_count, weft_dtype_t dt, weft_redop_t op,
                                   weft_stream_t *s) {
   call_t k = {.kind = C_REDUCESCATTER, .op = (ncclRedOp_t)op};
-  return submit(prepare(&k, c, s, send, send_offset, recv, recv_offset, recv_count, dt), &k);
+  return collective(&k, c, s, send, send_offset, recv, recv_offset, recv_count, dt);
 }
 
 weft_status_t weft_all_gather(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv,
                               size_t recv_offset, size_t send_count, weft_dtype_t dt, weft_stream_t *s) {
   call_t k = {.kind = C_ALLGATHER};
-  return submit(prepare(&k, c, s, send, send_offset, recv, recv_offset, send_count, dt), &k);
+  return collective(&k, c, s, send, send_offset, recv, recv_offset, send_count, dt);
 }
 
 weft_status_t weft_send(weft_comm_t *c, weft_block_t send, size_t send_offset, size_t count, weft_dtype_t dt, int peer,
                         weft_stream_t *s) {
   call_t k = {.kind = C_SEND, .root_or_peer = peer};
-  return submit(prepare(&k, c, s, send, send_offset, (weft_block_t){0}, 0, count, dt), &k);
+  return collective(&k, c, s, send, send_offset, (weft_block_t){0}, 0, count, dt);
 }
 
 weft_status_t weft_recv(weft_comm_t *c, weft_block_t recv, size_t recv_offset, size_t count, weft_dtype_t dt, int peer,
                         weft_stream_t *s) {
   call_t k = {.kind = C_RECV, .root_or_peer = peer};
-  return submit(prepare(&k, c, s, (weft_block_t){0}, 0, recv, recv_offset, count, dt), &k);
+  return collective(&k, c, s, (weft_block_t){0}, 0, recv, recv_offset, count, dt);
 }
 
 /* ---- groups ---- */
@@ -362,12 +372,24 @@ weft_status_t weft_comm_group_end(void) {
   if (g_group_error != WEFT_OK) return weft__error(g_group_error, "weft_comm_group_end: %s", g_group_message);
   if (ncalls == 0) return WEFT_OK;
   /* A call's communicator may have been destroyed since the call (its blocks and streams are
-   * checked again by the joint use): the group then enqueues nothing. */
+   * checked again by the joint use): the group then enqueues nothing. Each communicator is
+   * entered (weft__handle_enter) until the group is enqueued: a concurrent weft_comm_destroy
+   * waits for it. */
+  size_t entered = 0;
   for (size_t i = 0; i < ncalls; i++) {
-    weft_status_t bad = comm_check(g_calls[i].c, kind_name[g_calls[i].kind]);
+    weft_comm_t *c = g_calls[i].c;
+    size_t j = 0;
+    while (j < i && g_calls[j].c != c) j++;
+    if (j < i) continue; /* entered already */
+    weft_status_t bad = weft__handle_enter(c, WEFT__HANDLE_COMM) ? WEFT_OK : comm_check(c, kind_name[g_calls[i].kind]);
+    if (bad == WEFT_OK) {
+      entered++;
+      bad = comm_check(c, kind_name[g_calls[i].kind]); /* its runtime */
+    }
     if (bad != WEFT_OK) {
       char why[512];
       snprintf(why, sizeof why, "%s", weft_last_error());
+      while (entered-- > 0) weft__handle_leave();
       return weft__error(bad, "weft_comm_group_end: call %zu of the group: %s", i + 1, why);
     }
   }
@@ -403,6 +425,7 @@ weft_status_t weft_comm_group_end(void) {
   if (streams != NULL) weft__small_free(s_small, streams);
   if (accs != NULL) weft__small_free(a_small, (void *)accs);
   if (ns != NULL) weft__small_free(n_small, ns);
+  while (entered-- > 0) weft__handle_leave();
   return st;
 }
 

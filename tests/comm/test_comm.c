@@ -8,6 +8,8 @@
 #include <dlfcn.h>
 #include <nccl.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -319,6 +321,62 @@ static void test_a_communicator_destroyed_inside_a_group_fails_its_end(void **st
   assert_int_equal(races(), 0);
 }
 
+/* A communicator destroyed while another thread runs groups on it ("All functions are
+ * thread-safe", weft.h): each group is enqueued whole or refused (STALE_HANDLE), the destroy
+ * returns once no group is inside the communicator, nothing crashes (asan: no use after free) and
+ * the oracle sees no race. */
+typedef struct destroy_grouper {
+  weft_comm_t **x;
+  weft_block_t *a;
+  atomic_uint done;   /* groups enqueued */
+  weft_status_t last; /* the status that ended the loop */
+  char why[256];
+} destroy_grouper_t;
+
+static void *destroy_group_loop(void *arg) {
+  destroy_grouper_t *g = arg;
+  for (;;) {
+    weft_status_t st = weft_comm_group_begin();
+    for (int r = 0; r < 2; r++) {
+      weft_status_t c = weft_all_reduce(g->x[r], g->a[r], 0, g->a[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL);
+      if (st == WEFT_OK) st = c;
+    }
+    weft_status_t e = weft_comm_group_end();
+    if (st == WEFT_OK) st = e;
+    if (st != WEFT_OK) {
+      g->last = st;
+      snprintf(g->why, sizeof g->why, "%s", weft_last_error());
+      return NULL;
+    }
+    atomic_fetch_add(&g->done, 1);
+  }
+}
+
+static void test_a_communicator_destroyed_while_a_thread_runs_groups_on_it(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  weft_block_t a[2] = {alloc(0, N * 4), alloc(1, N * 4)};
+  unsigned fewest = UINT32_MAX;
+  for (int round = 0; round < 10; round++) {
+    weft_comm_t *x[2];
+    assert_int_equal(weft_comm_init_all(rt, 2, x), WEFT_OK);
+    destroy_grouper_t g = {x, a, 0, WEFT_OK, ""};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, destroy_group_loop, &g), 0);
+    while (atomic_load(&g.done) < 5 && g.last == WEFT_OK) sched_yield();
+    if (atomic_load(&g.done) < fewest) fewest = atomic_load(&g.done);
+    assert_int_equal(weft_comm_destroy(x[round % 2]), WEFT_OK);
+    pthread_join(t, NULL);
+    if (g.last != WEFT_ERR_STALE_HANDLE)
+      fail_msg("round %d: the group loop ended with %s (%s), not STALE_HANDLE", round, weft_status_name(g.last), g.why);
+    assert_int_equal(weft_comm_destroy(x[1 - round % 2]), WEFT_OK);
+  }
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_free(a[r], stream(r, 0)), WEFT_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
+  if (fewest < 5) skip(); /* the loop failed before the destroy: reported above */
+  assert_int_equal(races(), 0);
+}
+
 /* The rest of that class: a buffer freed, or the runtime of a call's stream released, between a
  * group's call and its end. The end refuses the group (STALE_HANDLE) and enqueues nothing: no use
  * is recorded on any rank, and the oracle sees no race. */
@@ -563,6 +621,7 @@ int main(void) {
       cmocka_unit_test(test_a_large_group_over_two_streams_per_rank),
       cmocka_unit_test(test_bad_calls_and_nccl_failures_change_nothing),
       cmocka_unit_test(test_a_communicator_destroyed_inside_a_group_fails_its_end),
+      cmocka_unit_test(test_a_communicator_destroyed_while_a_thread_runs_groups_on_it),
       cmocka_unit_test(test_a_buffer_freed_inside_a_group_fails_its_end),
       cmocka_unit_test(test_a_threads_group_buffer_goes_with_the_thread),
       cmocka_unit_test(test_ranks_join_by_unique_id_and_a_destroyed_communicator_is_stale),
