@@ -88,11 +88,24 @@ static weft_status_t calls_room(const char *fn) {
 
 /* ---- helpers ---- */
 
+/* Whether live communicator c's runtime is alive (its error when not). */
+static weft_status_t runtime_alive(const weft_comm_t *c, const char *fn) {
+  return weft__runtime_check(c->rt, fn) == NULL ? weft__runtime_check_status(c->rt) : WEFT_OK;
+}
+
 static weft_status_t comm_check(const weft_comm_t *c, const char *fn) {
   if (c == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: the communicator is NULL", fn);
   if (!weft__handle_live(c, WEFT__HANDLE_COMM)) return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the communicator was destroyed", fn);
-  if (weft__runtime_check(c->rt, fn) == NULL) return weft__runtime_check_status(c->rt);
-  return WEFT_OK;
+  return runtime_alive(c, fn);
+}
+
+/* Enters communicator c (weft__handle_enter: a concurrent weft_comm_destroy waits until
+ * weft__handle_leave) and checks its runtime: OK, inside; else its error, not inside. */
+static weft_status_t comm_enter(const weft_comm_t *c, const char *fn) {
+  if (!weft__handle_enter(c, WEFT__HANDLE_COMM)) return comm_check(c, fn);
+  weft_status_t st = runtime_alive(c, fn);
+  if (st != WEFT_OK) weft__handle_leave();
+  return st;
 }
 
 static size_t dt_size(weft_dtype_t dt) {
@@ -136,12 +149,11 @@ static weft_status_t range(const weft_comm_t *c, weft_block_t b, size_t offset, 
   return WEFT_OK;
 }
 
-/* Checks a call and resolves its buffers and stream. */
+/* Checks a call and resolves its buffers and stream; the caller is inside c (comm_enter). */
 static weft_status_t prepare(call_t *k, weft_comm_t *c, weft_stream_t *s, weft_block_t send, size_t send_off,
                              weft_block_t recv, size_t recv_off, size_t count, weft_dtype_t dt) {
   const char *fn = kind_name[k->kind];
-  weft_status_t st = comm_check(c, fn);
-  if (st != WEFT_OK) return st;
+  weft_status_t st;
   size_t e = dt_size(dt);
   if (e == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: %d is not a weft_dtype_t", fn, (int)dt);
   if (count == 0 || count > SIZE_MAX / e / (size_t)c->nranks)
@@ -255,8 +267,9 @@ static weft_status_t submit(weft_status_t st, const call_t *k) {
  * call has enqueued its operation or recorded it for its group. */
 static weft_status_t collective(call_t *k, weft_comm_t *c, weft_stream_t *s, weft_block_t send, size_t send_offset,
                                 weft_block_t recv, size_t recv_offset, size_t count, weft_dtype_t dt) {
-  if (!weft__handle_enter(c, WEFT__HANDLE_COMM)) return submit(comm_check(c, kind_name[k->kind]), k);
-  weft_status_t st = submit(prepare(k, c, s, send, send_offset, recv, recv_offset, count, dt), k);
+  weft_status_t st = comm_enter(c, kind_name[k->kind]);
+  if (st != WEFT_OK) return submit(st, k);
+  st = submit(prepare(k, c, s, send, send_offset, recv, recv_offset, count, dt), k);
   weft__handle_leave();
   return st;
 }
@@ -381,12 +394,9 @@ weft_status_t weft_comm_group_end(void) {
     size_t j = 0;
     while (j < i && g_calls[j].c != c) j++;
     if (j < i) continue; /* entered already */
-    weft_status_t bad = weft__handle_enter(c, WEFT__HANDLE_COMM) ? WEFT_OK : comm_check(c, kind_name[g_calls[i].kind]);
-    if (bad == WEFT_OK) {
-      entered++;
-      bad = comm_check(c, kind_name[g_calls[i].kind]); /* its runtime */
-    }
-    if (bad != WEFT_OK) {
+    weft_status_t bad = comm_enter(c, kind_name[g_calls[i].kind]);
+    if (bad == WEFT_OK) entered++;
+    else {
       char why[512];
       snprintf(why, sizeof why, "%s", weft_last_error());
       while (entered-- > 0) weft__handle_leave();
@@ -572,22 +582,46 @@ weft_status_t weft_comm_destroy(weft_comm_t *c) {
   return WEFT_OK;
 }
 
-int weft_comm_rank(const weft_comm_t *c) { return comm_check(c, "weft_comm_rank") == WEFT_OK ? c->rank : -1; }
-int weft_comm_size(const weft_comm_t *c) { return comm_check(c, "weft_comm_size") == WEFT_OK ? c->nranks : -1; }
+/* The accessors read c inside it (a concurrent weft_comm_destroy waits). */
+int weft_comm_rank(const weft_comm_t *c) {
+  if (comm_enter(c, "weft_comm_rank") != WEFT_OK) return -1;
+  int r = c->rank;
+  weft__handle_leave();
+  return r;
+}
+int weft_comm_size(const weft_comm_t *c) {
+  if (comm_enter(c, "weft_comm_size") != WEFT_OK) return -1;
+  int n = c->nranks;
+  weft__handle_leave();
+  return n;
+}
 weft_runtime_t *weft_comm_runtime(const weft_comm_t *c) {
-  return comm_check(c, "weft_comm_runtime") == WEFT_OK ? c->rt : NULL;
+  if (comm_enter(c, "weft_comm_runtime") != WEFT_OK) return NULL;
+  weft_runtime_t *rt = c->rt;
+  weft__handle_leave();
+  return rt;
 }
 weft_stream_t *weft_comm_stream(const weft_comm_t *c) {
-  return comm_check(c, "weft_comm_stream") == WEFT_OK ? c->stream : NULL;
+  if (comm_enter(c, "weft_comm_stream") != WEFT_OK) return NULL;
+  weft_stream_t *s = c->stream;
+  weft__handle_leave();
+  return s;
 }
 
-weft_status_t weft_comm_check(weft_comm_t *c) {
-  weft_status_t st = comm_check(c, "weft_comm_check");
-  if (st != WEFT_OK) return st;
+static weft_status_t check_inside(weft_comm_t *c) {
   const weft__nccl_t *nl;
-  if ((st = weft__nccl_get(&nl)) != WEFT_OK) return st;
+  weft_status_t st = weft__nccl_get(&nl);
+  if (st != WEFT_OK) return st;
   ncclResult_t async = ncclSuccess;
   ncclResult_t r = nl->ncclCommGetAsyncError(c->nc, &async);
   if (r != ncclSuccess) return weft__nccl_fail(nl, r, "weft_comm_check");
   return async == ncclSuccess ? WEFT_OK : weft__nccl_fail(nl, async, "weft_comm_check (asynchronous error)");
+}
+
+weft_status_t weft_comm_check(weft_comm_t *c) {
+  weft_status_t st = comm_enter(c, "weft_comm_check");
+  if (st != WEFT_OK) return st;
+  st = check_inside(c);
+  weft__handle_leave();
+  return st;
 }

@@ -47,18 +47,23 @@ bool weft__handle_add(const void *p, weft__handle_kind_t kind) {
   return v != NULL;
 }
 
-bool weft__handle_live(const void *p, weft__handle_kind_t kind) {
-  if (p == NULL) return false;
-  /* Read before the lookup: a removal after this load makes the remembered answer stale. */
-  uint64_t removals = atomic_load_explicit(&g_removals, memory_order_acquire);
-  seen_t *e = seen_slot(p);
-  if (e->p == p && e->kind == (unsigned)kind && e->removals == removals) return true;
+/* weft__handle_live's slow path: the set, under its lock; a positive answer is remembered in e
+ * with `removals`, read before the lookup (a removal after that load makes the answer stale). */
+static bool live_locked(const void *p, weft__handle_kind_t kind, seen_t *e, uint64_t removals) {
   pthread_rwlock_rdlock(&g_lock);
   const uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
   bool live = v != NULL && (*v & STATE) == kind;
   pthread_rwlock_unlock(&g_lock);
   if (live) *e = (seen_t){p, (unsigned)kind, removals};
   return live;
+}
+
+bool weft__handle_live(const void *p, weft__handle_kind_t kind) {
+  if (p == NULL) return false;
+  uint64_t removals = atomic_load_explicit(&g_removals, memory_order_acquire);
+  seen_t *e = seen_slot(p);
+  if (e->p == p && e->kind == (unsigned)kind && e->removals == removals) return true;
+  return live_locked(p, kind, e, removals);
 }
 
 static void wait_outside(const void *p);
@@ -86,9 +91,9 @@ bool weft__handle_remove(const void *p, weft__handle_kind_t kind) {
 /* ---- calls inside an object (weft__handle_enter) -------------------------------------------------
  * Hazard pointers: each thread that enters an object takes a record of g_inside for good (given
  * back when it ends) and publishes the object in it. A removal marks the object dead and counts a
- * removal, then (after a full fence, as the entering thread fences between its publication and
- * its liveness check) looks through the records: either the entering thread sees the removal and
- * fails, or the removal sees the publication and waits for it to go. */
+ * removal, then (after a full fence; the entering thread's publication and its second read of the
+ * count are seq_cst, an xchg and a load on x86) looks through the records: either the entering
+ * thread sees the removal and fails, or the removal sees the publication and waits for it to go. */
 typedef struct inside {
   _Atomic(const void *) p[WEFT__HANDLE_DEPTH];
   atomic_bool taken;
@@ -142,10 +147,16 @@ bool weft__handle_enter(const void *p, weft__handle_kind_t kind) {
   }
   /* A dead object is refused before it is published: a removal waits until it sees each record
    * without p once, which threads that keep trying a dead object would otherwise put off. */
-  if (!weft__handle_live(p, kind)) return false;
-  atomic_store_explicit(&h->p[tls_depth], p, memory_order_relaxed);
-  atomic_thread_fence(memory_order_seq_cst); /* publication before the check (a removal fences too) */
-  if (!weft__handle_live(p, kind)) {
+  uint64_t removals = atomic_load_explicit(&g_removals, memory_order_acquire);
+  seen_t *e = seen_slot(p);
+  if (!(e->p == p && e->kind == (unsigned)kind && e->removals == removals)) {
+    if (!live_locked(p, kind, e, removals)) return false;
+  }
+  /* The publication comes before the count is read again (both seq_cst; a removal counts, fences
+   * and reads the records): one of the two sees the other. Live when the count was read above;
+   * still live if nothing was removed since (else look). */
+  atomic_store_explicit(&h->p[tls_depth], p, memory_order_seq_cst);
+  if (atomic_load_explicit(&g_removals, memory_order_seq_cst) != removals && !weft__handle_live(p, kind)) {
     atomic_store_explicit(&h->p[tls_depth], NULL, memory_order_relaxed);
     return false;
   }
