@@ -255,11 +255,9 @@ static bool ensure_reader_room(bstate_t *s) {
   return true;
 }
 
-/* Resolves accesses, computes predecessors, adds the node, records the accesses. */
-static weft_status_t tracked_node(weft_builder_t *b, const weft_access_t *acc, size_t n, add_fn add, void *arg,
-                                  CUgraphNode *out, const char *fn) {
-  weft_status_t hs = weft__graph_handle(b, WEFT__HANDLE_BUILDER, fn);
-  if (hs != WEFT_OK) return hs;
+/* Resolves accesses, computes predecessors, adds the node, records the accesses. Inside b. */
+static weft_status_t tracked_inside(weft_builder_t *b, const weft_access_t *acc, size_t n, add_fn add, void *arg,
+                                    CUgraphNode *out, const char *fn) {
   if (n > 0 && acc == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses is NULL", fn);
   bstate_t **st = weft__meta_alloc((n + 1) * sizeof *st);
   int *pred = weft__meta_alloc((2 * n + 1) * sizeof *pred);
@@ -285,6 +283,17 @@ static weft_status_t tracked_node(weft_builder_t *b, const weft_access_t *acc, s
   weft__meta_free(st);
   weft__meta_free(pred);
   return s;
+}
+
+/* The calls that add to b run inside it (weft__graph_enter): a concurrent weft_builder_destroy or
+ * weft_builder_finish waits until they are done. */
+static weft_status_t tracked_node(weft_builder_t *b, const weft_access_t *acc, size_t n, add_fn add, void *arg,
+                                  CUgraphNode *out, const char *fn) {
+  weft_status_t st = weft__graph_enter(b, WEFT__HANDLE_BUILDER, fn);
+  if (st != WEFT_OK) return st;
+  st = tracked_inside(b, acc, n, add, arg, out, fn);
+  weft__handle_leave();
+  return st;
 }
 
 typedef struct kernel_arg {
@@ -410,9 +419,7 @@ static CUresult add_alloc(weft_builder_t *b, CUgraphNode *node, const CUgraphNod
   return r;
 }
 
-weft_status_t weft_builder_alloc(weft_builder_t *b, size_t bytes, const char *tag, weft_block_t *out) {
-  weft_status_t hs = weft__graph_handle(b, WEFT__HANDLE_BUILDER, "weft_builder_alloc");
-  if (hs != WEFT_OK) return hs;
+static weft_status_t alloc_inside(weft_builder_t *b, size_t bytes, const char *tag, weft_block_t *out) {
   if (out == NULL || bytes == 0)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_builder_alloc: NULL out or zero size");
   if (b->rt->drv->cuGraphAddMemAllocNode == NULL)
@@ -440,6 +447,14 @@ weft_status_t weft_builder_alloc(weft_builder_t *b, size_t bytes, const char *ta
   return WEFT_OK;
 }
 
+weft_status_t weft_builder_alloc(weft_builder_t *b, size_t bytes, const char *tag, weft_block_t *out) {
+  weft_status_t st = weft__graph_enter(b, WEFT__HANDLE_BUILDER, "weft_builder_alloc");
+  if (st != WEFT_OK) return st;
+  st = alloc_inside(b, bytes, tag, out);
+  weft__handle_leave();
+  return st;
+}
+
 typedef struct free_arg {
   CUdeviceptr ptr;
 } free_arg_t;
@@ -448,22 +463,28 @@ static CUresult add_free(weft_builder_t *b, CUgraphNode *node, const CUgraphNode
   return b->rt->drv->cuGraphAddMemFreeNode(node, b->g, deps, n, ((free_arg_t *)arg)->ptr);
 }
 
-weft_status_t weft_builder_free(weft_builder_t *b, weft_block_t blk) {
+static weft_status_t free_inside(weft_builder_t *b, weft_block_t blk) {
   struct weft__block *rec;
-  weft_status_t st = weft__graph_handle(b, WEFT__HANDLE_BUILDER, "weft_builder_free");
-  if (st != WEFT_OK) return st;
-  st = weft__block_check(blk, "weft_builder_free", &rec);
+  weft_status_t st = weft__block_check(blk, "weft_builder_free", &rec);
   if (st != WEFT_OK) return st;
   if (rec->resource != &b->res)
     return weft__error(WEFT_ERR_CAPTURE, "weft_builder_free: block '%s' was not allocated in this builder", rec->tag);
   free_arg_t a = {rec->ptr};
   weft_access_t acc = {blk, WEFT_WRITE};
-  if ((st = tracked_node(b, &acc, 1, add_free, &a, NULL, "weft_builder_free")) != WEFT_OK) return st;
-  bstate_t *s = state_of(b, rec, blk.gen, true); /* found: tracked_node made it */
+  if ((st = tracked_inside(b, &acc, 1, add_free, &a, NULL, "weft_builder_free")) != WEFT_OK) return st;
+  bstate_t *s = state_of(b, rec, blk.gen, true); /* found: tracked_inside made it */
   s->freed = true;
   s->rec = NULL;
   weft__block_forget(rec);
   return WEFT_OK;
+}
+
+weft_status_t weft_builder_free(weft_builder_t *b, weft_block_t blk) {
+  weft_status_t st = weft__graph_enter(b, WEFT__HANDLE_BUILDER, "weft_builder_free");
+  if (st != WEFT_OK) return st;
+  st = free_inside(b, blk);
+  weft__handle_leave();
+  return st;
 }
 
 static void free_states(weft_builder_t *b, bool forget_internal) {

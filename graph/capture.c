@@ -20,18 +20,11 @@ static CUstreamCaptureMode cu_mode(weft_capture_mode_t m) {
                                         : CU_STREAM_CAPTURE_MODE_GLOBAL;
 }
 
-weft_status_t weft_capture_begin(weft_stream_t *s, const weft_capture_options_t *opts) {
-  weft_status_t st = weft__stream_check(s, "weft_capture_begin");
-  if (st != WEFT_OK) return st;
-  weft_capture_options_t o = opts ? *opts : weft_capture_options_default();
-  if (o.mode > WEFT_CAPTURE_RELAXED || o.memory > WEFT_GRAPH_MEMORY_PRIVATE_POOL)
-    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_capture_begin: bad mode or memory policy");
+/* weft_capture_begin once its options are checked (and a pool they name is in use). */
+static weft_status_t capture_begin_checked(weft_stream_t *s, weft_capture_options_t o) {
   weft_runtime_t *rt = s->runtime;
-  if (o.pool != NULL && (st = weft__graph_handle(o.pool, WEFT__HANDLE_GRAPH_POOL, "weft_capture_begin")) != WEFT_OK)
-    return st;
-  if (o.pool != NULL && o.pool->base.rt != rt)
-    return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_capture_begin: the graph pool belongs to another runtime");
-  if ((st = weft__stream_prepare(s)) != WEFT_OK) return st;
+  weft_status_t st = weft__stream_prepare(s);
+  if (st != WEFT_OK) return st;
   weft_graph_pool_t *pool = o.pool;
   if (o.memory == WEFT_GRAPH_MEMORY_PRIVATE_POOL && pool == NULL) {
     if ((st = weft__gpool_new(s->tr, rt, &pool)) != WEFT_OK) return st;
@@ -44,11 +37,28 @@ weft_status_t weft_capture_begin(weft_stream_t *s, const weft_capture_options_t 
   if (st == WEFT_OK && drawn != NULL && (st = weft__gpool_attach(drawn, cap)) != WEFT_OK) {
     CUgraph g;
     weft__capture_t *ended;
-    if (weft__capture_end(s, &ended, &g) == WEFT_OK && g != NULL) s->tr->drv->cuGraphDestroy(g);
+    const weft__driver_t *drv = s->tr->drv;
+    /* A graph call: under the graph-memory lock, as weft_graph_destroy's (weft.h). */
+    if (weft__capture_end(s, &ended, &g) == WEFT_OK && g != NULL)
+      WEFT__GRAPH_MEMORY(WEFT__RELAXED(drv, drv->cuGraphDestroy(g)));
     weft__capture_free(ended);
   }
   if (st != WEFT_OK && pool != NULL && pool->implicit) (void)weft_graph_pool_destroy(pool);
   if (st == WEFT_OK) weft__nvtx_mark("weft_capture_begin");
+  return st;
+}
+
+weft_status_t weft_capture_begin(weft_stream_t *s, const weft_capture_options_t *opts) {
+  weft_status_t st = weft__stream_check(s, "weft_capture_begin");
+  if (st != WEFT_OK) return st;
+  weft_capture_options_t o = opts ? *opts : weft_capture_options_default();
+  if (o.mode > WEFT_CAPTURE_RELAXED || o.memory > WEFT_GRAPH_MEMORY_PRIVATE_POOL)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_capture_begin: bad mode or memory policy");
+  /* A pool the options name is in use until the capture draws from it (its own use) or fails: a
+   * concurrent weft_graph_pool_destroy says BUSY meanwhile instead of freeing it under us. */
+  if (o.pool != NULL && (st = weft__gpool_use(o.pool, s->runtime, "weft_capture_begin")) != WEFT_OK) return st;
+  st = capture_begin_checked(s, o);
+  if (o.pool != NULL) (void)weft__gpool_unuse(o.pool); /* not implicit: never its last use */
   return st;
 }
 
@@ -60,13 +70,10 @@ static void pool_dropped(weft__capture_t *c) {
   (void)weft__gpool_unuse(p);
 }
 
-weft_status_t weft_capture_allocate_to(weft_stream_t *s, weft_graph_pool_t *p) {
-  weft_status_t st = weft__stream_check(s, "weft_capture_allocate_to");
+/* weft_capture_allocate_to while p is in use. */
+static weft_status_t allocate_to_used(weft_stream_t *s, weft_graph_pool_t *p) {
+  weft_status_t st = weft__stream_prepare(s);
   if (st != WEFT_OK) return st;
-  if ((st = weft__graph_handle(p, WEFT__HANDLE_GRAPH_POOL, "weft_capture_allocate_to")) != WEFT_OK) return st;
-  if (p->base.rt != s->runtime)
-    return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_capture_allocate_to: the graph pool belongs to another runtime");
-  if ((st = weft__stream_prepare(s)) != WEFT_OK) return st;
   weft__capture_t *c = weft__capture_foreign(s);
   if (c == NULL)
     return weft__error(WEFT_ERR_CAPTURE, "weft_capture_allocate_to: no capture begun outside weft is active on stream %u",
@@ -78,6 +85,17 @@ weft_status_t weft_capture_allocate_to(weft_stream_t *s, weft_graph_pool_t *p) {
     weft__gpool_detach(p, c, false);
     (void)weft__gpool_unuse(p);
   }
+  return st;
+}
+
+weft_status_t weft_capture_allocate_to(weft_stream_t *s, weft_graph_pool_t *p) {
+  weft_status_t st = weft__stream_check(s, "weft_capture_allocate_to");
+  if (st != WEFT_OK) return st;
+  /* In use until the capture draws from it (its own use) or this fails: a concurrent
+   * weft_graph_pool_destroy says BUSY meanwhile instead of freeing it under us. */
+  if ((st = weft__gpool_use(p, s->runtime, "weft_capture_allocate_to")) != WEFT_OK) return st;
+  st = allocate_to_used(s, p);
+  (void)weft__gpool_unuse(p); /* not implicit: never its last use */
   return st;
 }
 

@@ -54,6 +54,13 @@ weft_status_t weft__graph_handle(const void *p, weft__handle_kind_t kind, const 
   return WEFT_OK;
 }
 
+weft_status_t weft__graph_enter(const void *p, weft__handle_kind_t kind, const char *fn) {
+  if (weft__handle_enter(p, kind)) return WEFT_OK;
+  weft_status_t st = weft__graph_handle(p, kind, fn);
+  /* (Live again by now: a destroy that failed restored it. It was not when we looked.) */
+  return st != WEFT_OK ? st : weft__error(WEFT_ERR_STALE_HANDLE, "%s: the %s was being destroyed", fn, kind_name[kind]);
+}
+
 weft_status_t weft__graph_make(weft_runtime_t *rt, CUgraph g, weft_graph_memory_t memory, weft_graph_pool_t *pool,
                                weft__gsummary_t *summary, size_t n_summary, weft__goutput_t *outputs,
                                size_t n_outputs, weft_graph_t **out) {
@@ -89,9 +96,8 @@ fail_parts:
   return st;
 }
 
-weft_status_t weft_graph_destroy(weft_graph_t *g) {
-  weft_status_t st = weft__graph_handle(g, WEFT__HANDLE_GRAPH, "weft_graph_destroy");
-  if (st != WEFT_OK) return st;
+/* BUSY while g has an exec or live outputs. */
+static weft_status_t graph_busy(weft_graph_t *g) {
   pthread_mutex_lock(&g->lock);
   bool has_exec = g->exec != NULL;
   size_t live = g->live_outputs;
@@ -99,8 +105,24 @@ weft_status_t weft_graph_destroy(weft_graph_t *g) {
   if (has_exec) return weft__error(WEFT_ERR_BUSY, "weft_graph_destroy: the graph still has an exec");
   if (live != 0)
     return weft__error(WEFT_ERR_BUSY, "weft_graph_destroy: %zu outputs of its launches are still live", live);
+  return WEFT_OK;
+}
+
+weft_status_t weft_graph_destroy(weft_graph_t *g) {
+  /* Inside g while it is read (a concurrent destroy of g may free it once we leave). */
+  weft_status_t st = weft__graph_enter(g, WEFT__HANDLE_GRAPH, "weft_graph_destroy");
+  if (st != WEFT_OK) return st;
+  st = graph_busy(g);
+  weft__handle_leave();
+  if (st != WEFT_OK) return st;
   if (!weft__handle_remove(g, WEFT__HANDLE_GRAPH))
     return weft__error(WEFT_ERR_STALE_HANDLE, "weft_graph_destroy: the graph was destroyed already");
+  /* No call is inside g now, and none enters. One that was inside when we looked may have given it
+   * an exec since (weft_graph_instantiate): then the graph stays, as it was. */
+  if ((st = graph_busy(g)) != WEFT_OK) {
+    weft__handle_restore(g, WEFT__HANDLE_GRAPH);
+    return st;
+  }
   CUresult r = CUDA_SUCCESS;
   if (atomic_load(&g->rt->alive)) WEFT__GRAPH_MEMORY(WEFT__RELAXED(g->rt->drv, r = g->rt->drv->cuGraphDestroy(g->g)));
   if (r != CUDA_SUCCESS) {
@@ -119,25 +141,32 @@ weft_status_t weft_graph_destroy(weft_graph_t *g) {
   return st;
 }
 
+/* The queries read g inside it (weft__graph_enter): a concurrent weft_graph_destroy waits. */
 CUgraph weft_graph_raw(const weft_graph_t *g) {
-  return weft__graph_handle(g, WEFT__HANDLE_GRAPH, "weft_graph_raw") == WEFT_OK ? g->g : NULL;
+  if (weft__graph_enter(g, WEFT__HANDLE_GRAPH, "weft_graph_raw") != WEFT_OK) return NULL;
+  CUgraph raw = g->g;
+  weft__handle_leave();
+  return raw;
 }
 size_t weft_graph_output_count(const weft_graph_t *g) {
-  return weft__graph_handle(g, WEFT__HANDLE_GRAPH, "weft_graph_output_count") == WEFT_OK ? g->n_outputs : 0;
+  if (weft__graph_enter(g, WEFT__HANDLE_GRAPH, "weft_graph_output_count") != WEFT_OK) return 0;
+  size_t n = g->n_outputs;
+  weft__handle_leave();
+  return n;
 }
 
 size_t weft_graph_summary(const weft_graph_t *g, weft_access_t *out, size_t max) {
-  if (weft__graph_handle(g, WEFT__HANDLE_GRAPH, "weft_graph_summary") != WEFT_OK) return 0;
+  if (weft__graph_enter(g, WEFT__HANDLE_GRAPH, "weft_graph_summary") != WEFT_OK) return 0;
   for (size_t i = 0; i < g->n_summary && i < max; i++)
     out[i] = (weft_access_t){g->summary[i].block, (weft_access_kind_t)g->summary[i].kind};
-  return g->n_summary;
+  size_t n = g->n_summary;
+  weft__handle_leave();
+  return n;
 }
 
-weft_status_t weft_graph_instantiate(weft_graph_t *g, weft_stream_t *upload, weft_exec_t **out) {
-  weft_status_t st = weft__graph_handle(g, WEFT__HANDLE_GRAPH, "weft_graph_instantiate");
-  if (st != WEFT_OK) return st;
-  if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_graph_instantiate: out is NULL");
-  st = weft__stream_check(upload, "weft_graph_instantiate");
+/* weft_graph_instantiate's checks and its claim of g (g->exec = *out), inside g. */
+static weft_status_t instantiate_claim(weft_graph_t *g, weft_stream_t *upload, weft_exec_t **out) {
+  weft_status_t st = weft__stream_check(upload, "weft_graph_instantiate");
   if (st != WEFT_OK) return st;
   if (upload->runtime != g->rt)
     return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_graph_instantiate: the stream belongs to another runtime");
@@ -154,6 +183,20 @@ weft_status_t weft_graph_instantiate(weft_graph_t *g, weft_stream_t *upload, wef
     weft__meta_free(e);
     return st;
   }
+  *out = e;
+  return WEFT_OK;
+}
+
+weft_status_t weft_graph_instantiate(weft_graph_t *g, weft_stream_t *upload, weft_exec_t **out) {
+  /* Inside g until it is claimed; from then on the claim keeps it (weft_graph_destroy says BUSY
+   * while g has an exec, also after its removal: a claim made while it waited for us counts). */
+  weft_status_t st = weft__graph_enter(g, WEFT__HANDLE_GRAPH, "weft_graph_instantiate");
+  if (st != WEFT_OK) return st;
+  weft_exec_t *e = NULL;
+  st = out == NULL ? weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_graph_instantiate: out is NULL")
+                   : instantiate_claim(g, upload, &e);
+  weft__handle_leave();
+  if (st != WEFT_OK) return st;
   /* Graph memory nodes: let the driver free the previous launch's outputs itself. */
   unsigned long long flags =
       e->auto_free && g->memory == WEFT_GRAPH_MEMORY_NODES ? CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH : 0;
@@ -324,14 +367,19 @@ weft_status_t weft_exec_launch(weft_exec_t *e, weft_stream_t *s) {
 }
 
 weft_status_t weft_exec_output(const weft_exec_t *e, size_t i, weft_block_t *out) {
-  weft_status_t st = weft__graph_handle(e, WEFT__HANDLE_EXEC, "weft_exec_output");
+  /* Inside e (a concurrent weft_exec_destroy waits); e keeps its graph. */
+  weft_status_t st = weft__graph_enter(e, WEFT__HANDLE_EXEC, "weft_exec_output");
   if (st != WEFT_OK) return st;
-  if (out == NULL || i >= e->graph->n_outputs)
-    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_exec_output: NULL out or index %zu out of range", i);
-  pthread_mutex_lock(&e->graph->lock);
-  *out = e->graph->outs[i];
-  pthread_mutex_unlock(&e->graph->lock);
-  return WEFT_OK;
+  weft_graph_t *g = e->graph;
+  if (out == NULL || i >= g->n_outputs) {
+    st = weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_exec_output: NULL out or index %zu out of range", i);
+  } else {
+    pthread_mutex_lock(&g->lock);
+    *out = g->outs[i];
+    pthread_mutex_unlock(&g->lock);
+  }
+  weft__handle_leave();
+  return st;
 }
 
 weft_status_t weft_exec_destroy(weft_exec_t *e) {

@@ -210,6 +210,22 @@ void weft__gpool_detach(weft_graph_pool_t *p, weft__capture_t *c, bool made) {
   pthread_mutex_unlock(&p->lock);
 }
 
+weft_status_t weft__gpool_use(weft_graph_pool_t *p, weft_runtime_t *rt, const char *fn) {
+  /* Inside p until the use is taken; from then on the use keeps it (weft_graph_pool_destroy says
+   * BUSY while p has users, also after its removal: a use taken while it waited for us counts). */
+  weft_status_t st = weft__graph_enter(p, WEFT__HANDLE_GRAPH_POOL, fn);
+  if (st != WEFT_OK) return st;
+  if (p->base.rt != rt) {
+    st = weft__error(WEFT_ERR_WRONG_DEVICE, "%s: the graph pool belongs to another runtime", fn);
+  } else {
+    pthread_mutex_lock(&p->lock);
+    p->users++;
+    pthread_mutex_unlock(&p->lock);
+  }
+  weft__handle_leave();
+  return st;
+}
+
 weft_status_t weft__gpool_unuse(weft_graph_pool_t *p) {
   pthread_mutex_lock(&p->lock);
   bool last = --p->users == 0 && p->implicit;
@@ -225,8 +241,9 @@ weft_status_t weft_graph_pool_create(weft_runtime_t *rt, weft_graph_pool_t **out
   return weft__gpool_new(tr, rt, out);
 }
 
+/* The queries read p inside it (weft__graph_enter): a concurrent weft_graph_pool_destroy waits. */
 int weft_graph_pool_owns(const weft_graph_pool_t *p, CUdeviceptr ptr) {
-  if (weft__graph_handle(p, WEFT__HANDLE_GRAPH_POOL, "weft_graph_pool_owns") != WEFT_OK) return 0;
+  if (weft__graph_enter(p, WEFT__HANDLE_GRAPH_POOL, "weft_graph_pool_owns") != WEFT_OK) return 0;
   pthread_mutex_lock((pthread_mutex_t *)&p->lock);
   bool owns = false;
   for (size_t i = 0; i < p->chunks.len && !owns; i++) {
@@ -234,26 +251,43 @@ int weft_graph_pool_owns(const weft_graph_pool_t *p, CUdeviceptr ptr) {
     owns = ptr >= c->base && ptr - c->base < c->bytes;
   }
   pthread_mutex_unlock((pthread_mutex_t *)&p->lock);
+  weft__handle_leave();
   return owns;
 }
 
 uint64_t weft_graph_pool_reserved(const weft_graph_pool_t *p) {
-  if (weft__graph_handle(p, WEFT__HANDLE_GRAPH_POOL, "weft_graph_pool_reserved") != WEFT_OK) return 0;
+  if (weft__graph_enter(p, WEFT__HANDLE_GRAPH_POOL, "weft_graph_pool_reserved") != WEFT_OK) return 0;
   pthread_mutex_lock((pthread_mutex_t *)&p->lock);
   uint64_t r = p->reserved;
   pthread_mutex_unlock((pthread_mutex_t *)&p->lock);
+  weft__handle_leave();
   return r;
 }
 
-weft_status_t weft_graph_pool_destroy(weft_graph_pool_t *p) {
-  weft_status_t first = weft__graph_handle(p, WEFT__HANDLE_GRAPH_POOL, "weft_graph_pool_destroy");
-  if (first != WEFT_OK) return first;
+/* BUSY while graphs or captures use p (also captures being begun: weft__gpool_use). */
+static weft_status_t pool_busy(weft_graph_pool_t *p) {
   pthread_mutex_lock(&p->lock);
   unsigned users = p->users;
   pthread_mutex_unlock(&p->lock);
-  if (users != 0) return weft__error(WEFT_ERR_BUSY, "weft_graph_pool_destroy: %u graphs still use the pool", users);
+  if (users != 0) return weft__error(WEFT_ERR_BUSY, "weft_graph_pool_destroy: %u graphs or captures use the pool", users);
+  return WEFT_OK;
+}
+
+weft_status_t weft_graph_pool_destroy(weft_graph_pool_t *p) {
+  /* Inside p while it is read (a concurrent destroy of p may free it once we leave). */
+  weft_status_t first = weft__graph_enter(p, WEFT__HANDLE_GRAPH_POOL, "weft_graph_pool_destroy");
+  if (first != WEFT_OK) return first;
+  first = pool_busy(p);
+  weft__handle_leave();
+  if (first != WEFT_OK) return first;
   if (!weft__handle_remove(p, WEFT__HANDLE_GRAPH_POOL))
     return weft__error(WEFT_ERR_STALE_HANDLE, "weft_graph_pool_destroy: the graph pool was destroyed already");
+  /* No call is inside p now, and none enters. One that was inside when we looked may have taken a
+   * use since (weft__gpool_use, for a capture): then the pool stays, as it was. */
+  if ((first = pool_busy(p)) != WEFT_OK) {
+    weft__handle_restore(p, WEFT__HANDLE_GRAPH_POOL);
+    return first;
+  }
   weft_runtime_t *rt = p->base.rt;
   if (p->chunks.len != 0) {
     /* Launches may still run on the memory: the last launch that wrote it (every launch of a

@@ -99,6 +99,10 @@ weft_status_t weft__gpool_attach(weft_graph_pool_t *p, weft__capture_t *c);
 void weft__gpool_detach(weft_graph_pool_t *p, weft__capture_t *c, bool made);
 /** The graph pool behind a capture's allocation context, or NULL (graph memory nodes). */
 weft_graph_pool_t *weft__gpool_of(weft_resource_t *alloc_to);
+/** Takes a use of graph pool p for public call fn, which hands p to a capture (a destroy of p says
+ * BUSY until weft__gpool_unuse): OK, or STALE_HANDLE / INVALID_ARGUMENT (p is not a live pool),
+ * WRONG_DEVICE (p is not of runtime rt). */
+weft_status_t weft__gpool_use(weft_graph_pool_t *p, weft_runtime_t *rt, const char *fn);
 /** Drops a use of p by a graph or a capture; an implicit pool goes with its last user (its
  * destroy's status; after a failed one the unused pool stays among the runtime's dependents,
  * so the runtime's last release says BUSY rather than free memory the driver may still use). */
@@ -108,6 +112,11 @@ weft_status_t weft__gpool_unuse(weft_graph_pool_t *p);
 /** OK when p is a live object of `kind` (a graph, exec, graph pool or builder); INVALID_ARGUMENT
  * for NULL, STALE_HANDLE once destroyed, both naming `fn`. */
 weft_status_t weft__graph_handle(const void *p, weft__handle_kind_t kind, const char *fn);
+/** Enters live object p of `kind` (weft__handle_enter) for public call fn, which reads p until
+ * weft__handle_leave: a concurrent destroy of p waits until then. OK, inside; else the error of
+ * weft__graph_handle (STALE_HANDLE once destroyed), not inside. Inside, call no destroy of p (it
+ * would free what the call reads) and nothing that waits for another thread's destroy of p. */
+weft_status_t weft__graph_enter(const void *p, weft__handle_kind_t kind, const char *fn);
 /** Makes a graph object from its parts (takes ownership of the arrays and of g). */
 weft_status_t weft__graph_make(weft_runtime_t *rt, CUgraph g, weft_graph_memory_t memory, weft_graph_pool_t *pool,
                                weft__gsummary_t *summary, size_t n_summary, weft__goutput_t *outputs,
