@@ -872,9 +872,9 @@ typedef weft_status_t (*weft_capture_handler_t)(weft_stream_t *s, uint64_t captu
  * INVALID_ARGUMENT. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_set_capture_handler(weft_runtime_t *rt, weft_capture_handler_t fn, void *user);
 /** Waits for the last launch that used the pool's memory, then frees it.
- * Errors: STALE_HANDLE (destroyed already), BUSY (graphs, or captures being begun on another thread, still use it), CAPTURE / DRIVER (the
- * wait or a cuMemFree failed: the pool stays with the chunks not yet freed, no capture may draw
- * from it any more, and a second destroy frees the rest). */
+ * Errors: STALE_HANDLE (destroyed already), BUSY (graphs, or captures being begun on another
+ * thread, still use it), CAPTURE / DRIVER (the wait or a cuMemFree failed: the pool stays with the
+ * chunks not yet freed, no capture may draw from it any more, and a second destroy frees the rest). */
 WEFT_API weft_status_t weft_graph_pool_destroy(weft_graph_pool_t *p);
 
 /** The device's graph memory counters (cuDeviceGetGraphMemAttribute). */
