@@ -260,18 +260,24 @@ static weft_status_t tracked_inside(weft_builder_t *b, const weft_access_t *acc,
                                     CUgraphNode *out, const char *fn) {
   if (n > 0 && acc == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses is NULL", fn);
   bstate_t **st = weft__meta_alloc((n + 1) * sizeof *st);
+  size_t *at = weft__meta_alloc((n + 1) * sizeof *at);
   int *pred = weft__meta_alloc((2 * n + 1) * sizeof *pred);
-  weft_status_t s = st && pred ? WEFT_OK : oom(fn);
+  weft_status_t s = st && at && pred ? WEFT_OK : oom(fn);
+  /* Each access's state by its index in b->blocks first: a later access's new state may move the
+   * table (state_of grows it), so pointers are taken only once every state is made. */
   for (size_t i = 0; i < n && s == WEFT_OK; i++) {
     struct weft__block *rec;
+    bstate_t *bs;
     if (acc[i].kind != WEFT_READ && acc[i].kind != WEFT_WRITE && acc[i].kind != WEFT_READ_WRITE)
       s = weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses[%zu] has a bad kind", fn, i);
     else if ((s = weft__block_check(acc[i].block, fn, &rec)) == WEFT_OK) {
       if (rec->rt != b->rt) s = weft__error(WEFT_ERR_WRONG_DEVICE, "%s: accesses[%zu] is of another runtime", fn, i);
-      else if ((st[i] = state_of(b, rec, acc[i].block.gen, false)) == NULL || !ensure_reader_room(st[i])) s = oom(fn);
-      else if (st[i]->freed) s = weft__error(WEFT_ERR_STALE_HANDLE, "%s: block '%s' was freed in this builder", fn, rec->tag);
+      else if ((bs = state_of(b, rec, acc[i].block.gen, false)) == NULL || !ensure_reader_room(bs)) s = oom(fn);
+      else if (bs->freed) s = weft__error(WEFT_ERR_STALE_HANDLE, "%s: block '%s' was freed in this builder", fn, rec->tag);
+      else at[i] = (size_t)(bs - b->blocks);
     }
   }
+  for (size_t i = 0; i < n && s == WEFT_OK; i++) st[i] = &b->blocks[at[i]];
   size_t np = 0;
   for (size_t i = 0; i < n && s == WEFT_OK; i++) s = needs_of(b, st[i], (unsigned)acc[i].kind, pred, &np);
   int node = -1;
@@ -281,6 +287,7 @@ static weft_status_t tracked_inside(weft_builder_t *b, const weft_access_t *acc,
     if (out != NULL) *out = b->nodes[node];
   }
   weft__meta_free(st);
+  weft__meta_free(at);
   weft__meta_free(pred);
   return s;
 }

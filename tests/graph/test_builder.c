@@ -256,6 +256,31 @@ static void test_readers_before_writers_share_one_join_node(void **state) {
   for (int j = 0; j < M; j++) assert_int_equal(weft_free(a[j], tu_stream(&env, 0)), WEFT_OK);
 }
 
+/* One node that names many blocks new to the builder (the builder's table of blocks grows while
+ * the node's accesses are resolved), then a writer of each: every edge is there. */
+static void test_a_node_naming_many_new_blocks(void **state) {
+  (void)state;
+  enum { M = 100 };
+  static weft_block_t a[M];
+  static weft_access_t acc[M];
+  for (int j = 0; j < M; j++) assert_int_equal(weft_alloc(env.rt, 256, tu_stream(&env, 0), "a", &a[j]), WEFT_OK);
+  weft_builder_t *bd;
+  assert_int_equal(weft_builder_create(env.rt, &bd), WEFT_OK);
+  for (int j = 0; j < M; j++) acc[j] = (weft_access_t){a[j], j % 2 ? WEFT_READ : WEFT_WRITE};
+  CUgraphNode first, last;
+  assert_int_equal(weft_builder_empty(bd, acc, M, &first), WEFT_OK);
+  for (int j = 0; j < M; j++) acc[j].kind = WEFT_READ_WRITE;
+  assert_int_equal(weft_builder_empty(bd, acc, M, &last), WEFT_OK);
+  weft_graph_t *g;
+  assert_int_equal(weft_builder_finish(bd, &g), WEFT_OK);
+  static dag_t d;
+  load_dag(&d, weft_graph_raw(g));
+  assert_int_equal(d.n, 2);
+  assert_int_equal(d.ne, 1); /* the second node follows the first, once */
+  assert_int_equal(weft_graph_destroy(g), WEFT_OK);
+  for (int j = 0; j < M; j++) assert_int_equal(weft_free(a[j], tu_stream(&env, 0)), WEFT_OK);
+}
+
 static void test_builder_misuse(void **state) {
   (void)state;
   weft_builder_t *bd;
@@ -327,6 +352,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_random_programs_have_exactly_the_needed_edges),
       cmocka_unit_test(test_readers_before_writers_share_one_join_node),
+      cmocka_unit_test(test_a_node_naming_many_new_blocks),
       cmocka_unit_test(test_builder_misuse),
       cmocka_unit_test(test_a_block_freed_after_its_use_in_a_builder_makes_the_launch_stale),
       cmocka_unit_test(test_a_record_freed_in_a_builder_serves_a_new_block_there),
