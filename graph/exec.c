@@ -61,6 +61,20 @@ weft_status_t weft__graph_enter(const void *p, weft__handle_kind_t kind, const c
   return st != WEFT_OK ? st : weft__error(WEFT_ERR_STALE_HANDLE, "%s: the %s was being destroyed", fn, kind_name[kind]);
 }
 
+weft_status_t weft__graph_remove(void *p, weft__handle_kind_t kind, const char *fn, weft_status_t (*busy)(void *p)) {
+  /* Inside p while it is read (a concurrent destroy of p may free it once we leave). */
+  weft_status_t st = weft__graph_enter(p, kind, fn);
+  if (st != WEFT_OK) return st;
+  st = busy(p);
+  weft__handle_leave();
+  if (st != WEFT_OK) return st;
+  if (!weft__handle_remove(p, kind)) return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the %s was destroyed already", fn, kind_name[kind]);
+  /* No call is inside p now, and none enters. One that was inside when we looked may have taken a
+   * claim since (an exec of a graph, a capture's use of a pool): then p stays, as it was. */
+  if ((st = busy(p)) != WEFT_OK) weft__handle_restore(p, kind);
+  return st;
+}
+
 weft_status_t weft__graph_make(weft_runtime_t *rt, CUgraph g, weft_graph_memory_t memory, weft_graph_pool_t *pool,
                                weft__gsummary_t *summary, size_t n_summary, weft__goutput_t *outputs,
                                size_t n_outputs, weft_graph_t **out) {
@@ -96,8 +110,9 @@ fail_parts:
   return st;
 }
 
-/* BUSY while g has an exec or live outputs. */
-static weft_status_t graph_busy(weft_graph_t *g) {
+/* BUSY while graph g has an exec or live outputs. */
+static weft_status_t graph_busy(void *p) {
+  weft_graph_t *g = p;
   pthread_mutex_lock(&g->lock);
   bool has_exec = g->exec != NULL;
   size_t live = g->live_outputs;
@@ -109,20 +124,8 @@ static weft_status_t graph_busy(weft_graph_t *g) {
 }
 
 weft_status_t weft_graph_destroy(weft_graph_t *g) {
-  /* Inside g while it is read (a concurrent destroy of g may free it once we leave). */
-  weft_status_t st = weft__graph_enter(g, WEFT__HANDLE_GRAPH, "weft_graph_destroy");
+  weft_status_t st = weft__graph_remove(g, WEFT__HANDLE_GRAPH, "weft_graph_destroy", graph_busy);
   if (st != WEFT_OK) return st;
-  st = graph_busy(g);
-  weft__handle_leave();
-  if (st != WEFT_OK) return st;
-  if (!weft__handle_remove(g, WEFT__HANDLE_GRAPH))
-    return weft__error(WEFT_ERR_STALE_HANDLE, "weft_graph_destroy: the graph was destroyed already");
-  /* No call is inside g now, and none enters. One that was inside when we looked may have given it
-   * an exec since (weft_graph_instantiate): then the graph stays, as it was. */
-  if ((st = graph_busy(g)) != WEFT_OK) {
-    weft__handle_restore(g, WEFT__HANDLE_GRAPH);
-    return st;
-  }
   CUresult r = CUDA_SUCCESS;
   if (atomic_load(&g->rt->alive)) WEFT__GRAPH_MEMORY(WEFT__RELAXED(g->rt->drv, r = g->rt->drv->cuGraphDestroy(g->g)));
   if (r != CUDA_SUCCESS) {

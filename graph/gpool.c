@@ -264,8 +264,9 @@ uint64_t weft_graph_pool_reserved(const weft_graph_pool_t *p) {
   return r;
 }
 
-/* BUSY while graphs or captures use p (also captures being begun: weft__gpool_use). */
-static weft_status_t pool_busy(weft_graph_pool_t *p) {
+/* BUSY while graphs or captures use graph pool p (also captures being begun: weft__gpool_use). */
+static weft_status_t pool_busy(void *v) {
+  weft_graph_pool_t *p = v;
   pthread_mutex_lock(&p->lock);
   unsigned users = p->users;
   pthread_mutex_unlock(&p->lock);
@@ -274,20 +275,8 @@ static weft_status_t pool_busy(weft_graph_pool_t *p) {
 }
 
 weft_status_t weft_graph_pool_destroy(weft_graph_pool_t *p) {
-  /* Inside p while it is read (a concurrent destroy of p may free it once we leave). */
-  weft_status_t first = weft__graph_enter(p, WEFT__HANDLE_GRAPH_POOL, "weft_graph_pool_destroy");
+  weft_status_t first = weft__graph_remove(p, WEFT__HANDLE_GRAPH_POOL, "weft_graph_pool_destroy", pool_busy);
   if (first != WEFT_OK) return first;
-  first = pool_busy(p);
-  weft__handle_leave();
-  if (first != WEFT_OK) return first;
-  if (!weft__handle_remove(p, WEFT__HANDLE_GRAPH_POOL))
-    return weft__error(WEFT_ERR_STALE_HANDLE, "weft_graph_pool_destroy: the graph pool was destroyed already");
-  /* No call is inside p now, and none enters. One that was inside when we looked may have taken a
-   * use since (weft__gpool_use, for a capture): then the pool stays, as it was. */
-  if ((first = pool_busy(p)) != WEFT_OK) {
-    weft__handle_restore(p, WEFT__HANDLE_GRAPH_POOL);
-    return first;
-  }
   weft_runtime_t *rt = p->base.rt;
   if (p->chunks.len != 0) {
     /* Launches may still run on the memory: the last launch that wrote it (every launch of a

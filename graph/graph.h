@@ -117,6 +117,12 @@ weft_status_t weft__graph_handle(const void *p, weft__handle_kind_t kind, const 
  * weft__graph_handle (STALE_HANDLE once destroyed), not inside. Inside, call no destroy of p (it
  * would free what the call reads) and nothing that waits for another thread's destroy of p. */
 weft_status_t weft__graph_enter(const void *p, weft__handle_kind_t kind, const char *fn);
+/** Removes graph object p of `kind` for its destroy `fn` unless busy(p) says it is in use (BUSY,
+ * its message): p is entered for the check (a concurrent destroy may free it once we leave), then
+ * removed, which waits until no call is inside p, then checked again (a call inside may have
+ * taken a claim meanwhile: p is then live again, BUSY returned). OK: p is removed, no call is
+ * inside it or can enter, and the caller frees it (or restores it if freeing fails). */
+weft_status_t weft__graph_remove(void *p, weft__handle_kind_t kind, const char *fn, weft_status_t (*busy)(void *p));
 /** Makes a graph object from its parts (takes ownership of the arrays and of g). */
 weft_status_t weft__graph_make(weft_runtime_t *rt, CUgraph g, weft_graph_memory_t memory, weft_graph_pool_t *pool,
                                weft__gsummary_t *summary, size_t n_summary, weft__goutput_t *outputs,
