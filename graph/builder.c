@@ -46,6 +46,7 @@ struct weft_builder {
   bstate_t *blocks;
   size_t n_blocks, cap_blocks;
   weft__map_t index;    /* block record -> blocks index + 1 of its newest block's state */
+  pthread_mutex_t lock; /* one call at a time adds to the builder (and to its CUgraph) */
 };
 
 /* Blocks allocated in a builder belong to it until it finishes: weft_free refuses them. */
@@ -58,6 +59,11 @@ weft_status_t weft_builder_create(weft_runtime_t *rt, weft_builder_t **out) {
   if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_builder_create: out is NULL");
   weft_builder_t *b = weft__meta_calloc(1, sizeof *b);
   if (b == NULL) return oom("weft_builder_create");
+  weft_status_t ls = weft__mem_lock_init(&b->lock, "weft_builder_create");
+  if (ls != WEFT_OK) {
+    weft__meta_free(b);
+    return ls;
+  }
   weft__resource_init(&b->res, &builder_ops, NULL, rt);
   b->rt = rt;
   weft_status_t st = weft__tracker_bind(&rt->tracker);
@@ -68,6 +74,7 @@ weft_status_t weft_builder_create(weft_runtime_t *rt, weft_builder_t **out) {
     st = oom("weft_builder_create");
   }
   if (st != WEFT_OK) {
+    pthread_mutex_destroy(&b->lock);
     weft__meta_free(b);
     return st;
   }
@@ -298,7 +305,9 @@ static weft_status_t tracked_node(weft_builder_t *b, const weft_access_t *acc, s
                                   CUgraphNode *out, const char *fn) {
   weft_status_t st = weft__graph_enter(b, WEFT__HANDLE_BUILDER, fn);
   if (st != WEFT_OK) return st;
+  pthread_mutex_lock(&b->lock);
   st = tracked_inside(b, acc, n, add, arg, out, fn);
+  pthread_mutex_unlock(&b->lock);
   weft__handle_leave();
   return st;
 }
@@ -457,7 +466,9 @@ static weft_status_t alloc_inside(weft_builder_t *b, size_t bytes, const char *t
 weft_status_t weft_builder_alloc(weft_builder_t *b, size_t bytes, const char *tag, weft_block_t *out) {
   weft_status_t st = weft__graph_enter(b, WEFT__HANDLE_BUILDER, "weft_builder_alloc");
   if (st != WEFT_OK) return st;
+  pthread_mutex_lock(&b->lock);
   st = alloc_inside(b, bytes, tag, out);
+  pthread_mutex_unlock(&b->lock);
   weft__handle_leave();
   return st;
 }
@@ -489,7 +500,9 @@ static weft_status_t free_inside(weft_builder_t *b, weft_block_t blk) {
 weft_status_t weft_builder_free(weft_builder_t *b, weft_block_t blk) {
   weft_status_t st = weft__graph_enter(b, WEFT__HANDLE_BUILDER, "weft_builder_free");
   if (st != WEFT_OK) return st;
+  pthread_mutex_lock(&b->lock);
   st = free_inside(b, blk);
+  pthread_mutex_unlock(&b->lock);
   weft__handle_leave();
   return st;
 }
@@ -536,6 +549,7 @@ weft_status_t weft_builder_finish(weft_builder_t *b, weft_graph_t **out) {
     b->rt->drv->cuGraphDestroy(b->g);
   }
   free_states(b, true);
+  pthread_mutex_destroy(&b->lock); /* removed: no call is inside b */
   weft__meta_free(b);
   if (st == WEFT_OK) *out = g;
   return st;
@@ -549,6 +563,7 @@ weft_status_t weft_builder_destroy(weft_builder_t *b) {
   weft__runtime_depend(b->rt, -1);
   WEFT__RELAXED(b->rt->drv, b->rt->drv->cuGraphDestroy(b->g));
   free_states(b, true);
+  pthread_mutex_destroy(&b->lock); /* removed: no call is inside b */
   weft__meta_free(b);
   return WEFT_OK;
 }

@@ -4,6 +4,7 @@
  * nodes are ordered that do not conflict (transitively), and no edge is redundant. Readers
  * before writers go through shared join nodes. The graph instantiates, replays and computes what
  * a sequential model computes. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdbool.h>
 #include <stdarg.h>
@@ -281,6 +282,53 @@ static void test_a_node_naming_many_new_blocks(void **state) {
   for (int j = 0; j < M; j++) assert_int_equal(weft_free(a[j], tu_stream(&env, 0)), WEFT_OK);
 }
 
+/* Threads adding nodes to one builder at once ("All functions are thread-safe", weft.h): each
+ * thread a chain of nodes on a block of its own. The graph holds every node and exactly each
+ * chain's edges. */
+enum { ADDERS = 4, CHAIN = 120 }; /* 480 nodes: within MAXN */
+static pthread_barrier_t g_adders_start;
+typedef struct adder {
+  weft_builder_t *b;
+  weft_block_t blk;
+  weft_status_t st;
+} adder_t;
+
+static void *add_chain(void *arg) {
+  adder_t *a = arg;
+  weft_access_t acc = {a->blk, WEFT_READ_WRITE};
+  pthread_barrier_wait(&g_adders_start); /* all at once */
+  for (int i = 0; i < CHAIN && a->st == WEFT_OK; i++) a->st = weft_builder_empty(a->b, &acc, 1, NULL);
+  return NULL;
+}
+
+static void test_threads_add_nodes_to_one_builder_at_once(void **state) {
+  (void)state;
+  weft_builder_t *bd;
+  assert_int_equal(weft_builder_create(env.rt, &bd), WEFT_OK);
+  adder_t a[ADDERS];
+  pthread_t t[ADDERS];
+  for (int i = 0; i < ADDERS; i++) {
+    a[i] = (adder_t){bd, {0}, WEFT_OK};
+    assert_int_equal(weft_alloc(env.rt, 256, tu_stream(&env, 0), "chain", &a[i].blk), WEFT_OK);
+  }
+  assert_int_equal(pthread_barrier_init(&g_adders_start, NULL, ADDERS), 0);
+  for (int i = 0; i < ADDERS; i++) assert_int_equal(pthread_create(&t[i], NULL, add_chain, &a[i]), 0);
+  for (int i = 0; i < ADDERS; i++) {
+    pthread_join(t[i], NULL);
+    assert_int_equal(a[i].st, WEFT_OK);
+  }
+  pthread_barrier_destroy(&g_adders_start);
+  weft_graph_t *g;
+  assert_int_equal(weft_builder_finish(bd, &g), WEFT_OK);
+  static dag_t d;
+  load_dag(&d, weft_graph_raw(g));
+  assert_int_equal(d.n, ADDERS * CHAIN);
+  assert_int_equal(d.ne, ADDERS * (CHAIN - 1));
+  assert_int_equal(redundant_edges(&d), 0);
+  assert_int_equal(weft_graph_destroy(g), WEFT_OK);
+  for (int i = 0; i < ADDERS; i++) assert_int_equal(weft_free(a[i].blk, tu_stream(&env, 0)), WEFT_OK);
+}
+
 static void test_builder_misuse(void **state) {
   (void)state;
   weft_builder_t *bd;
@@ -353,6 +401,7 @@ int main(void) {
       cmocka_unit_test(test_random_programs_have_exactly_the_needed_edges),
       cmocka_unit_test(test_readers_before_writers_share_one_join_node),
       cmocka_unit_test(test_a_node_naming_many_new_blocks),
+      cmocka_unit_test(test_threads_add_nodes_to_one_builder_at_once),
       cmocka_unit_test(test_builder_misuse),
       cmocka_unit_test(test_a_block_freed_after_its_use_in_a_builder_makes_the_launch_stale),
       cmocka_unit_test(test_a_record_freed_in_a_builder_serves_a_new_block_there),
