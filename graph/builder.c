@@ -70,7 +70,7 @@ weft_status_t weft_builder_create(weft_runtime_t *rt, weft_builder_t **out) {
   CUresult r = st == WEFT_OK ? rt->drv->cuGraphCreate(&b->g, 0) : CUDA_SUCCESS;
   if (st == WEFT_OK && r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuGraphCreate");
   if (st == WEFT_OK && !weft__handle_add(b, WEFT__HANDLE_BUILDER)) {
-    rt->drv->cuGraphDestroy(b->g);
+    rt->drv->cuGraphDestroy(b->g); /* no nodes yet: not a graph call */
     st = oom("weft_builder_create");
   }
   if (st != WEFT_OK) {
@@ -546,7 +546,8 @@ weft_status_t weft_builder_finish(weft_builder_t *b, weft_graph_t **out) {
   if (st != WEFT_OK) {
     weft__meta_free(summary);
     weft__meta_free(outputs);
-    b->rt->drv->cuGraphDestroy(b->g);
+    /* A graph with memory nodes: its destroy is a graph call (lib/core/gate.h). */
+    WEFT__GRAPH_MEMORY(WEFT__RELAXED(b->rt->drv, b->rt->drv->cuGraphDestroy(b->g)));
   }
   free_states(b, true);
   pthread_mutex_destroy(&b->lock); /* removed: no call is inside b */
@@ -561,7 +562,7 @@ weft_status_t weft_builder_destroy(weft_builder_t *b) {
   if (!weft__handle_remove(b, WEFT__HANDLE_BUILDER))
     return weft__error(WEFT_ERR_STALE_HANDLE, "weft_builder_destroy: the builder was destroyed already");
   weft__runtime_depend(b->rt, -1);
-  WEFT__RELAXED(b->rt->drv, b->rt->drv->cuGraphDestroy(b->g));
+  WEFT__GRAPH_MEMORY(WEFT__RELAXED(b->rt->drv, b->rt->drv->cuGraphDestroy(b->g))); /* a graph call (gate.h) */
   free_states(b, true);
   pthread_mutex_destroy(&b->lock); /* removed: no call is inside b */
   weft__meta_free(b);

@@ -153,7 +153,7 @@ weft_status_t weft_capture_end(weft_stream_t *s, weft_graph_t **out) {
   if (st != WEFT_OK && g != NULL) {
     weft__meta_free(summary);
     weft__meta_free(outputs);
-    s->tr->drv->cuGraphDestroy(g);
+    WEFT__GRAPH_MEMORY(WEFT__RELAXED(s->tr->drv, s->tr->drv->cuGraphDestroy(g))); /* a graph call (gate.h) */
   }
   /* Handles of blocks allocated inside become stale: the exec's outputs replace them. */
   if (pool != NULL) weft__gpool_detach(pool, cap, st == WEFT_OK);

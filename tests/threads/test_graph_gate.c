@@ -143,7 +143,50 @@ static void graph_calls_while_working(void **state) {
   assert_int_equal(races, 0);
 }
 
+/* The same with builders: a builder with memory nodes made and destroyed (its graph destroyed
+ * with it) while the workers work. cuGraphDestroy of a graph with memory nodes is a graph call. */
+static void builder_calls_while_working(void **state) {
+  (void)state;
+  weft_options_t o = weft_options_default();
+  o.stream_count = 9;
+  assert_int_equal(tu_init(&env, &o), 0);
+  tu_reset_races(&env);
+  atomic_store(&failures, 0);
+  pthread_t t[WORKERS];
+  worker_t w[WORKERS];
+  atomic_store(&running, WORKERS);
+  for (unsigned i = 0; i < WORKERS; i++) {
+    w[i].id = i;
+    assert_int_equal(pthread_create(&t[i], NULL, work, &w[i]), 0);
+  }
+  unsigned during = 0;
+  for (unsigned r = 0; r < GRAPHS || atomic_load(&running) > 0; r++) {
+    int before = atomic_load(&running);
+    weft_builder_t *b;
+    weft_status_t st = weft_builder_create(env.rt, &b);
+    if (st != WEFT_OK) {
+      count_fail("weft_builder_create", st);
+      break;
+    }
+    weft_block_t blk;
+    if ((st = weft_builder_alloc(b, ELEMS * 4, "built", &blk)) != WEFT_OK) count_fail("weft_builder_alloc", st);
+    if ((st = weft_builder_destroy(b)) != WEFT_OK) count_fail("weft_builder_destroy", st);
+    if (before == WORKERS && atomic_load(&running) == WORKERS) during++;
+  }
+  for (unsigned i = 0; i < WORKERS; i++) pthread_join(t[i], NULL);
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  uint64_t races = tu_races(&env);
+  if (races != 0) tu_print_races(&env);
+  fprintf(stderr, "builder gate: %u builders made and destroyed while all %d workers worked; %d failures; %llu races\n",
+          during, WORKERS, atomic_load(&failures), (unsigned long long)races);
+  tu_fini(&env);
+  if (during < 10) skip(); /* the workers finished before the builder calls could overlap them */
+  assert_int_equal(atomic_load(&failures), 0);
+  assert_int_equal(races, 0);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(graph_calls_while_working)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(graph_calls_while_working),
+                                     cmocka_unit_test(builder_calls_while_working)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
