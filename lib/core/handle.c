@@ -135,6 +135,7 @@ bool weft__handle_enter(const void *p, weft__handle_kind_t kind) {
   unsigned depth = tls_depth + tls_locked;
   inside_t *h = depth < WEFT__HANDLE_DEPTH ? my_inside() : NULL;
   if (h == NULL) { /* no record: the set's lock, as a reader, until the call leaves */
+    WEFT_ASSERT(depth < 32); /* tls_locked_at's bits (weft's calls nest a few levels at most) */
     pthread_rwlock_rdlock(&g_lock);
     const uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
     if (v == NULL || (*v & STATE) != kind) {
