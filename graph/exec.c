@@ -68,7 +68,8 @@ weft_status_t weft__graph_remove(void *p, weft__handle_kind_t kind, const char *
   st = busy(p);
   weft__handle_leave();
   if (st != WEFT_OK) return st;
-  if (!weft__handle_remove(p, kind)) return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the %s was destroyed already", fn, kind_name[kind]);
+  if (!weft__handle_remove(p, kind))
+    return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the %s was destroyed already", fn, kind_name[kind]);
   /* No call is inside p now, and none enters. One that was inside when we looked may have taken a
    * claim since (an exec of a graph, a capture's use of a pool): then p stays, as it was. */
   if ((st = busy(p)) != WEFT_OK) weft__handle_restore(p, kind);
@@ -363,8 +364,9 @@ static weft_status_t launch_inside(weft_exec_t *e, weft_stream_t *s) {
 }
 
 weft_status_t weft_exec_launch(weft_exec_t *e, weft_stream_t *s) {
-  if (!weft__handle_enter(e, WEFT__HANDLE_EXEC)) return weft__graph_handle(e, WEFT__HANDLE_EXEC, "weft_exec_launch");
-  weft_status_t st = launch_inside(e, s);
+  weft_status_t st = weft__graph_enter(e, WEFT__HANDLE_EXEC, "weft_exec_launch");
+  if (st != WEFT_OK) return st;
+  st = launch_inside(e, s);
   weft__handle_leave();
   return st;
 }
