@@ -801,8 +801,8 @@ unsigned weft__tracker_trace_tid(weft_stream_t *s) {
 }
 
 weft__capture_t *weft__tracker_capture_of(weft_stream_t *s, weft_resource_t **alloc_to) {
-  /* The pointer alone needs no lock (it is written under the lock, atomically): the hot check of
-   * every resource call. */
+  /* The pointer alone needs no lock (it is written under the lock, atomically; the hot check of
+   * resource calls reads it inline: weft__tracker_in_capture). */
   weft__capture_t *c = atomic_load_explicit(&s->capture, memory_order_acquire);
   if (alloc_to == NULL) return c;
   if (c == NULL) { /* none: nothing to read under the lock */

@@ -39,6 +39,11 @@ static seen_t *seen_slot(const void *p) {
   return &tls_seen[((a >> 4) ^ (a >> 9)) & (SEEN - 1)];
 }
 
+/* Whether e remembers p live as of `removals` (then it still is). */
+static inline bool seen_live(const seen_t *e, const void *p, weft__handle_kind_t kind, uint64_t removals) {
+  return e->p == p && e->kind == (unsigned)kind && e->removals == removals;
+}
+
 bool weft__handle_add(const void *p, weft__handle_kind_t kind) {
   pthread_rwlock_wrlock(&g_lock);
   uint64_t *v = weft__map_insert(&g_live, (uint64_t)(uintptr_t)p, NULL);
@@ -62,8 +67,7 @@ bool weft__handle_live(const void *p, weft__handle_kind_t kind) {
   if (p == NULL) return false;
   uint64_t removals = atomic_load_explicit(&g_removals, memory_order_acquire);
   seen_t *e = seen_slot(p);
-  if (e->p == p && e->kind == (unsigned)kind && e->removals == removals) return true;
-  return live_locked(p, kind, e, removals);
+  return seen_live(e, p, kind, removals) || live_locked(p, kind, e, removals);
 }
 
 static void wait_outside(const void *p);
@@ -150,9 +154,7 @@ bool weft__handle_enter(const void *p, weft__handle_kind_t kind) {
    * without p once, which threads that keep trying a dead object would otherwise put off. */
   uint64_t removals = atomic_load_explicit(&g_removals, memory_order_acquire);
   seen_t *e = seen_slot(p);
-  if (!(e->p == p && e->kind == (unsigned)kind && e->removals == removals)) {
-    if (!live_locked(p, kind, e, removals)) return false;
-  }
+  if (!seen_live(e, p, kind, removals) && !live_locked(p, kind, e, removals)) return false;
   /* The publication comes before the count is read again (both seq_cst; a removal counts, fences
    * and reads the records): one of the two sees the other. Live when the count was read above;
    * still live if nothing was removed since (else look). */

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -112,41 +113,10 @@ static void graph_round(unsigned r) {
   if ((st = weft_graph_memory_trim(env.rt)) != WEFT_OK) count_fail("weft_graph_memory_trim", st);
 }
 
-static void graph_calls_while_working(void **state) {
-  (void)state;
-  weft_options_t o = weft_options_default();
-  o.stream_count = 9;
-  assert_int_equal(tu_init(&env, &o), 0);
-  tu_reset_races(&env);
-  pthread_t t[WORKERS];
-  worker_t w[WORKERS];
-  atomic_store(&running, WORKERS);
-  for (unsigned i = 0; i < WORKERS; i++) {
-    w[i].id = i;
-    assert_int_equal(pthread_create(&t[i], NULL, work, &w[i]), 0);
-  }
-  unsigned during = 0;
-  for (unsigned r = 0; r < GRAPHS || atomic_load(&running) > 0; r++) {
-    int before = atomic_load(&running);
-    graph_round(r);
-    if (before == WORKERS && atomic_load(&running) == WORKERS) during++;
-  }
-  for (unsigned i = 0; i < WORKERS; i++) pthread_join(t[i], NULL);
-  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
-  uint64_t races = tu_races(&env);
-  if (races != 0) tu_print_races(&env);
-  fprintf(stderr, "graph gate: %u rounds of graph calls while all %d workers worked; %d failures; %llu races\n", during,
-          WORKERS, atomic_load(&failures), (unsigned long long)races);
-  tu_fini(&env);
-  if (during < 10) skip(); /* the workers finished before the graph calls could overlap them */
-  assert_int_equal(atomic_load(&failures), 0);
-  assert_int_equal(races, 0);
-}
-
-/* The same with builders: a builder with memory nodes made and destroyed (its graph destroyed
- * with it) while the workers work. cuGraphDestroy of a graph with memory nodes is a graph call. */
-static void builder_calls_while_working(void **state) {
-  (void)state;
+/* Runs round(r) on this thread, at least GRAPHS times and until the workers are done, while the
+ * workers work; then checks: no failure, no oracle race, and at least 10 rounds overlapped all the
+ * workers (else a skip). `name` and `rounds` word the summary line. A round returns false to stop. */
+static void while_working(const char *name, const char *rounds, bool (*round)(unsigned r)) {
   weft_options_t o = weft_options_default();
   o.stream_count = 9;
   assert_int_equal(tu_init(&env, &o), 0);
@@ -162,27 +132,51 @@ static void builder_calls_while_working(void **state) {
   unsigned during = 0;
   for (unsigned r = 0; r < GRAPHS || atomic_load(&running) > 0; r++) {
     int before = atomic_load(&running);
-    weft_builder_t *b;
-    weft_status_t st = weft_builder_create(env.rt, &b);
-    if (st != WEFT_OK) {
-      count_fail("weft_builder_create", st);
-      break;
-    }
-    weft_block_t blk;
-    if ((st = weft_builder_alloc(b, ELEMS * 4, "built", &blk)) != WEFT_OK) count_fail("weft_builder_alloc", st);
-    if ((st = weft_builder_destroy(b)) != WEFT_OK) count_fail("weft_builder_destroy", st);
+    if (!round(r)) break;
     if (before == WORKERS && atomic_load(&running) == WORKERS) during++;
   }
   for (unsigned i = 0; i < WORKERS; i++) pthread_join(t[i], NULL);
   assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
   uint64_t races = tu_races(&env);
   if (races != 0) tu_print_races(&env);
-  fprintf(stderr, "builder gate: %u builders made and destroyed while all %d workers worked; %d failures; %llu races\n",
-          during, WORKERS, atomic_load(&failures), (unsigned long long)races);
+  fprintf(stderr, "%s gate: %u %s while all %d workers worked; %d failures; %llu races\n", name, during, rounds,
+          WORKERS, atomic_load(&failures), (unsigned long long)races);
   tu_fini(&env);
-  if (during < 10) skip(); /* the workers finished before the builder calls could overlap them */
+  if (during < 10) skip(); /* the workers finished before the rounds could overlap them */
   assert_int_equal(atomic_load(&failures), 0);
   assert_int_equal(races, 0);
+}
+
+static bool graph_round_on(unsigned r) {
+  graph_round(r);
+  return true;
+}
+
+static void graph_calls_while_working(void **state) {
+  (void)state;
+  while_working("graph", "rounds of graph calls", graph_round_on);
+}
+
+/* A builder with memory nodes made and destroyed (its graph destroyed with it): cuGraphDestroy of
+ * a graph with memory nodes is a graph call. */
+static bool builder_round(unsigned r) {
+  (void)r;
+  weft_builder_t *b;
+  weft_status_t st = weft_builder_create(env.rt, &b);
+  if (st != WEFT_OK) {
+    count_fail("weft_builder_create", st);
+    return false;
+  }
+  weft_block_t blk;
+  if ((st = weft_builder_alloc(b, ELEMS * 4, "built", &blk)) != WEFT_OK) count_fail("weft_builder_alloc", st);
+  if ((st = weft_builder_destroy(b)) != WEFT_OK) count_fail("weft_builder_destroy", st);
+  return true;
+}
+
+/* The same with builders, while the workers work. */
+static void builder_calls_while_working(void **state) {
+  (void)state;
+  while_working("builder", "builders made and destroyed", builder_round);
 }
 
 int main(void) {
