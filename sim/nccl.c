@@ -485,11 +485,21 @@ static void comm_free(sim__comm_t *c) {
   comm_release(c);
 }
 
+static int comm_idle(void *arg) {
+  const sim__comm_t *c = arg;
+  for (const fused_t *f = c->q->queued; f != NULL; f = f->next)
+    if (f->comm == c) return 0;
+  return 1;
+}
+
+/* ncclCommDestroy finalizes the communicator first, flushing the rank's issued operations: it
+ * waits until they ran (conformance_nccl, measured on 2 GPUs). Operations that can never run (a
+ * partner never posted) would hang NCCL; here they time out as a synchronisation does. */
 static ncclResult_t comm_destroy(ncclComm_t h) {
   sim__comm_t *c = comm_get(h);
   if (c == NULL) return fail(ncclInvalidArgument, "ncclCommDestroy: not a communicator");
-  for (fused_t *f = c->q->queued; f != NULL; f = f->next)
-    if (f->comm == c) return fail(ncclInvalidUsage, "ncclCommDestroy: operations of this rank have not run");
+  if (sim__run_until(comm_idle, c) != CUDA_SUCCESS)
+    return fail(ncclInvalidUsage, "ncclCommDestroy: operations of this rank cannot run (partners never posted)");
   comm_free(c);
   return ncclSuccess;
 }

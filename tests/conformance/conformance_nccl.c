@@ -8,6 +8,9 @@
 #define _GNU_SOURCE
 #endif
 #include <dlfcn.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <nccl.h>
 #include <setjmp.h>
@@ -259,6 +262,68 @@ static void test_captured_all_reduce(void **state) {
          "replays with new inputs ok\n");
 }
 
+/* ncclCommDestroy while the rank's all-reduce is still queued: NCCL finalizes the communicator
+ * first (it flushes the rank's issued operations), so the destroy waits for the all-reduce and
+ * returns ncclSuccess, and the sum is right. The all-reduce of rank 0 sits behind a stream wait
+ * on a flag in device memory that the main thread sets only once a second thread is about to
+ * destroy the communicators, so it cannot have run when the destroy begins. */
+typedef struct destroyer {
+  ncclComm_t cm[2];
+  ncclResult_t r[2];
+  atomic_int calling;
+} destroyer_t;
+
+static void *destroy_both(void *arg) {
+  destroyer_t *x = arg;
+  atomic_store(&x->calling, 1);
+  for (int r = 0; r < 2; r++) x->r[r] = NCCL(ncclCommDestroy)(x->cm[r]);
+  return NULL;
+}
+
+static void test_destroy_waits_for_queued_operations(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  destroyer_t x = {.r = {ncclInternalError, ncclInternalError}};
+  on(0);
+  NOK(NCCL(ncclCommInitAll)(x.cm, 2, (int[]){0, 1}));
+  static float h[2][N], got[N];
+  for (int r = 0; r < 2; r++) {
+    for (int i = 0; i < N; i++) h[r][i] = (float)(3 * i + 7 * r);
+    put(r, buf[r], h[r], N * 4);
+  }
+  on(0);
+  CUdeviceptr flag;
+  CUstream side;
+  OK(d->cuMemAlloc(&flag, 4));
+  OK(d->cuStreamCreateWithPriority(&side, CU_STREAM_NON_BLOCKING, 0));
+  OK(d->cuMemsetD32Async(flag, 0, 1, side));
+  OK(d->cuStreamSynchronize(side));
+  OK(d->cuStreamWaitValue32(st[0], flag, 1, CU_STREAM_WAIT_VALUE_GEQ));
+  NOK(NCCL(ncclGroupStart)());
+  for (int r = 0; r < 2; r++)
+    NOK(NCCL(ncclAllReduce)((void *)buf[r], (void *)buf[r], N, ncclFloat32, ncclSum, x.cm[r], (cudaStream_t)st[r]));
+  NOK(NCCL(ncclGroupEnd)());
+  on(0);
+  assert_int_equal(d->cuStreamQuery(st[0]), CUDA_ERROR_NOT_READY);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, destroy_both, &x), 0);
+  while (!atomic_load(&x.calling)) sched_yield();
+  on(0);
+  OK(d->cuStreamWriteValue32(side, flag, 1, 0));
+  pthread_join(t, NULL);
+  for (int r = 0; r < 2; r++) {
+    get(r, buf[r], got, N * 4);
+    for (int i = 0; i < N; i++) assert_true(got[i] == (float)(6 * i + 7));
+  }
+  on(0);
+  OK(d->cuStreamSynchronize(side));
+  OK(d->cuStreamDestroy(side));
+  OK(d->cuMemFree(flag));
+  assert_int_equal(x.r[0], ncclSuccess);
+  assert_int_equal(x.r[1], ncclSuccess);
+  printf("conformance-nccl: ncclCommDestroy with the rank's all-reduce still queued waits for it ok\n");
+}
+
 static void test_bad_arguments(void **state) {
   (void)state;
   if (!g_two) skip();
@@ -355,6 +420,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_collectives),
       cmocka_unit_test(test_send_receive),
       cmocka_unit_test(test_captured_all_reduce),
+      cmocka_unit_test(test_destroy_waits_for_queued_operations),
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_two_processes_all_reduce),
   };
