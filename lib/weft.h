@@ -139,7 +139,8 @@ typedef enum weft_output_policy {
   X(stream_cache_bytes, uint64_t, "WEFT_STREAM_CACHE_BYTES", 64ull << 20, 0, UINT64_MAX,        \
     "bytes of freed blocks the streams keep for their next weft_alloc of the same size (0: none)") \
   X(lazy_records, unsigned, "WEFT_LAZY_RECORDS", 1, 0, 1,                                       \
-    "1: a stream records an event after a use only once another stream has waited on it")
+    "1: a stream records an event after a use only when another stream needs it, and after each " \
+    "use once a wait on it was late")
 
 /** Runtime options. Start from weft_options_default() (or weft_options_from_env()), change
  * fields, pass to weft_runtime_get(). Plain data: copy it freely. */
@@ -263,9 +264,9 @@ typedef struct weft_counters {
                                   complete */
   uint64_t events_recorded;  /**< cuEventRecord calls */
   uint64_t ring_evictions;   /**< waits on an evicted tick served by a newer event */
-  uint64_t late_waits;       /**< waits whose event was recorded after later work on its stream
-                                  (options.lazy_records: the first time another stream needs a
-                                  stream that records lazily; it records eagerly from then on) */
+  uint64_t late_waits;       /**< waits for an event that covers later uses of its stream than the
+                                  one needed (options.lazy_records: those uses joined one tick);
+                                  that stream records after each use from then on */
   uint64_t busy_waits;       /**< times a call waited for another thread's use to finish enqueuing
                                   its work on a stream: a use of the same stream, a use that
                                   conflicts with that work, or a host wait on it (uses enqueue

@@ -36,6 +36,8 @@ weft_status_t weft__lane_free(weft__tracker_t *tr, weft__domain_t *d, weft__lane
   weft__meta_free(l->ring_tick);
   weft__meta_free(l->ring_clock);
   weft__meta_free(l->ring_us);
+  weft__meta_free(l->ring_use);
+  l->ring_use = NULL;
   l->ring = NULL;
   l->ring_tick = NULL;
   l->ring_clock = NULL;
@@ -54,9 +56,11 @@ weft_status_t weft__lane_init(weft__tracker_t *tr, weft__domain_t *d, weft__lane
   l->ring_tick = weft__meta_calloc(l->ring_size, sizeof *l->ring_tick);
   l->ring_clock = weft__meta_calloc(clocks, sizeof *l->ring_clock);
   l->ring_us = weft__meta_calloc(l->ring_size, sizeof *l->ring_us);
+  l->ring_use = weft__meta_calloc(l->ring_size, sizeof *l->ring_use);
   weft__vec_t *spare = &tr->spare_events;
   unsigned taken = 0;
-  bool ok = l->ring != NULL && l->ring_tick != NULL && l->ring_clock != NULL && l->ring_us != NULL;
+  bool ok = l->ring != NULL && l->ring_tick != NULL && l->ring_clock != NULL && l->ring_us != NULL &&
+            l->ring_use != NULL;
   if (ok && d->capture != NULL) {
     while (taken < l->ring_size && spare->len != 0) l->ring[taken++] = WEFT__VEC_AT(spare, CUevent, --spare->len);
     /* Room to take back every event captures will then have made. */
@@ -225,6 +229,7 @@ weft_status_t weft__clock_flush(weft__tracker_t *tr, weft__domain_t *d, weft_str
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuEventRecord");
   memcpy(&l->ring_clock[(size_t)slot * d->stride], WEFT__ROW(d, at), d->n * sizeof(uint64_t));
   l->ring_tick[slot] = k;
+  l->ring_use[slot] = l->last_use << 1 | (l->deferred && l->joined != 0);
   l->recorded = k;
   l->deferred = false;
   l->joined = 0;
@@ -265,11 +270,19 @@ uint64_t weft__clock_reserve(weft__domain_t *d, weft_stream_t *s, bool defer) {
   return defer ? weft__clock_defer(d, s) : pending_tick(d, weft__at(d, s));
 }
 
-void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k) {
+void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, bool newest) {
   weft__lane_t *l = &d->lane[weft__at(d, t)];
-  if (!l->deferred || k <= l->recorded) return;
+  if (newest) return;
+  bool several; /* k's event covers (or, pending, will cover) several uses */
+  if (k > l->recorded) {
+    several = l->deferred && l->joined != 0;
+  } else {
+    unsigned slot = (unsigned)(k & (l->ring_size - 1));
+    several = l->ring_tick[slot] == k && (l->ring_use[slot] & 1) != 0; /* evicted: the stand-in is late anyway */
+  }
+  if (!several) return;
   l->eager = true;
-  if (l->joined != 0) tr->counters.late_waits++;
+  tr->counters.late_waits++;
 }
 
 weft_status_t weft__clock_record(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, uint64_t *tick) {

@@ -251,6 +251,7 @@ void weft__access_init(weft__access_state_t *st, uint64_t *reads, unsigned cap) 
   st->reads = reads;
   st->reads_cap = cap;
   st->graph = NULL;
+  st->last_use = 0;
 }
 
 /* A block allocated inside a capture (or a graph builder) has memory only in that graph: a use
@@ -282,39 +283,58 @@ static weft_status_t translate(weft__capture_t *c, const weft__use_t *uses, size
   return WEFT_OK;
 }
 
-/* One conflicting point (t, tick) of a use on s: a need unless s already implies it. need[t] is
- * defined for the lanes of *mask only (set when t joins the mask), so callers need not clear it:
- * a use touches a few lanes of a domain of many (no work or cache lines per lane of the domain). */
+/* What a use on s must wait for: the lanes of `mask`, and for each t of them the newest tick of
+ * t it conflicts with (weft__rule_*) that s does not imply yet. tick[t] is defined for the lanes
+ * of mask only (set when t joins it), so nobody clears it: a use touches a few lanes of a domain
+ * of many (no work or cache lines per lane of the domain). `newest`: the lanes where that tick's
+ * newest use (weft__clock_newest_use) is one the use conflicts with (known from the blocks'
+ * last_use), so that the tick's event, a joined deferred tick's too, sits exactly at the point
+ * needed (weft__clock_needed). */
+typedef struct needs {
+  weft__lanes_t mask, newest;
+  uint64_t tick[WEFT__MAX_LANES];
+} needs_t;
+
+/* One conflicting point (t, tick) of a use on s, the access there being use number `use` (0:
+ * unknown): a need unless s already implies it. */
 static inline void consider(weft__tracker_t *tr, const weft__domain_t *d, unsigned s, unsigned t, uint64_t tick,
-                            uint64_t *need, weft__lanes_t *mask) {
+                            needs_t *nd, uint64_t use) {
   if (!weft__clock_implied(d, s, t, tick)) {
     weft__lanes_t bit = weft__lane_bit(t);
-    need[t] = (*mask & bit) != 0 ? weft__max_u64(need[t], tick) : tick;
-    *mask |= bit;
+    bool newest = use != 0 && use == weft__clock_newest_use(d, t, tick);
+    if ((nd->mask & bit) == 0 || tick > nd->tick[t]) {
+      nd->tick[t] = tick;
+      nd->newest = newest ? nd->newest | bit : nd->newest & ~bit;
+    } else if (tick == nd->tick[t] && newest) {
+      nd->newest |= bit;
+    }
+    nd->mask |= bit;
   } else {
     tr->counters.waits_skipped++;
     if (WEFT__ROW(d, s)[t] < tick) tr->counters.waits_host_known++;
   }
 }
 
-/* need[t]: the newest tick of t that the uses conflict with (weft__rule_*) and that is not yet
- * implied for s, for each t of the returned mask (need[] is not read or cleared elsewhere). */
+/* The needs of a use on s (needs_t); returns nd->mask. */
 static weft__lanes_t collect_needs(weft__tracker_t *tr, const weft__domain_t *d, unsigned s, const weft__use_t *uses,
-                                   size_t n, uint64_t *need) {
-  weft__lanes_t mask = 0, others = ~weft__lane_bit(s);
+                                   size_t n, needs_t *nd) {
+  weft__lanes_t others = ~weft__lane_bit(s);
+  nd->mask = nd->newest = 0;
   for (size_t i = 0; i < n; i++) {
     const weft__access_state_t *st = uses[i].state;
-    if (st->write.tick != 0 && st->write.stream != s) consider(tr, d, s, st->write.stream, st->write.tick, need, &mask);
+    /* The block's newest use, if it wrote: the write's; if it read: one of the reads'. */
+    uint64_t wrote = st->last_use & 1 ? st->last_use >> 1 : 0, read = st->last_use & 1 ? 0 : st->last_use >> 1;
+    if (st->write.tick != 0 && st->write.stream != s) consider(tr, d, s, st->write.stream, st->write.tick, nd, wrote);
     if (weft__rule_follows_reads(uses[i].kind))
       for (weft__lanes_t m = st->reader_mask & others; m != 0; m &= m - 1) {
         unsigned t = weft__lanes_first(m);
-        consider(tr, d, s, t, st->reads[t], need, &mask);
+        consider(tr, d, s, t, st->reads[t], nd, read);
       }
   }
-  return mask;
+  return nd->mask;
 }
 
-/* Issues the waits for `mask`/`need`, dropping every need that another kept one implies: what is
+/* Issues the waits for `nd`, dropping every need that another kept one implies: what is
  * left is the set of maximal conflicting points, one wait each.
  *
  * Pruning may use only what reaching need[u] itself implies: the snapshot of exactly that tick's
@@ -322,13 +342,14 @@ static weft__lanes_t collect_needs(weft__tracker_t *tr, const weft__domain_t *d,
  * implies more; but if u is then pruned in favour of w, which knows u only at need[u], whatever
  * only the newer event implied is lost. So an evicted need prunes nothing (it still waits on the
  * stand-in, which is conservative). Without evictions this is the transitive reduction. */
-static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, weft__lanes_t mask,
-                                 uint64_t *need) {
+static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const needs_t *nd) {
+  weft__lanes_t mask = nd->mask;
+  const uint64_t *need = nd->tick;
   if (mask == 0 || tr->no_waits) return WEFT_OK;
   const uint64_t *implies[WEFT__MAX_LANES];
   for (weft__lanes_t m = mask; m != 0; m &= m - 1) {
     unsigned t = weft__lanes_first(m), slot;
-    weft__clock_needed(tr, d, d->stream[t], need[t]);
+    weft__clock_needed(tr, d, d->stream[t], need[t], (nd->newest & weft__lane_bit(t)) != 0);
     weft_status_t st = weft__clock_slot(tr, d, d->stream[t], need[t], &slot);
     if (st != WEFT_OK) return st;
     const weft__lane_t *l = &d->lane[t];
@@ -354,13 +375,13 @@ static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_st
   return WEFT_OK;
 }
 
-/* The lanes a use on s must wait for (the mask returned), their ticks in need[t] for those t.
- * When one of them is busy (tracker.h), *busy gets them and the counters are as they were (the
- * caller waits until they are idle, then looks again). */
+/* What a use on s must wait for (*nd; returns nd->mask). When one of those lanes is busy
+ * (tracker.h), *busy gets them and the counters are as they were (the caller waits until they
+ * are idle, then looks again). */
 static weft__lanes_t needs_locked(weft__tracker_t *tr, const weft__domain_t *d, const weft_stream_t *s,
-                                  const weft__use_t *uses, size_t n, uint64_t *need, weft__lanes_t *busy) {
+                                  const weft__use_t *uses, size_t n, needs_t *nd, weft__lanes_t *busy) {
   uint64_t skipped = tr->counters.waits_skipped, host = tr->counters.waits_host_known;
-  weft__lanes_t mask = collect_needs(tr, d, weft__at(d, s), uses, n, need);
+  weft__lanes_t mask = collect_needs(tr, d, weft__at(d, s), uses, n, nd);
   *busy = d == tr->live ? mask & d->busy : 0;
   if (*busy != 0) {
     tr->counters.waits_skipped = skipped; /* counted again when it looks again */
@@ -371,19 +392,18 @@ static weft__lanes_t needs_locked(weft__tracker_t *tr, const weft__domain_t *d, 
 
 /* Issues the waits needs_locked found: s's pending tick first, so that its event sits at its
  * point rather than after these waits (a deferred one, lazy records, is joined instead). */
-static weft_status_t issue_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, weft__lanes_t mask,
-                                  uint64_t *need) {
+static weft_status_t issue_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const needs_t *nd) {
   weft_status_t st = d->lane[weft__at(d, s)].deferred ? WEFT_OK : weft__clock_flush(tr, d, s);
-  return st == WEFT_OK ? issue_waits(tr, d, s, mask, need) : st;
+  return st == WEFT_OK ? issue_waits(tr, d, s, nd) : st;
 }
 
 /* Issues the waits of a use on s, unless one of the lanes it must wait for is busy: then *busy
  * gets them and nothing changed. */
 static weft_status_t begin_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses,
                                   size_t n, weft__lanes_t *busy) {
-  uint64_t need[WEFT__MAX_LANES];
-  weft__lanes_t mask = needs_locked(tr, d, s, uses, n, need, busy);
-  return *busy != 0 ? WEFT_OK : issue_locked(tr, d, s, mask, need);
+  needs_t nd;
+  (void)needs_locked(tr, d, s, uses, n, &nd, busy);
+  return *busy != 0 ? WEFT_OK : issue_locked(tr, d, s, &nd);
 }
 
 /* Waits, the lock released meanwhile, until no lane of `lanes` in the live domain is busy. */
@@ -395,7 +415,7 @@ static void wait_idle(weft__tracker_t *tr, weft__lanes_t lanes) {
 
 /* What a busy use changed in its lane, to put back if its work fails. */
 typedef struct lane_was {
-  uint64_t tick, recorded;
+  uint64_t tick, recorded, last_use;
   unsigned joined;
   bool dirty, deferred;
 } lane_was_t;
@@ -405,6 +425,7 @@ typedef struct undo {
   weft__point_t write;
   weft__lanes_t reader_mask;
   uint64_t read; /* reads[lane] */
+  uint64_t last_use;
 } undo_t;
 
 /* Records a busy use's accesses at the pending tick of s that its work will have (tracker.h,
@@ -414,13 +435,15 @@ static bool reserve_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s
                         undo_t *undo, lane_was_t *was) {
   unsigned at = s->lane;
   weft__lane_t *l = &d->lane[at];
-  *was = (lane_was_t){l->tick, l->recorded, l->joined, l->dirty, l->deferred};
+  *was = (lane_was_t){l->tick, l->recorded, l->last_use, l->joined, l->dirty, l->deferred};
   bool defer = tr->lazy && !l->eager && !atomic_load_explicit(&s->exposed, memory_order_relaxed);
   uint64_t k = weft__clock_reserve(d, s, defer);
   weft__clock_unpublish(d, at); /* the reserved tick is taken back if the work fails */
+  l->last_use = ++d->use_seq;
   for (size_t i = 0; i < n; i++) {
     weft__access_state_t *a = uses[i].state;
-    undo[i] = (undo_t){a->write, a->reader_mask, a->reads[at]};
+    undo[i] = (undo_t){a->write, a->reader_mask, a->reads[at], a->last_use};
+    a->last_use = l->last_use << 1 | weft__rule_starts_history(uses[i].kind);
     if (weft__rule_starts_history(uses[i].kind)) {
       a->write = (weft__point_t){at, k};
       a->reader_mask = 0;
@@ -449,10 +472,12 @@ static void finish_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s,
       a->write = undo[i].write;
       a->reader_mask = undo[i].reader_mask;
       a->reads[at] = undo[i].read;
+      a->last_use = undo[i].last_use;
     }
     weft__lane_t *l = &d->lane[at];
     l->tick = was->tick;
     l->recorded = was->recorded;
+    l->last_use = was->last_use;
     l->dirty = was->dirty;
     l->deferred = was->deferred;
     l->joined = was->joined;
@@ -497,12 +522,14 @@ static void end_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s,
   /* Lazy records (tracker.h): live streams nobody has waited on yet leave the tick pending. Not
    * an exposed stream (weft__tracker_expose): code outside weft may begin a capture on it at any
    * moment, and a pending event recorded then would land in that capture. */
+  uint64_t seq = d->lane[at].last_use = ++d->use_seq; /* before the record: its slot keeps it */
   if (tr->lazy && d == tr->live && !d->lane[at].eager &&
       !atomic_load_explicit(&s->exposed, memory_order_relaxed))
     k = weft__clock_defer(d, s);
   else (void)weft__clock_record(tr, d, s, &k);
   for (size_t i = 0; i < n; i++) {
     weft__access_state_t *a = uses[i].state;
+    a->last_use = seq << 1 | weft__rule_starts_history(uses[i].kind);
     if (weft__rule_starts_history(uses[i].kind)) {
       a->write = (weft__point_t){at, k};
       a->reader_mask = 0;
@@ -649,13 +676,11 @@ weft_status_t weft__tracker_use_joint(weft_stream_t *const *s, weft__use_t *cons
   /* Per stream: its undo records, its lane as it was, the lanes it waits for and their ticks. */
   undo_t small_undo[32];
   lane_was_t small_was[4];
-  weft__lanes_t small_mask[4];
-  uint64_t small_need[4 * WEFT__MAX_LANES];
+  needs_t small_need[4];
   undo_t *undo = weft__small_alloc(small_undo, 32, total, sizeof *undo);
   lane_was_t *was = weft__small_alloc(small_was, 4, k, sizeof *was);
-  weft__lanes_t *mask = weft__small_alloc(small_mask, 4, k, sizeof *mask);
-  uint64_t *need = weft__small_alloc(small_need, 4, k, WEFT__MAX_LANES * sizeof *need);
-  weft_status_t st = undo != NULL && was != NULL && mask != NULL && need != NULL
+  needs_t *need = weft__small_alloc(small_need, 4, k, sizeof *need);
+  weft_status_t st = undo != NULL && was != NULL && need != NULL
                          ? WEFT_OK
                          : weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for a joint use");
   weft__lanes_t lanes = 0;
@@ -673,7 +698,7 @@ again:
     else if ((st = check_graph_memory(NULL, s[i], uses[i], n[i])) == WEFT_OK &&
              (st = grow_reads(d, s[i]->lane, uses[i], n[i])) == WEFT_OK) {
       weft__lanes_t b;
-      mask[i] = needs_locked(s[i]->tr, d, s[i], uses[i], n[i], need + i * WEFT__MAX_LANES, &b);
+      (void)needs_locked(s[i]->tr, d, s[i], uses[i], n[i], &need[i], &b);
       busy |= b;
     }
   }
@@ -685,8 +710,8 @@ again:
   /* The waits; a stream's context is bound only when it gets a driver call. */
   for (size_t i = 0; i < k && st == WEFT_OK; i++) {
     const weft__lane_t *l = &d->lane[s[i]->lane];
-    if ((mask[i] != 0 || (!l->deferred && l->recorded != l->tick)) && (st = weft__tracker_bind(s[i]->tr)) != WEFT_OK) break;
-    st = issue_locked(s[i]->tr, d, s[i], mask[i], need + i * WEFT__MAX_LANES);
+    if ((need[i].mask != 0 || (!l->deferred && l->recorded != l->tick)) && (st = weft__tracker_bind(s[i]->tr)) != WEFT_OK) break;
+    st = issue_locked(s[i]->tr, d, s[i], &need[i]);
   }
   if (st != WEFT_OK) goto out; /* waits issued stay (harmless, conservative); nothing recorded */
   for (size_t i = 0, off = 0; i < k; off += n[i], i++)
@@ -702,7 +727,6 @@ out:
 done:
   if (undo != NULL) weft__small_free(small_undo, undo);
   if (was != NULL) weft__small_free(small_was, was);
-  if (mask != NULL) weft__small_free(small_mask, mask);
   if (need != NULL) weft__small_free(small_need, need);
   return st;
 }
@@ -855,7 +879,7 @@ weft_status_t weft__tracker_order(weft_stream_t *s, weft__point_t p) {
   weft__domain_t *d = weft__clock_domain(tr, s);
   if (p.stream < d->n && d->stream[p.stream] != NULL && !weft__clock_implied(d, weft__at(d, s), p.stream, p.tick)) {
     st = weft__clock_flush(tr, d, s);
-    weft__clock_needed(tr, d, d->stream[p.stream], p.tick);
+    weft__clock_needed(tr, d, d->stream[p.stream], p.tick, false);
     if (st == WEFT_OK) st = weft__clock_wait(tr, d, s, d->stream[p.stream], p.tick);
   }
   unlock(tr);
@@ -880,12 +904,12 @@ weft_stream_t *weft__tracker_auto(weft__tracker_t *tr, bool high, const weft__us
   weft_stream_t *best = NULL;
   unsigned best_waits = ~0u;
   unsigned first = high ? tr->n_pool - tr->n_high : 0, last = high ? tr->n_pool : tr->n_pool - tr->n_high;
-  uint64_t need[WEFT__MAX_LANES];
+  needs_t need;
   uint64_t skipped = tr->counters.waits_skipped, host = tr->counters.waits_host_known;
   for (unsigned c = first; c < last; c++) {
     weft_stream_t *s = &tr->streams[c];
     if (s->capture != NULL) continue; /* a capturing stream is not free for eager work */
-    weft__lanes_t m = collect_needs(tr, tr->live, s->lane, uses, n, need);
+    weft__lanes_t m = collect_needs(tr, tr->live, s->lane, uses, n, &need);
     unsigned waits = (unsigned)__builtin_popcountll((uint64_t)m) + (unsigned)__builtin_popcountll((uint64_t)(m >> 64));
     if (best == NULL || waits < best_waits || (waits == best_waits && s->last_used < best->last_used)) {
       best = s;

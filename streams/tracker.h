@@ -19,7 +19,8 @@
  * before anything else weft enqueues on that stream, and by anyone who must wait for it first;
  * a stream has at most one pending tick, and work enqueued meanwhile joins it. With lazy records
  * (weft__lane_t.deferred) a use's own tick stays pending and later uses join it too, until
- * another stream or the host needs it (a stream others wait on turns eager: weft__lane_t).
+ * another stream or the host needs it (a stream that was once waited on late turns eager:
+ * weft__lane_t).
  *
  * Files: clock.c (domains, rings, the record and wait every other file builds on), tracker.c
  * (life cycle, uses, points, host knowledge), capture.c (capture sessions' clocks).
@@ -83,6 +84,10 @@ typedef struct weft__access_state {
   const void *graph;    /* the capture (or graph builder) the block was allocated in: its memory
                            exists only in that graph, so only streams taking part in that capture
                            may use it; NULL for live memory */
+  /* The newest use that touched the block: its number in the domain (weft__domain_t.use_seq)
+   * times two, plus one if it wrote the block (0: none). With lazy records it tells whether a
+   * consumer of a joined deferred tick needs that tick's newest use (weft__clock_needed). */
+  uint64_t last_use;
 } weft__access_state_t;
 
 /** The conflict rule (read-after-write, write-after-read, write-after-write), the one definition
@@ -111,16 +116,21 @@ typedef struct weft__lane {
   bool dirty;           /* the stream's row grew by waits (or it got untracked work) since tick */
   /* Lazy records (options.lazy_records, live domain only): a use's tick may stay pending after
    * its work ("deferred"); the next uses on the stream join it instead of recording it first, so
-   * a stream nobody waits on records no event at all. The first time another stream needs a
-   * deferred tick, the lane turns `eager`: from then on each use records its event at once, so
-   * a consumer enqueued after later producer work still waits for exactly its point. */
+   * a stream nobody waits on records no event at all. A stream that needs the newest use of a
+   * deferred tick records its event then, exactly at that point. The first time another stream
+   * needs an older use of a tick that covers several (a late wait: weft__clock_needed), the
+   * lane turns `eager`: from then on each use records its event at once, so a consumer enqueued
+   * after later producer work still waits for exactly its point. */
   bool deferred;        /* the pending tick was left by a use's end and may be joined */
-  bool eager;           /* another stream needed one of this lane's deferred ticks */
+  bool eager;           /* a wait on one of this lane's joined ticks was late */
   unsigned joined;      /* uses that joined the deferred tick after the one that took it */
+  uint64_t last_use;    /* the number (weft__domain_t.use_seq) of the newest use on this lane */
   CUevent *ring;        /* [ring_size] events, created lazily in capture domains */
   uint64_t *ring_tick;  /* [ring_size] tick recorded in each slot (0: empty) */
   uint64_t *ring_clock; /* [ring_size * n] clock snapshot per slot */
   uint64_t *ring_us;    /* [ring_size] when each slot was recorded, while a trace is written */
+  uint64_t *ring_use;   /* [ring_size] the newest use each slot's event covers (last_use), times
+                           two, plus one if it covers several (a joined deferred tick) */
 } weft__lane_t;
 
 /** A clock domain: the live one (work that runs as it is enqueued) or one per capture (work
@@ -139,6 +149,7 @@ typedef struct weft__domain {
   weft__lane_t *lane;
   weft__capture_t *capture; /* NULL for the live domain */
   weft__lanes_t busy;       /* live domain: lanes whose use enqueues its work unlocked (above) */
+  uint64_t use_seq;         /* uses numbered so far (weft__access_state_t.last_use) */
 } weft__domain_t;
 
 /** A pool stream. `raw`, `index`, `tr`, `runtime`, `high`, `priority` never change after the

@@ -1,9 +1,11 @@
 /* Lazy records (options.lazy_records, issue 17): a stream that no other stream has waited on
- * records no event after its uses; the first stream that needs one of its points records the
- * pending event then (late, when later uses joined it: counters.late_waits) and turns the stream
- * eager, so that from then on each use records its event and a consumer waits for exactly its
- * point. Host waits record the pending event first. Every case checks the data and the
- * simulator's oracle; with lazy_records = 0 every use records, as before. */
+ * records no event after its uses; a stream that needs one of its points records the pending
+ * event then. When that point is the newest use's, the event sits exactly there and the stream
+ * stays lazy. When later uses joined the tick after the needed one, the wait is late
+ * (counters.late_waits) and the stream turns eager, so that from then on each use records its
+ * event and a consumer waits for exactly its point. Host waits record the pending event first.
+ * Every case checks the data and the simulator's oracle; with lazy_records = 0 every use
+ * records, as before. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -141,6 +143,79 @@ static void test_the_first_waiter_turns_the_producer_eager(void **state) {
   assert_int_equal(weft_free(out, s0), WEFT_OK);
 }
 
+/* The consumer needs what the producer's newest use wrote: the event recorded now sits exactly
+ * at that point (not late), so the producer stays lazy and its next uses record nothing. */
+static void test_a_waiter_needing_the_newest_use_leaves_the_producer_lazy(void **state) {
+  (void)state;
+  weft_stream_t *s0 = stream(0), *s1 = stream(1);
+  weft_block_t a = alloc(s0, "a"), b = alloc(s0, "b"), a2 = alloc(s0, "a2"), out = alloc(s0, "out");
+  quiesce();
+  weft_counters_t c0 = counters();
+  assert_int_equal(tu_fill(&env, s0, a, N, 3), WEFT_OK);
+  assert_int_equal(tu_fill(&env, s0, b, N, 4), WEFT_OK); /* joins a's pending tick: the newest use */
+  assert_int_equal(tu_combine(&env, s1, out, none, b, none, none, N, 1), WEFT_OK);
+  weft_counters_t c1 = counters();
+  assert_int_equal(c1.waits_issued - c0.waits_issued, 1);
+  assert_int_equal(c1.late_waits, c0.late_waits);
+  assert_int_equal(c1.events_recorded - c0.events_recorded, 1);
+  /* Still lazy: two more uses on s0 record nothing. */
+  assert_int_equal(tu_fill(&env, s0, a2, N, 5), WEFT_OK);
+  assert_int_equal(tu_fill(&env, s0, a, N, 6), WEFT_OK);
+  weft_counters_t c2 = counters();
+  assert_int_equal(c2.events_recorded, c1.events_recorded);
+  /* A consumer of a2 (not the newest use: a's fill joined after it) is late, and turns s0 eager. */
+  assert_int_equal(tu_combine(&env, s1, out, none, a2, none, none, N, 2), WEFT_OK);
+  weft_counters_t c3 = counters();
+  assert_int_equal(c3.waits_issued - c2.waits_issued, 1);
+  assert_int_equal(c3.late_waits - c2.late_waits, 1);
+  assert_int_equal(tu_fill(&env, s0, a, N, 7), WEFT_OK); /* s1 never read a: no wait */
+  assert_int_equal(counters().events_recorded - c3.events_recorded, 1);
+  expect_all(s1, out, combined(5, 2));
+  expect_all(s0, a, 7);
+  expect_all(s0, b, 4);
+  assert_int_equal(tu_races(&env), 0);
+  assert_int_equal(weft_free(a, s0), WEFT_OK);
+  assert_int_equal(weft_free(b, s0), WEFT_OK);
+  assert_int_equal(weft_free(a2, s0), WEFT_OK);
+  assert_int_equal(weft_free(out, s0), WEFT_OK);
+}
+
+/* Which access of the newest use counts: a writer that must follow the newest use's read of a
+ * block is exact; a reader that needs only that block's write, done by an earlier joined use,
+ * is late even though the newest use touched the block. */
+static void test_exactness_follows_the_conflict_rule(void **state) {
+  (void)state;
+  weft_stream_t *s0 = stream(0), *s1 = stream(1), *s2 = stream(2), *s3 = stream(3);
+  weft_block_t a = alloc(s0, "a"), b = alloc(s0, "b"), c = alloc(s2, "c"), d = alloc(s2, "d"),
+               out = alloc(s3, "out");
+  quiesce();
+  weft_counters_t c0 = counters();
+  /* s0: write a, then read a (writing b): joined. s1 writes a: it must follow the read. */
+  assert_int_equal(tu_fill(&env, s0, a, N, 2), WEFT_OK);
+  assert_int_equal(tu_combine(&env, s0, b, none, a, none, none, N, 1), WEFT_OK);
+  assert_int_equal(tu_fill(&env, s1, a, N, 8), WEFT_OK);
+  weft_counters_t c1 = counters();
+  assert_int_equal(c1.waits_issued - c0.waits_issued, 1);
+  assert_int_equal(c1.late_waits, c0.late_waits);
+  /* s2: write c, then read c (writing d): joined. s3 reads c: it needs only c's write. */
+  assert_int_equal(tu_fill(&env, s2, c, N, 4), WEFT_OK);
+  assert_int_equal(tu_combine(&env, s2, d, none, c, none, none, N, 3), WEFT_OK);
+  assert_int_equal(tu_combine(&env, s3, out, none, c, none, none, N, 5), WEFT_OK);
+  weft_counters_t c2 = counters();
+  assert_int_equal(c2.waits_issued - c1.waits_issued, 1);
+  assert_int_equal(c2.late_waits - c1.late_waits, 1);
+  expect_all(s1, a, 8);
+  expect_all(s0, b, combined(2, 1));
+  expect_all(s2, d, combined(4, 3));
+  expect_all(s3, out, combined(4, 5));
+  assert_int_equal(tu_races(&env), 0);
+  assert_int_equal(weft_free(a, s1), WEFT_OK);
+  assert_int_equal(weft_free(b, s0), WEFT_OK);
+  assert_int_equal(weft_free(c, s3), WEFT_OK);
+  assert_int_equal(weft_free(d, s2), WEFT_OK);
+  assert_int_equal(weft_free(out, s3), WEFT_OK);
+}
+
 static void test_a_deferred_tick_the_host_saw_complete_needs_no_wait(void **state) {
   (void)state;
   weft_stream_t *s2 = stream(2), *s3 = stream(3);
@@ -254,9 +329,15 @@ int main(void) {
       cmocka_unit_test(test_a_failed_deferred_record_fails_the_needing_use_only),
       cmocka_unit_test(test_exposing_a_stream_records_its_deferred_event),
   };
+  /* Each on a fresh runtime: whether a lane is eager is what they check. */
+  const struct CMUnitTest fresh[] = {
+      cmocka_unit_test_setup_teardown(test_a_waiter_needing_the_newest_use_leaves_the_producer_lazy, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_exactness_follows_the_conflict_rule, setup, teardown),
+  };
   const struct CMUnitTest eager[] = {
       cmocka_unit_test(test_with_lazy_records_off_every_use_records),
   };
   int failed = cmocka_run_group_tests_name("lazy records", lazy, setup, teardown);
+  failed += cmocka_run_group_tests_name("lazy records, one runtime each", fresh, NULL, NULL);
   return failed + cmocka_run_group_tests_name("lazy records off", eager, setup_eager, teardown);
 }
