@@ -295,13 +295,15 @@ typedef struct needs {
   uint64_t tick[WEFT__MAX_LANES];
 } needs_t;
 
-/* One conflicting point (t, tick) of a use on s, the access there being use number `use` (0:
- * unknown): a need unless s already implies it. */
+/* One conflicting point (t, tick) of a use on s, with block st's write there (`write`) or a read:
+ * a need unless s already implies it. */
 static inline void consider(weft__tracker_t *tr, const weft__domain_t *d, unsigned s, unsigned t, uint64_t tick,
-                            needs_t *nd, uint64_t use) {
+                            needs_t *nd, const weft__access_state_t *st, bool write) {
   if (!weft__clock_implied(d, s, t, tick)) {
     weft__lanes_t bit = weft__lane_bit(t);
-    bool newest = use != 0 && use == weft__clock_newest_use(d, t, tick);
+    /* The block's newest (stamped) use: the write's if it wrote, one of the reads' if it read. */
+    bool newest = st->last_use != 0 && (st->last_use & 1) == write &&
+                  st->last_use >> 1 == weft__clock_newest_use(d, t, tick);
     if ((nd->mask & bit) == 0 || tick > nd->tick[t]) {
       nd->tick[t] = tick;
       nd->newest = newest ? nd->newest | bit : nd->newest & ~bit;
@@ -322,13 +324,11 @@ static weft__lanes_t collect_needs(weft__tracker_t *tr, const weft__domain_t *d,
   nd->mask = nd->newest = 0;
   for (size_t i = 0; i < n; i++) {
     const weft__access_state_t *st = uses[i].state;
-    /* The block's newest use, if it wrote: the write's; if it read: one of the reads'. */
-    uint64_t wrote = st->last_use & 1 ? st->last_use >> 1 : 0, read = st->last_use & 1 ? 0 : st->last_use >> 1;
-    if (st->write.tick != 0 && st->write.stream != s) consider(tr, d, s, st->write.stream, st->write.tick, nd, wrote);
+    if (st->write.tick != 0 && st->write.stream != s) consider(tr, d, s, st->write.stream, st->write.tick, nd, st, true);
     if (weft__rule_follows_reads(uses[i].kind))
       for (weft__lanes_t m = st->reader_mask & others; m != 0; m &= m - 1) {
         unsigned t = weft__lanes_first(m);
-        consider(tr, d, s, t, st->reads[t], nd, read);
+        consider(tr, d, s, t, st->reads[t], nd, st, false);
       }
   }
   return nd->mask;
@@ -439,11 +439,11 @@ static bool reserve_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s
   bool defer = tr->lazy && !l->eager && !atomic_load_explicit(&s->exposed, memory_order_relaxed);
   uint64_t k = weft__clock_reserve(d, s, defer);
   weft__clock_unpublish(d, at); /* the reserved tick is taken back if the work fails */
-  l->last_use = ++d->use_seq;
+  uint64_t stamp = defer ? (l->last_use = ++d->use_seq) << 1 : 0; /* stamp_of */
   for (size_t i = 0; i < n; i++) {
     weft__access_state_t *a = uses[i].state;
     undo[i] = (undo_t){a->write, a->reader_mask, a->reads[at], a->last_use};
-    a->last_use = l->last_use << 1 | weft__rule_starts_history(uses[i].kind);
+    if (defer) a->last_use = stamp | weft__rule_starts_history(uses[i].kind);
     if (weft__rule_starts_history(uses[i].kind)) {
       a->write = (weft__point_t){at, k};
       a->reader_mask = 0;
@@ -514,6 +514,12 @@ static weft_status_t use_unlocked(weft__tracker_t *tr, weft__domain_t *d, weft_s
   return st;
 }
 
+/* stamp_of: a deferred use (lazy records) numbers itself in its lane (last_use) and stamps the
+ * blocks it touches (weft__access_state_t.last_use), so that a consumer can tell whether it
+ * needs the newest use of a joined tick. A use that records its own event needs neither: its
+ * tick covers it alone, so no wait for it is ever late (a stale stamp of an older deferred use
+ * still says truly which use touched the block last among those that stamp). */
+
 /* The work is on the stream: the use is recorded whatever happens to its event (a failed record
  * leaves the tick pending; whoever needs it records it first, or fails without waiting). */
 static void end_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n) {
@@ -522,14 +528,17 @@ static void end_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s,
   /* Lazy records (tracker.h): live streams nobody has waited on yet leave the tick pending. Not
    * an exposed stream (weft__tracker_expose): code outside weft may begin a capture on it at any
    * moment, and a pending event recorded then would land in that capture. */
-  uint64_t seq = d->lane[at].last_use = ++d->use_seq; /* before the record: its slot keeps it */
-  if (tr->lazy && d == tr->live && !d->lane[at].eager &&
-      !atomic_load_explicit(&s->exposed, memory_order_relaxed))
+  bool defer = tr->lazy && d == tr->live && !d->lane[at].eager && !atomic_load_explicit(&s->exposed, memory_order_relaxed);
+  uint64_t stamp = 0;
+  if (defer) {
+    stamp = (d->lane[at].last_use = ++d->use_seq) << 1; /* stamp_of */
     k = weft__clock_defer(d, s);
-  else (void)weft__clock_record(tr, d, s, &k);
+  } else {
+    (void)weft__clock_record(tr, d, s, &k);
+  }
   for (size_t i = 0; i < n; i++) {
     weft__access_state_t *a = uses[i].state;
-    a->last_use = seq << 1 | weft__rule_starts_history(uses[i].kind);
+    if (defer) a->last_use = stamp | weft__rule_starts_history(uses[i].kind);
     if (weft__rule_starts_history(uses[i].kind)) {
       a->write = (weft__point_t){at, k};
       a->reader_mask = 0;
