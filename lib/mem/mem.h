@@ -85,6 +85,21 @@ static inline void weft__mem_reserve(uint64_t *reserved, uint64_t *peak, uint64_
 extern const weft_resource_ops_t weft__direct_ops, weft__async_ops, weft__pool_ops, weft__budget_ops,
     weft__logging_ops, weft__stats_ops, weft__guard_ops, weft__graph_nodes_ops;
 
+/* ---- counts kept under a resource's own lock (resource.c) ----------------------------------------
+ * The pool takes its lock on every call anyway, so it keeps live bytes, peak, allocs and frees
+ * there, with relaxed loads and stores, instead of the dispatch's four atomic read-modify-writes
+ * a pair (a third of its pair on the GPU hosts: bench/data/h100x2-4886999/pool_bound.txt). The
+ * dispatch then counts only failures (atomically, as ever); readers load each count as before. */
+
+/** Whether r keeps its own counts (weft__counts_out / weft__counts_back under its lock). */
+static inline bool weft__resource_counts_itself(const weft_resource_t *r) { return r->ops == &weft__pool_ops; }
+/** `bytes` handed out (an allocation, or adopted) / given back (a free, or disowned); only under
+ * the lock of the resource that keeps c. */
+void weft__counts_out(weft_resource_counts_t *c, uint64_t bytes);
+void weft__counts_back(weft_resource_counts_t *c, uint64_t bytes);
+/** weft__resource_adopt / disown of a pool: its counts, under its lock (pool.c). */
+void weft__pool_recount(weft_resource_t *r, uint64_t bytes, bool out);
+
 /* Constructors behind the public weft_*_create (same arguments and errors, the runtime resolved to
  * its tracker `tr`; `rt` is kept as the resource's runtime). */
 weft_status_t weft__direct_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t **out);

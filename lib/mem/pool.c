@@ -551,6 +551,7 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
     lc->e[i] = lc->e[--lc->n];
     p->cached--;
     r->held = 0;
+    weft__counts_out(&p->base.counts, bytes);
     pthread_mutex_unlock(&p->lock);
     *out = (CUdeviceptr)r->addr;
     return WEFT_OK;
@@ -560,6 +561,7 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
   if (n >= p->dedicated_min) {
     chunk_t *k = take_kept(p, s, n);
     if (k != NULL) {
+      weft__counts_out(&p->base.counts, bytes);
       pthread_mutex_unlock(&p->lock);
       *out = k->base;
       return WEFT_OK;
@@ -619,6 +621,7 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
     return st;
   }
   WEFT_ASSERT_EXPENSIVE(pool_is_valid(p));
+  weft__counts_out(&p->base.counts, bytes);
   pthread_mutex_unlock(&p->lock);
   *out = (CUdeviceptr)a->addr;
   return WEFT_OK;
@@ -659,8 +662,17 @@ static weft_status_t pool_deallocate(weft_resource_t *self, CUdeviceptr ptr, siz
     }
   }
   WEFT_ASSERT_EXPENSIVE(pool_is_valid(p));
+  weft__counts_back(&p->base.counts, bytes);
   pthread_mutex_unlock(&p->lock);
   return WEFT_OK;
+}
+
+void weft__pool_recount(weft_resource_t *r, uint64_t bytes, bool out) {
+  pool_t *p = (pool_t *)r;
+  pthread_mutex_lock(&p->lock);
+  if (out) weft__counts_out(&p->base.counts, bytes);
+  else weft__counts_back(&p->base.counts, bytes);
+  pthread_mutex_unlock(&p->lock);
 }
 
 static void pool_stats(const weft_resource_t *self, weft_resource_stats_t *out) {

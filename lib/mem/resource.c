@@ -1,6 +1,7 @@
 /* The resource interface: every call into a resource, with the counting every resource shares
- * (as RMM keeps counting out of its resources, weft keeps it in the dispatch), the checked
- * public calls, and the helpers the built-in resources share (mem.h).
+ * (as RMM keeps counting out of its resources, weft keeps it in the dispatch; the pool keeps its
+ * own under its lock: mem.h), the checked public calls, and the helpers the built-in resources
+ * share (mem.h).
  *
  * Counts are updated with relaxed atomics: each is exact, and a reader sees each on its own
  * (live bytes and the call counts may be a call apart when read while calls run). */
@@ -16,16 +17,36 @@ static void count_live(weft_resource_counts_t *c, uint64_t bytes) {
   __atomic_add_fetch(&c->allocs, 1, __ATOMIC_RELAXED);
 }
 
+void weft__counts_out(weft_resource_counts_t *c, uint64_t bytes) {
+  uint64_t live = __atomic_load_n(&c->live_bytes, __ATOMIC_RELAXED) + bytes;
+  __atomic_store_n(&c->live_bytes, live, __ATOMIC_RELAXED);
+  if (live > __atomic_load_n(&c->live_peak, __ATOMIC_RELAXED)) __atomic_store_n(&c->live_peak, live, __ATOMIC_RELAXED);
+  __atomic_store_n(&c->allocs, __atomic_load_n(&c->allocs, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+}
+
+void weft__counts_back(weft_resource_counts_t *c, uint64_t bytes) {
+  uint64_t live = __atomic_load_n(&c->live_bytes, __ATOMIC_RELAXED);
+  WEFT_ASSERT_INTERNAL(live >= bytes);
+  __atomic_store_n(&c->live_bytes, live - bytes, __ATOMIC_RELAXED);
+  __atomic_store_n(&c->frees, __atomic_load_n(&c->frees, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+}
+
 weft_status_t weft__resource_allocate(weft_resource_t *r, size_t bytes, weft_stream_t *s, const char *tag,
                                       CUdeviceptr *out) {
   weft_status_t st = r->ops->allocate(r, bytes, s, tag, out);
-  if (st == WEFT_OK) count_live(&r->counts, bytes);
-  else __atomic_add_fetch(&r->counts.failures, 1, __ATOMIC_RELAXED);
+  if (st != WEFT_OK) __atomic_add_fetch(&r->counts.failures, 1, __ATOMIC_RELAXED);
+  else if (!weft__resource_counts_itself(r)) count_live(&r->counts, bytes);
   return st;
 }
 
 weft_status_t weft__resource_deallocate(weft_resource_t *r, CUdeviceptr p, size_t bytes, weft_stream_t *s,
                                         const char *tag) {
+  if (weft__resource_counts_itself(r)) {
+    /* Counted inside the call, under the resource's lock (it checks the pointer and size). */
+    weft_status_t st = r->ops->deallocate(r, p, bytes, s, tag);
+    if (st != WEFT_OK) __atomic_add_fetch(&r->counts.failures, 1, __ATOMIC_RELAXED);
+    return st;
+  }
   /* Counted before the call: once a free succeeds, the resource's owner may destroy it (a graph
    * whose last output was freed), so nothing may touch it afterwards. A failure undoes it. */
   /* More bytes than are live cannot be a block of this resource (a double free, a wrong size):
@@ -51,9 +72,16 @@ weft_status_t weft__resource_deallocate(weft_resource_t *r, CUdeviceptr p, size_
   return st;
 }
 
-void weft__resource_adopt(weft_resource_t *r, uint64_t bytes) { count_live(&r->counts, bytes); }
+void weft__resource_adopt(weft_resource_t *r, uint64_t bytes) {
+  if (weft__resource_counts_itself(r)) weft__pool_recount(r, bytes, true);
+  else count_live(&r->counts, bytes);
+}
 
 void weft__resource_disown(weft_resource_t *r, uint64_t bytes) {
+  if (weft__resource_counts_itself(r)) {
+    weft__pool_recount(r, bytes, false);
+    return;
+  }
   WEFT_ASSERT_INTERNAL(__atomic_load_n(&r->counts.live_bytes, __ATOMIC_RELAXED) >= bytes);
   __atomic_sub_fetch(&r->counts.live_bytes, bytes, __ATOMIC_RELAXED);
   __atomic_add_fetch(&r->counts.frees, 1, __ATOMIC_RELAXED);

@@ -2,6 +2,8 @@
  * on which stream, when it waits (once, for the freeing point only), when it grows, trim, and
  * clean failures (upstream refusals, failed waits, bad frees) with consistent statistics. */
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -583,41 +585,86 @@ static void test_destroy_waits_for_a_streams_newest_free_after_its_cache_was_flu
   fake_upstream_destroy(fx.up);
 }
 
+typedef struct churn {
+  unsigned me;
+  uint64_t allocs, bad_frees, peak_seen; /* successes, refused frees; the highest live count read */
+  int failed;
+} churn_t;
+
+static atomic_bool g_churning;
+
 static void *thread_churn(void *arg) {
-  unsigned me = (unsigned)(uintptr_t)arg;
-  uint64_t s = me + 1;
+  churn_t *c = arg;
+  uint64_t s = c->me + 1;
   CUdeviceptr p[32] = {0};
   size_t sz[32];
-  for (int i = 0; i < 20000; i++) {
+  for (int i = 0; i < 20000 && !c->failed; i++) {
     unsigned k = (unsigned)(rng(&s) % 32);
     if (p[k]) {
-      if (weft_resource_deallocate(fx.pool, p[k], sz[k], fake_stream(me), "t") != WEFT_OK) return (void *)1;
+      /* Now and then a wrong size first: refused, counted as a failure, the block still live. */
+      if (i % 97 == 0 && weft_resource_deallocate(fx.pool, p[k], sz[k] + MIB, fake_stream(c->me), "t") !=
+                             WEFT_ERR_INVALID_ARGUMENT)
+        c->failed = 1;
+      if (i % 97 == 0) c->bad_frees++;
+      if (weft_resource_deallocate(fx.pool, p[k], sz[k], fake_stream(c->me), "t") != WEFT_OK) c->failed = 1;
       p[k] = 0;
     } else {
       sz[k] = 1 + (size_t)(rng(&s) % 100000);
-      if (weft_resource_allocate(fx.pool, sz[k], fake_stream(me), "t", &p[k]) != WEFT_OK) return (void *)1;
+      if (weft_resource_allocate(fx.pool, sz[k], fake_stream(c->me), "t", &p[k]) != WEFT_OK) c->failed = 1;
+      else c->allocs++;
     }
   }
   for (int k = 0; k < 32; k++)
-    if (p[k] && weft_resource_deallocate(fx.pool, p[k], sz[k], fake_stream(me), "t") != WEFT_OK) return (void *)1;
+    if (p[k] && weft_resource_deallocate(fx.pool, p[k], sz[k], fake_stream(c->me), "t") != WEFT_OK) c->failed = 1;
   return NULL;
 }
 
-/* Threads allocating and freeing at once (one stream each; the fake's ticks stay still). */
+/* Reads the counts while the others churn (the pool keeps them under its lock, readers load them
+ * without it): live bytes never exceed the peak read after them. */
+static void *thread_read_counts(void *arg) {
+  churn_t *c = arg;
+  while (atomic_load(&g_churning)) {
+    weft_resource_stats_t st;
+    weft_resource_stats(fx.pool, &st);
+    if (st.live_bytes > st.live_peak) {
+      weft_resource_stats_t again;
+      weft_resource_stats(fx.pool, &again);
+      if (st.live_bytes > again.live_peak) c->failed = 1;
+    }
+    if (st.live_bytes > c->peak_seen) c->peak_seen = st.live_bytes;
+  }
+  return NULL;
+}
+
+/* Threads allocating and freeing at once (one stream each; the fake's ticks stay still), a fifth
+ * reading the counts: every count is exact at the end. */
 static void test_threads_share_one_pool(void **state) {
   (void)state;
   make_pool(1 * MIB, 0);
-  pthread_t t[4];
-  for (uintptr_t i = 0; i < 4; i++) assert_int_equal(pthread_create(&t[i], NULL, thread_churn, (void *)i), 0);
+  pthread_t t[5];
+  churn_t c[5] = {{.me = 0}, {.me = 1}, {.me = 2}, {.me = 3}, {.me = 4}};
+  atomic_store(&g_churning, true);
+  assert_int_equal(pthread_create(&t[4], NULL, thread_read_counts, &c[4]), 0);
+  for (int i = 0; i < 4; i++) assert_int_equal(pthread_create(&t[i], NULL, thread_churn, &c[i]), 0);
+  uint64_t allocs = 0, bad = 0;
   for (int i = 0; i < 4; i++) {
-    void *r;
-    pthread_join(t[i], &r);
-    assert_null(r);
+    pthread_join(t[i], NULL);
+    assert_false(c[i].failed);
+    allocs += c[i].allocs;
+    bad += c[i].bad_frees;
   }
+  atomic_store(&g_churning, false);
+  pthread_join(t[4], NULL);
+  assert_false(c[4].failed);
   weft_resource_stats_t st;
   weft_resource_stats(fx.pool, &st);
+  assert_true(bad > 0); /* premise: refused frees happened */
   assert_int_equal(st.live_bytes, 0);
-  assert_int_equal(st.allocs, st.frees);
+  assert_int_equal(st.allocs, allocs);
+  assert_int_equal(st.frees, allocs);
+  assert_int_equal(st.failures, bad);
+  assert_true(st.live_peak >= c[4].peak_seen);
+  assert_true(st.live_peak > 0);
   drop_pool();
 }
 
