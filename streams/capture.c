@@ -166,26 +166,28 @@ weft_status_t weft__capture_end(weft_stream_t *s, weft__capture_t **out, CUgraph
     st = weft__clock_record(tr, &c->dom, t, &tick);
     if (st == WEFT_OK) st = weft__clock_wait(tr, &c->dom, c->origin, t, tick);
   }
-  CUgraph g = NULL;
+  CUgraph g = NULL, dropped[2] = {NULL, NULL};
   CUresult r = tr->drv->cuStreamEndCapture(c->origin->raw, &g);
   if (r != CUDA_SUCCESS) {
     /* The capture must end whatever happened: if the stream still captures (an invalidated
      * capture, or a failure before the driver ended it), end it again and drop its graph. */
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (tr->drv->cuStreamIsCapturing(c->origin->raw, &cs) == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE) {
-      CUgraph dropped = NULL;
-      if (tr->drv->cuStreamEndCapture(c->origin->raw, &dropped) == CUDA_SUCCESS && dropped != NULL)
-        tr->drv->cuGraphDestroy(dropped);
-    }
-    if (g != NULL) tr->drv->cuGraphDestroy(g);
+    if (tr->drv->cuStreamIsCapturing(c->origin->raw, &cs) == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE &&
+        tr->drv->cuStreamEndCapture(c->origin->raw, &dropped[0]) != CUDA_SUCCESS)
+      dropped[0] = NULL;
+    dropped[1] = g;
+    g = NULL;
+  } else if (st != WEFT_OK) {
+    dropped[1] = g; /* the rejoin failed: the graph is not handed out */
     g = NULL;
   }
   detach(c);
   unlock(tr);
-  if (st != WEFT_OK) {
-    if (g != NULL) tr->drv->cuGraphDestroy(g);
-    return st;
-  }
+  /* A dropped graph may have memory nodes: its destroy is a graph call (WEFT__GRAPH_MEMORY),
+   * made outside the tracker lock. */
+  for (int i = 0; i < 2; i++)
+    if (dropped[i] != NULL) WEFT__GRAPH_MEMORY(WEFT__RELAXED(tr->drv, tr->drv->cuGraphDestroy(dropped[i])));
+  if (st != WEFT_OK) return st;
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuStreamEndCapture");
   *graph = g;
   return WEFT_OK;

@@ -146,6 +146,19 @@ weft_status_t weft__driver_get(const weft__driver_t **out);
  * nested, and not called from inside such a call. */
 void weft__driver_exclusive_begin(void);
 void weft__driver_exclusive_end(void);
+/** The driver's graph calls run one at a time in the process, and while none of them runs no
+ * other thread is inside a driver call that enqueues work (the exclusive side of the graph gate,
+ * lib/core/gate.h): allocation and free nodes, instantiate with its upload, launch, the free of
+ * an output, exec and graph destroy, trim. Run at once from several threads they crashed libcuda
+ * (580.159.04, H200: a SIGSEGV inside cuMemFreeAsync of a graph output about once in ten runs
+ * of tests/threads); run while other threads enqueued work they were followed by wrong results
+ * (H200 and H100, tests/conformance/README.md "graph calls"). `stmt` holds driver calls only. */
+#define WEFT__GRAPH_MEMORY(stmt)        \
+  do {                                  \
+    weft__driver_exclusive_begin();     \
+    stmt;                               \
+    weft__driver_exclusive_end();       \
+  } while (0)
 
 /** Loads a driver from `spec` ("", "sim" or a path) into *drv without touching the process's
  * table: what weft__driver_get() uses, and what tests call to try several libraries in one

@@ -122,19 +122,6 @@ weft_status_t weft__guard_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_r
  * capture hands weft_alloc unless it draws from a graph pool. */
 weft_status_t weft__graph_nodes_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_resource_t **out);
 
-/* The driver's graph calls run one at a time in the process, and while none of them runs no
- * other thread is inside a driver call that enqueues work (the exclusive side of the graph gate,
- * lib/core/gate.h): allocation and free nodes, instantiate with its upload, launch, the free of
- * an output, exec and graph destroy, trim. Run at once from several threads they crashed libcuda
- * (580.159.04, H200: a SIGSEGV inside cuMemFreeAsync of a graph output about once in ten runs
- * of tests/threads); run while other threads enqueued work they were followed by wrong results
- * (H200 and H100, tests/conformance/README.md "graph calls"). `stmt` holds driver calls only. */
-#define WEFT__GRAPH_MEMORY(stmt)        \
-  do {                                  \
-    weft__driver_exclusive_begin();     \
-    stmt;                               \
-    weft__driver_exclusive_end();       \
-  } while (0)
 /** cuDeviceGraphMemTrim of the tracker's device (under the graph-memory lock). */
 weft_status_t weft__graph_memory_trim(weft__tracker_t *tr);
 

@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "tests/util/cmocka_env.h"
+#include "sim/weft_sim.h"
 
 enum { WORKERS = 7, ELEMS = 4096, ROUNDS = 400, GRAPHS = 100 };
 
@@ -179,8 +180,46 @@ static void builder_calls_while_working(void **state) {
   while_working("builder", "builders made and destroyed", builder_round);
 }
 
+/* A capture whose end fails (an injected cuStreamEndCapture failure leaves the stream capturing):
+ * weft ends it again and destroys the graph it drops, which has memory nodes, so that destroy
+ * is a graph call too. Simulator only (fault injection). */
+static bool failed_end_round(unsigned r) {
+  if (env.sim == NULL) return false; /* on a GPU: no round overlaps the workers, a skip */
+  weft_stream_t *s = tu_stream(&env, 8);
+  weft_capture_options_t o = weft_capture_options_default();
+  weft_status_t st = weft_capture_begin(s, &o);
+  if (st != WEFT_OK) {
+    count_fail("weft_capture_begin", st);
+    return false;
+  }
+  weft_block_t b;
+  if ((st = weft_alloc(env.rt, ELEMS * 4, s, "graph", &b)) != WEFT_OK) count_fail("weft_alloc (capture)", st);
+  else if ((st = tu_fill(&env, s, b, ELEMS, 0x6000000u + r)) != WEFT_OK) count_fail("tu_fill (capture)", st);
+  weft_sim_stats_t f0, f1;
+  env.sim->stats(&f0);
+  if ((env.sim->fail)("cuStreamEndCapture:1:CUDA_ERROR_UNKNOWN") != 0) count_fail("sim fail", WEFT_ERR_INVALID_ARGUMENT);
+  weft_graph_t *g = NULL;
+  st = weft_capture_end(s, &g);
+  (void)(env.sim->fail)(NULL);
+  env.sim->stats(&f1);
+  if (f1.faults_injected - f0.faults_injected != 1) count_fail("premise: the end's fault", WEFT_ERR_INVALID_ARGUMENT);
+  if (st != WEFT_ERR_DRIVER) {
+    count_fail("weft_capture_end (should fail)", st);
+    if (st == WEFT_OK && weft_graph_destroy(g) != WEFT_OK) atomic_fetch_add(&failures, 1);
+  }
+  int capturing = 1;
+  if (weft_stream_is_capturing(s, &capturing) != WEFT_OK || capturing) count_fail("still capturing", st);
+  return true;
+}
+
+static void failed_capture_ends_while_working(void **state) {
+  (void)state;
+  while_working("failed-end", "captures whose end failed", failed_end_round);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(graph_calls_while_working),
-                                     cmocka_unit_test(builder_calls_while_working)};
+                                     cmocka_unit_test(builder_calls_while_working),
+                                     cmocka_unit_test(failed_capture_ends_while_working)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
