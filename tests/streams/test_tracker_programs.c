@@ -54,9 +54,9 @@ static void run_and_check(const prog_t *p, const char *name, uint64_t expected_o
   (void)prog_run(&env, p, &waits, 1);
   assert_int_equal(weft_runtime_counters(env.rt, &c1), WEFT_OK);
   uint64_t late = c1.late_waits - c0.late_waits;
-  printf("%-12s uses %4u  waits %4llu  minimal %4llu  late %3llu  races %llu\n", name, p->uses,
+  printf("%-12s uses %4u  waits %4llu  minimal %4llu  late %3llu  events %4llu  races %llu\n", name, p->uses,
          (unsigned long long)waits, (unsigned long long)minimal, (unsigned long long)late,
-         (unsigned long long)tu_races(&env));
+         (unsigned long long)(c1.events_recorded - c0.events_recorded), (unsigned long long)tu_races(&env));
   if (tu_races(&env) != 0) tu_print_races(&env);
   assert_int_equal(tu_races(&env), 0);
   assert_int_equal(c1.ring_evictions, c0.ring_evictions);
