@@ -66,6 +66,10 @@ static void expect_all(weft_stream_t *s, weft_block_t b, unsigned value) {
 
 static const weft_block_t none = {0};
 
+static void free_all(weft_stream_t *s, const weft_block_t *b, size_t n) {
+  for (size_t i = 0; i < n; i++) assert_int_equal(weft_free(b[i], s), WEFT_OK);
+}
+
 /* The value tu_combine writes from one input holding `in` (weft_test_combine: in * 7 + salt). */
 static unsigned combined(unsigned in, unsigned salt) { return in * 7u + salt; }
 
@@ -137,10 +141,7 @@ static void test_the_first_waiter_turns_the_producer_eager(void **state) {
   expect_all(s1, out, combined(5, 2));
   expect_all(s0, b, 6);
   assert_int_equal(tu_races(&env), 0);
-  assert_int_equal(weft_free(a, s0), WEFT_OK);
-  assert_int_equal(weft_free(b, s0), WEFT_OK);
-  assert_int_equal(weft_free(a2, s0), WEFT_OK);
-  assert_int_equal(weft_free(out, s0), WEFT_OK);
+  free_all(s0, (weft_block_t[]){a, b, a2, out}, 4);
 }
 
 /* The consumer needs what the producer's newest use wrote: the event recorded now sits exactly
@@ -174,10 +175,7 @@ static void test_a_waiter_needing_the_newest_use_leaves_the_producer_lazy(void *
   expect_all(s0, a, 7);
   expect_all(s0, b, 4);
   assert_int_equal(tu_races(&env), 0);
-  assert_int_equal(weft_free(a, s0), WEFT_OK);
-  assert_int_equal(weft_free(b, s0), WEFT_OK);
-  assert_int_equal(weft_free(a2, s0), WEFT_OK);
-  assert_int_equal(weft_free(out, s0), WEFT_OK);
+  free_all(s0, (weft_block_t[]){a, b, a2, out}, 4);
 }
 
 /* Which access of the newest use counts: a writer that must follow the newest use's read of a
