@@ -139,8 +139,8 @@ typedef enum weft_output_policy {
   X(stream_cache_bytes, uint64_t, "WEFT_STREAM_CACHE_BYTES", 64ull << 20, 0, UINT64_MAX,        \
     "bytes of freed blocks the streams keep for their next weft_alloc of the same size (0: none)") \
   X(lazy_records, unsigned, "WEFT_LAZY_RECORDS", 1, 0, 1,                                       \
-    "1: a stream records an event after a use only when another stream needs it, and after each " \
-    "use once a wait on it was late")
+    "1: a stream's uses join one pending event, recorded only when another stream or the host needs it; " \
+    "after a late wait on it (for an older use than the newest), after each use")
 
 /** Runtime options. Start from weft_options_default() (or weft_options_from_env()), change
  * fields, pass to weft_runtime_get(). Plain data: copy it freely. */

@@ -75,8 +75,9 @@ uint64_t weft__clock_defer(weft__domain_t *d, weft_stream_t *s);
  * enqueued: its pending one, recorded after the work by weft__clock_flush; a new tick, or, with
  * `defer` (lazy records), the deferred tick it joins as weft__clock_defer does. */
 uint64_t weft__clock_reserve(weft__domain_t *d, weft_stream_t *s, bool defer);
-/** The newest use (weft__domain_t.use_seq) that tick k of lane t covers: the lane's newest use
- * while k is pending, the one its ring slot kept once recorded; 0 when the slot was reused. */
+/** The newest deferred use (weft__domain_t.use_seq numbers those only) that tick k of lane t
+ * covers: the lane's newest while k is pending, the one its ring slot kept once recorded; 0 when
+ * the slot was reused. */
 static inline uint64_t weft__clock_newest_use(const weft__domain_t *d, unsigned t, uint64_t k) {
   const weft__lane_t *l = &d->lane[t];
   if (k > l->recorded) return l->last_use;
@@ -84,11 +85,11 @@ static inline uint64_t weft__clock_newest_use(const weft__domain_t *d, unsigned 
   return l->ring_tick != NULL && l->ring_tick[slot] == k ? l->ring_use[slot] >> 1 : 0;
 }
 
-/** Another stream is about to wait for tick k of t. With lazy records a tick may cover several
+/** Another stream is about to wait for tick k of t (call it for a wait that is issued, before
+ * weft__clock_wait; k pending or already recorded). With lazy records a tick may cover several
  * uses (later ones joined it); unless the waiter needs the newest of them (`newest`:
  * weft__clock_newest_use), its wait is late, for more than it needs: it is counted and t's lane
- * turns eager, so that from then on each use records its own event. Call before
- * weft__clock_slot. */
+ * turns eager, so that from then on each use records its own event. */
 void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, bool newest);
 /** A tick covering everything enqueued on s so far, recorded lazily (see tracker.h). */
 uint64_t weft__clock_point(weft__domain_t *d, const weft_stream_t *s);

@@ -349,7 +349,6 @@ static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_st
   const uint64_t *implies[WEFT__MAX_LANES];
   for (weft__lanes_t m = mask; m != 0; m &= m - 1) {
     unsigned t = weft__lanes_first(m), slot;
-    weft__clock_needed(tr, d, d->stream[t], need[t], (nd->newest & weft__lane_bit(t)) != 0);
     weft_status_t st = weft__clock_slot(tr, d, d->stream[t], need[t], &slot);
     if (st != WEFT_OK) return st;
     const weft__lane_t *l = &d->lane[t];
@@ -369,6 +368,8 @@ static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_st
   }
   for (weft__lanes_t m = kept; m != 0; m &= m - 1) {
     unsigned t = weft__lanes_first(m);
+    /* Only a wait issued can be late: a need another kept one implies costs nothing more. */
+    weft__clock_needed(tr, d, d->stream[t], need[t], (nd->newest & weft__lane_bit(t)) != 0);
     weft_status_t st = weft__clock_wait(tr, d, s, d->stream[t], need[t]);
     if (st != WEFT_OK) return st;
   }
@@ -467,14 +468,26 @@ static void finish_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s,
     tr->counters.accesses += n;
     s->last_used = ++tr->use_seq;
   } else {
+    weft__lane_t *l = &d->lane[at];
+    uint64_t stamp = defer ? l->last_use << 1 : 0; /* what reserve_use stamped a read with (0: none) */
     for (size_t i = n; i-- > 0;) {
       weft__access_state_t *a = uses[i].state;
-      a->write = undo[i].write;
-      a->reader_mask = undo[i].reader_mask;
-      a->reads[at] = undo[i].read;
-      a->last_use = undo[i].last_use;
+      if (weft__rule_starts_history(uses[i].kind)) {
+        /* A write: every other access of the block waited for this busy use; nothing else
+         * changed its history meanwhile. */
+        a->write = undo[i].write;
+        a->reader_mask = undo[i].reader_mask;
+        a->reads[at] = undo[i].read;
+        a->last_use = undo[i].last_use;
+      } else {
+        /* A read: other streams may have read the block meanwhile (a read waits for no read),
+         * so only this lane's part of the history goes back. */
+        weft__lanes_t bit = weft__lane_bit(at);
+        a->reader_mask = (a->reader_mask & ~bit) | (undo[i].reader_mask & bit);
+        a->reads[at] = undo[i].read;
+        if (stamp != 0 && a->last_use == stamp) a->last_use = undo[i].last_use;
+      }
     }
-    weft__lane_t *l = &d->lane[at];
     l->tick = was->tick;
     l->recorded = was->recorded;
     l->last_use = was->last_use;
@@ -726,7 +739,10 @@ again:
   for (size_t i = 0, off = 0; i < k; off += n[i], i++)
     if (reserve_use(s[i]->tr, d, s[i], uses[i], n[i], undo + off, &was[i])) defer |= 1ull << i;
   st = run_busy(tr0, d, lanes, fn, s[0], arg);
-  for (size_t i = 0, off = 0; i < k; off += n[i], i++) {
+  /* Last reserved, first finished: two streams of the group may touch one block, and a later
+   * stream's undo holds what an earlier one reserved, so a failure puts them back in reverse. */
+  for (size_t i = k, off = total; i-- > 0;) {
+    off -= n[i];
     bool keep = (defer >> i) & 1;
     if (st == WEFT_OK && !keep) (void)weft__tracker_bind(s[i]->tr); /* a failed bind makes the record fail: it stays pending */
     finish_use(s[i]->tr, d, s[i], uses[i], n[i], undo + off, &was[i], keep, st == WEFT_OK);

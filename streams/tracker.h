@@ -84,8 +84,8 @@ typedef struct weft__access_state {
   const void *graph;    /* the capture (or graph builder) the block was allocated in: its memory
                            exists only in that graph, so only streams taking part in that capture
                            may use it; NULL for live memory */
-  /* The newest use that touched the block: its number in the domain (weft__domain_t.use_seq)
-   * times two, plus one if it wrote the block (0: none). With lazy records it tells whether a
+  /* The newest deferred use that touched the block: its number in the domain
+   * (weft__domain_t.use_seq) times two, plus one if it wrote the block (0: none). With lazy records it tells whether a
    * consumer of a joined deferred tick needs that tick's newest use (weft__clock_needed). */
   uint64_t last_use;
 } weft__access_state_t;
@@ -124,7 +124,7 @@ typedef struct weft__lane {
   bool deferred;        /* the pending tick was left by a use's end and may be joined */
   bool eager;           /* a wait on one of this lane's joined ticks was late */
   unsigned joined;      /* uses that joined the deferred tick after the one that took it */
-  uint64_t last_use;    /* the number (weft__domain_t.use_seq) of the newest use on this lane */
+  uint64_t last_use;    /* the number (weft__domain_t.use_seq) of the newest deferred use here */
   CUevent *ring;        /* [ring_size] events, created lazily in capture domains */
   uint64_t *ring_tick;  /* [ring_size] tick recorded in each slot (0: empty) */
   uint64_t *ring_clock; /* [ring_size * n] clock snapshot per slot */
@@ -149,7 +149,7 @@ typedef struct weft__domain {
   weft__lane_t *lane;
   weft__capture_t *capture; /* NULL for the live domain */
   weft__lanes_t busy;       /* live domain: lanes whose use enqueues its work unlocked (above) */
-  uint64_t use_seq;         /* uses numbered so far (weft__access_state_t.last_use) */
+  uint64_t use_seq;         /* deferred uses numbered so far (weft__access_state_t.last_use) */
 } weft__domain_t;
 
 /** A pool stream. `raw`, `index`, `tr`, `runtime`, `high`, `priority` never change after the

@@ -87,7 +87,7 @@ static void expect_all(weft_stream_t *s, weft_block_t b, unsigned value) {
 typedef struct stopped {
   pthread_mutex_t m;
   pthread_cond_t c;
-  int inside, released, fail;
+  int inside, released, fail, read; /* read: the use reads the block (else it writes it) */
   weft_stream_t *s;
   weft_block_t b;
   unsigned value;
@@ -114,7 +114,7 @@ static weft_status_t stopped_work(weft_stream_t *s, void *arg) {
 
 static void *stopped_thread(void *arg) {
   stopped_t *w = arg;
-  weft_access_t a = {w->b, WEFT_WRITE};
+  weft_access_t a = {w->b, w->read ? WEFT_READ : WEFT_WRITE};
   w->st = weft__use_run(w->s, &a, 1, "stopped", stopped_work, w);
   return NULL;
 }
@@ -128,6 +128,21 @@ static void stop(stopped_t *w, weft_stream_t *s, weft_block_t b, unsigned value,
   w->b = b;
   w->value = value;
   w->fail = fail;
+  assert_int_equal(pthread_create(&w->th, NULL, stopped_thread, w), 0);
+  pthread_mutex_lock(&w->m);
+  while (!w->inside) pthread_cond_wait(&w->c, &w->m);
+  pthread_mutex_unlock(&w->m);
+}
+
+/* The same with a use that reads b and then fails. */
+static void stop_read(stopped_t *w, weft_stream_t *s, weft_block_t b) {
+  memset(w, 0, sizeof *w);
+  pthread_mutex_init(&w->m, NULL);
+  pthread_cond_init(&w->c, NULL);
+  w->s = s;
+  w->b = b;
+  w->fail = 1;
+  w->read = 1;
   assert_int_equal(pthread_create(&w->th, NULL, stopped_thread, w), 0);
   pthread_mutex_lock(&w->m);
   while (!w->inside) pthread_cond_wait(&w->c, &w->m);
@@ -305,6 +320,30 @@ static void test_a_failed_enqueue_leaves_the_histories_as_they_were(void **state
   assert_int_equal(weft_free(x, stream(3)), WEFT_OK);
 }
 
+/* A failed busy *read*: another stream's read of the same block, made meanwhile (a read waits for
+ * no read), stays in the history, so a later writer still waits for it. */
+static void test_a_failed_busy_read_keeps_another_streams_read(void **state) {
+  (void)state;
+  weft_block_t x = alloc(stream(3)), out = alloc(stream(1));
+  assert_int_equal(tu_fill(&env, stream(3), x, N, 3), WEFT_OK);
+  stopped_t w;
+  stop_read(&w, stream(0), x); /* stream 0 reads x, inside its enqueue; its work will fail */
+  /* Stream 1 reads x while stream 0's read is inside its enqueue: no conflict, no wait for it. */
+  assert_int_equal(tu_combine(&env, stream(1), out, (weft_block_t){0}, x, (weft_block_t){0}, (weft_block_t){0}, N, 1),
+                   WEFT_OK);
+  release(&w);
+  assert_int_equal(w.st, WEFT_ERR_INVALID_ARGUMENT);
+  /* A writer on stream 2 must follow stream 1's read (the oracle reports the race otherwise). */
+  weft_counters_t c0 = counters();
+  assert_int_equal(tu_fill(&env, stream(2), x, N, 9), WEFT_OK);
+  assert_true(counters().waits_issued > c0.waits_issued);
+  expect_all(stream(1), out, 3u * 7u + 1u);
+  expect_all(stream(2), x, 9);
+  assert_int_equal(tu_races(&env), 0);
+  assert_int_equal(weft_free(x, stream(3)), WEFT_OK);
+  assert_int_equal(weft_free(out, stream(3)), WEFT_OK);
+}
+
 /* ---- joint uses ---- */
 
 typedef struct joint_work {
@@ -400,6 +439,33 @@ static void test_a_failed_joint_use_records_nothing(void **state) {
   assert_int_equal(weft_free(z, stream(0)), WEFT_OK);
 }
 
+/* A failed joint use whose two streams touch one block (stream 1 writes it, stream 2 reads it):
+ * the block's history is put back as it was before the group, not as the first stream left it. */
+static weft_status_t refuse(weft_stream_t *s, void *arg) {
+  (void)s;
+  (void)arg;
+  return weft__error(WEFT_ERR_INVALID_ARGUMENT, "test: the joint work was refused");
+}
+
+static void test_a_failed_joint_use_on_one_block_puts_it_back(void **state) {
+  (void)state;
+  weft_block_t y = alloc(stream(3));
+  assert_int_equal(tu_fill(&env, stream(3), y, N, 5), WEFT_OK);
+  weft_stream_t *s[2] = {stream(1), stream(2)};
+  weft_access_t a0[1] = {{y, WEFT_WRITE}}, a1[1] = {{y, WEFT_READ}};
+  const weft_access_t *acc[2] = {a0, a1};
+  size_t n[2] = {1, 1};
+  assert_int_equal(weft__use_joint(s, acc, n, 2, "joint", refuse, NULL), WEFT_ERR_INVALID_ARGUMENT);
+  /* Stream 3 wrote y last: its reader needs no wait (stream 1's write is in no history). */
+  weft_counters_t c0 = counters();
+  expect_all(stream(3), y, 5);
+  assert_int_equal(counters().waits_issued, c0.waits_issued);
+  /* A reader on stream 0 waits for stream 3's write (or knows it complete), and reads it. */
+  expect_all(stream(0), y, 5);
+  assert_int_equal(tu_races(&env), 0);
+  assert_int_equal(weft_free(y, stream(3)), WEFT_OK);
+}
+
 /* What weft__tracker_point would give under the lock, published: 1 + tick while the lane is
  * not dirty, else 0 (take the lock). */
 static void expect_published(weft_stream_t *s) {
@@ -468,6 +534,8 @@ int main(void) {
       cmocka_unit_test(test_a_failed_enqueue_leaves_the_histories_as_they_were),
       cmocka_unit_test(test_a_joint_use_waits_for_a_busy_lane_it_needs),
       cmocka_unit_test(test_a_failed_joint_use_records_nothing),
+      cmocka_unit_test(test_a_failed_busy_read_keeps_another_streams_read),
+      cmocka_unit_test(test_a_failed_joint_use_on_one_block_puts_it_back),
       cmocka_unit_test(test_the_published_point_is_the_locked_one),
   };
   int failed = cmocka_run_group_tests_name("lazy records", lazy, setup_lazy, teardown);

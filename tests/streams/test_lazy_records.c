@@ -318,6 +318,32 @@ static void test_with_lazy_records_off_every_use_records(void **state) {
   assert_int_equal(weft_free(a, s), WEFT_OK);
 }
 
+/* A need that another wait implies costs nothing: stream 2 needs an older use of stream 0's joined
+ * tick (late, on its own) and stream 1's newest use, whose event already follows all of that
+ * tick. Only the wait on stream 1 is issued; no wait was late, and stream 0 stays lazy. */
+static void test_a_need_implied_by_another_wait_is_not_late(void **state) {
+  (void)state;
+  weft_stream_t *s0 = stream(0), *s1 = stream(1), *s2 = stream(2);
+  weft_block_t a = alloc(s0, "a"), b = alloc(s0, "b"), c = alloc(s1, "c"), d = alloc(s2, "d"),
+               e = alloc(s0, "e");
+  quiesce();
+  weft_counters_t c0 = counters();
+  assert_int_equal(tu_fill(&env, s0, a, N, 2), WEFT_OK);
+  assert_int_equal(tu_fill(&env, s0, b, N, 3), WEFT_OK); /* joins a's tick */
+  assert_int_equal(tu_combine(&env, s1, c, none, b, none, none, N, 1), WEFT_OK); /* the newest: exact */
+  weft_counters_t c1 = counters();
+  assert_int_equal(c1.late_waits, c0.late_waits);
+  assert_int_equal(tu_combine(&env, s2, d, none, a, c, none, N, 4), WEFT_OK); /* a: older; c: newest */
+  weft_counters_t c2 = counters();
+  assert_int_equal(c2.waits_issued - c1.waits_issued, 1);
+  assert_int_equal(c2.late_waits, c0.late_waits);
+  assert_int_equal(tu_fill(&env, s0, e, N, 6), WEFT_OK); /* still lazy: no event */
+  assert_int_equal(counters().events_recorded, c2.events_recorded);
+  expect_all(s2, d, 4u + 7u * 2u + 13u * combined(3, 1));
+  assert_int_equal(tu_races(&env), 0);
+  free_all(s0, (weft_block_t[]){a, b, c, d, e}, 5);
+}
+
 int main(void) {
   const struct CMUnitTest lazy[] = {
       cmocka_unit_test(test_uses_on_a_stream_nobody_waits_on_record_no_event),
@@ -331,6 +357,7 @@ int main(void) {
   const struct CMUnitTest fresh[] = {
       cmocka_unit_test_setup_teardown(test_a_waiter_needing_the_newest_use_leaves_the_producer_lazy, setup, teardown),
       cmocka_unit_test_setup_teardown(test_exactness_follows_the_conflict_rule, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_need_implied_by_another_wait_is_not_late, setup, teardown),
   };
   const struct CMUnitTest eager[] = {
       cmocka_unit_test(test_with_lazy_records_off_every_use_records),
