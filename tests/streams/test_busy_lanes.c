@@ -119,8 +119,9 @@ static void *stopped_thread(void *arg) {
   return NULL;
 }
 
-/* Starts a use writing `value` over b on s and returns once it is inside its enqueue. */
-static void stop(stopped_t *w, weft_stream_t *s, weft_block_t b, unsigned value, int fail) {
+/* Starts a use writing `value` over b on s (or, with `read`, reading b) and returns once it is
+ * inside its enqueue; with `fail` its work then fails. */
+static void stop_use(stopped_t *w, weft_stream_t *s, weft_block_t b, unsigned value, int fail, int read) {
   memset(w, 0, sizeof *w);
   pthread_mutex_init(&w->m, NULL);
   pthread_cond_init(&w->c, NULL);
@@ -128,25 +129,15 @@ static void stop(stopped_t *w, weft_stream_t *s, weft_block_t b, unsigned value,
   w->b = b;
   w->value = value;
   w->fail = fail;
+  w->read = read;
   assert_int_equal(pthread_create(&w->th, NULL, stopped_thread, w), 0);
   pthread_mutex_lock(&w->m);
   while (!w->inside) pthread_cond_wait(&w->c, &w->m);
   pthread_mutex_unlock(&w->m);
 }
 
-/* The same with a use that reads b and then fails. */
-static void stop_read(stopped_t *w, weft_stream_t *s, weft_block_t b) {
-  memset(w, 0, sizeof *w);
-  pthread_mutex_init(&w->m, NULL);
-  pthread_cond_init(&w->c, NULL);
-  w->s = s;
-  w->b = b;
-  w->fail = 1;
-  w->read = 1;
-  assert_int_equal(pthread_create(&w->th, NULL, stopped_thread, w), 0);
-  pthread_mutex_lock(&w->m);
-  while (!w->inside) pthread_cond_wait(&w->c, &w->m);
-  pthread_mutex_unlock(&w->m);
+static void stop(stopped_t *w, weft_stream_t *s, weft_block_t b, unsigned value, int fail) {
+  stop_use(w, s, b, value, fail, 0);
 }
 
 /* Lets it enqueue and waits for its use to end. */
@@ -327,7 +318,7 @@ static void test_a_failed_busy_read_keeps_another_streams_read(void **state) {
   weft_block_t x = alloc(stream(3)), out = alloc(stream(1));
   assert_int_equal(tu_fill(&env, stream(3), x, N, 3), WEFT_OK);
   stopped_t w;
-  stop_read(&w, stream(0), x); /* stream 0 reads x, inside its enqueue; its work will fail */
+  stop_use(&w, stream(0), x, 0, 1, 1); /* stream 0 reads x, inside its enqueue; its work will fail */
   /* Stream 1 reads x while stream 0's read is inside its enqueue: no conflict, no wait for it. */
   assert_int_equal(tu_combine(&env, stream(1), out, (weft_block_t){0}, x, (weft_block_t){0}, (weft_block_t){0}, N, 1),
                    WEFT_OK);
