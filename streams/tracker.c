@@ -414,6 +414,30 @@ static void wait_idle(weft__tracker_t *tr, weft__lanes_t lanes) {
   while ((tr->live->busy & lanes) != 0) pthread_cond_wait(&weft__clock_idle, tr->lock);
 }
 
+/* A deferred use (lazy records) numbers itself in its lane (last_use) and stamps the blocks it
+ * touches (weft__access_state_t.last_use), so that a consumer can tell whether it needs the
+ * newest use of a joined tick. A use that records its own event needs neither: its tick covers
+ * it alone, so no wait for it is ever late (a stale stamp of an older deferred use still says
+ * truly which use touched the block last among those that stamp). Returns the stamp without its
+ * kind bit, 0 for a use that does not stamp. */
+static uint64_t stamp_of(weft__domain_t *d, unsigned at, bool defer) {
+  return defer ? (d->lane[at].last_use = ++d->use_seq) << 1 : 0;
+}
+
+/* One access of a use of lane `at` at tick k, in the block's history (the conflict rule), with
+ * the use's stamp (0: none). */
+static void note_access(weft__access_state_t *a, unsigned at, uint64_t k, unsigned kind, uint64_t stamp) {
+  if (stamp != 0) a->last_use = stamp | weft__rule_starts_history(kind);
+  if (weft__rule_starts_history(kind)) {
+    a->write = (weft__point_t){at, k};
+    a->reader_mask = 0;
+  } else {
+    WEFT_ASSERT_INTERNAL(at < a->reads_cap); /* grown before the use began (grow_reads) */
+    a->reads[at] = k;
+    a->reader_mask |= weft__lane_bit(at);
+  }
+}
+
 /* What a busy use changed in its lane, to put back if its work fails. */
 typedef struct lane_was {
   uint64_t tick, recorded, last_use;
@@ -440,18 +464,11 @@ static bool reserve_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s
   bool defer = tr->lazy && !l->eager && !atomic_load_explicit(&s->exposed, memory_order_relaxed);
   uint64_t k = weft__clock_reserve(d, s, defer);
   weft__clock_unpublish(d, at); /* the reserved tick is taken back if the work fails */
-  uint64_t stamp = defer ? (l->last_use = ++d->use_seq) << 1 : 0; /* stamp_of */
+  uint64_t stamp = stamp_of(d, at, defer);
   for (size_t i = 0; i < n; i++) {
     weft__access_state_t *a = uses[i].state;
     undo[i] = (undo_t){a->write, a->reader_mask, a->reads[at], a->last_use};
-    if (defer) a->last_use = stamp | weft__rule_starts_history(uses[i].kind);
-    if (weft__rule_starts_history(uses[i].kind)) {
-      a->write = (weft__point_t){at, k};
-      a->reader_mask = 0;
-    } else {
-      a->reads[at] = k;
-      a->reader_mask |= weft__lane_bit(at);
-    }
+    note_access(a, at, k, uses[i].kind, stamp);
   }
   return defer;
 }
@@ -527,12 +544,6 @@ static weft_status_t use_unlocked(weft__tracker_t *tr, weft__domain_t *d, weft_s
   return st;
 }
 
-/* stamp_of: a deferred use (lazy records) numbers itself in its lane (last_use) and stamps the
- * blocks it touches (weft__access_state_t.last_use), so that a consumer can tell whether it
- * needs the newest use of a joined tick. A use that records its own event needs neither: its
- * tick covers it alone, so no wait for it is ever late (a stale stamp of an older deferred use
- * still says truly which use touched the block last among those that stamp). */
-
 /* The work is on the stream: the use is recorded whatever happens to its event (a failed record
  * leaves the tick pending; whoever needs it records it first, or fails without waiting). */
 static void end_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n) {
@@ -542,25 +553,10 @@ static void end_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s,
    * an exposed stream (weft__tracker_expose): code outside weft may begin a capture on it at any
    * moment, and a pending event recorded then would land in that capture. */
   bool defer = tr->lazy && d == tr->live && !d->lane[at].eager && !atomic_load_explicit(&s->exposed, memory_order_relaxed);
-  uint64_t stamp = 0;
-  if (defer) {
-    stamp = (d->lane[at].last_use = ++d->use_seq) << 1; /* stamp_of */
-    k = weft__clock_defer(d, s);
-  } else {
-    (void)weft__clock_record(tr, d, s, &k);
-  }
-  for (size_t i = 0; i < n; i++) {
-    weft__access_state_t *a = uses[i].state;
-    if (defer) a->last_use = stamp | weft__rule_starts_history(uses[i].kind);
-    if (weft__rule_starts_history(uses[i].kind)) {
-      a->write = (weft__point_t){at, k};
-      a->reader_mask = 0;
-    } else {
-      WEFT_ASSERT_INTERNAL(at < a->reads_cap); /* grown before the use began (grow_reads) */
-      a->reads[at] = k;
-      a->reader_mask |= weft__lane_bit(at);
-    }
-  }
+  uint64_t stamp = stamp_of(d, at, defer); /* before the record: its ring slot keeps the number */
+  if (defer) k = weft__clock_defer(d, s);
+  else (void)weft__clock_record(tr, d, s, &k);
+  for (size_t i = 0; i < n; i++) note_access(uses[i].state, at, k, uses[i].kind, stamp);
   tr->counters.uses++;
   tr->counters.accesses += n;
   s->last_used = ++tr->use_seq;

@@ -78,6 +78,16 @@ static void quiesce(void) {
   tu_reset_races(&env);
 }
 
+/* On a quiet runtime, s fills a with 3, then b with 4: b's use joins a's pending tick and is the
+ * newest. Returns the counters from before the fills. */
+static weft_counters_t fill_joined(weft_stream_t *s, weft_block_t a, weft_block_t b) {
+  quiesce();
+  weft_counters_t c0 = counters();
+  assert_int_equal(tu_fill(&env, s, a, N, 3), WEFT_OK);
+  assert_int_equal(tu_fill(&env, s, b, N, 4), WEFT_OK);
+  return c0;
+}
+
 static void test_uses_on_a_stream_nobody_waits_on_record_no_event(void **state) {
   (void)state;
   weft_stream_t *s = stream(0);
@@ -113,10 +123,7 @@ static void test_the_first_waiter_turns_the_producer_eager(void **state) {
   (void)state;
   weft_stream_t *s0 = stream(0), *s1 = stream(1);
   weft_block_t a = alloc(s0, "a"), b = alloc(s0, "b"), a2 = alloc(s0, "a2"), out = alloc(s0, "out");
-  quiesce();
-  weft_counters_t c0 = counters();
-  assert_int_equal(tu_fill(&env, s0, a, N, 3), WEFT_OK);
-  assert_int_equal(tu_fill(&env, s0, b, N, 4), WEFT_OK); /* joins a's pending tick */
+  weft_counters_t c0 = fill_joined(s0, a, b);
   assert_int_equal(counters().events_recorded, c0.events_recorded);
   /* s1 needs a: the pending event is recorded now, after b's fill too (late, but correct). */
   assert_int_equal(tu_combine(&env, s1, out, none, a, none, none, N, 1), WEFT_OK);
@@ -150,10 +157,7 @@ static void test_a_waiter_needing_the_newest_use_leaves_the_producer_lazy(void *
   (void)state;
   weft_stream_t *s0 = stream(0), *s1 = stream(1);
   weft_block_t a = alloc(s0, "a"), b = alloc(s0, "b"), a2 = alloc(s0, "a2"), out = alloc(s0, "out");
-  quiesce();
-  weft_counters_t c0 = counters();
-  assert_int_equal(tu_fill(&env, s0, a, N, 3), WEFT_OK);
-  assert_int_equal(tu_fill(&env, s0, b, N, 4), WEFT_OK); /* joins a's pending tick: the newest use */
+  weft_counters_t c0 = fill_joined(s0, a, b);
   assert_int_equal(tu_combine(&env, s1, out, none, b, none, none, N, 1), WEFT_OK);
   weft_counters_t c1 = counters();
   assert_int_equal(c1.waits_issued - c0.waits_issued, 1);
