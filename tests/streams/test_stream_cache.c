@@ -335,6 +335,7 @@ typedef struct worker {
   tu_env_t *env;
   unsigned id;
   weft_status_t st;
+  char why[256]; /* the worker's own weft_last_error() when it stopped */
 } worker_t;
 
 static void *churn(void *arg) {
@@ -371,6 +372,7 @@ static void *churn(void *arg) {
   }
   for (int k = 0; k < 4; k++)
     if (held[k].rec != NULL && w->st == WEFT_OK) w->st = weft_free(held[k], held_on[k]);
+  if (w->st != WEFT_OK) snprintf(w->why, sizeof w->why, "%s", weft_last_error());
   return NULL;
 }
 
@@ -380,12 +382,12 @@ static void test_threads_share_the_cache(void **state) {
   pthread_t t[8];
   weft_counters_t c0 = counters(env);
   for (unsigned i = 0; i < 8; i++) {
-    w[i] = (worker_t){env, i, WEFT_OK};
+    w[i] = (worker_t){env, i, WEFT_OK, ""};
     assert_int_equal(pthread_create(&t[i], NULL, churn, &w[i]), 0);
   }
   for (unsigned i = 0; i < 8; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
   for (unsigned i = 0; i < 8; i++)
-    if (w[i].st != WEFT_OK) fail_msg("worker %u: %s: %s", i, weft_status_name(w[i].st), weft_last_error());
+    if (w[i].st != WEFT_OK) fail_msg("worker %u: %s: %s", i, weft_status_name(w[i].st), w[i].why);
   weft_counters_t c1 = counters(env);
   assert_int_equal(c1.allocs - c0.allocs, c1.frees - c0.frees);
   assert_true(c1.cached_blocks > 0);
