@@ -448,7 +448,7 @@ static weft_status_t alloc_inside(weft_builder_t *b, size_t bytes, const char *t
   int none[1];
   weft_status_t st = add_node(b, none, 0, add_alloc, &a, &node);
   /* The generation weft__block_publish gives the new block (the record may have served others). */
-  uint64_t gen = atomic_load(&rec->gen) + 1;
+  uint64_t gen = weft__block_gen(rec) + 1;
   bstate_t *s = st == WEFT_OK ? state_of(b, rec, gen, true) : NULL;
   if (st == WEFT_OK && s == NULL) st = oom("weft_builder_alloc");
   if (st != WEFT_OK) {

@@ -124,7 +124,7 @@ static weft_status_t collect(const weft__capture_t *cap, weft__gsummary_t **summ
     struct weft__block *rec = WEFT__BLOCK_OF(b->live);
     /* The block the capture saw: one freed meanwhile (its record handed out again) makes every
      * launch stale. (A first use that did not name its generation: the record's current one.) */
-    uint64_t gen = b->gen != 0 ? b->gen : atomic_load(&rec->gen);
+    uint64_t gen = b->gen != 0 ? b->gen : weft__block_gen(rec);
     if (!b->internal) (*summary)[(*ns)++] = (weft__gsummary_t){{rec, gen}, b->kind};
     else if (!b->freed) (*outputs)[(*no)++] = (weft__goutput_t){rec->ptr, rec->bytes, rec->tag};
   }

@@ -274,7 +274,7 @@ static weft_status_t claim_outputs(weft_exec_t *e, bool *claimed) {
   for (size_t i = 0; i < g->n_outputs; i++) {
     struct weft__block *rec = g->outs[i].rec;
     if (rec == NULL) continue;
-    if (atomic_load(&rec->state) != WEFT__BLOCK_LIVE) freeing++;
+    if (weft__block_state(rec) != WEFT__BLOCK_LIVE) freeing++;
     else live++;
   }
   if (freeing != 0)
@@ -288,7 +288,7 @@ static weft_status_t claim_outputs(weft_exec_t *e, bool *claimed) {
                        "WEFT_OUTPUT_AUTO_FREE",
                        live, g->outputs[0].tag);
   for (size_t i = 0; i < g->n_outputs; i++) {
-    claimed[i] = g->outs[i].rec != NULL && weft__block_claim(g->outs[i].rec);
+    claimed[i] = g->outs[i].rec != NULL && weft__block_claim(g->outs[i].rec, g->outs[i].gen);
     if (g->outs[i].rec != NULL && !claimed[i]) {
       for (size_t j = 0; j < i; j++)
         if (claimed[j]) weft__block_unclaim(g->outs[j].rec);

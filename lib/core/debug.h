@@ -38,4 +38,25 @@ bool weft__debug_report(const char *checker, const char *what);
 #define WEFT_ASSERT_EXPENSIVE(c) ((void)0)
 #endif
 
+/* Test points, as jemalloc's test hooks: where a test must act inside a window between two of
+ * weft's own atomic steps (a record handed out again between a free's checks and its claim), the
+ * code names the point with WEFT__TEST_POINT and a test sets weft__test_hook to act there. Only
+ * in builds with WEFT_DEBUG >= 1 (dbg, asan, tsan); elsewhere the points compile to nothing and
+ * weft__test_points is false, so that a test that needs them reports a skip. */
+#if WEFT_DEBUG >= 1
+#include <stdatomic.h>
+#define WEFT__TEST_POINTS 1
+/** Called at every named point while set: `point` names it ("<function>: <step>"), `arg` is
+ * the point's object (documented where the point is). Set and cleared by tests only. */
+extern void (*_Atomic weft__test_hook)(const char *point, void *arg);
+#define WEFT__TEST_POINT(point, arg)                                                        \
+  do {                                                                                      \
+    void (*h_)(const char *, void *) = atomic_load_explicit(&weft__test_hook, memory_order_acquire); \
+    if (h_ != NULL) h_(point, arg);                                                         \
+  } while (0)
+#else
+#define WEFT__TEST_POINTS 0
+#define WEFT__TEST_POINT(point, arg) ((void)0)
+#endif
+
 #endif

@@ -48,6 +48,10 @@ weft_status_t weft__error(weft_status_t s, const char *fmt, ...) {
   return s;
 }
 
+#if WEFT__TEST_POINTS
+void (*_Atomic weft__test_hook)(const char *point, void *arg);
+#endif
+
 _Noreturn void weft__assert_fail(const char *expr, const char *file, int line) {
   char buf[512];
   int n = snprintf(buf, sizeof buf, "weft assertion failed: %s:%d: %s\n", file, line, expr);

@@ -26,16 +26,12 @@ static const char *freed_tag(const struct weft__block *rec, size_t *bytes) {
 weft_status_t weft__block_check(weft_block_t b, const char *fn, struct weft__block **out) {
   struct weft__block *rec = b.rec;
   if (rec == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: the block handle is null", fn);
-  /* State first: a record handed out again stores its new generation, then LIVE (release), so
-   * a LIVE read here makes the generation read after it the new one. Reading the generation
-   * first could pair the old generation with the new life's LIVE (a freed handle not stale:
-   * tests/threads:test_thread_gate under tsan, with the stream cache reusing records at once). */
-  int state = atomic_load_explicit(&rec->state, memory_order_acquire);
-  uint64_t gen = atomic_load_explicit(&rec->gen, memory_order_acquire);
+  /* One load: the generation and the state of one life. */
+  uint64_t life = weft__block_life(rec), gen = weft__life_gen(life);
   if (gen != b.gen)
     return weft__error(WEFT_ERR_STALE_HANDLE, "%s: stale block handle (generation %llu, the record is now at %llu)",
                        fn, (unsigned long long)b.gen, (unsigned long long)gen);
-  if (state != WEFT__BLOCK_LIVE) {
+  if (weft__life_state(life) != WEFT__BLOCK_LIVE) {
     size_t bytes;
     const char *tag = freed_tag(rec, &bytes);
     return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the block (tag '%s', %zu bytes) was freed", fn, tag, bytes);
@@ -68,7 +64,7 @@ static struct weft__block *take_record(weft_runtime_t *rt, bool *room) {
   struct weft__block *rec = rt->free_head;
   /* Keep the most recently freed records back so that a double free soon after a free is
    * reported as such rather than as a stale handle: reuse only when the FIFO is long enough. */
-  if (rec != NULL && rt->free_count <= WEFT__FREED_KEPT && atomic_load(&rec->state) == WEFT__BLOCK_FREED) rec = NULL;
+  if (rec != NULL && rt->free_count <= WEFT__FREED_KEPT && weft__block_state(rec) == WEFT__BLOCK_FREED) rec = NULL;
   if (rec != NULL) {
     rt->free_head = rec->next;
     if (rt->free_head == NULL) rt->free_tail = NULL;
@@ -84,8 +80,7 @@ struct weft__block *weft__block_make(weft_runtime_t *rt, size_t bytes, const cha
   bool room;
   struct weft__block *rec = take_record(rt, &room);
   if (rec == NULL && (rec = weft__meta_calloc(1, sizeof *rec)) != NULL) {
-    atomic_init(&rec->gen, 0);
-    atomic_init(&rec->state, WEFT__BLOCK_UNUSED);
+    atomic_init(&rec->life, WEFT__LIFE(0, WEFT__BLOCK_UNUSED));
     rec->rt = rt;
   }
   if (rec == NULL) {
@@ -115,8 +110,6 @@ struct weft__block *weft__block_make(weft_runtime_t *rt, size_t bytes, const cha
 
 weft_block_t weft__block_publish(struct weft__block *rec) {
   weft_runtime_t *rt = rec->rt;
-  uint64_t gen = atomic_load(&rec->gen) + 1;
-  atomic_store_explicit(&rec->gen, gen, memory_order_relaxed);
   pthread_mutex_lock(&rt->blocks_lock);
   rec->prev = NULL;
   rec->next = rt->live;
@@ -132,7 +125,7 @@ weft_block_t weft__block_publish(struct weft__block *rec) {
     *v = (uint64_t)(uintptr_t)rec;                                  /* the newest block at an address */
   }
   pthread_mutex_unlock(&rt->blocks_lock);
-  atomic_store_explicit(&rec->state, WEFT__BLOCK_LIVE, memory_order_release);
+  uint64_t gen = weft__block_next_life(rec);
   return (weft_block_t){rec, gen};
 }
 
@@ -173,21 +166,22 @@ void weft__block_end(struct weft__block *rec) {
   weft_runtime_t *rt = rec->rt;
   pthread_mutex_lock(&rt->blocks_lock);
   unlink_live(rt, rec);
-  atomic_store_explicit(&rec->state, WEFT__BLOCK_FREED, memory_order_release);
+  weft__block_set_state(rec, WEFT__BLOCK_FREED);
   retire_locked(rt, rec);
   pthread_mutex_unlock(&rt->blocks_lock);
 }
 
-bool weft__block_claim(struct weft__block *rec) {
-  int expected = WEFT__BLOCK_LIVE;
-  return atomic_compare_exchange_strong(&rec->state, &expected, WEFT__BLOCK_FREEING);
+bool weft__block_claim(struct weft__block *rec, uint64_t gen) {
+  uint64_t expected = WEFT__LIFE(gen, WEFT__BLOCK_LIVE);
+  return atomic_compare_exchange_strong_explicit(&rec->life, &expected, WEFT__LIFE(gen, WEFT__BLOCK_FREEING),
+                                                 memory_order_acq_rel, memory_order_acquire);
 }
 
-void weft__block_unclaim(struct weft__block *rec) { atomic_store(&rec->state, WEFT__BLOCK_LIVE); }
+void weft__block_unclaim(struct weft__block *rec) { weft__block_set_state(rec, WEFT__BLOCK_LIVE); }
 
 void weft__block_forget(struct weft__block *rec) {
   /* Once: a block already freed (or being freed) by someone else is theirs to end. */
-  if (weft__block_claim(rec)) weft__block_end(rec);
+  if (weft__block_claim(rec, weft__block_gen(rec))) weft__block_end(rec);
 }
 
 /* ---- weft_alloc / weft_free ------------------------------------------------------------------ */
@@ -220,7 +214,7 @@ static void top_tags(weft_runtime_t *rt, weft_oom_info_t *info) {
   if (t == NULL) return;
   pthread_mutex_lock(&rt->blocks_lock);
   for (const struct weft__block *b = rt->live; b != NULL; b = b->next)
-    if (atomic_load_explicit(&b->state, memory_order_relaxed) != WEFT__BLOCK_CACHED) weft__tally_add(t, weft__block_tag(b), b->bytes);
+    if (weft__block_state(b) != WEFT__BLOCK_CACHED) weft__tally_add(t, weft__block_tag(b), b->bytes);
   pthread_mutex_unlock(&rt->blocks_lock);
   for (int k = 0; k < 3; k++) {
     size_t best = t->n;
@@ -314,10 +308,7 @@ static weft_status_t reuse_cached(weft_stream_t *s, struct weft__block *rec, con
   __atomic_store_n(&rec->tag, itag, __ATOMIC_RELAXED);
   __atomic_store_n(&rec->alloc_stream, s->index, __ATOMIC_RELAXED);
   __atomic_store_n(&rec->alloc_ns, (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec, __ATOMIC_RELAXED);
-  uint64_t gen = atomic_load_explicit(&rec->gen, memory_order_relaxed) + 1;
-  atomic_store_explicit(&rec->gen, gen, memory_order_relaxed);
-  atomic_store_explicit(&rec->state, WEFT__BLOCK_LIVE, memory_order_release);
-  *out = (weft_block_t){rec, gen};
+  *out = (weft_block_t){rec, weft__block_next_life(rec)};
   announce_alloc(s->runtime, s, rec);
   return WEFT_OK;
 }
@@ -389,8 +380,8 @@ weft_status_t weft_block_find(weft_runtime_t *rt, CUdeviceptr ptr, weft_block_t 
   for (struct weft__block *b = rt->live; rec == NULL && b != NULL; b = b->next)
     if (b->ptr != 0 && ptr > b->ptr && ptr - b->ptr < b->bytes) rec = b;
   weft_block_t h = {0};
-  if (rec != NULL && atomic_load_explicit(&rec->state, memory_order_acquire) == WEFT__BLOCK_LIVE)
-    h = (weft_block_t){rec, atomic_load_explicit(&rec->gen, memory_order_relaxed)};
+  uint64_t life = rec != NULL ? weft__block_life(rec) : 0;
+  if (rec != NULL && weft__life_state(life) == WEFT__BLOCK_LIVE) h = (weft_block_t){rec, weft__life_gen(life)};
   pthread_mutex_unlock(&rt->blocks_lock);
   if (h.rec == NULL)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_block_find: no live block at 0x%llx", (unsigned long long)ptr);
@@ -412,8 +403,9 @@ weft_status_t weft_free_ptr(weft_runtime_t *rt, CUdeviceptr ptr, weft_stream_t *
   pthread_mutex_lock(&rt->blocks_lock);
   struct weft__block *rec = ptr != 0 ? starting_at(rt, ptr) : NULL;
   /* A block its stream cached is freed: no live block starts there. */
-  if (rec != NULL && atomic_load_explicit(&rec->state, memory_order_acquire) == WEFT__BLOCK_CACHED) rec = NULL;
-  if (rec != NULL) b = (weft_block_t){rec, atomic_load_explicit(&rec->gen, memory_order_relaxed)};
+  uint64_t life = rec != NULL ? weft__block_life(rec) : 0;
+  if (rec != NULL && weft__life_state(life) == WEFT__BLOCK_CACHED) rec = NULL;
+  if (rec != NULL) b = (weft_block_t){rec, weft__life_gen(life)};
   pthread_mutex_unlock(&rt->blocks_lock);
   if (rec == NULL && prepared == WEFT_OK)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_free_ptr: no live block starts at 0x%llx", (unsigned long long)ptr);
@@ -442,25 +434,19 @@ static weft_status_t undo_free(struct weft__block *rec, weft_status_t st) {
 static weft_status_t claim_for_free(weft_block_t b, weft_stream_t *s) {
   struct weft__block *rec = b.rec;
   static const char stale[] = "weft_free: stale block handle (the record holds a newer block)";
-  /* The state first, as weft__block_check: a LIVE of the record's next life makes the
-   * generation read after it the new one. */
-  (void)atomic_load(&rec->state);
-  if (atomic_load(&rec->gen) != b.gen) return weft__error(WEFT_ERR_STALE_HANDLE, stale);
+  if (weft__block_gen(rec) != b.gen) return weft__error(WEFT_ERR_STALE_HANDLE, stale);
   if (rec->rt != s->runtime)
     return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_free: the block belongs to another runtime than the stream");
-  if (!weft__block_claim(rec)) {
-    size_t bytes;
-    const char *tag = freed_tag(rec, &bytes);
-    return weft__error(WEFT_ERR_DOUBLE_FREE, "weft_free: the block (tag '%s', %zu bytes) was already freed", tag, bytes);
-  }
-  /* A freed block's record may have been handed out again between the two checks (the stream
-   * cache does it at once): the claim then took the new life's LIVE, whose generation the claim
-   * now sees. Give it back. */
-  if (atomic_load(&rec->gen) != b.gen) {
-    weft__block_unclaim(rec);
-    return weft__error(WEFT_ERR_STALE_HANDLE, stale);
-  }
-  return WEFT_OK;
+  /* The record may be handed out again from here on (the stream cache does it at once, on any
+   * thread): the claim names the generation, so it never takes the later block. */
+  WEFT__TEST_POINT("weft_free: checked", rec);
+  bool claimed = weft__block_claim(rec, b.gen);
+  WEFT__TEST_POINT("weft_free: claim tried", rec);
+  if (claimed) return WEFT_OK;
+  if (weft__block_gen(rec) != b.gen) return weft__error(WEFT_ERR_STALE_HANDLE, stale);
+  size_t bytes;
+  const char *tag = freed_tag(rec, &bytes);
+  return weft__error(WEFT_ERR_DOUBLE_FREE, "weft_free: the block (tag '%s', %zu bytes) was already freed", tag, bytes);
 }
 
 static weft_status_t free_claimed(weft_block_t b, weft_stream_t *s);

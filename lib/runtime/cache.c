@@ -94,7 +94,7 @@ bool weft__cache_put(weft_stream_t *s, struct weft__block *rec) {
     count(rt, -1, -(int64_t)old[n_old]->bytes);
     n_old++;
   }
-  atomic_store_explicit(&rec->state, WEFT__BLOCK_CACHED, memory_order_release);
+  weft__block_set_state(rec, WEFT__BLOCK_CACHED);
   c->slot[c->n++] = rec;
   count(rt, 1, (int64_t)rec->bytes);
   pthread_mutex_unlock(&c->lock);
@@ -112,7 +112,7 @@ struct weft__block *weft__cache_take(weft_stream_t *s, size_t bytes, weft_resour
     if (c->slot[i]->bytes == bytes && c->slot[i]->resource == r) {
       rec = remove_slot(c, i);
       count(rt, -1, -(int64_t)bytes);
-      atomic_store_explicit(&rec->state, WEFT__BLOCK_FREEING, memory_order_relaxed);
+      weft__block_set_state(rec, WEFT__BLOCK_FREEING);
       break;
     }
   pthread_mutex_unlock(&c->lock);

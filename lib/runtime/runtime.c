@@ -255,7 +255,7 @@ static weft_status_t free_all_blocks(weft_runtime_t *rt) {
       weft_status_t st = weft__resource_deallocate(b->resource, b->ptr, b->bytes, s0, b->tag);
       if (st != WEFT_OK && first == WEFT_OK) first = st;
     }
-    atomic_store(&b->state, WEFT__BLOCK_FREED);
+    weft__block_set_state(b, WEFT__BLOCK_FREED);
     weft__block_retire(b);
     b = next;
   }

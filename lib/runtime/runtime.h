@@ -49,8 +49,8 @@ typedef struct weft__stream_cache {
 /** One allocation's record. */
 struct weft__block {
   weft_runtime_t *rt;
-  _Atomic uint64_t gen;       /* bumped when the record is published for a new block */
-  _Atomic int state;          /* weft__block_state_t */
+  _Atomic uint64_t life;      /* WEFT__LIFE(generation, weft__block_state_t): one word, so that a
+                                 claim checks the generation and LIVE in one compare-and-swap */
   CUdeviceptr ptr;
   size_t bytes;
   const char *tag;            /* interned */
@@ -62,6 +62,31 @@ struct weft__block {
   unsigned alloc_stream;      /* weft_alloc: the allocating stream's index (snapshots) */
   uint64_t alloc_ns;          /* weft_alloc: CLOCK_MONOTONIC_COARSE at allocation (snapshots) */
 };
+
+/** A record's life word: its generation (bumped each time the record is published for a new
+ * block) and its state, so that no handle of an earlier life can claim a later one. */
+#define WEFT__LIFE(gen, state) ((uint64_t)(gen) << 3 | (uint64_t)(state))
+static inline uint64_t weft__life_gen(uint64_t life) { return life >> 3; }
+static inline int weft__life_state(uint64_t life) { return (int)(life & 7); }
+/** The record's life word (acquire: a LIVE read sees everything its publisher wrote before). */
+static inline uint64_t weft__block_life(const struct weft__block *rec) {
+  return atomic_load_explicit(&((struct weft__block *)rec)->life, memory_order_acquire);
+}
+static inline uint64_t weft__block_gen(const struct weft__block *rec) { return weft__life_gen(weft__block_life(rec)); }
+static inline int weft__block_state(const struct weft__block *rec) { return weft__life_state(weft__block_life(rec)); }
+/** Sets a record's state, keeping its generation. Only for whoever holds the record out of LIVE:
+ * its claim (FREEING), the cache lock (CACHED), or a record no handle can claim any more. */
+static inline void weft__block_set_state(struct weft__block *rec, int state) {
+  uint64_t life = atomic_load_explicit(&rec->life, memory_order_relaxed);
+  atomic_store_explicit(&rec->life, WEFT__LIFE(weft__life_gen(life), state), memory_order_release);
+}
+/** Starts a record's next life, LIVE under a new generation (release: after everything the caller
+ * wrote to the record); returns that generation. The caller holds the record out of LIVE. */
+static inline uint64_t weft__block_next_life(struct weft__block *rec) {
+  uint64_t gen = weft__life_gen(atomic_load_explicit(&rec->life, memory_order_relaxed)) + 1;
+  atomic_store_explicit(&rec->life, WEFT__LIFE(gen, WEFT__BLOCK_LIVE), memory_order_release);
+  return gen;
+}
 
 /** A record's tag, read atomically: a cached block handed out again (block.c, reuse_cached)
  * stores its new tag without blocks_lock. */
@@ -195,13 +220,10 @@ void weft__runtime_refresh_captures(weft_runtime_t *rt);
 weft_status_t weft__block_check(weft_block_t b, const char *fn, struct weft__block **out);
 /** weft__block_check's common case, inline for the per-access loops of uses: the record of a
  * live handle of runtime `rt` (whose liveness the caller checked), or NULL, where the caller
- * runs weft__block_check for the error (or a block of another runtime). Reads the state before
- * the generation, for the reason weft__block_check gives. */
+ * runs weft__block_check for the error (or a block of another runtime). */
 static inline struct weft__block *weft__block_live(weft_block_t b, const weft_runtime_t *rt) {
   struct weft__block *rec = b.rec;
-  if (rec == NULL || atomic_load_explicit(&rec->state, memory_order_acquire) != WEFT__BLOCK_LIVE ||
-      atomic_load_explicit(&rec->gen, memory_order_acquire) != b.gen || rec->rt != rt)
-    return NULL;
+  if (rec == NULL || weft__block_life(rec) != WEFT__LIFE(b.gen, WEFT__BLOCK_LIVE) || rec->rt != rt) return NULL;
   return rec;
 }
 /** The one block initialiser: a record for `bytes` tagged `tag` (interned) that `resource` owns,
@@ -215,9 +237,12 @@ void weft__block_retire(struct weft__block *rec);
 /** Ends a LIVE block without calling its resource (its memory went with a graph); does nothing
  * when someone else is freeing it or freed it. */
 void weft__block_forget(struct weft__block *rec);
-/** Claims a LIVE block for ending it (a concurrent weft_free then gets DOUBLE_FREE); false when
- * it is not live. Give it back with weft__block_unclaim, or end it with weft__block_end. */
-bool weft__block_claim(struct weft__block *rec);
+/** Claims block (rec, gen) for ending it, LIVE to FREEING in one step (a concurrent weft_free
+ * then gets DOUBLE_FREE); false when that block is not live: freed, being freed, or the record
+ * holds a later block, which a claim never touches. Give it back with weft__block_unclaim, or end
+ * it with weft__block_end. */
+bool weft__block_claim(struct weft__block *rec, uint64_t gen);
+/** Puts a claimed block back to LIVE (the same generation). */
 void weft__block_unclaim(struct weft__block *rec);
 void weft__block_end(struct weft__block *rec);
 

@@ -101,11 +101,12 @@ weft_status_t weft_memory_snapshot(weft_runtime_t *rt, FILE *out) {
   pthread_mutex_lock(&rt->blocks_lock);
   size_t nb = 0, cap = rt->live_count;
   snap_block_t *blk = weft__meta_calloc(cap + 1, sizeof *blk);
-  for (const struct weft__block *b = rt->live; blk != NULL && b != NULL && nb < cap; b = b->next)
-    blk[nb++] = (snap_block_t){b->ptr, b->bytes, atomic_load_explicit(&b->gen, memory_order_relaxed),
-                               __atomic_load_n(&b->alloc_ns, __ATOMIC_RELAXED), weft__block_tag(b),
-                               __atomic_load_n(&b->alloc_stream, __ATOMIC_RELAXED),
-                               atomic_load_explicit(&b->state, memory_order_relaxed) == WEFT__BLOCK_CACHED};
+  for (const struct weft__block *b = rt->live; blk != NULL && b != NULL && nb < cap; b = b->next) {
+    uint64_t life = weft__block_life(b);
+    blk[nb++] = (snap_block_t){b->ptr, b->bytes, weft__life_gen(life), __atomic_load_n(&b->alloc_ns, __ATOMIC_RELAXED),
+                               weft__block_tag(b), __atomic_load_n(&b->alloc_stream, __ATOMIC_RELAXED),
+                               weft__life_state(life) == WEFT__BLOCK_CACHED};
+  }
   pthread_mutex_unlock(&rt->blocks_lock);
   if (blk == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_memory_snapshot: no host memory");
   /* Segments and free ranges of every resource of the stack that has them. */

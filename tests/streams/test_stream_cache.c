@@ -13,6 +13,7 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "lib/core/debug.h"
 #include "tests/util/cmocka_env.h"
 
 #define N 4096 /* elements (unsigned) of the test blocks */
@@ -331,6 +332,68 @@ static void test_release_leaves_no_cached_memory(void **state) {
 /* Eight threads allocate and free on shared streams, sizes from a small set: every reuse is
  * ordered (oracle), the counters add up, and a freed handle stays stale and cannot be freed again
  * while other threads take its record from the cache. Run under tsan in CI. */
+/* A stale handle's free whose record is handed out again between the free's checks and its claim
+ * (the stream cache reuses a record at once, so another thread can take it in that window): the
+ * claim never takes the record's new block, not even for a moment, and the free is refused. Test
+ * points act in the window on this thread. This was test_threads_share_the_cache's flake on the
+ * GPU: a worker's own live block read as freed while another worker's stale free held it. */
+#if WEFT__TEST_POINTS
+typedef struct window {
+  tu_env_t *env;
+  weft_stream_t *s;
+  size_t bytes;
+  unsigned reused;
+  weft_status_t alloc_st, during;
+  weft_block_t fresh;
+  bool looked;
+  char why[256]; /* weft_last_error() of the look */
+} window_t;
+static window_t g_window;
+
+static void hand_out_in_the_window(const char *point, void *arg) {
+  (void)arg;
+  if (strcmp(point, "weft_free: checked") == 0 && g_window.reused++ == 0) {
+    g_window.alloc_st = weft_alloc(g_window.env->rt, g_window.bytes, g_window.s, "fresh", &g_window.fresh);
+  } else if (strcmp(point, "weft_free: claim tried") == 0 && g_window.fresh.rec != NULL && !g_window.looked) {
+    CUdeviceptr p;
+    g_window.looked = true;
+    g_window.during = weft_block_ptr(g_window.fresh, &p);
+    snprintf(g_window.why, sizeof g_window.why, "%s", weft_last_error());
+  }
+}
+#endif
+
+static void test_a_stale_free_never_claims_the_records_next_block(void **state) {
+#if !WEFT__TEST_POINTS
+  (void)state;
+  skip(); /* the test points are compiled only where WEFT_DEBUG >= 1 (the asan and tsan configs) */
+#else
+  tu_env_t *env = *state;
+  weft_stream_t *s;
+  assert_int_equal(weft_stream_get(env->rt, 0, &s), WEFT_OK);
+  weft_block_t b;
+  size_t bytes = (size_t)N * 4;
+  assert_int_equal(weft_alloc(env->rt, bytes, s, "old", &b), WEFT_OK);
+  assert_int_equal(tu_fill(env, s, b, N, 1), WEFT_OK);
+  uint64_t cached = counters(env).cached_blocks;
+  assert_int_equal(weft_free(b, s), WEFT_OK);
+  assert_int_equal(counters(env).cached_blocks, cached + 1); /* the record waits in s's cache */
+  g_window = (window_t){env, s, bytes, 0, WEFT_OK, WEFT_OK, {0}, false, ""};
+  atomic_store(&weft__test_hook, hand_out_in_the_window);
+  weft_status_t again = weft_free(b, s);
+  atomic_store(&weft__test_hook, NULL);
+  /* The window happened: the record went to a new block inside the stale free. */
+  assert_int_equal(g_window.alloc_st, WEFT_OK);
+  assert_ptr_equal(g_window.fresh.rec, b.rec);
+  assert_true(g_window.looked);
+  if (g_window.during != WEFT_OK) fail_msg("the new block read as %s while a stale free ran: %s",
+                                           weft_status_name(g_window.during), g_window.why);
+  assert_int_equal(again, WEFT_ERR_STALE_HANDLE);
+  assert_int_equal(tu_fill(env, s, g_window.fresh, N, 2), WEFT_OK);
+  assert_int_equal(weft_free(g_window.fresh, s), WEFT_OK);
+#endif
+}
+
 typedef struct worker {
   tu_env_t *env;
   unsigned id;
@@ -409,6 +472,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_snapshot_shows_cached_blocks, setup, teardown),
       cmocka_unit_test(test_guard_turns_the_cache_off),
       cmocka_unit_test(test_release_leaves_no_cached_memory),
+      cmocka_unit_test_setup_teardown(test_a_stale_free_never_claims_the_records_next_block, setup, teardown),
       cmocka_unit_test_setup_teardown(test_threads_share_the_cache, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
