@@ -43,8 +43,11 @@ typedef struct pair {
  *               empties the host's caches, so the bookkeeping after it finds its data cold, the
  *               bookkeeping before it warm (from the previous iteration's). The difference between
  *               the two is what cold data costs weft's group (the per-repetition differences to
- *               raw NCCL, medians, are the last two columns). */
-enum { RAW, WEFT, RAW_RECORD, RAW_SWITCH, RAW_PROBE, RAW_ON_WEFT, RAW_BOOK, RAW_BOOK_FIRST };
+ *               raw NCCL, medians, are the last two columns).
+ *   RAW_JOINT   raw NCCL on weft's streams run inside weft's joint use of both ranks (the work of
+ *               weft_comm_group_end's use, NCCL where weft_comm_group_end calls it), without the
+ *               communicator layer's calls: weft minus this is what the layer's calls cost. */
+enum { RAW, WEFT, RAW_RECORD, RAW_SWITCH, RAW_PROBE, RAW_ON_WEFT, RAW_BOOK, RAW_BOOK_FIRST, RAW_JOINT };
 
 static weft_status_t no_work(weft_stream_t *s, void *arg) {
   (void)s;
@@ -61,6 +64,25 @@ static void book(pair_t *p) {
   BENCH_WEFT(weft__use_joint(s, acc, n, 2, "bench", no_work, NULL));
 }
 
+/* One raw NCCL group of an all-reduce per rank on weft's streams (fn of RAW_JOINT's joint use). */
+typedef struct raw_group {
+  const weft__nccl_t *nl;
+  pair_t *p;
+  size_t count;
+} raw_group_t;
+
+static weft_status_t raw_group(weft_stream_t *s, void *arg) {
+  (void)s;
+  const raw_group_t *g = arg;
+  if (g->nl->ncclGroupStart() != ncclSuccess) bench_die("ncclGroupStart");
+  for (int r = 0; r < 2; r++)
+    if (g->nl->ncclAllReduce((void *)g->p->ptr[r], (void *)g->p->ptr[r], g->count, ncclFloat32, ncclSum, g->p->nc[r],
+                             (cudaStream_t)g->p->wraw[r]) != ncclSuccess)
+      bench_die("ncclAllReduce");
+  if (g->nl->ncclGroupEnd() != ncclSuccess) bench_die("ncclGroupEnd");
+  return WEFT_OK;
+}
+
 /* The NCCL communicators under weft's (the same ones the raw path uses): made separately with
  * ncclCommInitAll, and adopted by weft. */
 static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, unsigned iters, int how, double *host_us) {
@@ -71,6 +93,13 @@ static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, u
       for (int r = 0; r < 2; r++)
         BENCH_WEFT(weft_all_reduce(p->comm[r], p->buf[r], 0, p->buf[r], 0, count, WEFT_FLOAT32, WEFT_SUM, NULL));
       BENCH_WEFT(weft_comm_group_end());
+    } else if (how == RAW_JOINT) {
+      weft_stream_t *s[2] = {weft_comm_stream(p->comm[0]), weft_comm_stream(p->comm[1])};
+      weft_access_t a0[1] = {{p->buf[0], WEFT_READ_WRITE}}, a1[1] = {{p->buf[1], WEFT_READ_WRITE}};
+      const weft_access_t *acc[2] = {a0, a1};
+      size_t n[2] = {1, 1};
+      raw_group_t g = {nl, p, count};
+      BENCH_WEFT(weft__use_joint(s, acc, n, 2, "bench", raw_group, &g));
     } else {
       if (how == RAW_BOOK_FIRST) book(p);
       if (nl->ncclGroupStart() != ncclSuccess) bench_die("ncclGroupStart");
@@ -92,8 +121,8 @@ static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, u
   }
   if (host_us != NULL) *host_us = (double)(bench_now_ns() - t0) / iters / 1000.0;
   for (int r = 0; r < 2; r++) {
-    if (how == WEFT || how == RAW_BOOK || how == RAW_BOOK_FIRST) BENCH_WEFT(weft_stream_synchronize(weft_comm_stream(p->comm[r])));
-    if (how != WEFT) BENCH_CU(b->drv->cuStreamSynchronize(how == RAW_ON_WEFT ? p->wraw[r] : p->raw[r]));
+    if (how == WEFT || how == RAW_BOOK || how == RAW_BOOK_FIRST || how == RAW_JOINT) BENCH_WEFT(weft_stream_synchronize(weft_comm_stream(p->comm[r])));
+    if (how != WEFT && how != RAW_JOINT) BENCH_CU(b->drv->cuStreamSynchronize(how == RAW_ON_WEFT ? p->wraw[r] : p->raw[r]));
   }
   return (double)(bench_now_ns() - t0) / iters / 1000.0;
 }
@@ -207,13 +236,15 @@ void bench_comm(bench_t *b) {
                                      "raw + 2 context switches host us", "raw + 4 probes host us",
                                      "raw on weft's streams host us", "raw + weft's bookkeeping host us",
                                      "raw + weft's bookkeeping first host us", "bookkeeping after - raw host us",
-                                     "bookkeeping first - raw host us"};
-  bench_table(cols, 16);
+                                     "bookkeeping first - raw host us", "raw NCCL inside weft's joint use us",
+                                     "joint use / raw"};
+  bench_table(cols, 18);
   for (size_t count = MIB / 4; count <= max_count; count *= 4) {
     unsigned iters = bench_count(b, count >= 16 * MIB ? 20 : 200, 2);
     double w[BENCH_MAX_REPS], raw[BENCH_MAX_REPS], ratio[BENCH_MAX_REPS], rec[BENCH_MAX_REPS], wh[BENCH_MAX_REPS],
         rh[BENCH_MAX_REPS], qh[BENCH_MAX_REPS], sh[BENCH_MAX_REPS], ph[BENCH_MAX_REPS], oh[BENCH_MAX_REPS],
-        kh[BENCH_MAX_REPS], fh[BENCH_MAX_REPS], dk[BENCH_MAX_REPS], df[BENCH_MAX_REPS];
+        kh[BENCH_MAX_REPS], fh[BENCH_MAX_REPS], dk[BENCH_MAX_REPS], df[BENCH_MAX_REPS], jw[BENCH_MAX_REPS],
+        jh[BENCH_MAX_REPS], jr[BENCH_MAX_REPS];
     unsigned reps = b->reps < BENCH_MAX_REPS ? b->reps : BENCH_MAX_REPS;
     (void)run(b, nl, &p, count, 2, WEFT, NULL); /* warm every path */
     (void)run(b, nl, &p, count, 2, RAW, NULL);
@@ -223,9 +254,14 @@ void bench_comm(bench_t *b) {
     (void)run(b, nl, &p, count, 2, RAW_ON_WEFT, NULL);
     (void)run(b, nl, &p, count, 2, RAW_BOOK, NULL);
     (void)run(b, nl, &p, count, 2, RAW_BOOK_FIRST, NULL);
+    (void)run(b, nl, &p, count, 2, RAW_JOINT, NULL);
     for (unsigned k = 0; k < reps; k++) {
+      /* weft and raw alternate which runs first, so that neither always follows the other. */
+      if (k & 1) raw[k] = run(b, nl, &p, count, iters, RAW, &rh[k]);
       w[k] = run(b, nl, &p, count, iters, WEFT, &wh[k]);
-      raw[k] = run(b, nl, &p, count, iters, RAW, &rh[k]);
+      if (!(k & 1)) raw[k] = run(b, nl, &p, count, iters, RAW, &rh[k]);
+      jw[k] = run(b, nl, &p, count, iters, RAW_JOINT, &jh[k]);
+      jr[k] = jw[k] / raw[k];
       rec[k] = run(b, nl, &p, count, iters, RAW_RECORD, &qh[k]);
       (void)run(b, nl, &p, count, iters, RAW_SWITCH, &sh[k]);
       (void)run(b, nl, &p, count, iters, RAW_PROBE, &ph[k]);
@@ -245,7 +281,8 @@ void bench_comm(bench_t *b) {
                       sn[] = "raw ncclAllReduce + 2 context switches", pn[] = "raw ncclAllReduce + 4 capture probes",
                       on[] = "raw ncclAllReduce on weft's streams (diagnostic)",
                       kn[] = "raw ncclAllReduce + weft's group bookkeeping around no work (diagnostic)",
-                      fn[] = "weft's group bookkeeping around no work + raw ncclAllReduce (diagnostic)";
+                      fn[] = "weft's group bookkeeping around no work + raw ncclAllReduce (diagnostic)",
+                      jn[] = "raw ncclAllReduce inside weft's joint use (diagnostic)";
     for (unsigned k = 0; k < reps; k++) {
       bench_sample(b, "comm", wn, "us per all-reduce", "us", rn, x, k, w[k]);
       bench_sample(b, "comm", rn, "us per all-reduce", "us", NULL, x, k, raw[k]);
@@ -258,12 +295,16 @@ void bench_comm(bench_t *b) {
       bench_sample(b, "comm", on, "host us to enqueue", "us", rn, x, k, oh[k]);
       bench_sample(b, "comm", kn, "host us to enqueue", "us", rn, x, k, kh[k]);
       bench_sample(b, "comm", fn, "host us to enqueue", "us", rn, x, k, fh[k]);
+      bench_sample(b, "comm", jn, "us per all-reduce", "us", rn, x, k, jw[k]);
+      bench_sample(b, "comm", jn, "host us to enqueue", "us", rn, x, k, jh[k]);
     }
     double mw = bench_median(w, reps), mr = bench_median(raw, reps), mq = bench_median(ratio, reps);
-    printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+    printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
+           "| %.1f | %.3f |\n",
            count * 4, mw, mr, mq, lo, hi, bench_median(rec, reps), bench_median(wh, reps), bench_median(rh, reps),
            bench_median(qh, reps), bench_median(sh, reps), bench_median(ph, reps), bench_median(oh, reps),
-           bench_median(kh, reps), bench_median(fh, reps), bench_median(dk, reps), bench_median(df, reps));
+           bench_median(kh, reps), bench_median(fh, reps), bench_median(dk, reps), bench_median(df, reps),
+           bench_median(jw, reps), bench_median(jr, reps));
   }
   printf("\n");
   printf("A thread per rank (each on its own device, one call per all-reduce, no group):\n\n");
