@@ -493,7 +493,7 @@ static weft_status_t free_inside(weft_builder_t *b, weft_block_t blk) {
   bstate_t *s = state_of(b, rec, blk.gen, true); /* found: tracked_inside made it */
   s->freed = true;
   s->rec = NULL;
-  weft__block_forget(rec);
+  weft__block_forget(rec, blk.gen);
   return WEFT_OK;
 }
 
@@ -509,7 +509,8 @@ weft_status_t weft_builder_free(weft_builder_t *b, weft_block_t blk) {
 
 static void free_states(weft_builder_t *b, bool forget_internal) {
   for (size_t i = 0; i < b->n_blocks; i++) {
-    if (forget_internal && b->blocks[i].internal && b->blocks[i].rec != NULL) weft__block_forget(b->blocks[i].rec);
+    if (forget_internal && b->blocks[i].internal && b->blocks[i].rec != NULL)
+      weft__block_forget(b->blocks[i].rec, b->blocks[i].gen);
     weft__meta_free(b->blocks[i].readers);
   }
   for (size_t i = 0; i < b->n_nodes; i++) weft__meta_free(b->anc[i]);

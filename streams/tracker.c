@@ -772,7 +772,7 @@ uint64_t weft__tracker_fingerprint(const weft__use_t *uses, size_t n) {
   return sum;
 }
 
-weft_status_t weft__tracker_new_block(weft_stream_t *s, weft__access_state_t *st) {
+weft_status_t weft__tracker_new_block(weft_stream_t *s, weft__access_state_t *st, uint64_t gen) {
   weft__tracker_t *tr = s->tr;
   weft_status_t r = WEFT_OK;
   lock_idle(s, NULL);
@@ -784,7 +784,10 @@ weft_status_t weft__tracker_new_block(weft_stream_t *s, weft__access_state_t *st
   } else {
     weft__capture_block_t *b = weft__capture_block(c, st, true);
     if (b == NULL) r = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_alloc: no host memory for a capture record");
-    else b->local.write = at;
+    else {
+      b->local.write = at;
+      b->gen = gen;
+    }
     if (b != NULL) st->graph = c;
   }
   unlock(tr);

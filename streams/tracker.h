@@ -336,8 +336,9 @@ void weft__access_init(weft__access_state_t *st, uint64_t *reads, unsigned cap);
 unsigned weft__tracker_lanes(void);
 /** Starts the history of a block just allocated on s: its first users elsewhere wait for
  * everything s did up to now. Inside a capture the block becomes internal to it (allocated
- * there: an output unless freed there). HOST_OUT_OF_MEMORY leaves nothing changed. */
-weft_status_t weft__tracker_new_block(weft_stream_t *s, weft__access_state_t *st);
+ * there: an output unless freed there), under `gen`, the generation it is published with.
+ * HOST_OUT_OF_MEMORY leaves nothing changed. */
+weft_status_t weft__tracker_new_block(weft_stream_t *s, weft__access_state_t *st, uint64_t gen);
 /** Notes that a block allocated inside s's capture was freed there (it is not an output). */
 void weft__tracker_free_block(weft_stream_t *s, weft__access_state_t *st);
 

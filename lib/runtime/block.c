@@ -179,9 +179,9 @@ bool weft__block_claim(struct weft__block *rec, uint64_t gen) {
 
 void weft__block_unclaim(struct weft__block *rec) { weft__block_set_state(rec, WEFT__BLOCK_LIVE); }
 
-void weft__block_forget(struct weft__block *rec) {
+void weft__block_forget(struct weft__block *rec, uint64_t gen) {
   /* Once: a block already freed (or being freed) by someone else is theirs to end. */
-  if (weft__block_claim(rec, weft__block_gen(rec))) weft__block_end(rec);
+  if (weft__block_claim(rec, gen)) weft__block_end(rec);
 }
 
 /* ---- weft_alloc / weft_free ------------------------------------------------------------------ */
@@ -353,7 +353,7 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
     return st;
   }
   /* Other streams' first use waits for everything s did before handing the memory out. */
-  if ((st = weft__tracker_new_block(s, &rec->acc)) != WEFT_OK) {
+  if ((st = weft__tracker_new_block(s, &rec->acc, weft__block_gen(rec) + 1)) != WEFT_OK) {
     char why[256];
     snprintf(why, sizeof why, "%s", weft_last_error());
     (void)weft__resource_deallocate(r, rec->ptr, bytes, s, itag);

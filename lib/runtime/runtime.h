@@ -234,9 +234,9 @@ struct weft__block *weft__block_make(weft_runtime_t *rt, size_t bytes, const cha
 weft_block_t weft__block_publish(struct weft__block *rec);
 /** Returns a made but never published record to the FIFO. */
 void weft__block_retire(struct weft__block *rec);
-/** Ends a LIVE block without calling its resource (its memory went with a graph); does nothing
- * when someone else is freeing it or freed it. */
-void weft__block_forget(struct weft__block *rec);
+/** Ends LIVE block (rec, gen) without calling its resource (its memory went with a graph); does
+ * nothing when someone else is freeing it or freed it, or the record holds a later block. */
+void weft__block_forget(struct weft__block *rec, uint64_t gen);
 /** Claims block (rec, gen) for ending it, LIVE to FREEING in one step (a concurrent weft_free
  * then gets DOUBLE_FREE); false when that block is not live: freed, being freed, or the record
  * holds a later block, which a claim never touches. Give it back with weft__block_unclaim, or end

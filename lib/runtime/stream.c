@@ -33,7 +33,7 @@ void weft__runtime_forget_capture_blocks(weft__capture_t *c) {
     if (!b->internal || b->freed) continue;
     struct weft__block *rec = WEFT__BLOCK_OF(b->live);
     weft__resource_disown(rec->resource, rec->bytes);
-    weft__block_forget(rec);
+    weft__block_forget(rec, b->gen); /* the generation it was allocated under (weft__tracker_new_block) */
   }
 }
 
