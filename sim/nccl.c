@@ -50,6 +50,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <nccl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +74,7 @@ typedef struct part {
   ncclRedOp_t op;
   int root, peer;
   uint64_t seq; /* collectives: the communicator's; send / receive: per peer and direction */
+  bool numbered; /* took its sequence number when called (queued, not captured) */
 } part_t;
 
 typedef struct sim__clique sim__clique_t;
@@ -609,6 +611,7 @@ static ncclResult_t post(ncclComm_t h, cudaStream_t hs, part_t p) {
     if (p.kind == P_SEND) p.seq = c->send_seq[p.peer]++;
     else if (p.kind == P_RECV) p.seq = c->recv_seq[p.peer]++;
     else p.seq = c->coll_seq++;
+    p.numbered = true;
   }
   if (g_depth == 0) {
     part_t *one = sim__xmalloc(sizeof *one);
@@ -670,13 +673,29 @@ static ncclResult_t group_start(void) {
 
 ncclResult_t ncclGroupStart(void) { NCCL_CALL(ncclGroupStart, group_start()); }
 
+/* A failed group's queued calls give back the sequence numbers they took, as NCCL launches none
+ * of them: the numbers of a group's calls are each communicator's newest, so counting back
+ * restores the counters (communicators are not used from two threads at once). */
+static void unnumber(sim__comm_t *c, const part_t *parts, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (!parts[i].numbered) continue;
+    if (parts[i].kind == P_SEND) c->send_seq[parts[i].peer]--;
+    else if (parts[i].kind == P_RECV) c->recv_seq[parts[i].peer]--;
+    else c->coll_seq--;
+  }
+}
+
 static ncclResult_t group_end(void) {
   if (g_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
   if (--g_depth > 0) return ncclSuccess;
   for (size_t g = 0; g < g_ngrouped; g++) {
     ncclResult_t r = ncclSuccess;
-    if (g_group_error == ncclSuccess) r = submit_fused(g_grouped[g].comm, g_grouped[g].stream, g_grouped[g].parts, g_grouped[g].n);
-    else free(g_grouped[g].parts); /* the group failed: nothing of it runs */
+    if (g_group_error == ncclSuccess) {
+      r = submit_fused(g_grouped[g].comm, g_grouped[g].stream, g_grouped[g].parts, g_grouped[g].n);
+    } else { /* the group failed: nothing of it runs, and its calls give their numbers back */
+      unnumber(g_grouped[g].comm, g_grouped[g].parts, g_grouped[g].n);
+      free(g_grouped[g].parts);
+    }
     if (r != ncclSuccess && g_group_error == ncclSuccess) g_group_error = r;
   }
   g_ngrouped = 0;
@@ -691,7 +710,23 @@ static ncclResult_t group_end(void) {
   return g_group_error;
 }
 
-ncclResult_t ncclGroupEnd(void) { NCCL_CALL(ncclGroupEnd, group_end()); }
+/* A refused entry (an injected fault) fails the call as NCCL's own failures inside ncclGroupEnd
+ * do: the group ends all the same (NCCL takes its depth down first) and nothing of it runs. */
+ncclResult_t ncclGroupEnd(void) {
+  CUresult r = sim__enter(SIM_FN_ncclGroupEnd, 1);
+  ncclResult_t nr;
+  if (r == CUDA_SUCCESS) {
+    nr = group_end();
+  } else {
+    nr = from_cu(r);
+    if (g_depth > 0) {
+      if (g_group_error == ncclSuccess) g_group_error = nr;
+      (void)group_end(); /* the outermost end discards the group's operations */
+    }
+  }
+  sim__leave();
+  return nr;
+}
 
 /* ---- rendezvous (the scheduler's side) ---- */
 

@@ -337,6 +337,39 @@ static void test_bad_arguments(void **state) {
   printf("conformance-nccl: a root or peer out of range and a null communicator are ncclInvalidArgument ok\n");
 }
 
+/* A group one of whose calls NCCL refuses (rank 1's broadcast names root 2 of 2 ranks): the call
+ * returns ncclInvalidArgument, ncclGroupEnd fails, nothing of the group runs (rank 0's all-reduce
+ * in it neither runs nor waits for a partner), the thread is out of the group, and the next
+ * group's all-reduces pair as if the failed group never was. */
+static void test_a_failed_group_runs_nothing_and_the_next_pairs(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  static float h[2][N], got[N];
+  for (int r = 0; r < 2; r++) {
+    for (int i = 0; i < N; i++) h[r][i] = (float)(i + 1000 * r);
+    put(r, buf[r], h[r], N * 4);
+  }
+  NOK(NCCL(ncclGroupStart)());
+  on(0);
+  NOK(NCCL(ncclAllReduce)((void *)buf[0], (void *)buf[0], N, ncclFloat32, ncclSum, comm[0], (cudaStream_t)st[0]));
+  on(1);
+  assert_int_equal(NCCL(ncclBroadcast)((void *)buf[1], (void *)out[1], N, ncclFloat32, 2, comm[1], (cudaStream_t)st[1]),
+                   ncclInvalidArgument);
+  ncclResult_t e = NCCL(ncclGroupEnd)();
+  printf("probe: ncclGroupEnd of a group with a refused call: %d\n", (int)e);
+  assert_int_not_equal(e, ncclSuccess);
+  for (int r = 0; r < 2; r++) { /* nothing ran: the inputs are as they were */
+    get(r, buf[r], got, N * 4);
+    for (int i = 0; i < N; i++) assert_true(got[i] == h[r][i]);
+  }
+  all_reduce_in_place(); /* outside any group again, and its calls pair */
+  for (int r = 0; r < 2; r++) {
+    get(r, buf[r], got, N * 4);
+    for (int i = 0; i < N; i++) assert_true(got[i] == (float)(2 * i + 1000));
+  }
+  printf("conformance-nccl: a group with a refused call fails at its end, runs nothing, and the next group pairs ok\n");
+}
+
 /* ---- ranks in two processes ---- */
 
 /* This process's rank `rank` of a two-rank communicator from the id in `id_file` (rank 0 made
@@ -422,6 +455,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_captured_all_reduce),
       cmocka_unit_test(test_destroy_waits_for_queued_operations),
       cmocka_unit_test(test_bad_arguments),
+      cmocka_unit_test(test_a_failed_group_runs_nothing_and_the_next_pairs),
       cmocka_unit_test(test_two_processes_all_reduce),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
