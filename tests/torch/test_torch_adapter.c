@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -366,6 +367,131 @@ static void test_legacy_frees_during_a_blocking_capture(void **state) {
 /* The adapter's runtime keeps nothing cached in the driver's pool and takes 16 MiB chunks (what
  * held device memory within 1.1x of PyTorch's allocator on the example, H100), unless the
  * environment says otherwise. */
+/* What failed under a fault: frees to do again once the fault is cleared (weft.h: a failed call
+ * changed nothing, so the caller may call it again). */
+typedef struct redo {
+  CUdeviceptr free_p[16];
+  size_t free_n[16];
+  CUstream free_s[16];
+  unsigned frees;
+  unsigned ends; /* use_ends that failed (each called again at once) */
+} redo_t;
+
+/* PyTorch's calls, as the cases above make them: eager steps on the legacy stream that read a
+ * batch a side stream prefetched (declared with weft_torch_use_*), frees on either stream. Every
+ * adapter call is checked: an allocation gives memory or NULL; a use returns 0 or an error; a free
+ * that failed is counted (free_failures) and noted in `redo`; a use_end that failed left its use
+ * open and is called again at once. `check`: every call must succeed and the data be right. */
+static void pytorch_steps(CUstream side, redo_t *redo, bool check) {
+  const size_t n = 16 * 1024;
+  for (unsigned step = 0; step < 4; step++) {
+    CUdeviceptr x = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, NULL);
+    CUdeviceptr b = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, side);
+    if (check && (x == 0 || b == 0)) fail_msg("alloc: %s", t_error());
+    bool filled = false;
+    if (b != 0) {
+      uint64_t w = b;
+      if (t_use_begin(0, side, NULL, 0, &w, 1) == 0) {
+        assert_int_equal(d_memset(b, 500 + step, n / 4, side), CUDA_SUCCESS);
+        /* A failed end changed nothing: the use is still open and the end may be called again
+         * (a fault fails one call only). */
+        if (t_use_end(0, side, NULL, 0, &w, 1) != 0) {
+          redo->ends++;
+          if (t_use_end(0, side, NULL, 0, &w, 1) != 0) fail_msg("use_end called again: %s", t_error());
+        }
+        filled = true;
+      } else if (check) {
+        fail_msg("use_begin: %s", t_error());
+      }
+    }
+    if (x != 0 && filled) {
+      uint64_t r = b, w = x;
+      if (t_use_begin(0, NULL, &r, 1, &w, 1) == 0) {
+        assert_int_equal(d_copy(x, b, n, NULL), CUDA_SUCCESS);
+        if (t_use_end(0, NULL, &r, 1, &w, 1) != 0) {
+          redo->ends++;
+          if (t_use_end(0, NULL, &r, 1, &w, 1) != 0) fail_msg("use_end called again: %s", t_error());
+        }
+        if (check) {
+          assert_int_equal(d_sync(NULL), CUDA_SUCCESS);
+          assert_int_equal(word(x), 500 + step);
+        }
+      } else if (check) {
+        fail_msg("use_begin: %s", t_error());
+      }
+    }
+    CUdeviceptr p[2] = {b, x};
+    CUstream on[2] = {side, NULL};
+    for (int k = 0; k < 2; k++) {
+      if (p[k] == 0) continue;
+      uint64_t failed0 = stat_of("free_failures");
+      t_free((void *)(uintptr_t)p[k], (ssize_t)n, 0, on[k]);
+      if (stat_of("free_failures") != failed0) {
+        if (check) fail_msg("free: %s", t_error());
+        assert_true(redo->frees < 16);
+        redo->free_p[redo->frees] = p[k];
+        redo->free_n[redo->frees] = n;
+        redo->free_s[redo->frees++] = on[k];
+      }
+    }
+  }
+}
+
+/* Faults at every call: each driver function the adapter's calls reach fails at its Nth call, for
+ * N = 1, 2, ... until not reached. No crash and no race; what failed changed nothing, so doing it
+ * again once the fault is cleared succeeds (the failed frees, the use_ends); then no byte is left
+ * live and the same steps without faults give the right data. Simulator only (fault injection). */
+static void test_faults_at_every_call_leave_nothing_half_done(void **state) {
+  (void)state;
+  if (sim == NULL) skip(); /* fault injection */
+  static const char *const fns[] = {"cuEventRecord", "cuStreamWaitEvent", "cuStreamGetCaptureInfo",
+                                    "cuCtxGetCurrent"};
+  CUstream side = new_stream();
+  redo_t none = {0};
+  pytorch_steps(side, &none, true);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  uint64_t live0 = stat_of("live_bytes");
+  unsigned cells = 0, failed_frees = 0, failed_ends = 0;
+  for (size_t f = 0; f < sizeof fns / sizeof fns[0]; f++) {
+    unsigned fired = 0;
+    for (unsigned nth = 1; nth <= 24; nth++) {
+      weft_sim_stats_t s0, s1;
+      sim->stats(&s0);
+      char spec[80];
+      snprintf(spec, sizeof spec, "%s:%u:CUDA_ERROR_UNKNOWN", fns[f], nth);
+      assert_int_equal((sim->fail)(spec), 0);
+      redo_t redo = {0};
+      pytorch_steps(side, &redo, false);
+      assert_int_equal((sim->fail)(""), 0);
+      sim->stats(&s1);
+      if (s1.faults_injected == s0.faults_injected) break; /* not reached */
+      fired++;
+      cells++;
+      failed_frees += redo.frees;
+      failed_ends += redo.ends;
+      uint64_t failed0 = stat_of("free_failures");
+      for (unsigned i = 0; i < redo.frees; i++)
+        t_free((void *)(uintptr_t)redo.free_p[i], (ssize_t)redo.free_n[i], 0, redo.free_s[i]);
+      if (stat_of("free_failures") != failed0) fail_msg("%s: a failed free done again failed: %s", spec, t_error());
+      assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+      if (stat_of("live_bytes") != live0)
+        fail_msg("%s: %llu bytes live, %llu before", spec, (unsigned long long)stat_of("live_bytes"),
+                 (unsigned long long)live0);
+      check_races();
+      redo_t clean = {0};
+      pytorch_steps(side, &clean, true);
+    }
+    if (fired == 0) fail_msg("%s: the fault fired nowhere", fns[f]);
+  }
+  printf("fault cells: %u; frees failed and done again: %u; use_ends failed and called again: %u\n", cells,
+         failed_frees, failed_ends);
+  assert_true(failed_frees > 0 && failed_ends > 0); /* premise: the faults hit frees and use ends */
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  assert_int_equal(stat_of("live_bytes"), live0);
+  check_races();
+  assert_int_equal(d_stream_destroy(side), CUDA_SUCCESS);
+}
+
 static void test_adapter_defaults(void **state) {
   (void)state;
   void *p = t_alloc(4096, 0, NULL); /* the runtime exists */
@@ -386,6 +512,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup(test_a_pointer_reallocated_elsewhere_frees_the_new_block, setup),
       cmocka_unit_test_setup(test_outside_capture_then_replays, setup),
       cmocka_unit_test_setup(test_legacy_frees_during_a_blocking_capture, setup),
+      cmocka_unit_test_setup(test_faults_at_every_call_leave_nothing_half_done, setup),
       cmocka_unit_test_setup(test_adapter_defaults, setup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
