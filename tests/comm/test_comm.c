@@ -663,26 +663,103 @@ static int dependent_workload(bool check) {
   return failures;
 }
 
-/* Faults at every call: each driver or NCCL function the dependent group reaches fails at its
- * Nth call, for N = 1, 2, ... until the Nth call is not reached. After each: no race (a failure
+/* A call that failed under a one-shot fault changed nothing (weft.h): made again, it succeeds.
+ * Counts the first failure in *failures. */
+#define AGAIN(failures, call)                                                              \
+  do {                                                                                     \
+    if ((call) != WEFT_OK) {                                                               \
+      (*(failures))++;                                                                     \
+      weft_status_t again_ = (call);                                                       \
+      if (again_ != WEFT_OK) fail_msg("after %s: %s made again: %s", g_after, #call, weft_last_error()); \
+    }                                                                                      \
+  } while (0)
+
+/* The training loop's form: each rank's step captured (RELAXED, one thread captures both ranks),
+ * the communicator's stream joined, a memset of the bucket and the group's all-reduce inside,
+ * then both graphs instantiated and launched twice. A call that failed either gave up its part
+ * cleanly (a capture that did not begin or whose end failed, a group that enqueued nothing) or,
+ * where the other rank needs it to go on (a launch whose partner already runs) or it frees
+ * something (a destroy, a free), is made again at once, which must succeed. `check`: every call must succeed and the sums be right. */
+static int captured_workload(bool check) {
+  static float out[2][N];
+  int failures = 0;
+  weft_stream_t *cs[2] = {stream(0, 1), stream(1, 1)};
+  weft_block_t x[2] = {{0}, {0}};
+  for (int r = 0; r < 2; r++)
+    if (weft_alloc(rt[r], N * 4, cs[r], "captured", &x[r]) != WEFT_OK) failures++;
+  if (x[0].rec != NULL && x[1].rec != NULL) {
+    weft_capture_options_t o = weft_capture_options_default();
+    o.mode = WEFT_CAPTURE_RELAXED;
+    int began[2] = {0, 0}, joined = 0;
+    for (int r = 0; r < 2; r++) {
+      if (weft_capture_begin(cs[r], &o) != WEFT_OK) {
+        failures++;
+        continue;
+      }
+      began[r] = 1;
+      if (weft_capture_join(cs[r], weft_comm_stream(comm[r])) == WEFT_OK) joined++;
+      else failures++;
+    }
+    if (joined == 2) {
+      const unsigned bits[2] = {0x3f800000u, 0x40000000u}; /* 1.0f, 2.0f */
+      for (int r = 0; r < 2; r++)
+        if (weft_memset32(cs[r], x[r], 0, bits[r], N * 4) != WEFT_OK) failures++;
+      if (weft_comm_group_begin() != WEFT_OK) failures++;
+      for (int r = 0; r < 2; r++)
+        if (weft_all_reduce(comm[r], x[r], 0, x[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL) != WEFT_OK) failures++;
+      if (weft_comm_group_end() != WEFT_OK) failures++;
+    }
+    weft_graph_t *g[2] = {NULL, NULL};
+    /* A failed end ends the capture all the same, with no graph (as cuStreamEndCapture's
+     * failures do on GPUs): that rank's step is lost and neither rank's graph is launched. */
+    for (int r = 0; r < 2; r++)
+      if (began[r] && weft_capture_end(cs[r], &g[r]) != WEFT_OK) failures++;
+    for (int r = 0; r < 2; r++) {
+      int capturing = 1;
+      assert_int_equal(weft_stream_is_capturing(cs[r], &capturing), WEFT_OK);
+      if (capturing) fail_msg("after %s: rank %d's stream still captures", g_after, r);
+    }
+    weft_exec_t *e[2] = {NULL, NULL};
+    for (int r = 0; r < 2 && g[0] != NULL && g[1] != NULL; r++)
+      if (weft_graph_instantiate(g[r], cs[r], &e[r]) != WEFT_OK) failures++;
+    for (int rep = 0; rep < 2 && e[0] != NULL && e[1] != NULL; rep++) {
+      /* Rank 0's graph waits on the GPU for rank 1's: once one launched, the other must. */
+      AGAIN(&failures, weft_exec_launch(e[0], cs[0]));
+      AGAIN(&failures, weft_exec_launch(e[1], cs[1]));
+    }
+    for (int r = 0; r < 2; r++) {
+      if (weft_copy_from_block(stream(r, 2), out[r], x[r], 0, N * 4) != WEFT_OK) failures++;
+      if (weft_stream_synchronize(stream(r, 2)) != WEFT_OK) failures++;
+    }
+    if (check && failures != 0) fail_msg("after %s: %d calls failed: %s", g_after, failures, weft_last_error());
+    for (int r = 0; check && r < 2; r++)
+      for (size_t i = 0; i < N; i++)
+        if (out[r][i] != 3.0f) fail_msg("after %s: rank %d element %zu: %g, want 3", g_after, r, i, (double)out[r][i]);
+    for (int r = 0; r < 2; r++) {
+      if (e[r] != NULL) AGAIN(&failures, weft_exec_destroy(e[r]));
+      if (g[r] != NULL) AGAIN(&failures, weft_graph_destroy(g[r]));
+    }
+  }
+  for (int r = 0; r < 2; r++)
+    if (x[r].rec != NULL) AGAIN(&failures, weft_free(x[r], cs[r]));
+  return failures;
+}
+
+/* Faults at every call: each function of `fns` (driver or NCCL) fails at its Nth call in
+ * `workload`, for N = 1, 2, ... until the Nth call is not reached. After each: no race (a failure
  * never leaves work unordered), no device memory left once the caches are trimmed, and the same
  * workload without faults gives the right sums (nothing half-done stays behind). */
-static void test_faults_at_every_call_of_a_dependent_group(void **state) {
-  (void)state;
-  if (!g_two || sim == NULL) skip(); /* fault injection */
-  static const char *const fns[] = {"cuEventRecord", "cuStreamWaitEvent", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync",
-                                    "cuCtxSetCurrent", "cuCtxGetCurrent", "cuStreamSynchronize", "ncclGroupStart",
-                                    "ncclGroupEnd", "ncclAllReduce"};
+static void sweep(const char *const *fns, size_t nf, int (*workload)(bool check)) {
   for (int r = 0; r < 2; r++) {
     assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
     assert_int_equal(weft_runtime_trim(rt[r]), WEFT_OK);
   }
-  assert_int_equal(dependent_workload(true), 0);
+  assert_int_equal(workload(true), 0);
   for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_trim(rt[r]), WEFT_OK);
   weft_sim_stats_t s0, s1;
   sim->stats(&s0);
   unsigned cells = 0;
-  for (size_t f = 0; f < sizeof fns / sizeof fns[0]; f++) {
+  for (size_t f = 0; f < nf; f++) {
     unsigned fired = 0;
     for (unsigned n = 1; n <= 16; n++) {
       char spec[80];
@@ -690,7 +767,8 @@ static void test_faults_at_every_call_of_a_dependent_group(void **state) {
       sim->stats(&s1);
       uint64_t before = s1.faults_injected;
       assert_int_equal((sim->fail)(spec), 0);
-      (void)dependent_workload(false);
+      g_after = spec;
+      (void)workload(false);
       assert_int_equal((sim->fail)(""), 0);
       sim->stats(&s1);
       if (s1.faults_injected == before) break; /* the Nth call was not reached */
@@ -704,18 +782,36 @@ static void test_faults_at_every_call_of_a_dependent_group(void **state) {
         sim->print_report();
         fail_msg("%s: %llu races", spec, (unsigned long long)(s1.races - s0.races));
       }
-      g_after = spec;
-      int clean = dependent_workload(true);
-      g_after = "no fault";
+      int clean = workload(true);
       if (clean != 0) fail_msg("%s: the workload without faults failed %d calls: %s", spec, clean, weft_last_error());
       for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_trim(rt[r]), WEFT_OK);
       sim->stats(&s1);
       if (s1.bytes_in_use > s0.bytes_in_use)
         fail_msg("%s: %llu device bytes left", spec, (unsigned long long)(s1.bytes_in_use - s0.bytes_in_use));
     }
+    g_after = "no fault";
     if (fired == 0) fail_msg("%s: the fault fired nowhere", fns[f]);
   }
   print_message("fault cells: %u\n", cells);
+}
+
+static void test_faults_at_every_call_of_a_dependent_group(void **state) {
+  (void)state;
+  if (!g_two || sim == NULL) skip(); /* fault injection */
+  static const char *const fns[] = {"cuEventRecord", "cuStreamWaitEvent", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync",
+                                    "cuCtxSetCurrent", "cuCtxGetCurrent", "cuStreamSynchronize", "ncclGroupStart",
+                                    "ncclGroupEnd", "ncclAllReduce"};
+  sweep(fns, sizeof fns / sizeof fns[0], dependent_workload);
+}
+
+static void test_faults_at_every_call_of_captured_steps(void **state) {
+  (void)state;
+  if (!g_two || sim == NULL) skip(); /* fault injection */
+  static const char *const fns[] = {"cuStreamBeginCapture", "cuStreamEndCapture", "cuStreamGetCaptureInfo",
+                                    "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphExecDestroy",
+                                    "cuGraphDestroy", "cuEventRecord", "cuStreamWaitEvent", "cuMemsetD32Async",
+                                    "ncclGroupEnd", "ncclAllReduce"};
+  sweep(fns, sizeof fns / sizeof fns[0], captured_workload);
 }
 
 int main(void) {
@@ -734,6 +830,7 @@ int main(void) {
       cmocka_unit_test(test_adopted_communicator_is_tracked_and_left_to_its_owner),
       cmocka_unit_test(test_nccl_faults_leave_nothing_behind),
       cmocka_unit_test(test_faults_at_every_call_of_a_dependent_group), /* also: the faults above left nothing */
+      cmocka_unit_test(test_faults_at_every_call_of_captured_steps),
       cmocka_unit_test(test_communicators_and_runtimes_go),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

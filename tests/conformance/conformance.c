@@ -169,8 +169,11 @@ static void test_wait_on_outside_event_is_isolation_905_and_invalidates_901(void
   CUgraph g = NULL;
   IS(901, d->cuStreamEndCapture(s, &g));
   assert_null(g);
+  OK(d->cuStreamIsCapturing(s, &st)); /* the failed end ended the capture */
+  assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_NONE);
   OK(d->cuEventDestroy(e));
-  PASS("wait on an event recorded outside the capture: ISOLATION (905), then EndCapture INVALIDATED (901), no graph");
+  PASS("wait on an event recorded outside the capture: ISOLATION (905), then EndCapture INVALIDATED (901), no graph, "
+       "and the capture is over");
 }
 
 static void test_external_wait_succeeds_as_an_event_wait_node(void **state) {
@@ -232,11 +235,17 @@ static void test_fork_must_rejoin_or_end_capture_is_unjoined(void **state) {
   g = NULL;
   IS(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, d->cuStreamEndCapture(s, &g));
   assert_null(g);
+  CUstreamCaptureStatus cs; /* the failed end ended the capture, for both streams */
+  OK(d->cuStreamIsCapturing(s, &cs));
+  assert_int_equal(cs, CU_STREAM_CAPTURE_STATUS_NONE);
+  OK(d->cuStreamIsCapturing(t, &cs));
+  printf("probe: the forked stream after an UNJOINED end: capture status %d\n", (int)cs);
+  OK(d->cuStreamSynchronize(t));
   OK(d->cuMemFree(a));
   OK(d->cuMemFree(b));
   OK(d->cuEventDestroy(fork));
   OK(d->cuEventDestroy(join));
-  PASS("an event recorded in the capture forks another stream into it; not rejoined -> UNJOINED");
+  PASS("an event recorded in the capture forks another stream into it; not rejoined -> UNJOINED, which ends the capture");
 }
 
 static void end_invalidated(CUstream s) {
