@@ -745,6 +745,99 @@ static int captured_workload(bool check) {
   return failures;
 }
 
+/* ---- a thread per rank under faults ---- */
+
+typedef struct rank_worker {
+  int r;
+  weft_block_t x;
+  int failed;     /* calls that failed once */
+  char why[384];  /* a call that failed twice, or wrong data */
+} rank_worker_t;
+
+/* A call made again once if it failed (a fault fails one call): the second must succeed. */
+static bool once_more(rank_worker_t *w, weft_status_t first, weft_status_t (*again)(rank_worker_t *, void *), void *arg,
+                      const char *what) {
+  if (first == WEFT_OK) return true;
+  w->failed++;
+  weft_status_t st = again(w, arg);
+  if (st == WEFT_OK) return true;
+  if (w->why[0] == '\0') snprintf(w->why, sizeof w->why, "rank %d: %s made again: %s", w->r, what, weft_last_error());
+  return false;
+}
+
+typedef struct rank_args {
+  const float *src;
+  float *out;
+} rank_args_t;
+
+static weft_status_t put_x(rank_worker_t *w, void *a) {
+  return weft_copy_to_block(stream(w->r, 1), w->x, 0, ((rank_args_t *)a)->src, N * 4);
+}
+static weft_status_t reduce_x(rank_worker_t *w, void *a) {
+  (void)a;
+  return weft_all_reduce(comm[w->r], w->x, 0, w->x, 0, N, WEFT_FLOAT32, WEFT_SUM, NULL);
+}
+static weft_status_t get_x(rank_worker_t *w, void *a) {
+  return weft_copy_from_block(stream(w->r, 2), ((rank_args_t *)a)->out, w->x, 0, N * 4);
+}
+static weft_status_t sync_out(rank_worker_t *w, void *a) {
+  (void)a;
+  return weft_stream_synchronize(stream(w->r, 2));
+}
+
+/* One rank on its own thread, as a process per GPU runs it: its input written on one stream, its
+ * all-reduce (one call, no group) on the communicator's stream, its output read on a third, three
+ * rounds. Every call that fails is made again at once, so even under a fault the sums must be
+ * right: a failed call enqueued nothing and changed nothing. */
+static void *rank_loop(void *arg) {
+  rank_worker_t *w = arg;
+  static float src[2][3][N], out[2][N];
+  for (int round = 0; round < 3 && w->why[0] == '\0'; round++) {
+    for (size_t i = 0; i < N; i++) src[w->r][round][i] = (float)(w->r + 1 + 10 * round);
+    rank_args_t a = {src[w->r][round], out[w->r]};
+    if (!once_more(w, put_x(w, &a), put_x, &a, "weft_copy_to_block") ||
+        !once_more(w, reduce_x(w, &a), reduce_x, &a, "weft_all_reduce") ||
+        !once_more(w, get_x(w, &a), get_x, &a, "weft_copy_from_block") ||
+        !once_more(w, sync_out(w, &a), sync_out, &a, "weft_stream_synchronize"))
+      break;
+    for (size_t i = 0; i < N; i++)
+      if (out[w->r][i] != (float)(3 + 20 * round)) {
+        snprintf(w->why, sizeof w->why, "rank %d round %d element %zu: %g, want %d", w->r, round, i,
+                 (double)out[w->r][i], 3 + 20 * round);
+        break;
+      }
+  }
+  return NULL;
+}
+
+/* Both ranks' loops on two threads; returns the calls that failed once (the test fails on a
+ * call that failed twice or on wrong data). */
+static int ranks_on_threads(bool check) {
+  rank_worker_t w[2];
+  pthread_t th[2];
+  for (int r = 0; r < 2; r++) {
+    w[r] = (rank_worker_t){.r = r};
+    if (weft_alloc(rt[r], N * 4, stream(r, 1), "rank", &w[r].x) != WEFT_OK) {
+      w[r].failed++;
+      assert_int_equal(weft_alloc(rt[r], N * 4, stream(r, 1), "rank", &w[r].x), WEFT_OK);
+    }
+  }
+  for (int r = 0; r < 2; r++) assert_int_equal(pthread_create(&th[r], NULL, rank_loop, &w[r]), 0);
+  for (int r = 0; r < 2; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
+  for (int r = 0; r < 2; r++)
+    if (w[r].why[0] != '\0') fail_msg("after %s: %s", g_after, w[r].why);
+  for (int r = 0; r < 2; r++) {
+    weft_status_t st = weft_free(w[r].x, stream(r, 1));
+    if (st != WEFT_OK) {
+      w[r].failed++;
+      assert_int_equal(weft_free(w[r].x, stream(r, 1)), WEFT_OK);
+    }
+  }
+  int failed = w[0].failed + w[1].failed;
+  if (check && failed != 0) fail_msg("after %s: %d calls failed without a fault", g_after, failed);
+  return failed;
+}
+
 /* Faults at every call: each function of `fns` (driver or NCCL) fails at its Nth call in
  * `workload`, for N = 1, 2, ... until the Nth call is not reached. After each: no race (a failure
  * never leaves work unordered), no device memory left once the caches are trimmed, and the same
@@ -804,6 +897,14 @@ static void test_faults_at_every_call_of_a_dependent_group(void **state) {
   sweep(fns, sizeof fns / sizeof fns[0], dependent_workload);
 }
 
+static void test_faults_at_every_call_of_ranks_on_threads(void **state) {
+  (void)state;
+  if (!g_two || sim == NULL) skip(); /* fault injection */
+  static const char *const fns[] = {"cuEventRecord", "cuStreamWaitEvent", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync",
+                                    "cuCtxSetCurrent", "cuCtxGetCurrent", "cuStreamSynchronize", "ncclAllReduce"};
+  sweep(fns, sizeof fns / sizeof fns[0], ranks_on_threads);
+}
+
 static void test_faults_at_every_call_of_captured_steps(void **state) {
   (void)state;
   if (!g_two || sim == NULL) skip(); /* fault injection */
@@ -831,6 +932,7 @@ int main(void) {
       cmocka_unit_test(test_nccl_faults_leave_nothing_behind),
       cmocka_unit_test(test_faults_at_every_call_of_a_dependent_group), /* also: the faults above left nothing */
       cmocka_unit_test(test_faults_at_every_call_of_captured_steps),
+      cmocka_unit_test(test_faults_at_every_call_of_ranks_on_threads),
       cmocka_unit_test(test_communicators_and_runtimes_go),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
