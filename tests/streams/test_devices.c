@@ -615,8 +615,8 @@ static void test_an_outside_capture_may_read_another_device_s_block(void **state
 
 /* Faults on the path across devices: each of the driver calls a use across devices makes (the
  * far stream's record in its own context, the context switches, the cross-device wait, the
- * launch) fails in turn, at its 1st..8th call in a fixed program of kernels on both devices over
- * blocks of both. A use that fails has enqueued nothing and changed nothing (weft.h); one that
+ * launch, the copies) fails in turn, at its 1st..8th call in a fixed program of kernels and
+ * copies (a peer copy where the blocks are on two devices) on both devices over blocks of both. A use that fails has enqueued nothing and changed nothing (weft.h); one that
  * succeeded is ordered: the data ends equal to a model that skips the failed uses, the oracle
  * sees no race, and the clocks stay valid. Simulator only (fault injection). */
 static void test_faults_across_devices_leave_order_and_data(void **state) {
@@ -626,10 +626,11 @@ static void test_faults_across_devices_leave_order_and_data(void **state) {
   weft_stream_t *s[MAXD][3];
   kernels_t k;
   const weft_sim_api_t *sim = open_two(rt, s, &k);
-  static const char *const names[] = {"cuEventRecord", "cuStreamWaitEvent", "cuCtxSetCurrent", "cuLaunchKernel"};
+  static const char *const names[] = {"cuEventRecord",  "cuStreamWaitEvent", "cuCtxSetCurrent",
+                                      "cuLaunchKernel", "cuMemcpyPeerAsync", "cuMemcpyDtoDAsync"};
   enum { NB = 4, OPS = 16 };
-  unsigned fired = 0, failed_ops = 0;
-  for (unsigned f = 0; f < 4; f++)
+  unsigned fired = 0, failed_ops = 0, fired_by[sizeof names / sizeof names[0]] = {0};
+  for (unsigned f = 0; f < sizeof names / sizeof names[0]; f++)
     for (unsigned nth = 1; nth <= 8; nth++) {
       weft_block_t b[NB]; /* b[0], b[1] on device 0; b[2], b[3] on device 1 */
       unsigned model[NB];
@@ -648,13 +649,18 @@ static void test_faults_across_devices_leave_order_and_data(void **state) {
         int d = (int)(op % 2);
         unsigned out = (op * 3 + 1) % NB, in = (op * 5 + 2) % NB;
         if (in == out) in = (in + 1) % NB;
-        weft_status_t st = combine(&k, d, s[d][op % 3], b[out], b[in], b[in], 1024, op);
-        if (st == WEFT_OK) model[out] = op + 20u * model[in];
+        /* Every fourth op copies the whole block: between devices (a peer copy), or every eighth
+         * within one device. */
+        if (op % 8 == 7) in = out ^ 1u;
+        weft_status_t st = op % 4 == 3 ? weft_copy_block(s[d][op % 3], b[out], 0, b[in], 0, 4096)
+                                       : combine(&k, d, s[d][op % 3], b[out], b[in], b[in], 1024, op);
+        if (st == WEFT_OK) model[out] = op % 4 == 3 ? model[in] : op + 20u * model[in];
         else failed_ops++;
       }
       assert_int_equal((sim->fail)(NULL), 0);
       sim->stats(&st1);
       fired += (unsigned)(st1.faults_injected - st0.faults_injected);
+      fired_by[f] += (unsigned)(st1.faults_injected - st0.faults_injected);
       for (int d = 0; d < 2; d++) assert_int_equal(weft_runtime_synchronize(rt[d]), WEFT_OK);
       for (unsigned i = 0; i < NB; i++) {
         unsigned host[1024];
@@ -670,6 +676,8 @@ static void test_faults_across_devices_leave_order_and_data(void **state) {
       for (unsigned i = 0; i < NB; i++) assert_int_equal(weft_free(b[i], s[i / 2][0]), WEFT_OK);
     }
   printf("faults across devices: %u fired, %u uses failed\n", fired, failed_ops);
+  for (unsigned f = 0; f < sizeof names / sizeof names[0]; f++)
+    if (fired_by[f] == 0) fail_msg("%s: the fault fired nowhere", names[f]);
   assert_true(fired >= 16 && failed_ops > 0); /* premise: the faults hit the program */
   close_two(rt, &k);
 }
