@@ -142,19 +142,29 @@ static void all_reduce_in_place(void) {
   NOK(NCCL(ncclGroupEnd)());
 }
 
-static void test_all_reduce_in_place(void **state) {
-  (void)state;
-  if (!g_two) skip();
-  static float h[2][N], got[N];
+/* Rank-dependent inputs into buf (h keeps them), and the check of their sum. */
+static void put_inputs(float h[2][N]) {
   for (int r = 0; r < 2; r++) {
     for (int i = 0; i < N; i++) h[r][i] = (float)(i + 1000 * r);
     put(r, buf[r], h[r], N * 4);
   }
-  all_reduce_in_place();
+}
+
+static void expect_sums(void) {
+  static float got[N];
   for (int r = 0; r < 2; r++) {
     get(r, buf[r], got, N * 4);
     for (int i = 0; i < N; i++) assert_true(got[i] == (float)(2 * i + 1000));
   }
+}
+
+static void test_all_reduce_in_place(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  static float h[2][N];
+  put_inputs(h);
+  all_reduce_in_place();
+  expect_sums();
   printf("conformance-nccl: all-reduce in place, one thread, one group ok\n");
 }
 
@@ -345,10 +355,7 @@ static void test_a_failed_group_runs_nothing_and_the_next_pairs(void **state) {
   (void)state;
   if (!g_two) skip();
   static float h[2][N], got[N];
-  for (int r = 0; r < 2; r++) {
-    for (int i = 0; i < N; i++) h[r][i] = (float)(i + 1000 * r);
-    put(r, buf[r], h[r], N * 4);
-  }
+  put_inputs(h);
   NOK(NCCL(ncclGroupStart)());
   on(0);
   NOK(NCCL(ncclAllReduce)((void *)buf[0], (void *)buf[0], N, ncclFloat32, ncclSum, comm[0], (cudaStream_t)st[0]));
@@ -363,10 +370,7 @@ static void test_a_failed_group_runs_nothing_and_the_next_pairs(void **state) {
     for (int i = 0; i < N; i++) assert_true(got[i] == h[r][i]);
   }
   all_reduce_in_place(); /* outside any group again, and its calls pair */
-  for (int r = 0; r < 2; r++) {
-    get(r, buf[r], got, N * 4);
-    for (int i = 0; i < N; i++) assert_true(got[i] == (float)(2 * i + 1000));
-  }
+  expect_sums();
   printf("conformance-nccl: a group with a refused call fails at its end, runs nothing, and the next group pairs ok\n");
 }
 
