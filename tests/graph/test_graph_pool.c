@@ -4,6 +4,7 @@
  * device memory each policy held for the same step. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -167,11 +168,125 @@ static void test_memory_nodes_policy_runs_the_same_step(void **state) {
   assert_int_equal(weft_free(st.x, tu_stream(&env, 0)), WEFT_OK);
 }
 
+/* ---- faults at every call ---- */
+
+static const char *g_cell = "no fault"; /* the fault cell a clean run follows, for messages */
+
+/* A call made again once if it failed (a fault fails one call; a failed call changed nothing). */
+#define AGAIN(failures, call)                                                                       \
+  do {                                                                                              \
+    if ((call) != WEFT_OK) {                                                                        \
+      (*(failures))++;                                                                              \
+      if ((call) != WEFT_OK) fail_msg("after %s: %s made again: %s", g_cell, #call, weft_last_error()); \
+    }                                                                                               \
+  } while (0)
+
+/* Two graphs sharing one private pool, captured, instantiated and replayed in capture order three
+ * times, then everything destroyed. A capture that failed leaves no graph (and its step is not
+ * replayed); an instantiate that failed leaves its graph unlaunched; a launch, an output read, a
+ * free or a destroy that failed is made again at once. `check`: no call may fail and the outputs
+ * must be right. Returns the calls that failed. */
+static int shared_pool_graphs(bool check) {
+  int failures = 0;
+  weft_graph_pool_t *pool = NULL;
+  if (weft_graph_pool_create(env.rt, &pool) != WEFT_OK) return 1;
+  step_t st[2];
+  weft_graph_t *g[2] = {NULL, NULL};
+  weft_exec_t *e[2] = {NULL, NULL};
+  for (int k = 0; k < 2; k++) AGAIN(&failures, weft_alloc(env.rt, N * 4, tu_stream(&env, 0), "x", &st[k].x));
+  weft_capture_options_t o = weft_capture_options_default();
+  o.memory = WEFT_GRAPH_MEMORY_PRIVATE_POOL;
+  o.pool = pool;
+  for (int k = 0; k < 2; k++)
+    if (weft_capture_run(tu_stream(&env, 0), &o, body, &st[k], &g[k]) != WEFT_OK) {
+      failures++;
+      g[k] = NULL;
+    }
+  for (int k = 0; k < 2; k++)
+    if (g[k] != NULL && weft_graph_instantiate(g[k], tu_stream(&env, 0), &e[k]) != WEFT_OK) {
+      failures++;
+      e[k] = NULL;
+    }
+  for (unsigned it = 0; it < 3; it++)
+    for (int k = 0; k < 2; k++) {
+      if (e[k] == NULL) continue;
+      unsigned base = 100u * (unsigned)k + it;
+      AGAIN(&failures, tu_fill(&env, tu_stream(&env, 2), st[k].x, N, base));
+      AGAIN(&failures, weft_exec_launch(e[k], tu_stream(&env, it % 2 ? 3 : 0)));
+      weft_block_t out;
+      assert_int_equal(weft_exec_output(e[k], 0, &out), WEFT_OK);
+      unsigned v = 0;
+      AGAIN(&failures, weft_copy_from_block(tu_stream(&env, 4), &v, out, 0, 4));
+      AGAIN(&failures, weft_stream_synchronize(tu_stream(&env, 4)));
+      if (v != expect(base)) fail_msg("after %s: graph %d replay %u: %u != %u", g_cell, k, it, v, expect(base));
+      AGAIN(&failures, weft_free(out, tu_stream(&env, 5)));
+    }
+  for (int k = 0; k < 2; k++) {
+    if (e[k] != NULL) AGAIN(&failures, weft_exec_destroy(e[k]));
+    if (g[k] != NULL) AGAIN(&failures, weft_graph_destroy(g[k]));
+  }
+  AGAIN(&failures, weft_graph_pool_destroy(pool));
+  for (int k = 0; k < 2; k++) AGAIN(&failures, weft_free(st[k].x, tu_stream(&env, 0)));
+  if (check && failures != 0) fail_msg("after %s: %d calls failed without a fault", g_cell, failures);
+  return failures;
+}
+
+/* Each driver function the shared-pool graphs reach fails at its Nth call, for N = 1, 2, ...
+ * until not reached: no race, no device memory left, the outputs of every replay that ran are
+ * right, and the same work without faults runs right afterwards. Simulator only. */
+static void test_faults_at_every_call_of_shared_pool_graphs(void **state) {
+  (void)state;
+  if (env.sim == NULL) skip(); /* fault injection */
+  static const char *const fns[] = {"cuStreamBeginCapture", "cuStreamEndCapture", "cuStreamGetCaptureInfo",
+                                    "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphExecDestroy",
+                                    "cuGraphDestroy", "cuLaunchKernel", "cuEventRecord", "cuStreamWaitEvent",
+                                    "cuMemcpyDtoHAsync", "cuStreamSynchronize"};
+  tu_reset_races(&env);
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  assert_int_equal(weft_runtime_trim(env.rt), WEFT_OK);
+  assert_int_equal(shared_pool_graphs(true), 0);
+  assert_int_equal(weft_runtime_trim(env.rt), WEFT_OK);
+  weft_sim_stats_t s0, s1;
+  env.sim->stats(&s0);
+  unsigned cells = 0;
+  for (size_t f = 0; f < sizeof fns / sizeof fns[0]; f++) {
+    unsigned fired = 0;
+    for (unsigned n = 1; n <= 24; n++) {
+      char spec[80];
+      snprintf(spec, sizeof spec, "%s:%u:CUDA_ERROR_UNKNOWN", fns[f], n);
+      env.sim->stats(&s1);
+      uint64_t before = s1.faults_injected;
+      assert_int_equal((env.sim->fail)(spec), 0);
+      g_cell = spec;
+      (void)shared_pool_graphs(false);
+      assert_int_equal((env.sim->fail)(""), 0);
+      env.sim->stats(&s1);
+      if (s1.faults_injected == before) break; /* not reached */
+      fired++;
+      cells++;
+      assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+      if (tu_races(&env) != 0) {
+        tu_print_races(&env);
+        fail_msg("%s: races", spec);
+      }
+      assert_int_equal(shared_pool_graphs(true), 0);
+      assert_int_equal(weft_runtime_trim(env.rt), WEFT_OK);
+      env.sim->stats(&s1);
+      if (s1.bytes_in_use > s0.bytes_in_use)
+        fail_msg("%s: %llu device bytes left", spec, (unsigned long long)(s1.bytes_in_use - s0.bytes_in_use));
+    }
+    g_cell = "no fault";
+    if (fired == 0) fail_msg("%s: the fault fired nowhere", fns[f]);
+  }
+  printf("fault cells: %u\n", cells);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_private_pool_reuses_temporaries_with_captured_waits),
       cmocka_unit_test(test_graphs_sharing_a_pool_reuse_each_others_temporaries),
       cmocka_unit_test(test_memory_nodes_policy_runs_the_same_step),
+      cmocka_unit_test(test_faults_at_every_call_of_shared_pool_graphs),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
