@@ -55,31 +55,37 @@ static weft_status_t no_work(weft_stream_t *s, void *arg) {
   return WEFT_OK;
 }
 
-/* weft's bookkeeping of a group of one all-reduce per rank, around no work (RAW_BOOK). */
-static void book(pair_t *p) {
+/* weft's joint use of both ranks' communicator streams and buffers, as weft_comm_group_end
+ * makes it, around fn: no work (RAW_BOOK, RAW_BOOK_FIRST) or a raw NCCL group (RAW_JOINT). */
+static void joint(pair_t *p, weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
   weft_stream_t *s[2] = {weft_comm_stream(p->comm[0]), weft_comm_stream(p->comm[1])};
   weft_access_t a0[1] = {{p->buf[0], WEFT_READ_WRITE}}, a1[1] = {{p->buf[1], WEFT_READ_WRITE}};
   const weft_access_t *acc[2] = {a0, a1};
   size_t n[2] = {1, 1};
-  BENCH_WEFT(weft__use_joint(s, acc, n, 2, "bench", no_work, NULL));
+  BENCH_WEFT(weft__use_joint(s, acc, n, 2, "bench", fn, arg));
 }
 
-/* One raw NCCL group of an all-reduce per rank on weft's streams (fn of RAW_JOINT's joint use). */
+/* One raw NCCL group, an in-place all-reduce per rank on streams on[0], on[1]. */
+static void raw_all_reduce(const weft__nccl_t *nl, const pair_t *p, size_t count, const CUstream *on) {
+  if (nl->ncclGroupStart() != ncclSuccess) bench_die("ncclGroupStart");
+  for (int r = 0; r < 2; r++)
+    if (nl->ncclAllReduce((void *)p->ptr[r], (void *)p->ptr[r], count, ncclFloat32, ncclSum, p->nc[r],
+                          (cudaStream_t)on[r]) != ncclSuccess)
+      bench_die("ncclAllReduce");
+  if (nl->ncclGroupEnd() != ncclSuccess) bench_die("ncclGroupEnd");
+}
+
+/* RAW_JOINT's work: the raw group on weft's own streams. */
 typedef struct raw_group {
   const weft__nccl_t *nl;
-  pair_t *p;
+  const pair_t *p;
   size_t count;
 } raw_group_t;
 
 static weft_status_t raw_group(weft_stream_t *s, void *arg) {
   (void)s;
   const raw_group_t *g = arg;
-  if (g->nl->ncclGroupStart() != ncclSuccess) bench_die("ncclGroupStart");
-  for (int r = 0; r < 2; r++)
-    if (g->nl->ncclAllReduce((void *)g->p->ptr[r], (void *)g->p->ptr[r], g->count, ncclFloat32, ncclSum, g->p->nc[r],
-                             (cudaStream_t)g->p->wraw[r]) != ncclSuccess)
-      bench_die("ncclAllReduce");
-  if (g->nl->ncclGroupEnd() != ncclSuccess) bench_die("ncclGroupEnd");
+  raw_all_reduce(g->nl, g->p, g->count, g->p->wraw);
   return WEFT_OK;
 }
 
@@ -94,21 +100,12 @@ static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, u
         BENCH_WEFT(weft_all_reduce(p->comm[r], p->buf[r], 0, p->buf[r], 0, count, WEFT_FLOAT32, WEFT_SUM, NULL));
       BENCH_WEFT(weft_comm_group_end());
     } else if (how == RAW_JOINT) {
-      weft_stream_t *s[2] = {weft_comm_stream(p->comm[0]), weft_comm_stream(p->comm[1])};
-      weft_access_t a0[1] = {{p->buf[0], WEFT_READ_WRITE}}, a1[1] = {{p->buf[1], WEFT_READ_WRITE}};
-      const weft_access_t *acc[2] = {a0, a1};
-      size_t n[2] = {1, 1};
       raw_group_t g = {nl, p, count};
-      BENCH_WEFT(weft__use_joint(s, acc, n, 2, "bench", raw_group, &g));
+      joint(p, raw_group, &g);
     } else {
-      if (how == RAW_BOOK_FIRST) book(p);
-      if (nl->ncclGroupStart() != ncclSuccess) bench_die("ncclGroupStart");
-      for (int r = 0; r < 2; r++)
-        if (nl->ncclAllReduce((void *)p->ptr[r], (void *)p->ptr[r], count, ncclFloat32, ncclSum, p->nc[r],
-                              (cudaStream_t)(how == RAW_ON_WEFT ? p->wraw[r] : p->raw[r])) != ncclSuccess)
-          bench_die("ncclAllReduce");
-      if (nl->ncclGroupEnd() != ncclSuccess) bench_die("ncclGroupEnd");
-      if (how == RAW_BOOK) book(p);
+      if (how == RAW_BOOK_FIRST) joint(p, no_work, NULL);
+      raw_all_reduce(nl, p, count, how == RAW_ON_WEFT ? p->wraw : p->raw);
+      if (how == RAW_BOOK) joint(p, no_work, NULL);
       for (int r = 0; r < 2 && how == RAW_RECORD; r++) BENCH_CU(b->drv->cuEventRecord(p->ev[r], p->raw[r]));
       for (int r = 1; r >= 0 && how == RAW_SWITCH; r--) BENCH_CU(b->drv->cuCtxSetCurrent(p->ctx[r]));
       for (int r = 0; r < 4 && how == RAW_PROBE; r++) {

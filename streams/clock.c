@@ -273,13 +273,9 @@ uint64_t weft__clock_reserve(weft__domain_t *d, weft_stream_t *s, bool defer) {
 void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, bool newest) {
   weft__lane_t *l = &d->lane[weft__at(d, t)];
   if (newest) return;
-  bool several; /* k's event covers (or, pending, will cover) several uses */
-  if (k > l->recorded) {
-    several = l->deferred && l->joined != 0;
-  } else {
-    unsigned slot = (unsigned)(k & (l->ring_size - 1));
-    several = l->ring_tick[slot] == k && (l->ring_use[slot] & 1) != 0; /* evicted: the stand-in is late anyway */
-  }
+  /* Whether k's event covers (or, pending, will cover) several uses; an evicted slot's stand-in
+   * is late anyway. */
+  bool several = k > l->recorded ? l->deferred && l->joined != 0 : (weft__clock_ring_use(l, k) & 1) != 0;
   if (!several) return;
   l->eager = true;
   tr->counters.late_waits++;

@@ -75,14 +75,18 @@ uint64_t weft__clock_defer(weft__domain_t *d, weft_stream_t *s);
  * enqueued: its pending one, recorded after the work by weft__clock_flush; a new tick, or, with
  * `defer` (lazy records), the deferred tick it joins as weft__clock_defer does. */
 uint64_t weft__clock_reserve(weft__domain_t *d, weft_stream_t *s, bool defer);
+/** What the ring slot of recorded tick k of lane l kept of its uses (weft__lane_t.ring_use); 0
+ * when the slot was reused since (or the lane has no ring). */
+static inline uint64_t weft__clock_ring_use(const weft__lane_t *l, uint64_t k) {
+  unsigned slot = (unsigned)(k & (l->ring_size - 1));
+  return l->ring_tick != NULL && l->ring_tick[slot] == k ? l->ring_use[slot] : 0;
+}
 /** The newest deferred use (weft__domain_t.use_seq numbers those only) that tick k of lane t
  * covers: the lane's newest while k is pending, the one its ring slot kept once recorded; 0 when
  * the slot was reused. */
 static inline uint64_t weft__clock_newest_use(const weft__domain_t *d, unsigned t, uint64_t k) {
   const weft__lane_t *l = &d->lane[t];
-  if (k > l->recorded) return l->last_use;
-  unsigned slot = (unsigned)(k & (l->ring_size - 1));
-  return l->ring_tick != NULL && l->ring_tick[slot] == k ? l->ring_use[slot] >> 1 : 0;
+  return k > l->recorded ? l->last_use : weft__clock_ring_use(l, k) >> 1;
 }
 
 /** Another stream is about to wait for tick k of t (call it for a wait that is issued, before

@@ -23,6 +23,7 @@
 #include "lib/core/meta.h"
 #include "lib/runtime/runtime.h"
 #include "sim/weft_sim.h"
+#include "tests/util/again.h"
 #include "weft/weft.h"
 
 #define N 4096 /* elements */
@@ -653,26 +654,12 @@ static int dependent_workload(bool check) {
           fail_msg("after %s: round %d rank %d element %zu: %g, want %d", g_after, round, r, i, (double)out[r][i],
                    3 + 2 * round);
   }
-  for (int r = 0; r < 2; r++) {
-    if (x[r].rec == NULL) continue;
-    if (weft_free(x[r], stream(r, 0)) != WEFT_OK) {
-      failures++;
-      assert_int_equal(weft_free(x[r], stream(r, 0)), WEFT_OK);
-    }
-  }
+  for (int r = 0; r < 2; r++)
+    if (x[r].rec != NULL) TU_AGAIN(&failures, g_after, weft_free(x[r], stream(r, 0)));
   return failures;
 }
 
-/* A call that failed under a one-shot fault changed nothing (weft.h): made again, it succeeds.
- * Counts the first failure in *failures. */
-#define AGAIN(failures, call)                                                              \
-  do {                                                                                     \
-    if ((call) != WEFT_OK) {                                                               \
-      (*(failures))++;                                                                     \
-      weft_status_t again_ = (call);                                                       \
-      if (again_ != WEFT_OK) fail_msg("after %s: %s made again: %s", g_after, #call, weft_last_error()); \
-    }                                                                                      \
-  } while (0)
+#define AGAIN(failures, call) TU_AGAIN(failures, g_after, call)
 
 /* The training loop's form: each rank's step captured (RELAXED, one thread captures both ranks),
  * the communicator's stream joined, a memset of the bucket and the group's all-reduce inside,
@@ -817,22 +804,13 @@ static int ranks_on_threads(bool check) {
   pthread_t th[2];
   for (int r = 0; r < 2; r++) {
     w[r] = (rank_worker_t){.r = r};
-    if (weft_alloc(rt[r], N * 4, stream(r, 1), "rank", &w[r].x) != WEFT_OK) {
-      w[r].failed++;
-      assert_int_equal(weft_alloc(rt[r], N * 4, stream(r, 1), "rank", &w[r].x), WEFT_OK);
-    }
+    TU_AGAIN(&w[r].failed, g_after, weft_alloc(rt[r], N * 4, stream(r, 1), "rank", &w[r].x));
   }
   for (int r = 0; r < 2; r++) assert_int_equal(pthread_create(&th[r], NULL, rank_loop, &w[r]), 0);
   for (int r = 0; r < 2; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
   for (int r = 0; r < 2; r++)
     if (w[r].why[0] != '\0') fail_msg("after %s: %s", g_after, w[r].why);
-  for (int r = 0; r < 2; r++) {
-    weft_status_t st = weft_free(w[r].x, stream(r, 1));
-    if (st != WEFT_OK) {
-      w[r].failed++;
-      assert_int_equal(weft_free(w[r].x, stream(r, 1)), WEFT_OK);
-    }
-  }
+  for (int r = 0; r < 2; r++) TU_AGAIN(&w[r].failed, g_after, weft_free(w[r].x, stream(r, 1)));
   int failed = w[0].failed + w[1].failed;
   if (check && failed != 0) fail_msg("after %s: %d calls failed without a fault", g_after, failed);
   return failed;

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "tests/util/again.h"
 #include "tests/util/cmocka_env.h"
 
 #define N 4096
@@ -172,14 +173,7 @@ static void test_memory_nodes_policy_runs_the_same_step(void **state) {
 
 static const char *g_cell = "no fault"; /* the fault cell a clean run follows, for messages */
 
-/* A call made again once if it failed (a fault fails one call; a failed call changed nothing). */
-#define AGAIN(failures, call)                                                                       \
-  do {                                                                                              \
-    if ((call) != WEFT_OK) {                                                                        \
-      (*(failures))++;                                                                              \
-      if ((call) != WEFT_OK) fail_msg("after %s: %s made again: %s", g_cell, #call, weft_last_error()); \
-    }                                                                                               \
-  } while (0)
+#define AGAIN(failures, call) TU_AGAIN(failures, g_cell, call)
 
 /* Two graphs sharing one private pool, captured, instantiated and replayed in capture order three
  * times, then everything destroyed. A capture that failed leaves no graph (and its step is not
