@@ -580,6 +580,20 @@ static weft_status_t grow_reads(const weft__domain_t *d, unsigned at, const weft
   return WEFT_OK;
 }
 
+/* A live use's accesses of lane `at` admitted (lock held): check_graph_memory and grow_reads in
+ * one pass, the common case (no block of a graph, room for the lane) one test per access. */
+static weft_status_t admit_live(const weft__domain_t *d, const weft_stream_t *s, unsigned at, const weft__use_t *uses,
+                                size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const weft__access_state_t *a = uses[i].state;
+    if (__builtin_expect(a->graph != NULL || at >= a->reads_cap, 0)) {
+      weft_status_t st = check_graph_memory(NULL, s, uses, n);
+      return st == WEFT_OK ? grow_reads(d, at, uses, n) : st;
+    }
+  }
+  return WEFT_OK;
+}
+
 static uint64_t point_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s);
 
 #define SMALL_USES 32
@@ -612,9 +626,9 @@ again:
   } else if ((what & DO_CLOSE) && s->use_print != print) {
     st = weft__error(WEFT_ERR_INVALID_ARGUMENT,
                      "weft_use_end: the accesses differ from those given to weft_use_begin on stream %u", s->index);
-  } else if ((st = check_graph_memory(c, s, uses, n)) != WEFT_OK) {
   } else if (c == NULL) {
-    st = grow_reads(d, s->lane, uses, n);
+    st = admit_live(d, s, s->lane, uses, n);
+  } else if ((st = check_graph_memory(c, s, uses, n)) != WEFT_OK) {
   } else {
     weft__use_t *t = weft__small_alloc(small, SMALL_USES, n, sizeof *t);
     st = t == NULL ? weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for %zu accesses", n)
@@ -713,8 +727,7 @@ again:
   for (size_t i = 0; i < k && st == WEFT_OK; i++) {
     if (s[i]->capture != NULL || s[i]->per_thread)
       st = weft__error(WEFT_ERR_CAPTURE, "weft: stream %u of a joint use began capturing meanwhile", s[i]->index);
-    else if ((st = check_graph_memory(NULL, s[i], uses[i], n[i])) == WEFT_OK &&
-             (st = grow_reads(d, s[i]->lane, uses[i], n[i])) == WEFT_OK) {
+    else if ((st = admit_live(d, s[i], s[i]->lane, uses[i], n[i])) == WEFT_OK) {
       weft__lanes_t b;
       (void)needs_locked(s[i]->tr, d, s[i], uses[i], n[i], &need[i], &b);
       busy |= b;
@@ -761,14 +774,8 @@ weft_status_t weft__tracker_close(weft_stream_t *s, const weft__use_t *uses, siz
 }
 
 uint64_t weft__tracker_fingerprint(const weft__use_t *uses, size_t n) {
-  /* Order-independent: a sum of each access mixed on its own (block records are 8-aligned, so
-   * the kind sits in the low bits; the xor-shift keeps swapped kinds apart). It catches mistakes,
-   * not adversaries. */
-  uint64_t sum = n;
-  for (size_t i = 0; i < n; i++) {
-    uint64_t x = ((uint64_t)(uintptr_t)uses[i].state | (uint64_t)uses[i].kind) * 0x9E3779B97F4A7C15ull;
-    sum += x ^ (x >> 32);
-  }
+  uint64_t sum = n; /* order-independent: a sum of each access mixed on its own */
+  for (size_t i = 0; i < n; i++) sum += weft__tracker_print_one(uses[i].state, uses[i].kind);
   return sum;
 }
 

@@ -397,8 +397,16 @@ static inline bool weft__tracker_in_capture(weft_stream_t *s) {
   return atomic_load_explicit(&s->capture, memory_order_acquire) != NULL;
 }
 
-/** An order-independent fingerprint of a use's accesses (for the split form's checks). */
+/** An order-independent fingerprint of a use's accesses (for the split form's checks): n plus
+ * the sum of weft__tracker_print_one over the accesses. */
 uint64_t weft__tracker_fingerprint(const weft__use_t *uses, size_t n);
+/** One access's term of weft__tracker_fingerprint, for callers that sum it while they resolve
+ * the accesses (one pass instead of two). Block records are 8-aligned, so the kind sits in the
+ * low bits; the xor-shift keeps swapped kinds apart. It catches mistakes, not adversaries. */
+static inline uint64_t weft__tracker_print_one(const weft__access_state_t *state, unsigned kind) {
+  uint64_t x = ((uint64_t)(uintptr_t)state | (uint64_t)kind) * 0x9E3779B97F4A7C15ull;
+  return x ^ (x >> 32);
+}
 
 /** Checks the clock invariants (rows dominate their ring snapshots, known[s][s] == tick,
  * host_known <= ticks, at most one pending tick). Takes the lock. */

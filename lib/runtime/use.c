@@ -14,11 +14,13 @@ static weft_status_t resolve_slow(weft_stream_t *s, const weft_access_t *a, size
 
 /* Checks every access (kind, handle) and resolves it into uses[i]; s is checked already
  * (weft__stream_check: its runtime is alive). Blocks of other runtimes than s's are refused
- * (WRONG_DEVICE) unless `far` is given, which then says whether there was one. The common case
- * (a live block of s's runtime, a valid kind) is one inline check per access. */
+ * (WRONG_DEVICE) unless `far` is given, which then says whether there was one. With `print`,
+ * *print gets weft__tracker_fingerprint(uses, n), summed in the same pass. The common case (a
+ * live block of s's runtime, a valid kind) is one inline check per access. */
 static weft_status_t resolve(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses, const char *fn,
-                             bool *far) {
+                             bool *far, uint64_t *print) {
   if (n > 0 && acc == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses is NULL with n = %zu", fn, n);
+  uint64_t sum = n;
   for (size_t i = 0; i < n; i++) {
     unsigned kind = (unsigned)acc[i].kind;
     struct weft__block *rec = weft__block_live(acc[i].block, s->runtime);
@@ -29,7 +31,9 @@ static weft_status_t resolve(weft_stream_t *s, const weft_access_t *acc, size_t 
     uses[i].state = &rec->acc;
     uses[i].kind = kind;
     uses[i].gen = acc[i].block.gen;
+    if (print != NULL) sum += weft__tracker_print_one(&rec->acc, kind);
   }
+  if (print != NULL) *print = sum;
   return WEFT_OK;
 }
 
@@ -49,7 +53,7 @@ static __attribute__((noinline)) weft_status_t resolve_slow(weft_stream_t *s, co
 
 weft_status_t weft__uses_from_accesses(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses,
                                        const char *fn) {
-  return resolve(s, acc, n, uses, fn, NULL);
+  return resolve(s, acc, n, uses, fn, NULL, NULL);
 }
 
 static weft_runtime_t *rt_of(weft_block_t b) { return ((struct weft__block *)b.rec)->rt; }
@@ -59,24 +63,25 @@ static weft_runtime_t *rt_of(weft_block_t b) { return ((struct weft__block *)b.r
  * with `peer`, s's device is first given access to their memory. */
 #define SMALL 32
 
-/* Checks s and resolves accesses into uses[0..n); with `peer`, s's device is first given access
- * to the memory of blocks of other runtimes ("blocks of other devices" below). */
+/* Checks s and resolves accesses into uses[0..n) (with `print`, their fingerprint too); with
+ * `peer`, s's device is first given access to the memory of blocks of other runtimes ("blocks of
+ * other devices" below). */
 static weft_status_t check_accesses(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses,
-                                    const char *fn, bool peer) {
+                                    const char *fn, bool peer, uint64_t *print) {
   weft_status_t st = weft__stream_check(s, fn);
   if (st != WEFT_OK) return st;
   bool far = false;
-  st = resolve(s, acc, n, uses, fn, &far);
+  st = resolve(s, acc, n, uses, fn, &far, print);
   for (size_t i = 0; far && peer && i < n && st == WEFT_OK; i++)
     if (rt_of(acc[i].block) != s->runtime) st = weft__runtime_peer_ready(s->runtime, rt_of(acc[i].block), fn);
   return st;
 }
 
 static weft_status_t prepare(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *small,
-                             weft__use_t **uses, const char *fn, bool peer) {
+                             weft__use_t **uses, const char *fn, bool peer, uint64_t *print) {
   *uses = weft__small_alloc(small, SMALL, n, sizeof **uses);
   if (*uses == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory for %zu accesses", fn, n);
-  weft_status_t st = check_accesses(s, acc, n, *uses, fn, peer);
+  weft_status_t st = check_accesses(s, acc, n, *uses, fn, peer, print);
   /* A capture begun by code outside weft changes which clocks this use belongs to. */
   if (st == WEFT_OK) st = weft__stream_prepare(s);
   if (st != WEFT_OK) weft__small_free(small, *uses);
@@ -111,9 +116,10 @@ void weft__trace_use(weft_stream_t *s, const char *name, const weft_access_t *ac
 static weft_status_t split(weft_stream_t *s, const weft_access_t *acc, size_t n, bool open) {
   weft__use_t small[SMALL], *uses;
   const char *fn = open ? "weft_use_begin" : "weft_use_end";
-  weft_status_t st = prepare(s, acc, n, small, &uses, fn, open);
+  uint64_t print;
+  weft_status_t st = prepare(s, acc, n, small, &uses, fn, open, &print);
   if (st != WEFT_OK) return st;
-  uint64_t print = weft__tracker_fingerprint(uses, n), t0 = weft__trace_on() ? weft__trace_now_us() : 0;
+  uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   st = open ? weft__tracker_open(s, uses, n, print) : weft__tracker_close(s, uses, n, print);
   if (st == WEFT_OK && weft__trace_on()) weft__trace_use(s, open ? "weft_use_begin" : "weft_use_end", acc, n, t0);
   if (st == WEFT_OK) weft__nvtx_mark(open ? "weft_use_begin" : "weft_use_end");
@@ -133,7 +139,7 @@ weft_status_t weft_use_end(weft_stream_t *s, const weft_access_t *accesses, size
 static weft_status_t use_run(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name, bool peer,
                              weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
   weft__use_t small[SMALL], *uses;
-  weft_status_t st = prepare(s, acc, n, small, &uses, name, peer);
+  weft_status_t st = prepare(s, acc, n, small, &uses, name, peer, NULL);
   if (st != WEFT_OK) return st;
   uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   weft__nvtx_push(name);
@@ -186,7 +192,7 @@ weft_status_t weft__use_joint(weft_stream_t *const *s, const weft_access_t *cons
   bool joint = !weft__trace_device_on() && k <= 64;
   for (size_t i = 0, off = 0; st == WEFT_OK && i < k; off += n[i], i++) {
     per[i] = all + off;
-    st = check_accesses(s[i], acc[i], n[i], per[i], name, true);
+    st = check_accesses(s[i], acc[i], n[i], per[i], name, true, NULL);
     if (st == WEFT_OK) st = weft__stream_sync_capture(s[i]);
     if (st == WEFT_OK && (atomic_load_explicit(&s[i]->capture, memory_order_acquire) != NULL || s[i]->per_thread))
       joint = false;

@@ -791,6 +791,62 @@ static void test_lanes_of_a_released_runtime_are_taken_again_safely(void **state
   close_two(rt, &k);
 }
 
+/* A block made before its reader's runtime: that runtime's streams are lanes the block's history
+ * had no room for (its reads array is sized to the lanes there were). The read grows the history
+ * (streams/tracker.c, admit_live), and a later write on the block's device waits for that read.
+ * First in the list: lanes never shrink, so the new runtime's lanes are beyond the block's room
+ * only while no earlier test has made them. */
+static void test_a_reader_newer_than_the_block_grows_its_history(void **state) {
+  (void)state;
+  if (!two_devices() || !peers_can()) skip();
+  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
+  weft_runtime_t *rt[MAXD] = {NULL};
+  weft_stream_t *s0, *t = NULL;
+  assert_int_equal(weft_runtime_get(0, NULL, &rt[0]), WEFT_OK);
+  assert_int_equal(weft_stream_get(rt[0], 0, &s0), WEFT_OK);
+  weft_block_t x, out;
+  assert_int_equal(weft_alloc(rt[0], 4096, s0, "x", &x), WEFT_OK);
+  assert_int_equal(weft_memset32(s0, x, 0, 3, 4096), WEFT_OK);
+  const struct weft__block *rec = x.rec;
+  unsigned cap = rec->acc.reads_cap;
+  weft_options_t o1 = weft_options_default();
+  o1.stream_count = 16;
+  o1.adopt_streams = 0;
+  assert_int_equal(weft_runtime_get(1, &o1, &rt[1]), WEFT_OK);
+  for (unsigned i = 0; i < o1.stream_count && t == NULL; i++) {
+    weft_stream_t *u;
+    assert_int_equal(weft_stream_get(rt[1], i, &u), WEFT_OK);
+    if (u->lane >= cap) t = u;
+  }
+  if (t == NULL) { /* premise: a lane beyond the block's room */
+    assert_int_equal(weft_free(x, s0), WEFT_OK);
+    assert_int_equal(weft_runtime_release(rt[1]), WEFT_OK);
+    assert_int_equal(weft_runtime_release(rt[0]), WEFT_OK);
+    skip();
+  }
+  kernels_t k;
+  g_nd = 2;
+  kernels_load(&k, rt, sim);
+  assert_int_equal(weft_alloc(rt[1], 4096, t, "out", &out), WEFT_OK);
+  assert_int_equal(combine(&k, 1, t, out, x, x, 1024, 2), WEFT_OK); /* x read on a lane it had no room for */
+  assert_true(rec->acc.reads_cap > t->lane);
+  assert_true((rec->acc.reader_mask >> t->lane) & 1);
+  weft_counters_t c0, c1;
+  assert_int_equal(weft_runtime_counters(rt[0], &c0), WEFT_OK);
+  assert_int_equal(weft_memset32(s0, x, 0, 5, 4096), WEFT_OK); /* waits for that read */
+  assert_int_equal(weft_runtime_counters(rt[0], &c1), WEFT_OK);
+  assert_int_equal(c1.waits_issued - c0.waits_issued, 1);
+  expect_uniform(t, out, 2u + 7u * 3 + 13u * 3);
+  expect_uniform(s0, x, 5);
+  expect_no_race(sim);
+  assert_true(weft__tracker_is_valid(&rt[0]->tracker));
+  assert_int_equal(weft_free(out, t), WEFT_OK);
+  assert_int_equal(weft_free(x, s0), WEFT_OK);
+  kernels_unload(&k);
+  assert_int_equal(weft_runtime_release(rt[1]), WEFT_OK);
+  assert_int_equal(weft_runtime_release(rt[0]), WEFT_OK);
+}
+
 /* The process has WEFT__MAX_LANES stream lanes over all its runtimes: a runtime that finds no
  * room is refused with BUSY and leaves nothing behind; once another is released it fits. */
 static void test_a_runtime_without_free_lanes_is_refused_cleanly(void **state) {
@@ -926,6 +982,7 @@ static void test_runtimes_made_by_threads_at_once(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_a_reader_newer_than_the_block_grows_its_history),
       cmocka_unit_test(test_runtimes_made_by_threads_at_once),
       cmocka_unit_test(test_each_device_has_its_runtime),
       cmocka_unit_test(test_copy_between_devices_is_ordered_both_ways),
