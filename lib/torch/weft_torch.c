@@ -15,6 +15,7 @@
 #define STREAM_CACHE 8  /* adopted streams remembered per thread */
 #define MAX_USE 256     /* accesses of one declared use */
 #define HANDLE_BITS 6   /* blocks this thread allocated, by address: 1 << HANDLE_BITS of them */
+#define MAX_KEPT 256    /* frees kept to make again per device (kept_t) */
 
 typedef struct capture_pool {
   uint64_t id;            /* the driver's capture id */
@@ -22,12 +23,26 @@ typedef struct capture_pool {
   weft_graph_pool_t *pool;
 } capture_pool_t;
 
+/* A free that failed, to make again: PyTorch cannot be told, and a failed weft_free changed
+ * nothing (weft.h), so the block stays live until a later call frees it on the same stream. The
+ * common case: torch.cuda.graph where a tensor made before the capture dies inside it (`x = f(x)`
+ * with x from the warm-up). weft refuses that free (CAPTURE: inside, it would free at every
+ * replay), so it waits for the capture's end, as PyTorch's own allocator frees such a block only
+ * once no capture is underway. Also a transient failure (host memory, a driver call). */
+typedef struct kept {
+  CUdeviceptr ptr;
+  weft_stream_t *s; /* the stream PyTorch named: the block's untracked work is ordered there */
+} kept_t;
+
 typedef struct device {
-  pthread_mutex_t lock;   /* runtime creation and the capture pools */
+  pthread_mutex_t lock;   /* runtime creation, the capture pools and the kept frees */
   _Atomic(weft_runtime_t *) rt;
   capture_pool_t caps[MAX_CAPTURES];
   unsigned n_caps;
-  _Atomic uint64_t allocs, frees, zero_bytes, alloc_failures, free_failures, graph_frees;
+  kept_t kept[MAX_KEPT];
+  unsigned n_kept;
+  _Atomic unsigned pending; /* n_kept, readable without the lock: the adapter's calls look first */
+  _Atomic uint64_t allocs, frees, zero_bytes, alloc_failures, free_failures, graph_frees, frees_kept;
 } device_t;
 
 static device_t devices[MAX_DEVICES] = {[0 ... MAX_DEVICES - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}};
@@ -148,10 +163,50 @@ static weft_status_t on_capture(weft_stream_t *s, uint64_t id, void *user) {
   return st == WEFT_OK ? st : fail(st, "weft_torch: weft_capture_allocate_to: %s", weft_last_error());
 }
 
+/* Keeps a failed free of ptr on s to make again (false when MAX_KEPT are kept already). */
+static bool keep_free(device_t *d, CUdeviceptr ptr, weft_stream_t *s) {
+  pthread_mutex_lock(&d->lock);
+  bool room = d->n_kept < MAX_KEPT;
+  if (room) {
+    d->kept[d->n_kept++] = (kept_t){ptr, s};
+    atomic_store_explicit(&d->pending, d->n_kept, memory_order_release);
+    atomic_fetch_add_explicit(&d->frees_kept, 1, memory_order_relaxed);
+  }
+  pthread_mutex_unlock(&d->lock);
+  return room;
+}
+
+/* Makes the kept frees of d again (each adapter call on the device does, first): those that fail
+ * again stay kept (a capture still running, a fault still there), except a pointer that is no
+ * longer a live block, which is counted as a failure and dropped. The list is taken out under the
+ * lock and the frees run without it: a free may meet a capture and call on_capture, which locks. */
+static void flush_kept(weft_runtime_t *rt, device_t *d) {
+  if (atomic_load_explicit(&d->pending, memory_order_acquire) == 0) return;
+  kept_t todo[MAX_KEPT];
+  pthread_mutex_lock(&d->lock);
+  unsigned n = d->n_kept;
+  memcpy(todo, d->kept, n * sizeof todo[0]);
+  d->n_kept = 0;
+  atomic_store_explicit(&d->pending, 0, memory_order_release);
+  pthread_mutex_unlock(&d->lock);
+  for (unsigned i = 0; i < n; i++) {
+    weft_status_t st = weft_free_ptr(rt, todo[i].ptr, todo[i].s);
+    if (st == WEFT_OK) {
+      atomic_fetch_add_explicit(&d->frees, 1, memory_order_relaxed);
+    } else if (st == WEFT_ERR_INVALID_ARGUMENT || st == WEFT_ERR_STALE_HANDLE || st == WEFT_ERR_DOUBLE_FREE ||
+               !keep_free(d, todo[i].ptr, todo[i].s)) {
+      fail(st, "weft_torch: kept free(0x%llx): %s", (unsigned long long)todo[i].ptr, weft_last_error());
+      atomic_fetch_add_explicit(&d->free_failures, 1, memory_order_relaxed);
+      if (atomic_fetch_add(&reported, 1) < 10) fprintf(stderr, "%s\n", last_error);
+    }
+  }
+}
+
 void *weft_torch_alloc(ssize_t size, int device, CUstream stream) {
   weft_runtime_t *rt = runtime_of(device);
   if (rt == NULL) return NULL;
   device_t *d = &devices[device];
+  flush_kept(rt, d);
   if (size <= 0) {
     atomic_fetch_add_explicit(&d->zero_bytes, 1, memory_order_relaxed);
     return NULL;
@@ -189,6 +244,7 @@ void weft_torch_free(void *ptr, ssize_t size, int device, CUstream stream) {
   weft_runtime_t *rt = runtime_of(device);
   if (rt == NULL) return;
   device_t *d = &devices[device];
+  flush_kept(rt, d);
   weft_stream_t *s = stream_of(rt, device, stream);
   weft_status_t st = WEFT_ERR_STALE_HANDLE;
   unsigned k = handle_slot((uintptr_t)ptr);
@@ -208,8 +264,13 @@ void weft_torch_free(void *ptr, ssize_t size, int device, CUstream stream) {
     return;
   }
   fail(st, "weft_torch: free(%p) on device %d: %s", ptr, device, s ? weft_last_error() : last_error);
+  /* A live block whose free failed: made again by a later call (kept_t). A capture's refusal is
+   * no failure: the free waits for the capture's end. */
+  bool kept = s != NULL && st != WEFT_ERR_INVALID_ARGUMENT && st != WEFT_ERR_STALE_HANDLE &&
+              st != WEFT_ERR_DOUBLE_FREE && keep_free(d, (CUdeviceptr)(uintptr_t)ptr, s);
+  if (kept && st == WEFT_ERR_CAPTURE) return;
   atomic_fetch_add_explicit(&d->free_failures, 1, memory_order_relaxed);
-  if (atomic_fetch_add(&reported, 1) < 10) fprintf(stderr, "%s\n", last_error);
+  if (atomic_fetch_add(&reported, 1) < 10) fprintf(stderr, "%s%s\n", last_error, kept ? " (kept: made again later)" : "");
 }
 
 /* The accesses of a declared use: blocks found by pointer (unknown pointers skipped). */
@@ -233,6 +294,7 @@ static int use(bool begin, int device, CUstream stream, const uint64_t *reads, s
                size_t nw) {
   weft_runtime_t *rt = runtime_of(device);
   if (rt == NULL) return WEFT_ERR_INVALID_ARGUMENT;
+  flush_kept(rt, &devices[device]);
   if ((nr != 0 && reads == NULL) || (nw != 0 && writes == NULL) || nr + nw > MAX_USE)
     return fail(WEFT_ERR_INVALID_ARGUMENT, "weft_torch_use: NULL access list or more than %d accesses", MAX_USE);
   weft_stream_t *s = stream_of(rt, device, stream);
@@ -275,14 +337,15 @@ int weft_torch_stats(int device, char *buf, size_t len) {
                    ", \"reserved_bytes\": %" PRIu64 ", \"reserved_peak\": %" PRIu64 ", \"graph_pools\": %u"
                    ", \"graph_pool_reserved\": %" PRIu64 ", \"adapter_allocs\": %" PRIu64 ", \"adapter_frees\": %" PRIu64
                    ", \"zero_byte_allocs\": %" PRIu64 ", \"alloc_failures\": %" PRIu64 ", \"free_failures\": %" PRIu64
-                   ", \"graph_frees_ignored\": %" PRIu64 ", \"pool_chunk_bytes\": %" PRIu64
+                   ", \"graph_frees_ignored\": %" PRIu64 ", \"frees_kept\": %" PRIu64 ", \"frees_pending\": %u"
+                   ", \"pool_chunk_bytes\": %" PRIu64
                    ", \"release_threshold\": %" PRIu64 ", \"cached_blocks\": %" PRIu64 ", \"cached_bytes\": %" PRIu64 "}",
                    c.uses, c.accesses, c.waits_issued, c.waits_skipped, c.events_recorded, c.allocs, c.frees,
                    r.live_bytes - (c.cached_bytes <= r.live_bytes ? c.cached_bytes : r.live_bytes), r.live_peak,
                    r.reserved_bytes, r.reserved_peak, pools, graph_reserved,
                    atomic_load(&d->allocs), atomic_load(&d->frees), atomic_load(&d->zero_bytes),
                    atomic_load(&d->alloc_failures), atomic_load(&d->free_failures), atomic_load(&d->graph_frees),
-                   o.pool_chunk_bytes, o.release_threshold, c.cached_blocks, c.cached_bytes);
+                   atomic_load(&d->frees_kept), atomic_load(&d->pending), o.pool_chunk_bytes, o.release_threshold, c.cached_blocks, c.cached_bytes);
   if (n < 0) return -1;
   return (size_t)n >= len ? (int)len - 1 : n;
 }
@@ -290,6 +353,8 @@ int weft_torch_stats(int device, char *buf, size_t len) {
 int weft_torch_release_graph_pools(int device) {
   if (device < 0 || device >= MAX_DEVICES) return 0;
   device_t *d = &devices[device];
+  weft_runtime_t *rt = atomic_load_explicit(&d->rt, memory_order_acquire);
+  if (rt != NULL) flush_kept(rt, d); /* frees kept while captures ran */
   int released = 0;
   pthread_mutex_lock(&d->lock);
   for (unsigned i = 0; i < d->n_caps;) {

@@ -38,7 +38,12 @@ extern "C" {
 /** CUDAPluggableAllocator's alloc: `stream` is a cudaStream_t (the same handle as a CUstream). */
 WEFT_TORCH_API void *weft_torch_alloc(ssize_t size, int device, CUstream stream);
 /** CUDAPluggableAllocator's free. Frees of memory a captured graph kept are ignored (the graph
- * owns it). Failures are counted and the first ones printed (PyTorch cannot be told). */
+ * owns it). A free that fails is kept and made again, on the same stream, by the device's next
+ * adapter call (alloc, free, use, release_graph_pools) until it succeeds: a tensor made before a
+ * capture and freed inside it (weft refuses to free inside: the free would run at every replay)
+ * is freed once the capture has ended, as PyTorch's own allocator does; a transient failure is
+ * made good. Failures other than a capture's refusal are counted (free_failures) and the first
+ * ones printed (PyTorch cannot be told); stats give frees_kept and frees_pending. */
 WEFT_TORCH_API void weft_torch_free(void *ptr, ssize_t size, int device, CUstream stream);
 
 /** Declares a piece of work on `stream` that reads `reads` and writes `writes` (device pointers,
