@@ -197,10 +197,29 @@ bool weft__capture_foreign_of(weft_stream_t *s, uint64_t *id) {
   if (atomic_load_explicit(&s->capture, memory_order_acquire) == NULL) return false; /* the common case */
   lock(s->tr);
   weft__capture_t *c = s->capture;
-  bool foreign = c != NULL && c->foreign && c->origin == s;
+  bool foreign = c != NULL && c->foreign;
   if (foreign) *id = c->id;
   unlock(s->tr);
   return foreign;
+}
+
+bool weft__capture_join_foreign(weft_stream_t *t, uint64_t id) {
+  weft__tracker_t *tr = t->tr;
+  lock(tr);
+  wait_free(tr, t); /* as weft__capture_join: host waits on t and its use enqueuing finish first */
+  weft__capture_t *c = t->capture;
+  bool joined = c != NULL && c->foreign && c->id == id;
+  for (unsigned i = 0; c == NULL && i < tr->n && weft__tracker_lane_used(tr, i); i++) {
+    weft__capture_t *o = tr->streams[i].capture;
+    if (o != NULL && o->foreign && o->id == id) {
+      t->capture = o;
+      o->joined |= 1ull << t->index;
+      joined = true;
+      break;
+    }
+  }
+  unlock(tr);
+  return joined;
 }
 
 weft__capture_t *weft__capture_foreign(weft_stream_t *s) {
@@ -231,7 +250,7 @@ weft_status_t weft__capture_redirect(weft_stream_t *s, weft__capture_t *c, weft_
 weft__capture_t *weft__capture_drop_foreign(weft_stream_t *s, uint64_t id) {
   lock(s->tr);
   weft__capture_t *c = s->capture;
-  if (c != NULL && c->foreign && c->origin == s && c->id == id) detach(c);
+  if (c != NULL && c->foreign && c->id == id) detach(c); /* every stream that took part leaves it */
   else c = NULL;
   unlock(s->tr);
   return c;

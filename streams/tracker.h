@@ -432,11 +432,18 @@ weft_status_t weft__capture_join(weft_stream_t *origin, weft_stream_t *t);
  * capture. On any other failure the capture is ended anyway (no stream is left capturing), *out
  * is set and *graph is NULL. */
 weft_status_t weft__capture_end(weft_stream_t *s, weft__capture_t **out, CUgraph *graph);
-/** Whether s is the origin of a foreign capture (adopted by weft), and its driver id. */
+/** Whether s takes part in a foreign capture (adopted by weft), and its driver id. */
 bool weft__capture_foreign_of(weft_stream_t *s, uint64_t *id);
-/** Detaches the foreign capture with driver id `id` whose origin is s, which its owner ended (no
- * driver calls on the graph), and gives it to the caller to free; NULL when s has no such capture
- * any more (another thread dropped it first). */
+/** Makes t take part in the foreign capture with driver id `id` that another stream of t's
+ * runtime takes part in already: code outside weft forked its capture onto t (an event recorded
+ * on a capturing stream, waited for on t), and one driver capture is one weft capture, whichever
+ * stream weft met it on first. weft did not see the fork, so t knows nothing of the other
+ * streams' captured work: a use on t that conflicts with it waits for it inside the capture.
+ * Returns whether t takes part in that capture now (false: no stream of the runtime does). */
+bool weft__capture_join_foreign(weft_stream_t *t, uint64_t id);
+/** Detaches the foreign capture with driver id `id` that s takes part in, which its owner ended
+ * (no driver calls on the graph): every stream that took part leaves it. Gives it to the caller
+ * to free; NULL when s has no such capture any more (another thread dropped it first). */
 weft__capture_t *weft__capture_drop_foreign(weft_stream_t *s, uint64_t id);
 /** The foreign capture s takes part in (begun outside weft), or NULL. */
 weft__capture_t *weft__capture_foreign(weft_stream_t *s);

@@ -60,6 +60,8 @@ static weft_status_t sync_capture(weft_stream_t *s) {
     weft__capture_free(ended);
   }
   if (!active || weft__tracker_capture_of(s, NULL) != NULL) return WEFT_OK; /* nothing, or known */
+  /* Forked onto s from a stream weft met the capture on already: the same capture. */
+  if (weft__capture_join_foreign(s, id)) return WEFT_OK;
   weft__capture_t *nc;
   weft_runtime_t *rt = s->runtime;
   /* A foreign capture's mode is not visible; treat it as GLOBAL, the strictest. */

@@ -78,7 +78,8 @@ const char *weft_torch_last_error(void) { return last_error; }
 unsigned weft_torch_version(void) { return weft_version(); }
 
 /* The adapter's defaults, before WEFT_* environment overrides: the driver's pool under weft keeps
- * nothing cached (weft's pool is the cache) and chunks are 16 MiB. Measured on the example
+ * nothing cached (weft's pool is the cache), chunks are 16 MiB, and the device's lanes go to
+ * PyTorch's streams. Measured on the example
  * (H100, examples/torch/train.py, 2026-11-26): device memory held 1244 MiB with weft's general
  * defaults, 1148 MiB with release_threshold 0, 1084 MiB with both, PyTorch's allocator 1056 MiB;
  * eager step time within the runs' spread. */
@@ -86,6 +87,20 @@ static weft_options_t adapter_options(void) {
   weft_options_t o = weft_options_default();
   o.release_threshold = 0;
   o.pool_chunk_bytes = 16u << 20;
+  /* PyTorch's streams are all adopted (its pool holds 32 per priority and device, handed out in
+   * turn, so a program that makes torch.cuda.Stream() objects as it goes meets many of them);
+   * weft's own pool streams only serve housekeeping here. The process's 128 lanes are shared
+   * among the visible devices, at most 64 a runtime (weft.h: stream_count + adopt_streams). */
+  int devices = 0;
+  CUresult (*init)(unsigned) = (CUresult(*)(unsigned))weft_driver_symbol("cuInit");
+  CUresult (*count)(int *) = (CUresult(*)(int *))weft_driver_symbol("cuDeviceGetCount");
+  if (init == NULL || count == NULL || init(0) != CUDA_SUCCESS || count(&devices) != CUDA_SUCCESS || devices < 1)
+    devices = 1;
+  unsigned lanes = 128u / (unsigned)devices;
+  lanes = lanes > 64 ? 64 : lanes < 4 ? 4 : lanes;
+  o.stream_count = 2;
+  o.high_priority_streams = 1;
+  o.adopt_streams = lanes - o.stream_count;
   return o;
 }
 
@@ -338,14 +353,14 @@ int weft_torch_stats(int device, char *buf, size_t len) {
                    ", \"graph_pool_reserved\": %" PRIu64 ", \"adapter_allocs\": %" PRIu64 ", \"adapter_frees\": %" PRIu64
                    ", \"zero_byte_allocs\": %" PRIu64 ", \"alloc_failures\": %" PRIu64 ", \"free_failures\": %" PRIu64
                    ", \"graph_frees_ignored\": %" PRIu64 ", \"frees_kept\": %" PRIu64 ", \"frees_pending\": %u"
-                   ", \"pool_chunk_bytes\": %" PRIu64
+                   ", \"adopt_streams\": %u, \"pool_chunk_bytes\": %" PRIu64
                    ", \"release_threshold\": %" PRIu64 ", \"cached_blocks\": %" PRIu64 ", \"cached_bytes\": %" PRIu64 "}",
                    c.uses, c.accesses, c.waits_issued, c.waits_skipped, c.events_recorded, c.allocs, c.frees,
                    r.live_bytes - (c.cached_bytes <= r.live_bytes ? c.cached_bytes : r.live_bytes), r.live_peak,
                    r.reserved_bytes, r.reserved_peak, pools, graph_reserved,
                    atomic_load(&d->allocs), atomic_load(&d->frees), atomic_load(&d->zero_bytes),
                    atomic_load(&d->alloc_failures), atomic_load(&d->free_failures), atomic_load(&d->graph_frees),
-                   atomic_load(&d->frees_kept), atomic_load(&d->pending), o.pool_chunk_bytes, o.release_threshold, c.cached_blocks, c.cached_bytes);
+                   atomic_load(&d->frees_kept), atomic_load(&d->pending), o.adopt_streams, o.pool_chunk_bytes, o.release_threshold, c.cached_blocks, c.cached_bytes);
   if (n < 0) return -1;
   return (size_t)n >= len ? (int)len - 1 : n;
 }

@@ -323,6 +323,69 @@ static void test_foreign_capture_works(void **state) {
   assert_int_equal(weft_free(y, tu_stream(&env, 0)), WEFT_OK);
 }
 
+/* Code outside weft begins a capture on one stream and forks it onto a second (an event recorded
+ * on the capturing stream, waited for on the other), as a framework's multi-stream capture does
+ * (PyTorch: s1.wait_stream(s0) inside torch.cuda.graph). weft meets the capture first on the
+ * second stream, then on the first: both take part in one weft capture, so a block allocated
+ * inside on one stream is used and freed inside on the other, ordered by weft there, and the
+ * capture ends, instantiates and replays right. */
+static void test_a_foreign_capture_forked_onto_a_second_stream(void **state) {
+  (void)state;
+  const weft__driver_t *d;
+  assert_int_equal(weft__driver_get(&d), WEFT_OK);
+  weft_stream_t *s0 = tu_stream(&env, 0), *s1 = tu_stream(&env, 1);
+  weft_block_t y = tu_alloc(&env, N * 4, 0, "y"), x = tu_alloc(&env, N * 4, 0, "x");
+  assert_int_equal(tu_fill(&env, s0, x, N, 6), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  CUstream raw0 = weft_stream_raw(s0), raw1 = weft_stream_raw(s1);
+  CUevent fork, join;
+  assert_int_equal(d->cuEventCreate(&fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  assert_int_equal(d->cuEventCreate(&join, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  assert_int_equal(d->cuStreamBeginCapture(raw0, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(d->cuEventRecord(fork, raw0), CUDA_SUCCESS);
+  assert_int_equal(d->cuStreamWaitEvent(raw1, fork, 0), CUDA_SUCCESS); /* s1 joins the capture */
+  weft_block_t t;
+  assert_int_equal(weft_alloc(env.rt, N * 4, s1, "t", &t), WEFT_OK); /* weft meets the capture on s1 first */
+  assert_int_equal(tu_combine(&env, s1, t, none, x, none, none, N, 1), WEFT_OK);
+  int capturing = 0;
+  assert_int_equal(weft_stream_is_capturing(s0, &capturing), WEFT_OK);
+  assert_int_equal(capturing, 1);
+  /* On s0: t, allocated inside on s1, is the capture's own block here too. */
+  assert_int_equal(tu_combine(&env, s0, y, none, t, none, none, N, 2), WEFT_OK);
+  assert_int_equal(weft_free(t, s0), WEFT_OK);
+  assert_int_equal(d->cuEventRecord(join, raw1), CUDA_SUCCESS);
+  assert_int_equal(d->cuStreamWaitEvent(raw0, join, 0), CUDA_SUCCESS); /* the owner rejoins s1 */
+  CUgraph g;
+  assert_int_equal(d->cuStreamEndCapture(raw0, &g), CUDA_SUCCESS);
+  /* weft notices the end on s1, which joined the capture: both streams leave it. */
+  assert_int_equal(weft_stream_is_capturing(s1, &capturing), WEFT_OK);
+  assert_int_equal(capturing, 0);
+  assert_int_equal(weft_stream_is_capturing(s0, &capturing), WEFT_OK);
+  assert_int_equal(capturing, 0);
+  CUgraphExec ge;
+  assert_int_equal(d->cuGraphInstantiateWithFlags(&ge, g, 0), CUDA_SUCCESS);
+  for (unsigned r = 0; r < 3; r++) {
+    assert_int_equal(tu_fill(&env, s0, y, N, 0), WEFT_OK);
+    assert_int_equal(weft_stream_synchronize(s0), WEFT_OK);
+    assert_int_equal(d->cuGraphLaunch(ge, raw0), CUDA_SUCCESS);
+    assert_int_equal(d->cuStreamSynchronize(raw0), CUDA_SUCCESS);
+    unsigned got[N];
+    read_all(y, got);
+    for (unsigned i = 0; i < N; i++) assert_int_equal(got[i], 2 + 7u * (1 + 7u * 6));
+  }
+  assert_int_equal(tu_fill(&env, s1, x, N, 5), WEFT_OK); /* live work on s1 again */
+  CUdeviceptr p;
+  assert_int_equal(weft_block_ptr(t, &p), WEFT_ERR_STALE_HANDLE);
+  assert_int_equal(d->cuGraphExecDestroy(ge), CUDA_SUCCESS);
+  assert_int_equal(d->cuGraphDestroy(g), CUDA_SUCCESS);
+  assert_int_equal(d->cuEventDestroy(fork), CUDA_SUCCESS);
+  assert_int_equal(d->cuEventDestroy(join), CUDA_SUCCESS);
+  assert_int_equal(weft_free(x, s0), WEFT_OK);
+  assert_int_equal(weft_free(y, s0), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  assert_int_equal(tu_races(&env), 0);
+}
+
 /* Faults injected inside the capture and at instantiation (simulator only): clear errors, the
  * capture is always ended, nothing leaks. */
 static void test_faults_in_capture_and_instantiate(void **state) {
@@ -400,6 +463,7 @@ int main(void) {
       cmocka_unit_test(test_capture_run_always_ends_the_capture),
       cmocka_unit_test(test_eager_memory_churn_does_not_break_a_global_capture),
       cmocka_unit_test(test_foreign_capture_works),
+      cmocka_unit_test(test_a_foreign_capture_forked_onto_a_second_stream),
       cmocka_unit_test(test_faults_in_capture_and_instantiate),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

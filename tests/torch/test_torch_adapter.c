@@ -55,6 +55,10 @@ static CUresult (*d_launch)(CUgraphExec, CUstream);
 static CUresult (*d_exec_destroy)(CUgraphExec);
 static CUresult (*d_graph_destroy)(CUgraph);
 static CUresult (*d_stream_destroy)(CUstream);
+static CUresult (*d_event_create)(CUevent *, unsigned);
+static CUresult (*d_event_record)(CUevent, CUstream);
+static CUresult (*d_wait_event)(CUstream, CUevent, unsigned);
+static CUresult (*d_event_destroy)(CUevent);
 
 #define SYM(var, lib, name)                                        \
   do {                                                             \
@@ -96,6 +100,10 @@ static void load(void) {
   DRV(d_exec_destroy, "cuGraphExecDestroy");
   DRV(d_graph_destroy, "cuGraphDestroy");
   DRV(d_stream_destroy, "cuStreamDestroy_v2");
+  DRV(d_event_create, "cuEventCreate");
+  DRV(d_event_record, "cuEventRecord");
+  DRV(d_wait_event, "cuStreamWaitEvent");
+  DRV(d_event_destroy, "cuEventDestroy_v2");
 }
 
 static uint64_t stat_of(const char *key) {
@@ -278,6 +286,33 @@ static void test_a_pointer_reallocated_elsewhere_frees_the_new_block(void **stat
   assert_int_equal(d_stream_destroy(side), CUDA_SUCCESS);
 }
 
+/* PyTorch hands out streams from a pool (32 per priority and device) and programs use several:
+ * the adapter adopts each one it sees. Twelve side streams beside the legacy stream, each
+ * allocating and freeing, must all work (the adapter leaves weft's own pool streams few and
+ * gives the device's lanes to adoptions; first in the list, so no earlier case took slots). */
+static void test_a_program_with_many_streams(void **state) {
+  (void)state;
+  uint64_t live0 = stat_of("live_bytes");
+  CUstream ss[12];
+  CUdeviceptr p[12];
+  for (unsigned i = 0; i < 12; i++) {
+    ss[i] = new_stream();
+    p[i] = (CUdeviceptr)(uintptr_t)t_alloc(4096, 0, ss[i]);
+    if (p[i] == 0) fail_msg("stream %u: %s", i, t_error());
+    assert_int_equal(d_memset(p[i], i, 1024, ss[i]), CUDA_SUCCESS);
+  }
+  for (unsigned i = 0; i < 12; i++) {
+    assert_int_equal(d_sync(ss[i]), CUDA_SUCCESS);
+    assert_int_equal(word(p[i]), i);
+    t_free((void *)(uintptr_t)p[i], 4096, 0, ss[i]);
+  }
+  assert_int_equal(stat_of("free_failures"), 0);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  assert_int_equal(stat_of("live_bytes"), live0);
+  check_races();
+  for (unsigned i = 0; i < 12; i++) assert_int_equal(d_stream_destroy(ss[i]), CUDA_SUCCESS);
+}
+
 /* torch.cuda.graph: a GLOBAL capture on a side stream, allocations and frees inside, replays. */
 static void test_outside_capture_then_replays(void **state) {
   (void)state;
@@ -364,6 +399,70 @@ static void test_legacy_frees_during_a_blocking_capture(void **state) {
   assert_int_equal(d_stream_destroy(cs), CUDA_SUCCESS);
 }
 
+/* torch.cuda.graph with a second stream inside the capture (s2.wait_stream(cur) ... cur.wait_stream(s2),
+ * as multi-stream models do): the side stream joins the capture through an event, allocates and
+ * frees there, the main stream waits for it and uses its result. Both streams' allocations come
+ * from the capture's one graph pool; the capture ends valid, replays give the right values, and
+ * after release nothing is left live. */
+static void test_a_capture_forked_onto_a_second_stream(void **state) {
+  (void)state;
+  uint64_t live0 = stat_of("live_bytes"), fails0 = stat_of("free_failures"), pools0 = stat_of("graph_pools");
+  const size_t n = 64 * 1024;
+  CUstream cs, s2;
+  assert_int_equal(d_stream_create(&cs, 0, 0), CUDA_SUCCESS);
+  assert_int_equal(d_stream_create(&s2, 0, 0), CUDA_SUCCESS);
+  CUevent fork, join;
+  assert_int_equal(d_event_create(&fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  assert_int_equal(d_event_create(&join, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  CUdeviceptr in = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, cs);
+  assert_true(in != 0);
+  assert_int_equal(d_memset(in, 4, n / 4, cs), CUDA_SUCCESS);
+  assert_int_equal(d_sync(cs), CUDA_SUCCESS);
+  assert_int_equal(d_begin(cs, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(d_event_record(fork, cs), CUDA_SUCCESS);
+  assert_int_equal(d_wait_event(s2, fork, 0), CUDA_SUCCESS); /* s2 joins the capture */
+  CUdeviceptr t = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, s2);
+  assert_true(t != 0);
+  assert_int_equal(d_copy(t, in, n, s2), CUDA_SUCCESS);
+  CUdeviceptr u = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, s2);
+  assert_true(u != 0);
+  assert_int_equal(d_copy(u, t, n, s2), CUDA_SUCCESS);
+  t_free((void *)(uintptr_t)t, (ssize_t)n, 0, s2); /* dies on the side stream, inside */
+  assert_int_equal(d_event_record(join, s2), CUDA_SUCCESS);
+  assert_int_equal(d_wait_event(cs, join, 0), CUDA_SUCCESS); /* the main stream waits for s2 */
+  CUdeviceptr out = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, cs);
+  if (out == 0) fail_msg("alloc on the main stream after the join: %s", t_error());
+  assert_int_equal(d_copy(out, u, n, cs), CUDA_SUCCESS);
+  CUgraph g = NULL;
+  assert_int_equal(d_end(cs, &g), CUDA_SUCCESS); /* the capture ends valid */
+  assert_non_null(g);
+  assert_int_equal(stat_of("free_failures"), fails0);
+  assert_int_equal(stat_of("graph_pools"), pools0 + 1); /* one capture, one pool, both streams */
+  CUgraphExec x;
+  assert_int_equal(d_inst(&x, g, 0), CUDA_SUCCESS);
+  for (unsigned r = 0; r < 5; r++) {
+    assert_int_equal(d_memset(in, 40 + r, n / 4, cs), CUDA_SUCCESS);
+    assert_int_equal(d_launch(x, cs), CUDA_SUCCESS);
+    assert_int_equal(d_sync(cs), CUDA_SUCCESS);
+    assert_int_equal(word(out), 40 + r);
+  }
+  t_free((void *)(uintptr_t)u, (ssize_t)n, 0, s2); /* the graph's: kept with its pool */
+  t_free((void *)(uintptr_t)out, (ssize_t)n, 0, cs);
+  assert_int_equal(stat_of("free_failures"), fails0);
+  assert_int_equal(d_exec_destroy(x), CUDA_SUCCESS);
+  assert_int_equal(d_graph_destroy(g), CUDA_SUCCESS);
+  assert_int_equal(t_release(0), 1);
+  t_free((void *)(uintptr_t)in, (ssize_t)n, 0, cs);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  assert_int_equal(stat_of("live_bytes"), live0);
+  assert_int_equal(stat_of("frees_pending"), 0);
+  check_races();
+  assert_int_equal(d_event_destroy(fork), CUDA_SUCCESS);
+  assert_int_equal(d_event_destroy(join), CUDA_SUCCESS);
+  assert_int_equal(d_stream_destroy(s2), CUDA_SUCCESS);
+  assert_int_equal(d_stream_destroy(cs), CUDA_SUCCESS);
+}
+
 /* torch.cuda.graph where a tensor made before the capture dies inside it, on the capturing
  * stream (`x = f(x)` with x from the warm-up): PyTorch frees it there. weft cannot free it inside
  * the capture (the free would run at every replay), so the adapter keeps the free until the
@@ -415,8 +514,8 @@ static void test_a_tensor_from_before_the_capture_dies_inside_it(void **state) {
 }
 
 /* The adapter's runtime keeps nothing cached in the driver's pool and takes 16 MiB chunks (what
- * held device memory within 1.1x of PyTorch's allocator on the example, H100), unless the
- * environment says otherwise. */
+ * held device memory within 1.1x of PyTorch's allocator on the example, H100) and gives the
+ * device's lanes to adopted streams, unless the environment says otherwise. */
 /* What failed under a fault: frees the adapter keeps to make again itself (weft_torch.h), and
  * use_ends (weft.h: a failed call changed nothing, so the caller may call it again). */
 typedef struct redo {
@@ -551,12 +650,20 @@ static void test_adapter_defaults(void **state) {
   const char *env = getenv("WEFT_RELEASE_THRESHOLD");
   if (env == NULL) assert_int_equal(stat_of("release_threshold"), 0);
   if (getenv("WEFT_POOL_CHUNK_BYTES") == NULL) assert_int_equal(stat_of("pool_chunk_bytes"), 16u << 20);
+  /* The process's 128 lanes shared among the devices, at most 64 a runtime, 2 of them weft's. */
+  int devices = 0;
+  CUresult (*count)(int *);
+  DRV(count, "cuDeviceGetCount");
+  assert_int_equal(count(&devices), CUDA_SUCCESS);
+  unsigned lanes = 128u / (unsigned)devices;
+  if (getenv("WEFT_ADOPT_STREAMS") == NULL) assert_int_equal(stat_of("adopt_streams"), (lanes > 64 ? 64 : lanes) - 2);
 }
 
 int main(int argc, char **argv) {
   if (argc > 1) lib_path = argv[1];
   else if (getenv("WEFT_TORCH_LIB") != NULL) lib_path = getenv("WEFT_TORCH_LIB"); /* staged for the GPU */
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup(test_a_program_with_many_streams, setup),
       cmocka_unit_test_setup(test_eager_steps_on_the_legacy_stream, setup),
       cmocka_unit_test_setup(test_side_stream_prefetch_without_record_stream, setup),
       cmocka_unit_test_setup(test_frees_from_other_threads, setup),
@@ -564,6 +671,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup(test_outside_capture_then_replays, setup),
       cmocka_unit_test_setup(test_legacy_frees_during_a_blocking_capture, setup),
       cmocka_unit_test_setup(test_a_tensor_from_before_the_capture_dies_inside_it, setup),
+      cmocka_unit_test_setup(test_a_capture_forked_onto_a_second_stream, setup),
       cmocka_unit_test_setup(test_faults_at_every_call_leave_nothing_half_done, setup),
       cmocka_unit_test_setup(test_adapter_defaults, setup),
   };

@@ -1,10 +1,16 @@
-"""A tensor made before torch.cuda.graph dies inside the capture (`x = f(x)` with x from the
-warm-up), with weft as PyTorch's allocator: PyTorch frees x on the capturing stream, weft keeps
-that free until the capture has ended (weft_torch.h), and then frees it. Checks, with real
-PyTorch on a GPU: the capture ends valid and replays right, no free failed, the kept free was made
-again after the capture, and no byte of it stays live. Exits 1 when a check fails.
+"""torch.cuda.graph with weft as PyTorch's allocator, in two shapes that broke it before (each
+was first a failing test in tests/torch/test_torch_adapter.c, on the simulator):
+  1. a tensor made before the capture dies inside it (`x = f(x)` with x from the warm-up):
+     PyTorch frees it on the capturing stream; weft keeps that free until the capture has ended
+     (weft_torch.h), then frees it;
+  2. a capture forked onto a second stream (s2.wait_stream(cur) inside the graph, tensors made
+     and freed on s2, cur.wait_stream(s2)): both streams allocate from the capture's one graph
+     pool (weft joins s2 to the capture it met on cur, or the other way round).
+Checks, with real PyTorch on a GPU: the captures end valid and replay right, no allocation or free
+failed, the kept free was made after the capture, and no byte of it stays live. Exits 1 when a
+check fails.
 
-    python3 examples/torch/capture_frees.py [--lib libweft_torch.so]
+    python3 examples/torch/captures.py [--lib libweft_torch.so]
 """
 import argparse
 import os
@@ -23,7 +29,7 @@ def main():
     import torch
 
     if not torch.cuda.is_available():
-        sys.exit("capture_frees.py: no CUDA device (this check needs a GPU and a CUDA build of PyTorch)")
+        sys.exit("captures.py: no CUDA device (this check needs a GPU and a CUDA build of PyTorch)")
     dev = torch.device("cuda", 0)
     n = 1 << 20
     side = torch.cuda.Stream()
@@ -34,6 +40,7 @@ def main():
         if not ok:
             fails.append(what)
 
+    # 1. A tensor from before the capture dies inside it.
     with torch.cuda.stream(side):
         x = torch.full((n,), 3.0, device=dev)  # the warm-up's tensor, on the capture's stream
     side.synchronize()
@@ -64,7 +71,38 @@ def main():
     s3 = weft.stats()
     check("no byte of the old x is left live (live %d, before the capture %d)" % (s3["live_bytes"], live0),
           s3["live_bytes"] <= live0 - 4 * n)
-    print("capture_frees: %s" % ("FAILED: " + "; ".join(fails) if fails else "all checks passed"))
+
+    # 2. A capture forked onto a second stream.
+    s2 = torch.cuda.Stream()
+    a = torch.full((n,), 2.0, device=dev)
+    torch.cuda.synchronize()
+    f0 = weft.stats()
+    g2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g2):
+        cur = torch.cuda.current_stream()
+        s2.wait_stream(cur)  # s2 joins the capture
+        with torch.cuda.stream(s2):
+            t = a * 3.0  # made on s2, inside
+            u = t + 1.0
+            del t  # dies on s2, inside
+        cur.wait_stream(s2)
+        out = u * 2.0  # made on the capturing stream after the fork
+        del u
+    f1 = weft.stats()
+    check("the forked capture allocated and freed on both streams (alloc_failures %d -> %d, free_failures %d -> %d)"
+          % (f0["alloc_failures"], f1["alloc_failures"], f0["free_failures"], f1["free_failures"]),
+          f1["alloc_failures"] == f0["alloc_failures"] and f1["free_failures"] == f0["free_failures"])
+    for r in range(3):
+        a.fill_(float(r))
+        g2.replay()
+        torch.cuda.synchronize()
+        want = (3.0 * r + 1.0) * 2.0
+        check("replay %d of the forked capture: out = (3a + 1) * 2 = %g everywhere" % (r, want),
+              bool(torch.all(out == want).item()))
+    del g2, out, a
+    torch.cuda.synchronize()
+    weft.release_graph_pools()
+    print("captures: %s" % ("FAILED: " + "; ".join(fails) if fails else "all checks passed"))
     return 1 if fails else 0
 
 
