@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On a GPU machine with PyTorch (staged by tools/stage_gpu.sh into stage/torch/): the example on
-# weft's allocator and on PyTorch's, compared (examples/torch/compare.py), the captures check
-# (examples/torch/captures.py), then the alloc+free
+# weft's allocator and on PyTorch's, compared (examples/torch/compare.py), the checks
+# (examples/torch/checks.py), then the alloc+free
 # benchmark of both allocators in one process (bench/torch_pair.py). Results go to $OUT.
 #   bash stage/torch/run_torch_gpu.sh [steps] [replays]
 set -uo pipefail
@@ -16,8 +16,9 @@ rc=0
 python3 "$here/train.py" --allocator weft --steps "$steps" --replays "$replays" --out "$out/train_weft.json" || rc=1
 python3 "$here/train.py" --allocator torch --steps "$steps" --replays "$replays" --out "$out/train_torch.json" || rc=1
 python3 "$here/compare.py" "$out/train_weft.json" "$out/train_torch.json" || rc=1
-# torch.cuda.graph shapes that broke weft before: a tensor from before the capture freed inside it; a capture forked onto a second stream.
-python3 "$here/captures.py" || rc=1
+# Shapes that broke weft before: a tensor from before a capture freed inside it; a capture forked
+# onto a second stream; an allocation weft cannot make.
+python3 "$here/checks.py" || rc=1
 # The allocator pair, same size and mixed sizes; every repeat also into torch_bench.csv, which
 # bench/results.py reads beside weft_bench's CSV (section alloc_torch).
 rm -f "$out/torch_bench.csv"

@@ -19,10 +19,10 @@ done
 cp -L "$(ldconfig -p | awk '/libcmocka.so.0 /{print $NF; exit}')" stage/lib/libcmocka.so.0
 cp tools/run_gpu.sh tools/run_observe_gpu.sh tools/run_thread_gate_gpu.sh stage/
 # PyTorch's side (issue 13): the adapter, its Python helper, the example and the allocator benchmark.
-bazel build -c opt //lib/torch:libweft_torch.so //bench:libtorch_pair.so
+bazel build -c opt //lib/torch:libweft_torch.so //bench:libtorch_pair.so //tests/torch:libc10_stub.so
 mkdir -p stage/torch
-cp bazel-bin/lib/torch/libweft_torch.so bazel-bin/bench/libtorch_pair.so stage/torch/
-cp lib/torch/weft_torch.py examples/torch/train.py examples/torch/compare.py examples/torch/captures.py bench/torch_pair.py tools/run_torch_gpu.sh \
+cp bazel-bin/lib/torch/libweft_torch.so bazel-bin/bench/libtorch_pair.so bazel-bin/tests/torch/libc10_stub.so stage/torch/
+cp lib/torch/weft_torch.py examples/torch/train.py examples/torch/compare.py examples/torch/checks.py bench/torch_pair.py tools/run_torch_gpu.sh \
   stage/torch/
 chmod u+w stage/torch/*
 # The commit the binaries come from (run_gpu.sh writes it into $OUT/meta.txt for bench/results.py).

@@ -1,4 +1,5 @@
 /* The PyTorch adapter (weft_torch.h): the CUDAPluggableAllocator ABI over weft's public API. */
+#include <dlfcn.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -217,7 +218,42 @@ static void flush_kept(weft_runtime_t *rt, device_t *d) {
   }
 }
 
+/* PyTorch's CUDAPluggableAllocator does not look at what alloc returns: a NULL for a non-empty
+ * tensor becomes a tensor at address 0, whose first kernel faults (an illegal address: the CUDA
+ * context is lost; seen on an H100 with PyTorch 2.11, bench/data/h100x2-a97ce09). So inside
+ * PyTorch a failed allocation throws a C++ std::runtime_error with weft's message through
+ * PyTorch's C++ frames, which Python sees as RuntimeError, as RMM's PyTorch allocator throws: the
+ * exception is made with the C++ runtime's ABI (__cxa_allocate_exception, the runtime_error
+ * constructor, __cxa_throw) found in the libstdc++ PyTorch loaded. The frames it leaves hold
+ * nothing to clean up (no lock, no memory) and have unwind tables (-fexceptions, BUILD). Where
+ * PyTorch (libc10.so) or libstdc++ is not loaded, a C program, it returns and alloc gives NULL. */
+static void raise_in_pytorch(const char *msg) {
+  void *c10 = dlopen("libc10.so", RTLD_LAZY | RTLD_NOLOAD);
+  void *cxx = c10 != NULL ? dlopen("libstdc++.so.6", RTLD_LAZY | RTLD_NOLOAD) : NULL;
+  if (c10 != NULL) dlclose(c10); /* NOLOAD handles only count references */
+  if (cxx == NULL) return;
+  void *(*allocate)(size_t) = (void *(*)(size_t))dlsym(cxx, "__cxa_allocate_exception");
+  void (*construct)(void *, const char *) = (void (*)(void *, const char *))dlsym(cxx, "_ZNSt13runtime_errorC1EPKc");
+  void (*destruct)(void *) = (void (*)(void *))dlsym(cxx, "_ZNSt13runtime_errorD1Ev");
+  void *type = dlsym(cxx, "_ZTISt13runtime_error");
+  void (*raise)(void *, void *, void (*)(void *)) = (void (*)(void *, void *, void (*)(void *)))dlsym(cxx, "__cxa_throw");
+  dlclose(cxx);
+  if (allocate == NULL || construct == NULL || destruct == NULL || type == NULL || raise == NULL) return;
+  void *e = allocate(64); /* a std::runtime_error is 16 bytes in libstdc++ (vptr, string) */
+  construct(e, msg);
+  raise(e, type, destruct); /* does not return */
+}
+
+static void *alloc_or_null(ssize_t size, int device, CUstream stream);
+
 void *weft_torch_alloc(ssize_t size, int device, CUstream stream) {
+  void *p = alloc_or_null(size, device, stream);
+  if (p == NULL && size > 0) raise_in_pytorch(last_error);
+  return p;
+}
+
+/* weft_torch_alloc's work: the memory, or NULL (last_error says why; a 0-byte request). */
+static void *alloc_or_null(ssize_t size, int device, CUstream stream) {
   weft_runtime_t *rt = runtime_of(device);
   if (rt == NULL) return NULL;
   device_t *d = &devices[device];

@@ -6,8 +6,10 @@
  *   - alloc(size, device, stream): memory usable on `stream` at once (stream order), from the
  *     runtime of `device` (weft_runtime_get with options from the environment). `stream` is
  *     adopted (weft_stream_adopt): PyTorch's default stream is the legacy NULL stream. 0 bytes
- *     give NULL, as PyTorch's own allocator does. NULL also on failure (PyTorch then raises its
- *     out-of-memory error); weft_torch_last_error() says why.
+ *     give NULL, as PyTorch's own allocator does. On failure, inside PyTorch, a C++
+ *     std::runtime_error with weft's message (Python: RuntimeError): PyTorch does not check what
+ *     a pluggable allocator returns, and a NULL tensor's first kernel would fault the context.
+ *     Elsewhere (a C program) NULL; weft_torch_last_error() says why.
  *   - free(ptr, size, device, stream): weft_free_ptr on the stream the block was allocated on
  *     (PyTorch passes it): the memory is reused at once on that stream and, on any other stream,
  *     only after that stream is ordered after the free. Work declared with weft_torch_use_* on

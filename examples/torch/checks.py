@@ -1,16 +1,19 @@
-"""torch.cuda.graph with weft as PyTorch's allocator, in two shapes that broke it before (each
-was first a failing test in tests/torch/test_torch_adapter.c, on the simulator):
-  1. a tensor made before the capture dies inside it (`x = f(x)` with x from the warm-up):
-     PyTorch frees it on the capturing stream; weft keeps that free until the capture has ended
-     (weft_torch.h), then frees it;
+"""weft as PyTorch's allocator in three shapes that broke it before (each first a failing test on
+the simulator, tests/torch):
+  1. torch.cuda.graph where a tensor made before the capture dies inside it (`x = f(x)` with x
+     from the warm-up): PyTorch frees it on the capturing stream; weft keeps that free until the
+     capture has ended (weft_torch.h), then frees it;
   2. a capture forked onto a second stream (s2.wait_stream(cur) inside the graph, tensors made
      and freed on s2, cur.wait_stream(s2)): both streams allocate from the capture's one graph
-     pool (weft joins s2 to the capture it met on cur, or the other way round).
+     pool (weft joins s2 to the capture it met on cur, or the other way round);
+  3. an allocation weft cannot make: PyTorch does not check what a pluggable allocator returns,
+     so weft raises (RuntimeError with weft's message) instead of handing PyTorch a NULL tensor
+     whose first kernel would fault the context; afterwards everything still works.
 Checks, with real PyTorch on a GPU: the captures end valid and replay right, no allocation or free
-failed, the kept free was made after the capture, and no byte of it stays live. Exits 1 when a
-check fails.
+failed, the kept free was made after the capture, no byte of it stays live, and the impossible
+allocation raises and leaves the device usable. Exits 1 when a check fails.
 
-    python3 examples/torch/captures.py [--lib libweft_torch.so]
+    python3 examples/torch/checks.py [--lib libweft_torch.so]
 """
 import argparse
 import os
@@ -29,7 +32,7 @@ def main():
     import torch
 
     if not torch.cuda.is_available():
-        sys.exit("captures.py: no CUDA device (this check needs a GPU and a CUDA build of PyTorch)")
+        sys.exit("checks.py: no CUDA device (this check needs a GPU and a CUDA build of PyTorch)")
     dev = torch.device("cuda", 0)
     n = 1 << 20
     side = torch.cuda.Stream()
@@ -102,7 +105,24 @@ def main():
     del g2, out, a
     torch.cuda.synchronize()
     weft.release_graph_pools()
-    print("captures: %s" % ("FAILED: " + "; ".join(fails) if fails else "all checks passed"))
+
+    # 3. An allocation weft cannot make.
+    o0 = weft.stats()
+    try:
+        torch.empty(1 << 46, dtype=torch.uint8, device=dev)  # 64 TiB
+        raised = None
+    except RuntimeError as e:
+        raised = str(e)
+    check("an impossible allocation raises RuntimeError naming weft's reason (%s)" % (raised or "nothing raised")[:160],
+          raised is not None and "weft_torch: weft_alloc" in raised)
+    o1 = weft.stats()
+    check("it is counted once (alloc_failures %d -> %d)" % (o0["alloc_failures"], o1["alloc_failures"]),
+          o1["alloc_failures"] == o0["alloc_failures"] + 1)
+    v = torch.arange(1000, device=dev, dtype=torch.float32) * 2.0
+    torch.cuda.synchronize()
+    check("the device works afterwards (sum %g)" % v.sum().item(), v.sum().item() == 999000.0)
+    del v
+    print("checks: %s" % ("FAILED: " + "; ".join(fails) if fails else "all checks passed"))
     return 1 if fails else 0
 
 
