@@ -8,7 +8,9 @@ the simulator, tests/torch):
      pool (weft joins s2 to the capture it met on cur, or the other way round);
   3. an allocation weft cannot make: PyTorch does not check what a pluggable allocator returns,
      so weft raises (RuntimeError with weft's message) instead of handing PyTorch a NULL tensor
-     whose first kernel would fault the context; afterwards everything still works.
+     whose first kernel would fault the context; afterwards everything still works;
+  4. (2 GPUs) a tensor of cuda:1 freed while cuda:0 is current: weft leaves the current device
+     alone, so `device="cuda"` still means cuda:0 afterwards.
 Checks, with real PyTorch on a GPU: the captures end valid and replay right, no allocation or free
 failed, the kept free was made after the capture, no byte of it stays live, and the impossible
 allocation raises and leaves the device usable. Exits 1 when a check fails.
@@ -122,6 +124,21 @@ def main():
     torch.cuda.synchronize()
     check("the device works afterwards (sum %g)" % v.sum().item(), v.sum().item() == 999000.0)
     del v
+
+    # 4. A tensor of another device freed while this one is current.
+    if torch.cuda.device_count() >= 2:
+        torch.cuda.set_device(0)
+        t1 = torch.ones(1 << 20, device="cuda:1")
+        torch.cuda.synchronize(1)
+        check("cuda:0 is current before the free (%d)" % torch.cuda.current_device(), torch.cuda.current_device() == 0)
+        del t1  # freed with cuda:0 current
+        check("cuda:0 is still current after freeing a cuda:1 tensor (%d)" % torch.cuda.current_device(),
+              torch.cuda.current_device() == 0)
+        e = torch.empty(16, device="cuda")
+        check("device=\"cuda\" still means cuda:0 (%s)" % e.device, e.device == torch.device("cuda", 0))
+        del e
+    else:
+        print("skip (one GPU): a tensor of cuda:1 freed while cuda:0 is current")
     print("checks: %s" % ("FAILED: " + "; ".join(fails) if fails else "all checks passed"))
     return 1 if fails else 0
 

@@ -38,6 +38,7 @@ typedef struct kept {
 typedef struct device {
   pthread_mutex_t lock;   /* runtime creation, the capture pools and the kept frees */
   _Atomic(weft_runtime_t *) rt;
+  _Atomic(CUcontext) ctx; /* the device's primary context, weft's runtime's (set before rt) */
   capture_pool_t caps[MAX_CAPTURES];
   unsigned n_caps;
   kept_t kept[MAX_KEPT];
@@ -107,6 +108,53 @@ static weft_options_t adapter_options(void) {
 
 static weft_status_t on_capture(weft_stream_t *s, uint64_t id, void *user);
 
+/* ---- the thread's current context ----------------------------------------------------------
+ * Every adapter call leaves the calling thread's current context as it found it. weft makes the
+ * device's primary context current for its driver calls (and leaves it so), while PyTorch frees a
+ * tensor wherever its last reference dies, whatever device is current there, and keeps its own
+ * idea of the current device: left switched, PyTorch's next kernel would run on another device.
+ * One cuCtxGetCurrent on the way in; on the way out, only where the context was not the
+ * device's, a second and a cuCtxSetCurrent. */
+typedef struct ctx_scope {
+  CUcontext was;
+  bool restore;
+} ctx_scope_t;
+
+static CUresult (*ctx_get)(CUcontext *);
+static CUresult (*ctx_set)(CUcontext);
+static pthread_once_t ctx_once = PTHREAD_ONCE_INIT;
+
+static void ctx_resolve(void) {
+  ctx_get = (CUresult(*)(CUcontext *))weft_driver_symbol("cuCtxGetCurrent");
+  ctx_set = (CUresult(*)(CUcontext))weft_driver_symbol("cuCtxSetCurrent");
+  if (ctx_get == NULL || ctx_set == NULL) ctx_get = NULL;
+}
+
+static ctx_scope_t ctx_enter(int device) {
+  ctx_scope_t sc = {NULL, false};
+  pthread_once(&ctx_once, ctx_resolve);
+  if (ctx_get == NULL || ctx_get(&sc.was) != CUDA_SUCCESS) return sc;
+  CUcontext mine = device >= 0 && device < MAX_DEVICES ? atomic_load_explicit(&devices[device].ctx, memory_order_acquire) : NULL;
+  sc.restore = mine == NULL || sc.was != mine;
+  return sc;
+}
+
+static void ctx_leave(ctx_scope_t sc) {
+  CUcontext now;
+  if (sc.restore && ctx_get(&now) == CUDA_SUCCESS && now != sc.was) (void)ctx_set(sc.was);
+}
+
+/* The device's primary context (weft's runtime uses it), or NULL. */
+static CUcontext primary_of(int device) {
+  CUresult (*get)(CUdevice *, int) = (CUresult(*)(CUdevice *, int))weft_driver_symbol("cuDeviceGet");
+  CUresult (*retain)(CUcontext *, CUdevice) = (CUresult(*)(CUcontext *, CUdevice))weft_driver_symbol("cuDevicePrimaryCtxRetain");
+  CUdevice dev;
+  CUcontext c = NULL;
+  /* Retained for the process's life, as the runtime it belongs to. */
+  if (get == NULL || retain == NULL || get(&dev, device) != CUDA_SUCCESS || retain(&c, dev) != CUDA_SUCCESS) return NULL;
+  return c;
+}
+
 /* The runtime of `device`, made on first use (the adapter's defaults, then the environment). */
 static weft_runtime_t *runtime_of(int device) {
   if (device < 0 || device >= MAX_DEVICES) {
@@ -127,6 +175,7 @@ static weft_runtime_t *runtime_of(int device) {
       fail(st, "weft_torch: weft_runtime_get(%d): %s", device, weft_last_error());
       rt = NULL;
     } else {
+      atomic_store_explicit(&d->ctx, primary_of(device), memory_order_release);
       atomic_store_explicit(&d->rt, rt, memory_order_release);
     }
   }
@@ -247,7 +296,9 @@ static void raise_in_pytorch(const char *msg) {
 static void *alloc_or_null(ssize_t size, int device, CUstream stream);
 
 void *weft_torch_alloc(ssize_t size, int device, CUstream stream) {
+  ctx_scope_t sc = ctx_enter(device);
   void *p = alloc_or_null(size, device, stream);
+  ctx_leave(sc);
   if (p == NULL && size > 0) raise_in_pytorch(last_error);
   return p;
 }
@@ -289,9 +340,18 @@ static bool graph_owns(device_t *d, CUdeviceptr ptr) {
   return owns;
 }
 
+static void free_here(void *ptr, int device, CUstream stream);
+
 void weft_torch_free(void *ptr, ssize_t size, int device, CUstream stream) {
   (void)size;
   if (ptr == NULL) return;
+  ctx_scope_t sc = ctx_enter(device);
+  free_here(ptr, device, stream);
+  ctx_leave(sc);
+}
+
+/* weft_torch_free's work (the context is put back by the caller). */
+static void free_here(void *ptr, int device, CUstream stream) {
   weft_runtime_t *rt = runtime_of(device);
   if (rt == NULL) return;
   device_t *d = &devices[device];
@@ -358,12 +418,18 @@ static int use(bool begin, int device, CUstream stream, const uint64_t *reads, s
 
 int weft_torch_use_begin(int device, CUstream stream, const uint64_t *reads, size_t n_reads, const uint64_t *writes,
                          size_t n_writes) {
-  return use(true, device, stream, reads, n_reads, writes, n_writes);
+  ctx_scope_t sc = ctx_enter(device);
+  int r = use(true, device, stream, reads, n_reads, writes, n_writes);
+  ctx_leave(sc);
+  return r;
 }
 
 int weft_torch_use_end(int device, CUstream stream, const uint64_t *reads, size_t n_reads, const uint64_t *writes,
                        size_t n_writes) {
-  return use(false, device, stream, reads, n_reads, writes, n_writes);
+  ctx_scope_t sc = ctx_enter(device);
+  int r = use(false, device, stream, reads, n_reads, writes, n_writes);
+  ctx_leave(sc);
+  return r;
 }
 
 int weft_torch_stats(int device, char *buf, size_t len) {
@@ -405,6 +471,7 @@ int weft_torch_release_graph_pools(int device) {
   if (device < 0 || device >= MAX_DEVICES) return 0;
   device_t *d = &devices[device];
   weft_runtime_t *rt = atomic_load_explicit(&d->rt, memory_order_acquire);
+  ctx_scope_t sc = ctx_enter(device);
   if (rt != NULL) flush_kept(rt, d); /* frees kept while captures ran */
   int released = 0;
   pthread_mutex_lock(&d->lock);
@@ -424,5 +491,6 @@ int weft_torch_release_graph_pools(int device) {
     }
   }
   pthread_mutex_unlock(&d->lock);
+  ctx_leave(sc);
   return released;
 }

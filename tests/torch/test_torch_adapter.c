@@ -81,9 +81,23 @@ static void load(void) {
   SYM(t_stats, lib, "weft_torch_stats");
   SYM(t_release, lib, "weft_torch_release_graph_pools");
   SYM(t_error, lib, "weft_torch_last_error");
+  /* PyTorch's CUDA runtime makes device 0's primary context current on this thread before its
+   * first allocation; the adapter leaves the current context as it found it. */
+  CUresult (*init)(unsigned);
+  CUresult (*dev_get)(CUdevice *, int);
+  CUresult (*retain)(CUcontext *, CUdevice);
+  CUresult (*set_cur)(CUcontext);
   SYM(t_symbol, lib, "weft_driver_symbol");
-  /* Loads the driver (the first allocation makes the runtime). */
-  void *p = t_alloc(256, 0, NULL);
+  DRV(init, "cuInit");
+  DRV(dev_get, "cuDeviceGet");
+  DRV(retain, "cuDevicePrimaryCtxRetain");
+  DRV(set_cur, "cuCtxSetCurrent");
+  CUdevice dev0;
+  CUcontext ctx0;
+  if (init(0) != CUDA_SUCCESS || dev_get(&dev0, 0) != CUDA_SUCCESS || retain(&ctx0, dev0) != CUDA_SUCCESS ||
+      set_cur(ctx0) != CUDA_SUCCESS)
+    fail_msg("cannot make device 0's primary context current");
+  void *p = t_alloc(256, 0, NULL); /* the first allocation makes the runtime */
   if (p == NULL) fail_msg("first alloc: %s", t_error());
   t_free(p, 256, 0, NULL);
   sim = weft_sim_api(t_symbol);
@@ -311,6 +325,57 @@ static void test_a_program_with_many_streams(void **state) {
   assert_int_equal(stat_of("live_bytes"), live0);
   check_races();
   for (unsigned i = 0; i < 12; i++) assert_int_equal(d_stream_destroy(ss[i]), CUDA_SUCCESS);
+}
+
+/* PyTorch frees a tensor wherever its last reference dies, whatever device is current there (the
+ * deleter gets the tensor's device as an argument), and keeps its own idea of the current device:
+ * the adapter must leave the thread's current context as it found it, or PyTorch's next kernel
+ * runs on another device than it thinks. A tensor of device 1 is allocated with device 1 current
+ * (PyTorch's guard), then freed, and another allocated, with device 0 current. Needs 2 devices
+ * (the simulator's: test_torch_adapter_2). */
+static void test_calls_for_another_device_leave_the_current_context(void **state) {
+  (void)state;
+  int count = 0;
+  CUresult (*dev_count)(int *);
+  CUresult (*dev_get)(CUdevice *, int);
+  CUresult (*retain)(CUcontext *, CUdevice);
+  CUresult (*release)(CUdevice);
+  CUresult (*get_cur)(CUcontext *);
+  CUresult (*set_cur)(CUcontext);
+  DRV(dev_count, "cuDeviceGetCount");
+  DRV(dev_get, "cuDeviceGet");
+  DRV(retain, "cuDevicePrimaryCtxRetain");
+  DRV(release, "cuDevicePrimaryCtxRelease_v2");
+  DRV(get_cur, "cuCtxGetCurrent");
+  DRV(set_cur, "cuCtxSetCurrent");
+  assert_int_equal(dev_count(&count), CUDA_SUCCESS);
+  if (count < 2) skip();
+  CUdevice d0, d1;
+  CUcontext c0, c1, was, cur = NULL;
+  assert_int_equal(get_cur(&was), CUDA_SUCCESS);
+  assert_int_equal(dev_get(&d0, 0), CUDA_SUCCESS);
+  assert_int_equal(dev_get(&d1, 1), CUDA_SUCCESS);
+  assert_int_equal(retain(&c0, d0), CUDA_SUCCESS);
+  assert_int_equal(retain(&c1, d1), CUDA_SUCCESS);
+  assert_int_equal(set_cur(c1), CUDA_SUCCESS);
+  void *p = t_alloc(4096, 1, NULL);
+  if (p == NULL) fail_msg("alloc on device 1: %s", t_error());
+  assert_int_equal(get_cur(&cur), CUDA_SUCCESS);
+  assert_ptr_equal(cur, c1);
+  assert_int_equal(set_cur(c0), CUDA_SUCCESS);
+  t_free(p, 4096, 1, NULL); /* the last reference dies where device 0 is current */
+  assert_int_equal(get_cur(&cur), CUDA_SUCCESS);
+  assert_ptr_equal(cur, c0);
+  void *q = t_alloc(4096, 1, NULL);
+  assert_non_null(q);
+  assert_int_equal(get_cur(&cur), CUDA_SUCCESS);
+  assert_ptr_equal(cur, c0);
+  t_free(q, 4096, 1, NULL);
+  assert_int_equal(get_cur(&cur), CUDA_SUCCESS);
+  assert_ptr_equal(cur, c0);
+  assert_int_equal(set_cur(was), CUDA_SUCCESS);
+  assert_int_equal(release(d0), CUDA_SUCCESS);
+  assert_int_equal(release(d1), CUDA_SUCCESS);
 }
 
 /* torch.cuda.graph: a GLOBAL capture on a side stream, allocations and frees inside, replays. */
@@ -673,6 +738,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup(test_a_tensor_from_before_the_capture_dies_inside_it, setup),
       cmocka_unit_test_setup(test_a_capture_forked_onto_a_second_stream, setup),
       cmocka_unit_test_setup(test_faults_at_every_call_leave_nothing_half_done, setup),
+      cmocka_unit_test_setup(test_calls_for_another_device_leave_the_current_context, setup),
       cmocka_unit_test_setup(test_adapter_defaults, setup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
