@@ -205,7 +205,11 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_driver_info(weft_driver_info_t *info)
 /* ------------------------------------------------------------------------------------------ */
 
 /** One per CUDA device ordinal and process: owns the stream pool, the tracker, the memory
- * resources and the counters. Reference counted; every function on it is thread-safe. */
+ * resources and the counters. Reference counted; every function on it is thread-safe.
+ * The calling thread's current context: a call that reaches the driver for a runtime makes that
+ * device's primary context current on the thread (as cudaSetDevice would) and leaves it current.
+ * A thread that mixes weft with other CUDA code and several devices sets its device again after
+ * a weft call for another device; the PyTorch adapter (lib/torch) does so for every call. */
 typedef struct weft_runtime weft_runtime_t;
 /** A pooled CU_STREAM_NON_BLOCKING stream of a runtime (never the legacy NULL stream). Stream
  * handles stay valid as long as their runtime. */
