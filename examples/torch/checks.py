@@ -10,7 +10,11 @@ the simulator, tests/torch):
      so weft raises (RuntimeError with weft's message) instead of handing PyTorch a NULL tensor
      whose first kernel would fault the context; afterwards everything still works;
   4. (2 GPUs) a tensor of cuda:1 freed while cuda:0 is current: weft leaves the current device
-     alone, so `device="cuda"` still means cuda:0 afterwards.
+     alone, so `device="cuda"` still means cuda:0 afterwards;
+  5. tensor.record_stream(s) (what ProcessGroupNCCL does for every collective): a side stream
+     still reading x (behind a 20 ms spin) when x dies on the default stream, whose next tensor of
+     the same size gets x's memory and is overwritten at once: the side stream must read x's
+     values, so the free waits for the recorded stream's work.
 Checks, with real PyTorch on a GPU: the captures end valid and replay right, no allocation or free
 failed, the kept free was made after the capture, no byte of it stays live, and the impossible
 allocation raises and leaves the device usable. Exits 1 when a check fails.
@@ -139,6 +143,28 @@ def main():
         del e
     else:
         print("skip (one GPU): a tensor of cuda:1 freed while cuda:0 is current")
+
+    # 5. record_stream.
+    check("PyTorch's record_stream hook is set (weft.record_stream_hooked)", weft.record_stream_hooked)
+    side5 = torch.cuda.Stream()
+    x5 = torch.full((1 << 22,), 5.0, device=dev)
+    torch.cuda.synchronize()
+    r0 = weft.stats().get("streams_recorded", 0)
+    with torch.cuda.stream(side5):
+        torch.cuda._sleep(40_000_000)  # about 20 ms of spinning before the read
+        y5 = x5 * 2.0
+    x5.record_stream(side5)
+    x5_ptr = x5.data_ptr()
+    del x5  # dies on the default stream while side5 has yet to read it
+    z5 = torch.empty((1 << 22,), device=dev)  # the same memory, from the default stream's cache
+    z5.fill_(9.0)
+    torch.cuda.synchronize()
+    check("premise: the next tensor got x's memory (%#x, %#x)" % (x5_ptr, z5.data_ptr()), z5.data_ptr() == x5_ptr)
+    check("record_stream was noted (streams_recorded %d -> %d)" % (r0, weft.stats().get("streams_recorded", 0)),
+          weft.stats().get("streams_recorded", 0) == r0 + 1)
+    check("the recorded stream read x before its memory was reused (y = %g, want 10)" % y5[0].item(),
+          bool(torch.all(y5 == 10.0).item()))
+    del y5, z5
     print("checks: %s" % ("FAILED: " + "; ".join(fails) if fails else "all checks passed"))
     return 1 if fails else 0
 

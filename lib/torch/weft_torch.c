@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lib/torch/weft_torch.h"
@@ -33,6 +34,7 @@ typedef struct capture_pool {
 typedef struct kept {
   CUdeviceptr ptr;
   weft_stream_t *s; /* the stream PyTorch named: the block's untracked work is ordered there */
+  CUstream raw;     /* the same, as PyTorch named it (for its recorded streams: declare_recorded) */
 } kept_t;
 
 typedef struct device {
@@ -64,6 +66,27 @@ static _Thread_local struct {
   int device;
   weft_block_t b;
 } handles[1u << HANDLE_BITS];
+
+/* ---- record_stream ----------------------------------------------------------------------------
+ * The streams recorded for a pointer (weft_torch_record_stream), until its free declares a use
+ * on each: a chained table under one lock, its buckets' counts readable without it, so that a
+ * free of a pointer nobody recorded (nearly all) costs one load. */
+#define REC_BUCKETS 1024
+#define REC_STREAMS 8 /* distinct streams recorded for one pointer; more are refused (printed) */
+
+typedef struct recorded {
+  uintptr_t ptr;
+  unsigned n;
+  CUstream streams[REC_STREAMS];
+  struct recorded *next;
+} recorded_t;
+
+static pthread_mutex_t rec_lock = PTHREAD_MUTEX_INITIALIZER;
+static recorded_t *rec_bucket[REC_BUCKETS];
+static _Atomic unsigned rec_count[REC_BUCKETS];
+static _Atomic uint64_t rec_calls; /* record_stream calls that noted a stream */
+
+static unsigned rec_slot(uintptr_t p) { return (unsigned)(((uint64_t)p * 0x9E3779B97F4A7C15ull) >> 54); }
 
 static unsigned handle_slot(uintptr_t p) { return (unsigned)(((uint64_t)p * 0x9E3779B97F4A7C15ull) >> (64 - HANDLE_BITS)); }
 static _Atomic unsigned reported; /* free failures printed so far */
@@ -228,14 +251,17 @@ static weft_status_t on_capture(weft_stream_t *s, uint64_t id, void *user) {
   return st == WEFT_OK ? st : fail(st, "weft_torch: weft_capture_allocate_to: %s", weft_last_error());
 }
 
-/* Keeps a failed free of ptr on s to make again (false when MAX_KEPT are kept already). */
-static bool keep_free(device_t *d, CUdeviceptr ptr, weft_stream_t *s) {
+static weft_status_t declare_recorded(weft_runtime_t *rt, int device, uintptr_t ptr, CUstream on);
+
+/* Keeps a failed free of ptr on s to make again (false when MAX_KEPT are kept already); `again`:
+ * one kept before (frees_kept counts each free once). */
+static bool keep_free(device_t *d, CUdeviceptr ptr, weft_stream_t *s, CUstream raw, bool again) {
   pthread_mutex_lock(&d->lock);
   bool room = d->n_kept < MAX_KEPT;
   if (room) {
-    d->kept[d->n_kept++] = (kept_t){ptr, s};
+    d->kept[d->n_kept++] = (kept_t){ptr, s, raw};
     atomic_store_explicit(&d->pending, d->n_kept, memory_order_release);
-    atomic_fetch_add_explicit(&d->frees_kept, 1, memory_order_relaxed);
+    if (!again) atomic_fetch_add_explicit(&d->frees_kept, 1, memory_order_relaxed);
   }
   pthread_mutex_unlock(&d->lock);
   return room;
@@ -255,11 +281,12 @@ static void flush_kept(weft_runtime_t *rt, device_t *d) {
   atomic_store_explicit(&d->pending, 0, memory_order_release);
   pthread_mutex_unlock(&d->lock);
   for (unsigned i = 0; i < n; i++) {
-    weft_status_t st = weft_free_ptr(rt, todo[i].ptr, todo[i].s);
+    weft_status_t st = declare_recorded(rt, (int)(d - devices), (uintptr_t)todo[i].ptr, todo[i].raw);
+    if (st == WEFT_OK) st = weft_free_ptr(rt, todo[i].ptr, todo[i].s);
     if (st == WEFT_OK) {
       atomic_fetch_add_explicit(&d->frees, 1, memory_order_relaxed);
     } else if (st == WEFT_ERR_INVALID_ARGUMENT || st == WEFT_ERR_STALE_HANDLE || st == WEFT_ERR_DOUBLE_FREE ||
-               !keep_free(d, todo[i].ptr, todo[i].s)) {
+               !keep_free(d, todo[i].ptr, todo[i].s, todo[i].raw, true)) {
       fail(st, "weft_torch: kept free(0x%llx): %s", (unsigned long long)todo[i].ptr, weft_last_error());
       atomic_fetch_add_explicit(&d->free_failures, 1, memory_order_relaxed);
       if (atomic_fetch_add(&reported, 1) < 10) fprintf(stderr, "%s\n", last_error);
@@ -359,12 +386,14 @@ static void free_here(void *ptr, int device, CUstream stream) {
   weft_stream_t *s = stream_of(rt, device, stream);
   weft_status_t st = WEFT_ERR_STALE_HANDLE;
   unsigned k = handle_slot((uintptr_t)ptr);
-  if (s != NULL && handles[k].ptr == (uintptr_t)ptr && handles[k].device == device) {
+  weft_status_t declared = s != NULL ? declare_recorded(rt, device, (uintptr_t)ptr, stream) : WEFT_OK;
+  if (declared != WEFT_OK) st = declared; /* the free is kept, with its record */
+  else if (s != NULL && handles[k].ptr == (uintptr_t)ptr && handles[k].device == device) {
     handles[k].ptr = 0;
     st = weft_free(handles[k].b, s);
   }
   /* Not this thread's, or no longer the block its handle named: by pointer. */
-  if (st == WEFT_ERR_STALE_HANDLE || st == WEFT_ERR_DOUBLE_FREE)
+  if (declared == WEFT_OK && (st == WEFT_ERR_STALE_HANDLE || st == WEFT_ERR_DOUBLE_FREE))
     st = s == NULL ? WEFT_ERR_INVALID_ARGUMENT : weft_free_ptr(rt, (CUdeviceptr)(uintptr_t)ptr, s);
   if (st == WEFT_OK) {
     atomic_fetch_add_explicit(&d->frees, 1, memory_order_relaxed);
@@ -378,10 +407,85 @@ static void free_here(void *ptr, int device, CUstream stream) {
   /* A live block whose free failed: made again by a later call (kept_t). A capture's refusal is
    * no failure: the free waits for the capture's end. */
   bool kept = s != NULL && st != WEFT_ERR_INVALID_ARGUMENT && st != WEFT_ERR_STALE_HANDLE &&
-              st != WEFT_ERR_DOUBLE_FREE && keep_free(d, (CUdeviceptr)(uintptr_t)ptr, s);
+              st != WEFT_ERR_DOUBLE_FREE && keep_free(d, (CUdeviceptr)(uintptr_t)ptr, s, stream, false);
   if (kept && st == WEFT_ERR_CAPTURE) return;
   atomic_fetch_add_explicit(&d->free_failures, 1, memory_order_relaxed);
   if (atomic_fetch_add(&reported, 1) < 10) fprintf(stderr, "%s%s\n", last_error, kept ? " (kept: made again later)" : "");
+}
+
+void weft_torch_record_stream(void *ptr, CUstream stream) {
+  uintptr_t p = (uintptr_t)ptr;
+  if (p == 0) return;
+  unsigned b = rec_slot(p);
+  bool full = false;
+  pthread_mutex_lock(&rec_lock);
+  recorded_t *r = rec_bucket[b];
+  while (r != NULL && r->ptr != p) r = r->next;
+  if (r == NULL && (r = calloc(1, sizeof *r)) != NULL) {
+    r->ptr = p;
+    r->next = rec_bucket[b];
+    rec_bucket[b] = r;
+    atomic_fetch_add_explicit(&rec_count[b], 1, memory_order_release);
+  }
+  unsigned i = 0;
+  while (r != NULL && i < r->n && r->streams[i] != stream) i++;
+  if (r != NULL && i == r->n) {
+    if (r->n < REC_STREAMS) r->streams[r->n++] = stream;
+    else full = true;
+  }
+  pthread_mutex_unlock(&rec_lock);
+  if (r == NULL || full) {
+    fail(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_torch: record_stream(%p): %s", ptr,
+         r == NULL ? "no host memory" : "more than 8 streams recorded for one tensor");
+    if (atomic_fetch_add(&reported, 1) < 10) fprintf(stderr, "%s\n", last_error);
+    return;
+  }
+  atomic_fetch_add_explicit(&rec_calls, 1, memory_order_relaxed);
+}
+
+/* Before the free of ptr on device `device`'s stream `on`: the free's stream waits for all work
+ * enqueued so far on every other stream recorded for ptr (weft_stream_import_stream), as PyTorch's
+ * allocator reuses such memory only after it. Not while either stream captures (a wait there on
+ * work outside the capture would invalidate it): CAPTURE, and the free is kept until the capture
+ * has ended, as PyTorch defers record_stream's events while a capture is underway. The record is
+ * dropped once done; on a failure it stays, for the free to be made again (kept_t). */
+static weft_status_t declare_recorded(weft_runtime_t *rt, int device, uintptr_t ptr, CUstream on) {
+  unsigned b = rec_slot(ptr);
+  if (atomic_load_explicit(&rec_count[b], memory_order_acquire) == 0) return WEFT_OK; /* nearly every free */
+  pthread_mutex_lock(&rec_lock);
+  recorded_t *r = rec_bucket[b];
+  while (r != NULL && r->ptr != ptr) r = r->next;
+  recorded_t copy = r != NULL ? *r : (recorded_t){0};
+  pthread_mutex_unlock(&rec_lock);
+  if (r == NULL) return WEFT_OK;
+  weft_stream_t *fs = stream_of(rt, device, on);
+  weft_status_t st = fs != NULL ? WEFT_OK : WEFT_ERR_INVALID_ARGUMENT;
+  for (unsigned i = 0; st == WEFT_OK && i < copy.n; i++) {
+    if (copy.streams[i] == on) continue; /* the free's own stream is ordered already */
+    weft_stream_t *rs = stream_of(rt, device, copy.streams[i]);
+    int a = 0, c = 0;
+    if (rs == NULL) st = WEFT_ERR_INVALID_ARGUMENT;
+    else if ((st = weft_stream_is_capturing(fs, &a)) == WEFT_OK && (st = weft_stream_is_capturing(rs, &c)) == WEFT_OK &&
+             (a || c))
+      st = fail(WEFT_ERR_CAPTURE, "weft_torch: free(0x%llx): a stream recorded for it or its own captures: kept until "
+                "the capture ends", (unsigned long long)ptr);
+    else if (st == WEFT_OK)
+      st = weft_stream_import_stream(fs, copy.streams[i] != NULL ? copy.streams[i] : CU_STREAM_LEGACY);
+    if (st != WEFT_OK && st != WEFT_ERR_CAPTURE)
+      fail(st, "weft_torch: free(0x%llx): waiting for a recorded stream: %s", (unsigned long long)ptr,
+           rs != NULL ? weft_last_error() : last_error);
+  }
+  if (st != WEFT_OK) return st; /* kept: made again with the record */
+  pthread_mutex_lock(&rec_lock);
+  for (recorded_t **at = &rec_bucket[b]; *at != NULL; at = &(*at)->next)
+    if (*at == r) {
+      *at = r->next;
+      atomic_fetch_sub_explicit(&rec_count[b], 1, memory_order_release);
+      free(r);
+      break;
+    }
+  pthread_mutex_unlock(&rec_lock);
+  return WEFT_OK;
 }
 
 /* The accesses of a declared use: blocks found by pointer (unknown pointers skipped). */
@@ -455,14 +559,15 @@ int weft_torch_stats(int device, char *buf, size_t len) {
                    ", \"graph_pool_reserved\": %" PRIu64 ", \"adapter_allocs\": %" PRIu64 ", \"adapter_frees\": %" PRIu64
                    ", \"zero_byte_allocs\": %" PRIu64 ", \"alloc_failures\": %" PRIu64 ", \"free_failures\": %" PRIu64
                    ", \"graph_frees_ignored\": %" PRIu64 ", \"frees_kept\": %" PRIu64 ", \"frees_pending\": %u"
-                   ", \"adopt_streams\": %u, \"pool_chunk_bytes\": %" PRIu64
+                   ", \"streams_recorded\": %" PRIu64 ", \"adopt_streams\": %u, \"pool_chunk_bytes\": %" PRIu64
                    ", \"release_threshold\": %" PRIu64 ", \"cached_blocks\": %" PRIu64 ", \"cached_bytes\": %" PRIu64 "}",
                    c.uses, c.accesses, c.waits_issued, c.waits_skipped, c.events_recorded, c.allocs, c.frees,
                    r.live_bytes - (c.cached_bytes <= r.live_bytes ? c.cached_bytes : r.live_bytes), r.live_peak,
                    r.reserved_bytes, r.reserved_peak, pools, graph_reserved,
                    atomic_load(&d->allocs), atomic_load(&d->frees), atomic_load(&d->zero_bytes),
                    atomic_load(&d->alloc_failures), atomic_load(&d->free_failures), atomic_load(&d->graph_frees),
-                   atomic_load(&d->frees_kept), atomic_load(&d->pending), o.adopt_streams, o.pool_chunk_bytes, o.release_threshold, c.cached_blocks, c.cached_bytes);
+                   atomic_load(&d->frees_kept), atomic_load(&d->pending), atomic_load(&rec_calls), o.adopt_streams,
+                   o.pool_chunk_bytes, o.release_threshold, c.cached_blocks, c.cached_bytes);
   if (n < 0) return -1;
   return (size_t)n >= len ? (int)len - 1 : n;
 }

@@ -13,7 +13,8 @@
  *   - free(ptr, size, device, stream): weft_free_ptr on the stream the block was allocated on
  *     (PyTorch passes it): the memory is reused at once on that stream and, on any other stream,
  *     only after that stream is ordered after the free. Work declared with weft_torch_use_* on
- *     other streams is waited for first: no record_stream.
+ *     other streams is waited for first, and so is the work of streams recorded with
+ *     tensor.record_stream (weft_torch_record_stream).
  *   - allocations on a stream that PyTorch is capturing (torch.cuda.graph: GLOBAL mode) come from
  *     a graph pool of that capture (weft_capture_allocate_to), PyTorch's private-pool semantics:
  *     fixed addresses, a range freed inside the capture is reused later in it, what is live at
@@ -47,6 +48,14 @@ WEFT_TORCH_API void *weft_torch_alloc(ssize_t size, int device, CUstream stream)
  * made good. Failures other than a capture's refusal are counted (free_failures) and the first
  * ones printed (PyTorch cannot be told); stats give frees_kept and frees_pending. */
 WEFT_TORCH_API void weft_torch_free(void *ptr, ssize_t size, int device, CUstream stream);
+
+/** CUDAPluggableAllocator's record_stream (tensor.record_stream(stream); weft_torch.py sets it
+ * where PyTorch lets Python set it): work on `stream` that weft does not see uses the memory at
+ * ptr, enqueued before or after this call, until the free. At the free, the free's stream first
+ * waits for all work enqueued so far on each such stream (weft_stream_import_stream), so the
+ * memory is reused only after that work, as with PyTorch's allocator; while either stream
+ * captures, the free is kept until the capture has ended. At most 8 streams per tensor. */
+WEFT_TORCH_API void weft_torch_record_stream(void *ptr, CUstream stream);
 
 /** Declares a piece of work on `stream` that reads `reads` and writes `writes` (device pointers,
  * the start of or inside memory from weft_torch_alloc): begin issues the waits it needs against

@@ -20,6 +20,7 @@ import json
 import os
 
 _lib = None
+record_stream_hooked = False  # install() set PyTorch's record_stream hook (weft_torch_record_stream)
 
 
 def library_path(path=None):
@@ -57,6 +58,14 @@ def install(path=None):
 
     p = library_path(path)
     alloc = torch.cuda.memory.CUDAPluggableAllocator(p, "weft_torch_alloc", "weft_torch_free")
+    # tensor.record_stream(s) (ProcessGroupNCCL makes it for every collective's tensors): where
+    # PyTorch lets Python set the hook, the free then waits for the recorded streams' work.
+    global record_stream_hooked
+    setter = getattr(alloc.allocator(), "set_record_stream_fn", None)
+    hook = getattr(_load(p), "weft_torch_record_stream", None)
+    if setter is not None and hook is not None:
+        setter(ctypes.cast(hook, ctypes.c_void_p).value)
+        record_stream_hooked = True
     torch.cuda.memory.change_current_allocator(alloc)
     _load(p)  # the same library (dlopen gives PyTorch's handle back): the same state
     return p

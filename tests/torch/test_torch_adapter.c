@@ -37,6 +37,7 @@ static int (*t_use_begin)(int, CUstream, const uint64_t *, size_t, const uint64_
 static int (*t_use_end)(int, CUstream, const uint64_t *, size_t, const uint64_t *, size_t);
 static int (*t_stats)(int, char *, size_t);
 static int (*t_release)(int);
+static void (*t_record)(void *, CUstream);
 static const char *(*t_error)(void);
 static void *(*t_symbol)(const char *);
 static const weft_sim_api_t *sim;
@@ -81,6 +82,7 @@ static void load(void) {
   SYM(t_stats, lib, "weft_torch_stats");
   SYM(t_release, lib, "weft_torch_release_graph_pools");
   SYM(t_error, lib, "weft_torch_last_error");
+  SYM(t_record, lib, "weft_torch_record_stream");
   /* PyTorch's CUDA runtime makes device 0's primary context current on this thread before its
    * first allocation; the adapter leaves the current context as it found it. */
   CUresult (*init)(unsigned);
@@ -378,6 +380,40 @@ static void test_calls_for_another_device_leave_the_current_context(void **state
   assert_int_equal(release(d1), CUDA_SUCCESS);
 }
 
+/* tensor.record_stream(s) (PyTorch's ProcessGroupNCCL does it for every collective's tensors):
+ * work on s that weft does not see uses the memory, enqueued before or after the call, until the
+ * free. The free must not let the memory be reused before that work is done: here a raw copy on
+ * `comm` reads the block (as NCCL's kernel would), the block is freed on its own stream and the
+ * same size allocated there again at once (the same memory, from the stream's cache) and
+ * overwritten. The race oracle must see no race and the copy must read the old values. */
+static void test_record_stream_orders_the_reuse(void **state) {
+  (void)state;
+  uint64_t live0 = stat_of("live_bytes");
+  const size_t n = 256 * 1024;
+  CUstream side = new_stream(), comm = new_stream();
+  CUdeviceptr p = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, side);
+  CUdeviceptr x = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, comm);
+  assert_true(p != 0 && x != 0);
+  assert_int_equal(d_memset(p, 11, n / 4, side), CUDA_SUCCESS);
+  assert_int_equal(d_sync(side), CUDA_SUCCESS);
+  t_record((void *)(uintptr_t)p, comm);                  /* before the work, as ProcessGroupNCCL */
+  assert_int_equal(d_copy(x, p, n, comm), CUDA_SUCCESS); /* work weft does not see reads p */
+  t_free((void *)(uintptr_t)p, (ssize_t)n, 0, side);
+  CUdeviceptr q = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, side);
+  assert_int_equal(q, p); /* premise: the same memory again, on the same stream */
+  assert_int_equal(d_memset(q, 99, n / 4, side), CUDA_SUCCESS);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  check_races();
+  assert_int_equal(word(x), 11u);
+  assert_int_equal(stat_of("free_failures"), 0);
+  t_free((void *)(uintptr_t)q, (ssize_t)n, 0, side);
+  t_free((void *)(uintptr_t)x, (ssize_t)n, 0, comm);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  assert_int_equal(stat_of("live_bytes"), live0);
+  assert_int_equal(d_stream_destroy(side), CUDA_SUCCESS);
+  assert_int_equal(d_stream_destroy(comm), CUDA_SUCCESS);
+}
+
 /* torch.cuda.graph: a GLOBAL capture on a side stream, allocations and frees inside, replays. */
 static void test_outside_capture_then_replays(void **state) {
   (void)state;
@@ -542,6 +578,14 @@ static void test_a_tensor_from_before_the_capture_dies_inside_it(void **state) {
   CUdeviceptr x = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, cs); /* the warm-up's tensor */
   assert_true(x != 0);
   assert_int_equal(d_memset(x, 7, n / 4, cs), CUDA_SUCCESS);
+  /* x is also read by work weft does not see on another stream, recorded (record_stream): its
+   * free must also wait for that, once the capture has ended. */
+  CUstream rd = new_stream();
+  CUdeviceptr copy = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, rd);
+  assert_true(copy != 0);
+  assert_int_equal(d_sync(cs), CUDA_SUCCESS);
+  assert_int_equal(d_copy(copy, x, n, rd), CUDA_SUCCESS);
+  t_record((void *)(uintptr_t)x, rd);
   assert_int_equal(d_begin(cs, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
   CUdeviceptr y = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, cs);
   assert_true(y != 0);
@@ -571,10 +615,19 @@ static void test_a_tensor_from_before_the_capture_dies_inside_it(void **state) {
   assert_non_null(z);
   t_free(z, 256, 0, cs);
   assert_int_equal(stat_of("frees_pending"), 0);
+  /* x's memory again, on its stream, overwritten: ordered after rd's read (the oracle checks). */
+  CUdeviceptr again = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, cs);
+  assert_int_equal(again, x); /* premise: the same memory, from the stream's cache */
+  assert_int_equal(d_memset(again, 1, n / 4, cs), CUDA_SUCCESS);
+  t_free((void *)(uintptr_t)again, (ssize_t)n, 0, cs);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  assert_int_equal(word(copy), 7u);
+  t_free((void *)(uintptr_t)copy, (ssize_t)n, 0, rd);
   assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
   assert_int_equal(stat_of("live_bytes"), live0);
   assert_int_equal(stat_of("free_failures"), fails0);
   check_races();
+  assert_int_equal(d_stream_destroy(rd), CUDA_SUCCESS);
   assert_int_equal(d_stream_destroy(cs), CUDA_SUCCESS);
 }
 
@@ -619,6 +672,7 @@ static void pytorch_steps(CUstream side, redo_t *redo, bool check) {
       uint64_t r = b, w = x;
       if (t_use_begin(0, NULL, &r, 1, &w, 1) == 0) {
         assert_int_equal(d_copy(x, b, n, NULL), CUDA_SUCCESS);
+        t_record((void *)(uintptr_t)b, NULL); /* as ProcessGroupNCCL would: b's free declares a use on it */
         if (t_use_end(0, NULL, &r, 1, &w, 1) != 0) {
           redo->ends++;
           if (t_use_end(0, NULL, &r, 1, &w, 1) != 0) fail_msg("use_end called again: %s", t_error());
@@ -733,6 +787,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup(test_side_stream_prefetch_without_record_stream, setup),
       cmocka_unit_test_setup(test_frees_from_other_threads, setup),
       cmocka_unit_test_setup(test_a_pointer_reallocated_elsewhere_frees_the_new_block, setup),
+      cmocka_unit_test_setup(test_record_stream_orders_the_reuse, setup),
       cmocka_unit_test_setup(test_outside_capture_then_replays, setup),
       cmocka_unit_test_setup(test_legacy_frees_during_a_blocking_capture, setup),
       cmocka_unit_test_setup(test_a_tensor_from_before_the_capture_dies_inside_it, setup),
