@@ -53,6 +53,15 @@ static void count_capture(weft__capture_t *c, int delta) {
   atomic_fetch_add_explicit(&c->tr->captures, (unsigned)delta, memory_order_release);
 }
 
+/* The foreign capture with driver id `id` that a stream of tr takes part in, or NULL (lock held). */
+static weft__capture_t *foreign_by_id(weft__tracker_t *tr, uint64_t id) {
+  for (unsigned i = 0; i < tr->n && weft__tracker_lane_used(tr, i); i++) {
+    weft__capture_t *o = tr->streams[i].capture;
+    if (o != NULL && o->foreign && o->id == id) return o;
+  }
+  return NULL;
+}
+
 weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bool foreign, uint64_t id,
                                   weft_resource_t *alloc_to, weft__capture_t **out) {
   weft__tracker_t *tr = s->tr;
@@ -75,8 +84,13 @@ weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bo
   c->blocks = WEFT__VEC_INIT(weft__capture_block_t);
   lock(tr);
   wait_free(tr, s); /* host waits on s and its use enqueuing finish first */
+  weft__capture_t *joined = NULL;
   if (s->capture != NULL) {
     st = weft__error(WEFT_ERR_CAPTURE, "weft_capture_begin: stream %u already takes part in a capture", s->index);
+  } else if (foreign && (joined = foreign_by_id(tr, id)) != NULL) {
+    /* Forked onto s from a stream weft met the capture on already: the same capture. */
+    s->capture = joined;
+    joined->joined |= 1ull << s->index;
   } else if (!foreign) {
     /* The live pending event must be recorded before the stream starts capturing, or it would
      * be captured instead. */
@@ -86,14 +100,15 @@ weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bo
     bool active;
     if (st == WEFT_OK && weft__capture_probe(s, &active, &id) == WEFT_OK) c->id = id;
   }
-  if (st == WEFT_OK) {
+  if (st == WEFT_OK && joined == NULL) {
     s->capture = c;
     c->joined = 1ull << s->index;
     count_capture(c, +1);
   }
   unlock(tr);
-  if (st != WEFT_OK) {
+  if (st != WEFT_OK || joined != NULL) {
     weft__capture_free(c);
+    *out = NULL;
     return st;
   }
   *out = c;
@@ -201,25 +216,6 @@ bool weft__capture_foreign_of(weft_stream_t *s, uint64_t *id) {
   if (foreign) *id = c->id;
   unlock(s->tr);
   return foreign;
-}
-
-bool weft__capture_join_foreign(weft_stream_t *t, uint64_t id) {
-  weft__tracker_t *tr = t->tr;
-  lock(tr);
-  wait_free(tr, t); /* as weft__capture_join: host waits on t and its use enqueuing finish first */
-  weft__capture_t *c = t->capture;
-  bool joined = c != NULL && c->foreign && c->id == id;
-  for (unsigned i = 0; c == NULL && i < tr->n && weft__tracker_lane_used(tr, i); i++) {
-    weft__capture_t *o = tr->streams[i].capture;
-    if (o != NULL && o->foreign && o->id == id) {
-      t->capture = o;
-      o->joined |= 1ull << t->index;
-      joined = true;
-      break;
-    }
-  }
-  unlock(tr);
-  return joined;
 }
 
 weft__capture_t *weft__capture_foreign(weft_stream_t *s) {

@@ -418,7 +418,12 @@ unsigned weft__tracker_trace_tid(weft_stream_t *s);
 
 /** Begins a weft capture on s (cuStreamBeginCapture in `mode`), or adopts a foreign one already
  * active on s (`foreign`, with its driver id). s takes part; its later uses are captured, and
- * weft_alloc on it allocates from `alloc_to`.
+ * weft_alloc on it allocates from `alloc_to`. A foreign capture that another stream of s's
+ * runtime takes part in already (its owner forked it onto s: an event recorded on a capturing
+ * stream, waited for on s) is joined instead, in the same lock hold: one driver capture is one
+ * weft capture, whichever stream and thread weft met it on first; *out is then NULL. weft did not
+ * see the fork, so s knows nothing of the other streams' captured work: a use on s that
+ * conflicts with it waits for it inside the capture.
  * Errors: CAPTURE (s already takes part in a capture), DRIVER, HOST_OUT_OF_MEMORY. */
 weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bool foreign, uint64_t id,
                                   weft_resource_t *alloc_to, weft__capture_t **out);
@@ -434,13 +439,6 @@ weft_status_t weft__capture_join(weft_stream_t *origin, weft_stream_t *t);
 weft_status_t weft__capture_end(weft_stream_t *s, weft__capture_t **out, CUgraph *graph);
 /** Whether s takes part in a foreign capture (adopted by weft), and its driver id. */
 bool weft__capture_foreign_of(weft_stream_t *s, uint64_t *id);
-/** Makes t take part in the foreign capture with driver id `id` that another stream of t's
- * runtime takes part in already: code outside weft forked its capture onto t (an event recorded
- * on a capturing stream, waited for on t), and one driver capture is one weft capture, whichever
- * stream weft met it on first. weft did not see the fork, so t knows nothing of the other
- * streams' captured work: a use on t that conflicts with it waits for it inside the capture.
- * Returns whether t takes part in that capture now (false: no stream of the runtime does). */
-bool weft__capture_join_foreign(weft_stream_t *t, uint64_t id);
 /** Detaches the foreign capture with driver id `id` that s takes part in, which its owner ended
  * (no driver calls on the graph): every stream that took part leaves it. Gives it to the caller
  * to free; NULL when s has no such capture any more (another thread dropped it first). */

@@ -60,8 +60,6 @@ static weft_status_t sync_capture(weft_stream_t *s) {
     weft__capture_free(ended);
   }
   if (!active || weft__tracker_capture_of(s, NULL) != NULL) return WEFT_OK; /* nothing, or known */
-  /* Forked onto s from a stream weft met the capture on already: the same capture. */
-  if (weft__capture_join_foreign(s, id)) return WEFT_OK;
   weft__capture_t *nc;
   weft_runtime_t *rt = s->runtime;
   /* A foreign capture's mode is not visible; treat it as GLOBAL, the strictest. */
@@ -69,6 +67,7 @@ static weft_status_t sync_capture(weft_stream_t *s) {
   /* Another thread adopted it first. */
   if (st == WEFT_ERR_CAPTURE && weft__tracker_capture_of(s, NULL) != NULL) return WEFT_OK;
   if (st != WEFT_OK) return st;
+  if (nc == NULL) return WEFT_OK; /* forked onto s: s joined the capture another stream began */
   /* Its owner may say where weft_alloc inside it allocates (weft_set_capture_handler). */
   pthread_mutex_lock(&rt->blocks_lock);
   weft_capture_handler_t fn = rt->capture_handler;

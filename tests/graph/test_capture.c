@@ -3,6 +3,7 @@
  * the output policies; frees inside the capture; capture_run; housekeeping during a capture;
  * fault injection in capture and instantiation. Values are checked against a host model; on the
  * simulator the oracle must report no race. */
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -386,6 +387,90 @@ static void test_a_foreign_capture_forked_onto_a_second_stream(void **state) {
   assert_int_equal(tu_races(&env), 0);
 }
 
+/* The same fork seen by several threads at once: code outside weft forks its capture onto four
+ * pool streams, and four threads each allocate on their own stream at the same moment, so that
+ * weft meets the one driver capture on four streams concurrently. It must become one weft
+ * capture (the join happens in the same lock hold as the search, weft__capture_begin): every
+ * block is then usable on the origin stream, the capture ends and replays right. 20 rounds, and
+ * 8 threads' worth of contention under tsan. */
+#define FORKED 4
+typedef struct fork_arg {
+  weft_stream_t *s;
+  pthread_barrier_t *go;
+  weft_block_t b;
+  weft_status_t st;
+} fork_arg_t;
+
+static void *alloc_on_fork(void *p) {
+  fork_arg_t *a = p;
+  pthread_barrier_wait(a->go);
+  a->st = weft_alloc(env.rt, N * 4, a->s, "forked", &a->b);
+  return NULL;
+}
+
+static void test_threads_meet_one_forked_foreign_capture_at_once(void **state) {
+  (void)state;
+  const weft__driver_t *d;
+  assert_int_equal(weft__driver_get(&d), WEFT_OK);
+  weft_stream_t *s0 = tu_stream(&env, 0);
+  weft_block_t y = tu_alloc(&env, N * 4, 0, "y");
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  CUevent fork, join[FORKED];
+  assert_int_equal(d->cuEventCreate(&fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  for (int i = 0; i < FORKED; i++) assert_int_equal(d->cuEventCreate(&join[i], CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  CUstream raw0 = weft_stream_raw(s0);
+  for (unsigned round = 0; round < 20; round++) {
+    assert_int_equal(d->cuStreamBeginCapture(raw0, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(d->cuEventRecord(fork, raw0), CUDA_SUCCESS);
+    pthread_barrier_t go;
+    pthread_barrier_init(&go, NULL, FORKED);
+    fork_arg_t a[FORKED];
+    pthread_t th[FORKED];
+    for (int i = 0; i < FORKED; i++) {
+      weft_stream_t *si = tu_stream(&env, (unsigned)(i + 1));
+      assert_int_equal(d->cuStreamWaitEvent(weft_stream_raw(si), fork, 0), CUDA_SUCCESS);
+      a[i] = (fork_arg_t){si, &go, {0}, WEFT_OK};
+      assert_int_equal(pthread_create(&th[i], NULL, alloc_on_fork, &a[i]), 0);
+    }
+    for (int i = 0; i < FORKED; i++) assert_int_equal(pthread_join(th[i], NULL), 0);
+    pthread_barrier_destroy(&go);
+    for (int i = 0; i < FORKED; i++) {
+      if (a[i].st != WEFT_OK) fail_msg("round %u: weft_alloc on forked stream %d: %s", round, i + 1, weft_status_name(a[i].st));
+      assert_int_equal(tu_fill(&env, a[i].s, a[i].b, N, (unsigned)(10 * round + i)), WEFT_OK);
+    }
+    /* On the origin: every forked stream's block is the capture's own block there too. */
+    for (int i = 0; i < FORKED; i++) {
+      assert_int_equal(tu_combine(&env, s0, y, none, a[i].b, none, none, N, (unsigned)i), WEFT_OK);
+      assert_int_equal(weft_free(a[i].b, s0), WEFT_OK);
+    }
+    for (int i = 0; i < FORKED; i++) {
+      CUstream ri = weft_stream_raw(tu_stream(&env, (unsigned)(i + 1)));
+      assert_int_equal(d->cuEventRecord(join[i], ri), CUDA_SUCCESS);
+      assert_int_equal(d->cuStreamWaitEvent(raw0, join[i], 0), CUDA_SUCCESS);
+    }
+    CUgraph g;
+    assert_int_equal(d->cuStreamEndCapture(raw0, &g), CUDA_SUCCESS);
+    CUgraphExec ge;
+    assert_int_equal(d->cuGraphInstantiateWithFlags(&ge, g, 0), CUDA_SUCCESS);
+    int capturing = 1;
+    assert_int_equal(weft_stream_is_capturing(s0, &capturing), WEFT_OK); /* weft notices the end */
+    assert_int_equal(capturing, 0);
+    assert_int_equal(d->cuGraphLaunch(ge, raw0), CUDA_SUCCESS);
+    assert_int_equal(d->cuStreamSynchronize(raw0), CUDA_SUCCESS);
+    unsigned got[N];
+    read_all(y, got);
+    unsigned want = 3 + 7u * (10 * round + 3); /* the last combine: y = i + 7 t_i with i = 3 */
+    for (unsigned k = 0; k < N; k++) assert_int_equal(got[k], want);
+    assert_int_equal(d->cuGraphExecDestroy(ge), CUDA_SUCCESS);
+    assert_int_equal(d->cuGraphDestroy(g), CUDA_SUCCESS);
+  }
+  for (int i = 0; i < FORKED; i++) assert_int_equal(d->cuEventDestroy(join[i]), CUDA_SUCCESS);
+  assert_int_equal(d->cuEventDestroy(fork), CUDA_SUCCESS);
+  assert_int_equal(weft_free(y, s0), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  assert_int_equal(tu_races(&env), 0);
+}
+
 /* Faults injected inside the capture and at instantiation (simulator only): clear errors, the
  * capture is always ended, nothing leaks. */
 static void test_faults_in_capture_and_instantiate(void **state) {
@@ -464,6 +549,7 @@ int main(void) {
       cmocka_unit_test(test_eager_memory_churn_does_not_break_a_global_capture),
       cmocka_unit_test(test_foreign_capture_works),
       cmocka_unit_test(test_a_foreign_capture_forked_onto_a_second_stream),
+      cmocka_unit_test(test_threads_meet_one_forked_foreign_capture_at_once),
       cmocka_unit_test(test_faults_in_capture_and_instantiate),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
