@@ -391,8 +391,8 @@ static void test_a_foreign_capture_forked_onto_a_second_stream(void **state) {
  * pool streams, and four threads each allocate on their own stream at the same moment, so that
  * weft meets the one driver capture on four streams concurrently. It must become one weft
  * capture (the join happens in the same lock hold as the search, weft__capture_begin): every
- * block is then usable on the origin stream, the capture ends and replays right. 20 rounds, and
- * 8 threads' worth of contention under tsan. */
+ * block is then usable on the origin stream, the capture ends and replays right. 20 rounds (also
+ * under asan and tsan, tools/test.sh). */
 #define FORKED 4
 typedef struct fork_arg {
   weft_stream_t *s;
