@@ -67,8 +67,9 @@ static weft_status_t sync_capture(weft_stream_t *s) {
   /* Another thread adopted it first. */
   if (st == WEFT_ERR_CAPTURE && weft__tracker_capture_of(s, NULL) != NULL) return WEFT_OK;
   if (st != WEFT_OK) return st;
-  if (nc == NULL) return WEFT_OK; /* forked onto s: s joined the capture another stream began */
-  /* Its owner may say where weft_alloc inside it allocates (weft_set_capture_handler). */
+  /* Its owner may say where weft_alloc inside it allocates (weft_set_capture_handler); also on a
+   * stream it was forked onto (nc NULL: s joined the capture another stream began), before
+   * anything is allocated on s, whichever thread's handler runs first. */
   pthread_mutex_lock(&rt->blocks_lock);
   weft_capture_handler_t fn = rt->capture_handler;
   void *user = rt->capture_user;

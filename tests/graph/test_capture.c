@@ -471,6 +471,68 @@ static void test_threads_meet_one_forked_foreign_capture_at_once(void **state) {
   assert_int_equal(tu_races(&env), 0);
 }
 
+/* The capture handler (weft_set_capture_handler) runs on every stream weft meets a capture from
+ * outside on, the streams it was forked onto included, before anything is allocated there: so a
+ * thread that allocates on a forked stream first, while another thread met the capture first on
+ * another stream, still allocates from the pool the handler chooses. Both streams' blocks come
+ * from the handler's graph pool. */
+typedef struct handler_seen {
+  weft_graph_pool_t *pool;
+  unsigned calls;
+  uint64_t ids[4];
+} handler_seen_t;
+
+static weft_status_t to_pool(weft_stream_t *s, uint64_t id, void *user) {
+  handler_seen_t *h = user;
+  if (h->calls < 4) h->ids[h->calls] = id;
+  h->calls++;
+  return weft_capture_allocate_to(s, h->pool);
+}
+
+static void test_a_forked_foreign_capture_calls_the_handler_on_each_stream(void **state) {
+  (void)state;
+  const weft__driver_t *d;
+  assert_int_equal(weft__driver_get(&d), WEFT_OK);
+  weft_stream_t *s0 = tu_stream(&env, 0), *s1 = tu_stream(&env, 1);
+  handler_seen_t h = {0};
+  assert_int_equal(weft_graph_pool_create(env.rt, &h.pool), WEFT_OK);
+  assert_int_equal(weft_set_capture_handler(env.rt, to_pool, &h), WEFT_OK);
+  CUstream raw0 = weft_stream_raw(s0), raw1 = weft_stream_raw(s1);
+  CUevent fork, join;
+  assert_int_equal(d->cuEventCreate(&fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  assert_int_equal(d->cuEventCreate(&join, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  assert_int_equal(d->cuStreamBeginCapture(raw0, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(d->cuEventRecord(fork, raw0), CUDA_SUCCESS);
+  assert_int_equal(d->cuStreamWaitEvent(raw1, fork, 0), CUDA_SUCCESS);
+  weft_block_t a, b;
+  assert_int_equal(weft_alloc(env.rt, N * 4, s0, "a", &a), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, N * 4, s1, "b", &b), WEFT_OK);
+  assert_int_equal(h.calls, 2); /* s0, then s1, which joined s0's capture */
+  assert_true(h.ids[0] == h.ids[1] && h.ids[0] != 0);
+  CUdeviceptr pa, pb;
+  assert_int_equal(weft_block_ptr(a, &pa), WEFT_OK);
+  assert_int_equal(weft_block_ptr(b, &pb), WEFT_OK);
+  assert_true(weft_graph_pool_owns(h.pool, pa) && weft_graph_pool_owns(h.pool, pb));
+  assert_int_equal(tu_fill(&env, s1, b, N, 3), WEFT_OK);
+  assert_int_equal(tu_combine(&env, s0, a, none, b, none, none, N, 1), WEFT_OK); /* b from s1, on s0 */
+  assert_int_equal(weft_free(b, s0), WEFT_OK);
+  assert_int_equal(weft_free(a, s0), WEFT_OK);
+  assert_int_equal(d->cuEventRecord(join, raw1), CUDA_SUCCESS);
+  assert_int_equal(d->cuStreamWaitEvent(raw0, join, 0), CUDA_SUCCESS);
+  CUgraph g;
+  assert_int_equal(d->cuStreamEndCapture(raw0, &g), CUDA_SUCCESS);
+  int capturing = 1;
+  assert_int_equal(weft_stream_is_capturing(s1, &capturing), WEFT_OK); /* weft notices the end */
+  assert_int_equal(capturing, 0);
+  assert_int_equal(d->cuGraphDestroy(g), CUDA_SUCCESS);
+  assert_int_equal(weft_set_capture_handler(env.rt, NULL, NULL), WEFT_OK);
+  assert_int_equal(weft_graph_pool_destroy(h.pool), WEFT_OK);
+  assert_int_equal(d->cuEventDestroy(fork), CUDA_SUCCESS);
+  assert_int_equal(d->cuEventDestroy(join), CUDA_SUCCESS);
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  assert_int_equal(tu_races(&env), 0);
+}
+
 /* Faults injected inside the capture and at instantiation (simulator only): clear errors, the
  * capture is always ended, nothing leaks. */
 static void test_faults_in_capture_and_instantiate(void **state) {
@@ -550,6 +612,7 @@ int main(void) {
       cmocka_unit_test(test_foreign_capture_works),
       cmocka_unit_test(test_a_foreign_capture_forked_onto_a_second_stream),
       cmocka_unit_test(test_threads_meet_one_forked_foreign_capture_at_once),
+      cmocka_unit_test(test_a_forked_foreign_capture_calls_the_handler_on_each_stream),
       cmocka_unit_test(test_faults_in_capture_and_instantiate),
   };
   return cmocka_run_group_tests(tests, setup, teardown);

@@ -631,9 +631,6 @@ static void test_a_tensor_from_before_the_capture_dies_inside_it(void **state) {
   assert_int_equal(d_stream_destroy(cs), CUDA_SUCCESS);
 }
 
-/* The adapter's runtime keeps nothing cached in the driver's pool and takes 16 MiB chunks (what
- * held device memory within 1.1x of PyTorch's allocator on the example, H100) and gives the
- * device's lanes to adopted streams, unless the environment says otherwise. */
 /* What failed under a fault: frees the adapter keeps to make again itself (weft_torch.h), and
  * use_ends (weft.h: a failed call changed nothing, so the caller may call it again). */
 typedef struct redo {
@@ -761,6 +758,9 @@ static void test_faults_at_every_call_leave_nothing_half_done(void **state) {
   assert_int_equal(d_stream_destroy(side), CUDA_SUCCESS);
 }
 
+/* The adapter's runtime keeps nothing cached in the driver's pool and takes 16 MiB chunks (what
+ * held device memory within 1.1x of PyTorch's allocator on the example, H100) and gives the
+ * device's lanes to adopted streams, unless the environment says otherwise. */
 static void test_adapter_defaults(void **state) {
   (void)state;
   void *p = t_alloc(4096, 0, NULL); /* the runtime exists */
