@@ -324,6 +324,25 @@ static void test_foreign_capture_works(void **state) {
   assert_int_equal(weft_free(y, tu_stream(&env, 0)), WEFT_OK);
 }
 
+/* Code outside weft: begins a GLOBAL capture on raw0 and forks it onto raw1 (an event recorded on
+ * raw0, waited for on raw1), with events of its own (*fork, *join; outside_rejoin ends them). */
+static void outside_fork(const weft__driver_t *d, CUstream raw0, CUstream raw1, CUevent *fork, CUevent *join) {
+  assert_int_equal(d->cuEventCreate(fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  assert_int_equal(d->cuEventCreate(join, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+  assert_int_equal(d->cuStreamBeginCapture(raw0, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(d->cuEventRecord(*fork, raw0), CUDA_SUCCESS);
+  assert_int_equal(d->cuStreamWaitEvent(raw1, *fork, 0), CUDA_SUCCESS); /* raw1 joins the capture */
+}
+
+/* The same code rejoins raw1 to raw0 and ends the capture (*g: its graph), then drops its events. */
+static void outside_rejoin(const weft__driver_t *d, CUstream raw0, CUstream raw1, CUevent fork, CUevent join, CUgraph *g) {
+  assert_int_equal(d->cuEventRecord(join, raw1), CUDA_SUCCESS);
+  assert_int_equal(d->cuStreamWaitEvent(raw0, join, 0), CUDA_SUCCESS);
+  assert_int_equal(d->cuStreamEndCapture(raw0, g), CUDA_SUCCESS);
+  assert_int_equal(d->cuEventDestroy(fork), CUDA_SUCCESS);
+  assert_int_equal(d->cuEventDestroy(join), CUDA_SUCCESS);
+}
+
 /* Code outside weft begins a capture on one stream and forks it onto a second (an event recorded
  * on the capturing stream, waited for on the other), as a framework's multi-stream capture does
  * (PyTorch: s1.wait_stream(s0) inside torch.cuda.graph). weft meets the capture first on the
@@ -340,11 +359,7 @@ static void test_a_foreign_capture_forked_onto_a_second_stream(void **state) {
   assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
   CUstream raw0 = weft_stream_raw(s0), raw1 = weft_stream_raw(s1);
   CUevent fork, join;
-  assert_int_equal(d->cuEventCreate(&fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
-  assert_int_equal(d->cuEventCreate(&join, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
-  assert_int_equal(d->cuStreamBeginCapture(raw0, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  assert_int_equal(d->cuEventRecord(fork, raw0), CUDA_SUCCESS);
-  assert_int_equal(d->cuStreamWaitEvent(raw1, fork, 0), CUDA_SUCCESS); /* s1 joins the capture */
+  outside_fork(d, raw0, raw1, &fork, &join);
   weft_block_t t;
   assert_int_equal(weft_alloc(env.rt, N * 4, s1, "t", &t), WEFT_OK); /* weft meets the capture on s1 first */
   assert_int_equal(tu_combine(&env, s1, t, none, x, none, none, N, 1), WEFT_OK);
@@ -354,10 +369,8 @@ static void test_a_foreign_capture_forked_onto_a_second_stream(void **state) {
   /* On s0: t, allocated inside on s1, is the capture's own block here too. */
   assert_int_equal(tu_combine(&env, s0, y, none, t, none, none, N, 2), WEFT_OK);
   assert_int_equal(weft_free(t, s0), WEFT_OK);
-  assert_int_equal(d->cuEventRecord(join, raw1), CUDA_SUCCESS);
-  assert_int_equal(d->cuStreamWaitEvent(raw0, join, 0), CUDA_SUCCESS); /* the owner rejoins s1 */
   CUgraph g;
-  assert_int_equal(d->cuStreamEndCapture(raw0, &g), CUDA_SUCCESS);
+  outside_rejoin(d, raw0, raw1, fork, join, &g);
   /* weft notices the end on s1, which joined the capture: both streams leave it. */
   assert_int_equal(weft_stream_is_capturing(s1, &capturing), WEFT_OK);
   assert_int_equal(capturing, 0);
@@ -379,8 +392,6 @@ static void test_a_foreign_capture_forked_onto_a_second_stream(void **state) {
   assert_int_equal(weft_block_ptr(t, &p), WEFT_ERR_STALE_HANDLE);
   assert_int_equal(d->cuGraphExecDestroy(ge), CUDA_SUCCESS);
   assert_int_equal(d->cuGraphDestroy(g), CUDA_SUCCESS);
-  assert_int_equal(d->cuEventDestroy(fork), CUDA_SUCCESS);
-  assert_int_equal(d->cuEventDestroy(join), CUDA_SUCCESS);
   assert_int_equal(weft_free(x, s0), WEFT_OK);
   assert_int_equal(weft_free(y, s0), WEFT_OK);
   assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
@@ -499,11 +510,7 @@ static void test_a_forked_foreign_capture_calls_the_handler_on_each_stream(void 
   assert_int_equal(weft_set_capture_handler(env.rt, to_pool, &h), WEFT_OK);
   CUstream raw0 = weft_stream_raw(s0), raw1 = weft_stream_raw(s1);
   CUevent fork, join;
-  assert_int_equal(d->cuEventCreate(&fork, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
-  assert_int_equal(d->cuEventCreate(&join, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
-  assert_int_equal(d->cuStreamBeginCapture(raw0, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  assert_int_equal(d->cuEventRecord(fork, raw0), CUDA_SUCCESS);
-  assert_int_equal(d->cuStreamWaitEvent(raw1, fork, 0), CUDA_SUCCESS);
+  outside_fork(d, raw0, raw1, &fork, &join);
   weft_block_t a, b;
   assert_int_equal(weft_alloc(env.rt, N * 4, s0, "a", &a), WEFT_OK);
   assert_int_equal(weft_alloc(env.rt, N * 4, s1, "b", &b), WEFT_OK);
@@ -517,18 +524,14 @@ static void test_a_forked_foreign_capture_calls_the_handler_on_each_stream(void 
   assert_int_equal(tu_combine(&env, s0, a, none, b, none, none, N, 1), WEFT_OK); /* b from s1, on s0 */
   assert_int_equal(weft_free(b, s0), WEFT_OK);
   assert_int_equal(weft_free(a, s0), WEFT_OK);
-  assert_int_equal(d->cuEventRecord(join, raw1), CUDA_SUCCESS);
-  assert_int_equal(d->cuStreamWaitEvent(raw0, join, 0), CUDA_SUCCESS);
   CUgraph g;
-  assert_int_equal(d->cuStreamEndCapture(raw0, &g), CUDA_SUCCESS);
+  outside_rejoin(d, raw0, raw1, fork, join, &g);
   int capturing = 1;
   assert_int_equal(weft_stream_is_capturing(s1, &capturing), WEFT_OK); /* weft notices the end */
   assert_int_equal(capturing, 0);
   assert_int_equal(d->cuGraphDestroy(g), CUDA_SUCCESS);
   assert_int_equal(weft_set_capture_handler(env.rt, NULL, NULL), WEFT_OK);
   assert_int_equal(weft_graph_pool_destroy(h.pool), WEFT_OK);
-  assert_int_equal(d->cuEventDestroy(fork), CUDA_SUCCESS);
-  assert_int_equal(d->cuEventDestroy(join), CUDA_SUCCESS);
   assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
   assert_int_equal(tu_races(&env), 0);
 }
