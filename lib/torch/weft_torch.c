@@ -301,7 +301,7 @@ static void flush_kept(weft_runtime_t *rt, device_t *d) {
  * PyTorch's C++ frames, which Python sees as RuntimeError, as RMM's PyTorch allocator throws: the
  * exception is made with the C++ runtime's ABI (__cxa_allocate_exception, the runtime_error
  * constructor, __cxa_throw) found in the libstdc++ PyTorch loaded. The frames it leaves hold
- * nothing to clean up (no lock, no memory) and have unwind tables (-fexceptions, BUILD). Where
+ * nothing to clean up (no lock, no memory) and have unwind tables (BUILD). Where
  * PyTorch (libc10.so) or libstdc++ is not loaded, a C program, it returns and alloc gives NULL. */
 static void raise_in_pytorch(const char *msg) {
   void *c10 = dlopen("libc10.so", RTLD_LAZY | RTLD_NOLOAD);
