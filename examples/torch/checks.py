@@ -1,4 +1,4 @@
-"""weft as PyTorch's allocator in three shapes that broke it before (each first a failing test on
+"""weft as PyTorch's allocator in the shapes that broke it before (each first a failing test on
 the simulator, tests/torch):
   1. torch.cuda.graph where a tensor made before the capture dies inside it (`x = f(x)` with x
      from the warm-up): PyTorch frees it on the capturing stream; weft keeps that free until the
@@ -14,7 +14,9 @@ the simulator, tests/torch):
   5. tensor.record_stream(s) (what ProcessGroupNCCL does for every collective): a side stream
      still reading x (behind a 20 ms spin) when x dies on the default stream, whose next tensor of
      the same size gets x's memory and is overwritten at once: the side stream must read x's
-     values, so the free waits for the recorded stream's work.
+     values, so the free waits for the recorded stream's work;
+  6. torch.cuda.empty_cache(): weft gives back what it holds beyond live tensors (PyTorch's reset
+     hook, unset before: empty_cache did nothing with weft's allocator).
 Checks, with real PyTorch on a GPU: the captures end valid and replay right, no allocation or free
 failed, the kept free was made after the capture, no byte of it stays live, and the impossible
 allocation raises and leaves the device usable. Exits 1 when a check fails.
@@ -165,6 +167,16 @@ def main():
     check("the recorded stream read x before its memory was reused (y = %g, want 10)" % y5[0].item(),
           bool(torch.all(y5 == 10.0).item()))
     del y5, z5
+
+    # 6. torch.cuda.empty_cache().
+    check("PyTorch's reset hook is set (weft.empty_cache_hooked)", weft.empty_cache_hooked)
+    big = [torch.empty(6 << 20, dtype=torch.uint8, device=dev) for _ in range(8)]
+    del big
+    torch.cuda.synchronize()
+    r6 = weft.stats()["reserved_bytes"]
+    torch.cuda.empty_cache()
+    r7 = weft.stats()["reserved_bytes"]
+    check("empty_cache gave memory back (reserved %d -> %d bytes)" % (r6, r7), r7 < r6)
     print("checks: %s" % ("FAILED: " + "; ".join(fails) if fails else "all checks passed"))
     return 1 if fails else 0
 

@@ -572,6 +572,24 @@ int weft_torch_stats(int device, char *buf, size_t len) {
   return (size_t)n >= len ? (int)len - 1 : n;
 }
 
+void weft_torch_empty_cache(void) {
+  for (int device = 0; device < MAX_DEVICES; device++) {
+    device_t *d = &devices[device];
+    weft_runtime_t *rt = atomic_load_explicit(&d->rt, memory_order_acquire);
+    if (rt == NULL) continue;
+    ctx_scope_t sc = ctx_enter(device);
+    flush_kept(rt, d);
+    weft_status_t st = weft_runtime_trim(rt); /* the streams' caches, then the pool's idle chunks */
+    ctx_leave(sc);
+    /* A capture under way keeps what it may see: nothing to report (PyTorch's own empty_cache
+     * skips what a capture uses too). */
+    if (st != WEFT_OK && st != WEFT_ERR_CAPTURE) {
+      fail(st, "weft_torch: empty_cache on device %d: %s", device, weft_last_error());
+      if (atomic_fetch_add(&reported, 1) < 10) fprintf(stderr, "%s\n", last_error);
+    }
+  }
+}
+
 int weft_torch_release_graph_pools(int device) {
   if (device < 0 || device >= MAX_DEVICES) return 0;
   device_t *d = &devices[device];

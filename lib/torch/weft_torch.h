@@ -75,6 +75,11 @@ WEFT_TORCH_API int weft_torch_use_end(int device, CUstream stream, const uint64_
  * failures). Returns the bytes written (without
  * the NUL; truncated to len - 1), or -1 when the device has no runtime yet. */
 WEFT_TORCH_API int weft_torch_stats(int device, char *buf, size_t len);
+/** torch.cuda.empty_cache() (PyTorch's reset hook; weft_torch.py sets it where Python can): every
+ * device's runtime gives back what it holds beyond live tensors (weft_runtime_trim: the streams'
+ * caches, then the pool's idle chunks; the kept frees are made first). Live tensors and graph
+ * pools keep their memory; a stream taking part in a capture keeps its cache. */
+WEFT_TORCH_API void weft_torch_empty_cache(void);
 /** Destroys the graph pools of captures that have ended (call once their graphs are gone:
  * torch.cuda.CUDAGraph.reset() or deleted). Returns how many were destroyed. */
 WEFT_TORCH_API int weft_torch_release_graph_pools(int device);

@@ -21,6 +21,7 @@ import os
 
 _lib = None
 record_stream_hooked = False  # install() set PyTorch's record_stream hook (weft_torch_record_stream)
+empty_cache_hooked = False  # install() set PyTorch's reset hook (torch.cuda.empty_cache: weft_torch_empty_cache)
 
 
 def library_path(path=None):
@@ -66,6 +67,13 @@ def install(path=None):
     if setter is not None and hook is not None:
         setter(ctypes.cast(hook, ctypes.c_void_p).value)
         record_stream_hooked = True
+    # torch.cuda.empty_cache(): weft gives back what it holds beyond live tensors.
+    global empty_cache_hooked
+    setter = getattr(alloc.allocator(), "set_reset_fn", None)
+    hook = getattr(_load(p), "weft_torch_empty_cache", None)
+    if setter is not None and hook is not None:
+        setter(ctypes.cast(hook, ctypes.c_void_p).value)
+        empty_cache_hooked = True
     torch.cuda.memory.change_current_allocator(alloc)
     _load(p)  # the same library (dlopen gives PyTorch's handle back): the same state
     return p

@@ -38,6 +38,7 @@ static int (*t_use_end)(int, CUstream, const uint64_t *, size_t, const uint64_t 
 static int (*t_stats)(int, char *, size_t);
 static int (*t_release)(int);
 static void (*t_record)(void *, CUstream);
+static void (*t_empty)(void);
 static const char *(*t_error)(void);
 static void *(*t_symbol)(const char *);
 static const weft_sim_api_t *sim;
@@ -83,6 +84,7 @@ static void load(void) {
   SYM(t_release, lib, "weft_torch_release_graph_pools");
   SYM(t_error, lib, "weft_torch_last_error");
   SYM(t_record, lib, "weft_torch_record_stream");
+  SYM(t_empty, lib, "weft_torch_empty_cache");
   /* PyTorch's CUDA runtime makes device 0's primary context current on this thread before its
    * first allocation; the adapter leaves the current context as it found it. */
   CUresult (*init)(unsigned);
@@ -758,6 +760,42 @@ static void test_faults_at_every_call_leave_nothing_half_done(void **state) {
   assert_int_equal(d_stream_destroy(side), CUDA_SUCCESS);
 }
 
+/* torch.cuda.empty_cache() (PyTorch's reset hook, weft_torch_empty_cache): what the device's
+ * runtime holds beyond live tensors goes back to the driver, the streams' caches and the pool's
+ * idle chunks; live tensors keep their memory and values. */
+static void test_empty_cache_gives_back_what_is_not_live(void **state) {
+  (void)state;
+  const size_t big = (size_t)6 << 20, small = 4096; /* shared 16 MiB chunks (the adapter's pool_chunk_bytes) */
+  /* Streams earlier cases destroyed (against weft_stream_adopt's rule, which PyTorch's pooled
+   * streams keep) may hold cached blocks no trim can give back: they are counted before. */
+  uint64_t cached0 = stat_of("cached_bytes");
+  CUstream side = new_stream();
+  CUdeviceptr keep = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)small, 0, side);
+  assert_true(keep != 0);
+  assert_int_equal(d_memset(keep, 42, small / 4, side), CUDA_SUCCESS);
+  CUdeviceptr p[4];
+  for (int i = 0; i < 4; i++) {
+    p[i] = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)big, 0, i % 2 ? side : NULL);
+    assert_true(p[i] != 0);
+  }
+  for (int i = 0; i < 4; i++) t_free((void *)(uintptr_t)p[i], (ssize_t)big, 0, i % 2 ? side : NULL);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  uint64_t held = stat_of("reserved_bytes");
+  printf("reserved: %llu bytes before empty_cache\n", (unsigned long long)held);
+  assert_true(held >= (uint64_t)32 << 20); /* premise: the freed memory is still held (cached or idle chunks) */
+  t_empty();
+  uint64_t after = stat_of("reserved_bytes");
+  printf("reserved: %llu bytes after\n", (unsigned long long)after);
+  if (after + ((uint64_t)16 << 20) > held) /* at least the chunks that hold no live tensor */
+    fail_msg("reserved %llu bytes after empty_cache, %llu before", (unsigned long long)after, (unsigned long long)held);
+  assert_true(stat_of("cached_bytes") <= cached0); /* this case's streams cache nothing now */
+  assert_int_equal(word(keep), 42u); /* a live tensor keeps its memory */
+  t_free((void *)(uintptr_t)keep, (ssize_t)small, 0, side);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  check_races();
+  assert_int_equal(d_stream_destroy(side), CUDA_SUCCESS);
+}
+
 /* The adapter's runtime keeps nothing cached in the driver's pool and takes 16 MiB chunks (what
  * held device memory within 1.1x of PyTorch's allocator on the example, H100) and gives the
  * device's lanes to adopted streams, unless the environment says otherwise. */
@@ -793,6 +831,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup(test_a_tensor_from_before_the_capture_dies_inside_it, setup),
       cmocka_unit_test_setup(test_a_capture_forked_onto_a_second_stream, setup),
       cmocka_unit_test_setup(test_faults_at_every_call_leave_nothing_half_done, setup),
+      cmocka_unit_test_setup(test_empty_cache_gives_back_what_is_not_live, setup),
       cmocka_unit_test_setup(test_calls_for_another_device_leave_the_current_context, setup),
       cmocka_unit_test_setup(test_adapter_defaults, setup),
   };
