@@ -94,7 +94,51 @@ static void hrehash(size_t cap) {
   free(old);
 }
 
+/* ---- destroyed handles: the addresses of removed objects, until a new object takes one ----
+ * A use of one is answered INVALID_HANDLE, as an unknown handle, and counted
+ * (stats.destroyed_handle_uses): the real driver may crash there. */
+static void **g_dead;
+static size_t g_dcap, g_dused;
+
+static size_t dfind(const void *obj) {
+  if (g_dcap == 0 || obj == NULL) return SIZE_MAX;
+  size_t j = hslot(obj, g_dcap);
+  while (g_dead[j] != NULL) {
+    if (g_dead[j] == obj) return j;
+    j = (j + 1) & (g_dcap - 1);
+  }
+  return SIZE_MAX;
+}
+
+static void dead_add(void *obj) {
+  if ((g_dused + 1) * 2 > g_dcap) { /* rebuilt without tombstones, doubled when half full of live ones */
+    void **old = g_dead;
+    size_t oldcap = g_dcap, live = 0;
+    for (size_t i = 0; i < oldcap; i++) live += old[i] != NULL && old[i] != TOMB;
+    size_t cap = oldcap ? oldcap : 256;
+    while ((live + 1) * 2 > cap) cap *= 2;
+    g_dead = sim__xcalloc(cap, sizeof *g_dead);
+    g_dcap = cap;
+    g_dused = 0;
+    for (size_t i = 0; i < oldcap; i++) {
+      if (old[i] == NULL || old[i] == TOMB) continue;
+      size_t j = hslot(old[i], cap);
+      while (g_dead[j] != NULL) j = (j + 1) & (cap - 1);
+      g_dead[j] = old[i];
+      g_dused++;
+    }
+    free(old);
+  }
+  if (dfind(obj) != SIZE_MAX) return;
+  size_t j = hslot(obj, g_dcap);
+  while (g_dead[j] != NULL && g_dead[j] != TOMB) j = (j + 1) & (g_dcap - 1);
+  if (g_dead[j] == NULL) g_dused++;
+  g_dead[j] = obj;
+}
+
 void sim__handle_add(void *obj) {
+  size_t dj = dfind(obj); /* a new object at a destroyed one's address */
+  if (dj != SIZE_MAX) g_dead[dj] = TOMB;
   if ((g_hused + 1) * 2 > g_hcap) hrehash(g_hcap ? g_hcap * 2 : 256);
   size_t j = hslot(obj, g_hcap);
   while (g_handles[j] != NULL && g_handles[j] != TOMB) j = (j + 1) & (g_hcap - 1);
@@ -115,10 +159,15 @@ static size_t hfind(const void *obj) {
 void sim__handle_remove(void *obj) {
   size_t j = hfind(obj);
   if (j != SIZE_MAX) g_handles[j] = TOMB;
+  if (j != SIZE_MAX) dead_add(obj);
 }
 
 void *sim__handle_get(const void *obj, uint32_t magic) {
-  if (hfind(obj) == SIZE_MAX) return NULL;
+  if (hfind(obj) == SIZE_MAX) {
+    if (dfind(obj) != SIZE_MAX && sim.stats.destroyed_handle_uses++ < 10)
+      fprintf(stderr, "weft-sim: a handle was used after its destroy (%p): the real driver may crash here\n", obj);
+    return NULL;
+  }
   return *(const uint32_t *)obj == magic ? (void *)obj : NULL;
 }
 

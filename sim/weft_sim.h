@@ -83,6 +83,9 @@ typedef struct weft_sim_stats {
   uint64_t races;           /**< races found so far (same as race_count()) */
   uint64_t bytes_in_use;    /**< device bytes allocated now (all kinds) */
   uint64_t faults_injected; /**< calls failed by fault injection */
+  /** uses of a handle after its destroy (answered INVALID_HANDLE; the real driver may crash
+   * there): each printed to stderr (the first 10), for tests to check as they check races */
+  uint64_t destroyed_handle_uses;
 } weft_sim_stats_t;
 
 typedef struct weft_sim_api {

@@ -82,6 +82,35 @@ static void test_stream_flags_priorities_and_ids(void **state) {
   CU_IS(CUDA_ERROR_INVALID_HANDLE, cuStreamDestroy(b));
 }
 
+/* A stream used after cuStreamDestroy: the real driver may crash there (an H100 did, in
+ * cuMemFreeAsync on a destroyed stream, bench/data/h100x2-9894ad9), so the simulator answers
+ * INVALID_HANDLE and counts the use (stats.destroyed_handle_uses, printed), for tests to catch;
+ * a new stream later made at the same address is not counted. */
+static void test_a_destroyed_stream_used_again_is_counted(void **state) {
+  (void)state;
+  weft_sim_stats_t s0, s1;
+  api->stats(&s0);
+  CUstream a;
+  CU_OK(cuStreamCreateWithPriority(&a, CU_STREAM_NON_BLOCKING, 0));
+  CU_OK(cuStreamSynchronize(a));
+  CU_OK(cuStreamDestroy(a));
+  assert_int_equal(cuStreamSynchronize(a), CUDA_ERROR_INVALID_HANDLE);
+  assert_int_equal(cuStreamQuery(a), CUDA_ERROR_INVALID_HANDLE);
+  api->stats(&s1);
+  assert_int_equal(s1.destroyed_handle_uses - s0.destroyed_handle_uses, 2);
+  /* Handles never made are not counted as destroyed ones. */
+  assert_int_equal(cuStreamQuery((CUstream)(uintptr_t)0x1234560), CUDA_ERROR_INVALID_HANDLE);
+  api->stats(&s0);
+  assert_int_equal(s0.destroyed_handle_uses, s1.destroyed_handle_uses);
+  /* Streams made afterwards (one may get the old address back) work and count nothing. */
+  CUstream b[8];
+  for (int i = 0; i < 8; i++) CU_OK(cuStreamCreateWithPriority(&b[i], CU_STREAM_NON_BLOCKING, 0));
+  for (int i = 0; i < 8; i++) CU_OK(cuStreamSynchronize(b[i]));
+  for (int i = 0; i < 8; i++) CU_OK(cuStreamDestroy(b[i]));
+  api->stats(&s1);
+  assert_int_equal(s1.destroyed_handle_uses, s0.destroyed_handle_uses);
+}
+
 static void test_query_is_not_ready_until_the_work_ran(void **state) {
   (void)state;
   CUdeviceptr flag;
@@ -263,6 +292,7 @@ int main(void) {
       cmocka_unit_test(test_device_reports_an_h100_like_device),
       cmocka_unit_test(test_error_names_and_strings),
       cmocka_unit_test(test_stream_flags_priorities_and_ids),
+      cmocka_unit_test(test_a_destroyed_stream_used_again_is_counted),
       cmocka_unit_test(test_query_is_not_ready_until_the_work_ran),
       cmocka_unit_test(test_sync_that_can_never_complete_fails_instead_of_hanging),
       cmocka_unit_test(test_wait_value_conditions),

@@ -157,6 +157,9 @@ static void check_races(void) {
   if (sim == NULL) return;
   if (sim->race_count() != 0) sim->print_report();
   assert_int_equal(sim->race_count(), 0);
+  weft_sim_stats_t st;
+  sim->stats(&st);
+  assert_int_equal(st.destroyed_handle_uses, 0); /* no driver call on a stream or event after its destroy */
 }
 
 #define MB (1u << 20)

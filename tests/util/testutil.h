@@ -20,7 +20,9 @@ typedef struct tu_env {
 int tu_init(tu_env_t *env, const weft_options_t *opts);
 /** Releases the runtime and unloads the module. */
 void tu_fini(tu_env_t *env);
-/** Races the simulator's oracle has reported (0 on a GPU, where correctness is checked by data). */
+/** Races the simulator's oracle has reported, plus driver calls on destroyed handles (the real
+ * driver may crash there; weft_sim_stats_t.destroyed_handle_uses, never reset); 0 on a GPU, where
+ * correctness is checked by data. */
 uint64_t tu_races(const tu_env_t *env);
 /** Prints the simulator's race report (no-op on a GPU). */
 void tu_print_races(const tu_env_t *env);
