@@ -7,6 +7,7 @@
  */
 #include <inttypes.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,11 +65,17 @@ CUresult sim__unimplemented(void) {
   return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-/* ---- live handles: an open-addressing pointer set (tombstones on removal) ---- */
+/* ---- handles: open-addressing pointer sets (tombstones on removal) ----
+ * g_live holds every object a handle may name now; g_dead the addresses of removed objects,
+ * until a new object takes one: a use of one is answered INVALID_HANDLE, as an unknown handle,
+ * and counted (stats.destroyed_handle_uses): the real driver may crash there. */
 
 #define TOMB ((void *)1)
-static void **g_handles;
-static size_t g_hcap, g_hused; /* slots, slots not empty (live + tombstones) */
+typedef struct pset {
+  void **slot;
+  size_t cap, used; /* slots, slots not empty (live + tombstones) */
+} pset_t;
+static pset_t g_live, g_dead;
 
 static size_t hslot(const void *p, size_t cap) {
   uint64_t h = (uint64_t)(uintptr_t)p;
@@ -78,93 +85,62 @@ static size_t hslot(const void *p, size_t cap) {
   return (size_t)h & (cap - 1);
 }
 
-static void hrehash(size_t cap) {
-  void **old = g_handles;
-  size_t oldcap = g_hcap;
-  g_handles = sim__xcalloc(cap, sizeof *g_handles);
-  g_hcap = cap;
-  g_hused = 0;
-  for (size_t i = 0; i < oldcap; i++) {
-    if (old[i] == NULL || old[i] == TOMB) continue;
-    size_t j = hslot(old[i], cap);
-    while (g_handles[j] != NULL) j = (j + 1) & (cap - 1);
-    g_handles[j] = old[i];
-    g_hused++;
-  }
-  free(old);
-}
-
-/* ---- destroyed handles: the addresses of removed objects, until a new object takes one ----
- * A use of one is answered INVALID_HANDLE, as an unknown handle, and counted
- * (stats.destroyed_handle_uses): the real driver may crash there. */
-static void **g_dead;
-static size_t g_dcap, g_dused;
-
-static size_t dfind(const void *obj) {
-  if (g_dcap == 0 || obj == NULL) return SIZE_MAX;
-  size_t j = hslot(obj, g_dcap);
-  while (g_dead[j] != NULL) {
-    if (g_dead[j] == obj) return j;
-    j = (j + 1) & (g_dcap - 1);
+static size_t pset_find(const pset_t *t, const void *obj) {
+  if (t->cap == 0 || obj == NULL) return SIZE_MAX;
+  size_t j = hslot(obj, t->cap);
+  while (t->slot[j] != NULL) {
+    if (t->slot[j] == obj) return j;
+    j = (j + 1) & (t->cap - 1);
   }
   return SIZE_MAX;
 }
 
-static void dead_add(void *obj) {
-  if ((g_dused + 1) * 2 > g_dcap) { /* rebuilt without tombstones, doubled when half full of live ones */
-    void **old = g_dead;
-    size_t oldcap = g_dcap, live = 0;
+/* Rebuilt without tombstones when half its slots are taken, doubled while half full of live ones. */
+static void pset_add(pset_t *t, void *obj) {
+  if ((t->used + 1) * 2 > t->cap) {
+    void **old = t->slot;
+    size_t oldcap = t->cap, live = 0;
     for (size_t i = 0; i < oldcap; i++) live += old[i] != NULL && old[i] != TOMB;
     size_t cap = oldcap ? oldcap : 256;
     while ((live + 1) * 2 > cap) cap *= 2;
-    g_dead = sim__xcalloc(cap, sizeof *g_dead);
-    g_dcap = cap;
-    g_dused = 0;
+    t->slot = sim__xcalloc(cap, sizeof *t->slot);
+    t->cap = cap;
+    t->used = 0;
     for (size_t i = 0; i < oldcap; i++) {
       if (old[i] == NULL || old[i] == TOMB) continue;
       size_t j = hslot(old[i], cap);
-      while (g_dead[j] != NULL) j = (j + 1) & (cap - 1);
-      g_dead[j] = old[i];
-      g_dused++;
+      while (t->slot[j] != NULL) j = (j + 1) & (cap - 1);
+      t->slot[j] = old[i];
+      t->used++;
     }
     free(old);
   }
-  if (dfind(obj) != SIZE_MAX) return;
-  size_t j = hslot(obj, g_dcap);
-  while (g_dead[j] != NULL && g_dead[j] != TOMB) j = (j + 1) & (g_dcap - 1);
-  if (g_dead[j] == NULL) g_dused++;
-  g_dead[j] = obj;
+  if (pset_find(t, obj) != SIZE_MAX) return;
+  size_t j = hslot(obj, t->cap);
+  while (t->slot[j] != NULL && t->slot[j] != TOMB) j = (j + 1) & (t->cap - 1);
+  if (t->slot[j] == NULL) t->used++;
+  t->slot[j] = obj;
+}
+
+/* Removes obj; returns whether it was there. */
+static bool pset_remove(pset_t *t, const void *obj) {
+  size_t j = pset_find(t, obj);
+  if (j != SIZE_MAX) t->slot[j] = TOMB;
+  return j != SIZE_MAX;
 }
 
 void sim__handle_add(void *obj) {
-  size_t dj = dfind(obj); /* a new object at a destroyed one's address */
-  if (dj != SIZE_MAX) g_dead[dj] = TOMB;
-  if ((g_hused + 1) * 2 > g_hcap) hrehash(g_hcap ? g_hcap * 2 : 256);
-  size_t j = hslot(obj, g_hcap);
-  while (g_handles[j] != NULL && g_handles[j] != TOMB) j = (j + 1) & (g_hcap - 1);
-  if (g_handles[j] == NULL) g_hused++;
-  g_handles[j] = obj;
-}
-
-static size_t hfind(const void *obj) {
-  if (g_hcap == 0 || obj == NULL) return SIZE_MAX;
-  size_t j = hslot(obj, g_hcap);
-  while (g_handles[j] != NULL) {
-    if (g_handles[j] == obj) return j;
-    j = (j + 1) & (g_hcap - 1);
-  }
-  return SIZE_MAX;
+  (void)pset_remove(&g_dead, obj); /* a new object at a destroyed one's address */
+  pset_add(&g_live, obj);
 }
 
 void sim__handle_remove(void *obj) {
-  size_t j = hfind(obj);
-  if (j != SIZE_MAX) g_handles[j] = TOMB;
-  if (j != SIZE_MAX) dead_add(obj);
+  if (pset_remove(&g_live, obj)) pset_add(&g_dead, obj);
 }
 
 void *sim__handle_get(const void *obj, uint32_t magic) {
-  if (hfind(obj) == SIZE_MAX) {
-    if (dfind(obj) != SIZE_MAX && sim.stats.destroyed_handle_uses++ < 10)
+  if (pset_find(&g_live, obj) == SIZE_MAX) {
+    if (pset_find(&g_dead, obj) != SIZE_MAX && sim.stats.destroyed_handle_uses++ < 10)
       fprintf(stderr, "weft-sim: a handle was used after its destroy (%p): the real driver may crash here\n", obj);
     return NULL;
   }

@@ -251,7 +251,7 @@ static weft_status_t on_capture(weft_stream_t *s, uint64_t id, void *user) {
   return st == WEFT_OK ? st : fail(st, "weft_torch: weft_capture_allocate_to: %s", weft_last_error());
 }
 
-static weft_status_t declare_recorded(weft_runtime_t *rt, int device, uintptr_t ptr, CUstream on);
+static weft_status_t declare_recorded(weft_runtime_t *rt, int device, uintptr_t ptr, CUstream on, weft_stream_t *fs);
 
 /* Keeps a failed free of ptr on s to make again (false when MAX_KEPT are kept already); `again`:
  * one kept before (frees_kept counts each free once). */
@@ -281,7 +281,7 @@ static void flush_kept(weft_runtime_t *rt, device_t *d) {
   atomic_store_explicit(&d->pending, 0, memory_order_release);
   pthread_mutex_unlock(&d->lock);
   for (unsigned i = 0; i < n; i++) {
-    weft_status_t st = declare_recorded(rt, (int)(d - devices), (uintptr_t)todo[i].ptr, todo[i].raw);
+    weft_status_t st = declare_recorded(rt, (int)(d - devices), (uintptr_t)todo[i].ptr, todo[i].raw, todo[i].s);
     if (st == WEFT_OK) st = weft_free_ptr(rt, todo[i].ptr, todo[i].s);
     if (st == WEFT_OK) {
       atomic_fetch_add_explicit(&d->frees, 1, memory_order_relaxed);
@@ -386,7 +386,7 @@ static void free_here(void *ptr, int device, CUstream stream) {
   weft_stream_t *s = stream_of(rt, device, stream);
   weft_status_t st = WEFT_ERR_STALE_HANDLE;
   unsigned k = handle_slot((uintptr_t)ptr);
-  weft_status_t declared = s != NULL ? declare_recorded(rt, device, (uintptr_t)ptr, stream) : WEFT_OK;
+  weft_status_t declared = s != NULL ? declare_recorded(rt, device, (uintptr_t)ptr, stream, s) : WEFT_OK;
   if (declared != WEFT_OK) st = declared; /* the free is kept, with its record */
   else if (s != NULL && handles[k].ptr == (uintptr_t)ptr && handles[k].device == device) {
     handles[k].ptr = 0;
@@ -443,13 +443,13 @@ void weft_torch_record_stream(void *ptr, CUstream stream) {
   atomic_fetch_add_explicit(&rec_calls, 1, memory_order_relaxed);
 }
 
-/* Before the free of ptr on device `device`'s stream `on`: the free's stream waits for all work
- * enqueued so far on every other stream recorded for ptr (weft_stream_import_stream), as PyTorch's
+/* Before the free of ptr on device `device`'s stream `on` (fs: its weft stream): fs waits for all
+ * work enqueued so far on every other stream recorded for ptr (weft_stream_import_stream), as PyTorch's
  * allocator reuses such memory only after it. Not while either stream captures (a wait there on
  * work outside the capture would invalidate it): CAPTURE, and the free is kept until the capture
  * has ended, as PyTorch defers record_stream's events while a capture is underway. The record is
  * dropped once done; on a failure it stays, for the free to be made again (kept_t). */
-static weft_status_t declare_recorded(weft_runtime_t *rt, int device, uintptr_t ptr, CUstream on) {
+static weft_status_t declare_recorded(weft_runtime_t *rt, int device, uintptr_t ptr, CUstream on, weft_stream_t *fs) {
   unsigned b = rec_slot(ptr);
   if (atomic_load_explicit(&rec_count[b], memory_order_acquire) == 0) return WEFT_OK; /* nearly every free */
   pthread_mutex_lock(&rec_lock);
@@ -458,8 +458,7 @@ static weft_status_t declare_recorded(weft_runtime_t *rt, int device, uintptr_t 
   recorded_t copy = r != NULL ? *r : (recorded_t){0};
   pthread_mutex_unlock(&rec_lock);
   if (r == NULL) return WEFT_OK;
-  weft_stream_t *fs = stream_of(rt, device, on);
-  weft_status_t st = fs != NULL ? WEFT_OK : WEFT_ERR_INVALID_ARGUMENT;
+  weft_status_t st = WEFT_OK;
   for (unsigned i = 0; st == WEFT_OK && i < copy.n; i++) {
     if (copy.streams[i] == on) continue; /* the free's own stream is ordered already */
     weft_stream_t *rs = stream_of(rt, device, copy.streams[i]);

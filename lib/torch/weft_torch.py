@@ -52,6 +52,16 @@ def _load(path=None):
     return _lib
 
 
+def _hook(alloc, path, setter_name, fn_name):
+    """Sets one of the allocator's hooks to a function of the library; whether it could."""
+    setter = getattr(alloc.allocator(), setter_name, None)
+    fn = getattr(_load(path), fn_name, None)
+    if setter is None or fn is None:
+        return False
+    setter(ctypes.cast(fn, ctypes.c_void_p).value)
+    return True
+
+
 def install(path=None):
     """Makes weft PyTorch's CUDA allocator (torch.cuda.memory.CUDAPluggableAllocator). Call it
     before PyTorch allocates CUDA memory: PyTorch refuses to switch allocators afterwards."""
@@ -59,21 +69,12 @@ def install(path=None):
 
     p = library_path(path)
     alloc = torch.cuda.memory.CUDAPluggableAllocator(p, "weft_torch_alloc", "weft_torch_free")
-    # tensor.record_stream(s) (ProcessGroupNCCL makes it for every collective's tensors): where
-    # PyTorch lets Python set the hook, the free then waits for the recorded streams' work.
-    global record_stream_hooked
-    setter = getattr(alloc.allocator(), "set_record_stream_fn", None)
-    hook = getattr(_load(p), "weft_torch_record_stream", None)
-    if setter is not None and hook is not None:
-        setter(ctypes.cast(hook, ctypes.c_void_p).value)
-        record_stream_hooked = True
-    # torch.cuda.empty_cache(): weft gives back what it holds beyond live tensors.
-    global empty_cache_hooked
-    setter = getattr(alloc.allocator(), "set_reset_fn", None)
-    hook = getattr(_load(p), "weft_torch_empty_cache", None)
-    if setter is not None and hook is not None:
-        setter(ctypes.cast(hook, ctypes.c_void_p).value)
-        empty_cache_hooked = True
+    # Where PyTorch lets Python set them: tensor.record_stream(s) (ProcessGroupNCCL makes it for
+    # every collective's tensors: the free then waits for the recorded streams' work), and
+    # torch.cuda.empty_cache() (weft gives back what it holds beyond live tensors).
+    global record_stream_hooked, empty_cache_hooked
+    record_stream_hooked = _hook(alloc, p, "set_record_stream_fn", "weft_torch_record_stream")
+    empty_cache_hooked = _hook(alloc, p, "set_reset_fn", "weft_torch_empty_cache")
     torch.cuda.memory.change_current_allocator(alloc)
     _load(p)  # the same library (dlopen gives PyTorch's handle back): the same state
     return p
