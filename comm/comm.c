@@ -29,6 +29,12 @@ struct weft_comm {
   int rank, nranks;
   bool adopted; /* the program's communicator: never destroyed by weft */
   weft_stream_t *stream;
+  /* Captures its collectives were captured into (stream, driver capture id): while one is still
+   * active, weft_comm_destroy says BUSY (the graph's collective nodes name the NCCL
+   * communicator). Entries of ended captures are dropped when the list is looked at. */
+  pthread_mutex_t caps_lock;
+  struct comm_cap { weft_stream_t *s; uint64_t id; } *caps;
+  size_t ncaps, capcaps;
 };
 
 typedef enum { C_ALLREDUCE, C_BROADCAST, C_REDUCESCATTER, C_ALLGATHER, C_SEND, C_RECV } coll_kind_t;
@@ -106,6 +112,55 @@ static weft_status_t comm_enter(const weft_comm_t *c, const char *fn) {
   weft_status_t st = runtime_alive(c, fn);
   if (st != WEFT_OK) weft__handle_leave();
   return st;
+}
+
+/* ---- captures holding a communicator's collectives ---- */
+
+/* Whether capture `id` is still active on s (a failed query counts as active: destroy stays
+ * refused, which changes nothing). */
+static bool cap_active(weft_stream_t *s, uint64_t id) {
+  bool active = true;
+  uint64_t now = 0;
+  if (weft__capture_probe(s, &active, &now) != WEFT_OK) return true;
+  return active && now == id;
+}
+
+/* Drops c's entries of ended captures; the caller holds c->caps_lock. */
+static void caps_prune(weft_comm_t *c) {
+  size_t k = 0;
+  for (size_t i = 0; i < c->ncaps; i++)
+    if (cap_active(c->caps[i].s, c->caps[i].id)) c->caps[k++] = c->caps[i];
+  c->ncaps = k;
+}
+
+/* Before a collective of c on s is enqueued: when s captures, remembers the capture (its driver
+ * id) as one holding c's collectives. Errors (nothing enqueued then): DRIVER, HOST_OUT_OF_MEMORY. */
+static weft_status_t caps_note(weft_comm_t *c, weft_stream_t *s, const char *fn) {
+  if (!weft__tracker_in_capture(s)) return WEFT_OK;
+  bool active = false;
+  uint64_t id = 0;
+  weft_status_t st = weft__capture_probe(s, &active, &id);
+  if (st != WEFT_OK || !active) return st;
+  pthread_mutex_lock(&c->caps_lock);
+  for (size_t i = 0; i < c->ncaps; i++)
+    if (c->caps[i].s == s && c->caps[i].id == id) {
+      pthread_mutex_unlock(&c->caps_lock);
+      return WEFT_OK;
+    }
+  caps_prune(c);
+  if (c->ncaps == c->capcaps) {
+    size_t cap = c->capcaps ? 2 * c->capcaps : 4;
+    struct comm_cap *n = weft__meta_realloc(c->caps, cap * sizeof *n);
+    if (n == NULL) {
+      pthread_mutex_unlock(&c->caps_lock);
+      return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory to note the capture", fn);
+    }
+    c->caps = n;
+    c->capcaps = cap;
+  }
+  c->caps[c->ncaps++] = (struct comm_cap){s, id};
+  pthread_mutex_unlock(&c->caps_lock);
+  return WEFT_OK;
 }
 
 static size_t dt_size(weft_dtype_t dt) {
@@ -228,6 +283,7 @@ static weft_status_t run_one(weft_stream_t *s, void *arg) {
   const call_t *k = arg;
   const weft__nccl_t *nl;
   weft_status_t st = weft__nccl_get(&nl);
+  if (st == WEFT_OK) st = caps_note(k->c, k->s, kind_name[k->kind]);
   if (st != WEFT_OK) return st;
   ncclResult_t r = enqueue(nl, k);
   return r == ncclSuccess ? WEFT_OK : weft__nccl_fail(nl, r, kind_name[k->kind]);
@@ -368,6 +424,10 @@ typedef struct group_run {
 static weft_status_t run_group(weft_stream_t *s, void *arg) {
   (void)s;
   const group_run_t *g = arg;
+  for (size_t i = 0; i < g->n; i++) {
+    weft_status_t st = caps_note(g->calls[i].c, g->calls[i].s, "weft_comm_group_end");
+    if (st != WEFT_OK) return st;
+  }
   weft__gate_enter(); /* the whole group in the gate's shared side: NCCL enqueues at its end */
   ncclResult_t r = g->nl->ncclGroupStart();
   for (size_t i = 0; r == ncclSuccess && i < g->n; i++) r = enqueue_gated(g->nl, &g->calls[i]);
@@ -450,6 +510,13 @@ static weft_stream_t *comm_stream(weft_runtime_t *rt) {
   return s;
 }
 
+/* Frees communicator c's memory (no longer a handle). */
+static void comm_free(weft_comm_t *c) {
+  pthread_mutex_destroy(&c->caps_lock);
+  weft__meta_free(c->caps);
+  weft__meta_free(c);
+}
+
 static weft_status_t comm_new(weft_runtime_t *rt, ncclComm_t nc, bool adopted, const weft__nccl_t *nl,
                               weft_comm_t **out) {
   weft_comm_t *c = weft__meta_calloc(1, sizeof *c);
@@ -458,13 +525,19 @@ static weft_status_t comm_new(weft_runtime_t *rt, ncclComm_t nc, bool adopted, c
   c->nc = nc;
   c->adopted = adopted;
   c->stream = comm_stream(rt);
+  if (pthread_mutex_init(&c->caps_lock, NULL) != 0) {
+    weft__meta_free(c);
+    return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm: no mutex");
+  }
   ncclResult_t r = nl->ncclCommUserRank(nc, &c->rank);
   if (r == ncclSuccess) r = nl->ncclCommCount(nc, &c->nranks);
   if (r != ncclSuccess) {
+    pthread_mutex_destroy(&c->caps_lock);
     weft__meta_free(c);
     return weft__nccl_fail(nl, r, "weft_comm: ncclCommUserRank / ncclCommCount");
   }
   if (!weft__handle_add(c, WEFT__HANDLE_COMM)) {
+    pthread_mutex_destroy(&c->caps_lock);
     weft__meta_free(c);
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm: no host memory for a handle");
   }
@@ -539,7 +612,7 @@ weft_status_t weft_comm_init_all(weft_runtime_t *const *rts, int n, weft_comm_t 
     for (int i = 0; i < made; i++) {
       weft__handle_remove(out[i], WEFT__HANDLE_COMM);
       weft__runtime_depend(rts[i], -1);
-      weft__meta_free(out[i]);
+      comm_free(out[i]);
       out[i] = NULL;
     }
     for (int i = 0; i < n; i++) (void)nl->ncclCommDestroy(nc[i]);
@@ -568,6 +641,18 @@ weft_status_t weft_comm_destroy(weft_comm_t *c) {
   static const char fn[] = "weft_comm_destroy";
   if (c == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: the communicator is NULL", fn);
   if (!weft__handle_remove(c, WEFT__HANDLE_COMM)) return weft__error(WEFT_ERR_STALE_HANDLE, "%s: destroyed already", fn);
+  /* Not while a capture holding its collectives is open: its graph would name a destroyed NCCL
+   * communicator (the capture's owner ends it first, then destroys). */
+  pthread_mutex_lock(&c->caps_lock);
+  if (c->ncaps > 0 && weft__tracker_bind(&c->rt->tracker) == WEFT_OK) caps_prune(c);
+  size_t open = c->ncaps;
+  unsigned on = open > 0 ? c->caps[0].s->index : 0;
+  pthread_mutex_unlock(&c->caps_lock);
+  if (open > 0) {
+    weft__handle_restore(c, WEFT__HANDLE_COMM);
+    return weft__error(WEFT_ERR_BUSY, "%s: %zu open capture(s) hold its collectives (one on stream %u): end them first",
+                       fn, open, on);
+  }
   if (!c->adopted) {
     const weft__nccl_t *nl;
     weft_status_t st = weft__nccl_get(&nl);
@@ -578,7 +663,7 @@ weft_status_t weft_comm_destroy(weft_comm_t *c) {
     }
   }
   weft__runtime_depend(c->rt, -1);
-  weft__meta_free(c);
+  comm_free(c);
   return WEFT_OK;
 }
 
