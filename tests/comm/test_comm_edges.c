@@ -925,6 +925,104 @@ static void test_a_collective_on_a_block_freed_by_another_thread(void **state) {
   nothing_left("collective vs free");
 }
 
+/* Outside code that forgot the fork: a capture begun outside weft on the side stream only, a
+ * bucket allocated inside it there (graph memory), and then the collective on weft's comm stream,
+ * which does not take part in the capture. The comm stream would run NCCL eagerly on memory that
+ * exists only while the graph runs: the group must be refused (CAPTURE) with nothing enqueued,
+ * and the capture must stay valid (it ends, its graph replays). */
+static void test_a_collective_on_a_captured_block_outside_the_capture_is_refused(void **state) {
+  (void)state;
+  if (NR == 0) skip();
+  for (int m = 0; m < 3; m++) {
+    weft_block_t t[MAXR];
+    CUgraph g[MAXR];
+    weft_counters_t c0[MAXR], c1[MAXR];
+    for (int r = 0; r < NR; r++) {
+      on(r);
+      assert_int_equal(drv->cuStreamBeginCapture(side[r], modes[m]), CUDA_SUCCESS);
+      t[r] = alloc_on(r, adopted[r], D * 4, "captured bucket");
+      OK(weft_memset32(adopted[r], t[r], 0, 1, D * 4));
+      OK(weft_runtime_counters(rt[r], &c0[r]));
+    }
+    OK(weft_comm_group_begin());
+    weft_status_t calls = WEFT_OK;
+    for (int r = 0; r < NR; r++) {
+      weft_status_t c = weft_all_reduce(comm[r], t[r], 0, t[r], 0, D, WEFT_UINT32, WEFT_SUM, NULL);
+      if (calls == WEFT_OK) calls = c;
+    }
+    weft_status_t end = weft_comm_group_end();
+    for (int r = 0; r < NR; r++) OK(weft_runtime_counters(rt[r], &c1[r]));
+    for (int r = 0; r < NR; r++) {
+      OK(weft_free(t[r], adopted[r]));
+      on(r);
+      CUresult e = drv->cuStreamEndCapture(side[r], &g[r]);
+      if (e != CUDA_SUCCESS) fail_msg("%s: rank %d: the capture was invalidated (%d)", mode_names[m], r, (int)e);
+      assert_int_equal(drv->cuGraphDestroy(g[r]), CUDA_SUCCESS);
+    }
+    weft_status_t st = calls != WEFT_OK ? calls : end;
+    if (st != WEFT_ERR_CAPTURE)
+      fail_msg("%s: a collective of a captured block on a stream outside the capture: %s, want CAPTURE", mode_names[m],
+               weft_status_name(st));
+    for (int r = 0; r < NR; r++) assert_int_equal(c1[r].uses, c0[r].uses);
+    nothing_left(mode_names[m]);
+  }
+}
+
+/* Outside code that forgot the join: its capture, forked onto weft's comm stream where weft ran
+ * the step's all-reduce, ends without the comm stream joined back, so cuStreamEndCapture fails
+ * (UNJOINED) and the capture is gone. weft must notice on the comm stream too: eager collectives
+ * there run again, right, with no race, and nothing the failed capture allocated is left. */
+static void test_a_foreign_capture_ended_unjoined_leaves_the_comm_stream_usable(void **state) {
+  (void)state;
+  if (NR == 0) skip();
+  for (int m = 0; m < 3; m++) {
+    ddp_t d;
+    ddp_prepare(&d);
+    for (int r = 0; r < NR; r++) outside_begin(&d, r, modes[m]);
+    for (int r = 0; r < NR; r++) ddp_body_before(&d, r, false);
+    OK(weft_comm_group_begin());
+    for (int r = 0; r < NR; r++) OK(ddp_collectives(&d, r, false));
+    OK(weft_comm_group_end());
+    /* The bucket freed on the comm stream: its last captured work, which the side stream never
+     * waits for (weft's own waits would have joined it otherwise). */
+    for (int r = 0; r < NR; r++) OK(weft_free(d.t[r], weft_comm_stream(comm[r])));
+    for (int r = 0; r < NR; r++) {
+      on(r);
+      CUgraph g = NULL;
+      assert_int_equal(drv->cuStreamEndCapture(side[r], &g), CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+      assert_int_equal(drv->cuEventDestroy(d.fork[r]), CUDA_SUCCESS);
+      assert_int_equal(drv->cuEventDestroy(d.join[r]), CUDA_SUCCESS);
+    }
+    for (int r = 0; r < NR; r++) {
+      int capturing = 1;
+      OK(weft_stream_is_capturing(weft_comm_stream(comm[r]), &capturing));
+      if (capturing) fail_msg("%s: rank %d's comm stream still captures after the failed end", mode_names[m], r);
+    }
+    /* Eagerly now: x rewritten on one stream, all-reduced on the comm stream, read on a third. */
+    for (int r = 0; r < NR; r++) {
+      uint32_t h[D];
+      for (size_t i = 0; i < D; i++) h[i] = grad(r, 0, i);
+      OK(weft_copy_to_block(stream(r, 0), d.x[r], 0, h, sizeof h));
+    }
+    OK(weft_comm_group_begin());
+    for (int r = 0; r < NR; r++) OK(weft_all_reduce(comm[r], d.x[r], 0, d.y[r], 0, D, WEFT_UINT32, WEFT_SUM, NULL));
+    weft_status_t st = weft_comm_group_end();
+    if (st != WEFT_OK) fail_msg("%s: the eager group after the failed end: %s", mode_names[m], weft_last_error());
+    uint32_t want[D], got[D];
+    ddp_want(0, false, want);
+    for (int r = 0; r < NR; r++) {
+      read_back(r, stream(r, 2), d.y[r], 0, got, D);
+      for (size_t i = 0; i < D; i++)
+        if (got[i] != want[i]) fail_msg("%s: rank %d element %zu: %u, want %u", mode_names[m], r, i, got[i], want[i]);
+    }
+    for (int r = 0; r < NR; r++) {
+      OK(weft_free(d.x[r], stream(r, 0)));
+      OK(weft_free(d.y[r], weft_comm_stream(comm[r])));
+    }
+    nothing_left(mode_names[m]);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_ddp_foreign_capture_one_thread, case_setup),
@@ -935,6 +1033,8 @@ int main(void) {
       cmocka_unit_test_setup(test_nccl_fault_in_a_group_inside_a_foreign_capture, case_setup),
       cmocka_unit_test_setup(test_a_communicator_destroyed_while_a_capture_holds_its_collective, case_setup),
       cmocka_unit_test_setup(test_a_collective_on_a_block_freed_by_another_thread, case_setup),
+      cmocka_unit_test_setup(test_a_collective_on_a_captured_block_outside_the_capture_is_refused, case_setup),
+      cmocka_unit_test_setup(test_a_foreign_capture_ended_unjoined_leaves_the_comm_stream_usable, case_setup),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
