@@ -443,6 +443,100 @@ void weft_torch_record_stream(void *ptr, CUstream stream) {
   atomic_fetch_add_explicit(&rec_calls, 1, memory_order_relaxed);
 }
 
+/* ---- a recorded stream, of any device ---------------------------------------------------------
+ * A stream recorded for a tensor may belong to another device than the tensor (a peer copy on
+ * device 1's stream reads a device-0 tensor; PyTorch's allocator records its event there under a
+ * device guard). An event is recorded only on a stream of its own context's device, so the
+ * stream's device is found by recording: an event of the free's device first, then of each other
+ * device (the driver refuses an event of another context with INVALID_HANDLE). The recorded
+ * stream is not adopted: weft tracks the free's stream only, and it imports the event. Before,
+ * the stream was adopted into the tensor's device's runtime and weft_stream_import_stream
+ * recorded an event of that device on it: every such free failed (cuEventRecord
+ * INVALID_HANDLE), was kept and failed again at every later call, and its memory never came
+ * back (tests/torch test_torch_threads_2, test_record_stream_of_another_device). */
+typedef struct rec_driver {
+  CUresult (*event_create)(CUevent *, unsigned);
+  CUresult (*event_record)(CUevent, CUstream);
+  CUresult (*event_destroy)(CUevent);
+  CUresult (*is_capturing)(CUstream, CUstreamCaptureStatus *);
+  int devices;
+  _Atomic(CUcontext) primary[MAX_DEVICES];
+} rec_driver_t;
+
+static rec_driver_t rec_drv;
+static pthread_once_t rec_drv_once = PTHREAD_ONCE_INIT;
+
+static void rec_drv_resolve(void) {
+  rec_drv.event_create = (CUresult(*)(CUevent *, unsigned))weft_driver_symbol("cuEventCreate");
+  rec_drv.event_record = (CUresult(*)(CUevent, CUstream))weft_driver_symbol("cuEventRecord");
+  rec_drv.event_destroy = (CUresult(*)(CUevent))weft_driver_symbol("cuEventDestroy_v2");
+  rec_drv.is_capturing = (CUresult(*)(CUstream, CUstreamCaptureStatus *))weft_driver_symbol("cuStreamIsCapturing");
+  CUresult (*count)(int *) = (CUresult(*)(int *))weft_driver_symbol("cuDeviceGetCount");
+  int n = 0;
+  if (count == NULL || count(&n) != CUDA_SUCCESS || n < 1) n = 1;
+  rec_drv.devices = n > MAX_DEVICES ? MAX_DEVICES : n;
+}
+
+/* Device d's primary context (retained once for the process's life), or NULL. */
+static CUcontext context_of(int d) {
+  CUcontext c = atomic_load_explicit(&devices[d].ctx, memory_order_acquire);
+  if (c != NULL) return c;
+  c = atomic_load_explicit(&rec_drv.primary[d], memory_order_acquire);
+  if (c != NULL) return c;
+  c = primary_of(d); /* retaining it twice (two threads at once) is harmless: one primary context */
+  atomic_store_explicit(&rec_drv.primary[d], c, memory_order_release);
+  return c;
+}
+
+/* fs (the free's stream, of device `device`) waits for all work enqueued so far on `other`, a
+ * stream that is neither the legacy stream nor fs's, of whatever device. CAPTURE while either
+ * captures (kept until the capture ends, as before). The calling thread's context is left as
+ * it was. */
+static weft_status_t wait_for_stream(int device, weft_stream_t *fs, CUstream other, uintptr_t ptr) {
+  pthread_once(&rec_drv_once, rec_drv_resolve);
+  if (rec_drv.event_create == NULL || rec_drv.event_record == NULL || rec_drv.event_destroy == NULL ||
+      rec_drv.is_capturing == NULL || ctx_get == NULL)
+    return fail(WEFT_ERR_NOT_SUPPORTED, "weft_torch: free(0x%llx): the driver lacks event calls",
+                (unsigned long long)ptr);
+  int a = 0;
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  weft_status_t st = weft_stream_is_capturing(fs, &a);
+  if (st != WEFT_OK)
+    return fail(st, "weft_torch: free(0x%llx): %s", (unsigned long long)ptr, weft_last_error());
+  CUresult r = rec_drv.is_capturing(other, &cs);
+  if (r != CUDA_SUCCESS)
+    return fail(WEFT_ERR_DRIVER, "weft_torch: free(0x%llx): cuStreamIsCapturing on a recorded stream: %d",
+                (unsigned long long)ptr, (int)r);
+  if (a || cs != CU_STREAM_CAPTURE_STATUS_NONE)
+    return fail(WEFT_ERR_CAPTURE, "weft_torch: free(0x%llx): a stream recorded for it or its own captures: kept "
+                "until the capture ends", (unsigned long long)ptr);
+  CUcontext was = NULL;
+  if (ctx_get(&was) != CUDA_SUCCESS) was = NULL;
+  st = WEFT_ERR_INVALID_ARGUMENT;
+  r = CUDA_ERROR_INVALID_HANDLE;
+  for (int k = 0; k < rec_drv.devices && r == CUDA_ERROR_INVALID_HANDLE; k++) {
+    int d = k == 0 ? device : k <= device ? k - 1 : k; /* the free's device first */
+    CUcontext c = context_of(d);
+    CUevent ev;
+    if (c == NULL || ctx_set(c) != CUDA_SUCCESS) continue;
+    if ((r = rec_drv.event_create(&ev, CU_EVENT_DISABLE_TIMING)) != CUDA_SUCCESS) break;
+    r = rec_drv.event_record(ev, other);
+    if (r == CUDA_SUCCESS) {
+      st = weft_stream_import_event(fs, ev);
+      if (st != WEFT_OK) fail(st, "weft_torch: free(0x%llx): waiting for a recorded stream: %s", (unsigned long long)ptr,
+                              weft_last_error());
+    }
+    (void)rec_drv.event_destroy(ev); /* a wait on it stays */
+  }
+  CUcontext now = NULL;
+  if (ctx_get(&now) == CUDA_SUCCESS && now != was) (void)ctx_set(was);
+  if (r != CUDA_SUCCESS)
+    return fail(r == CUDA_ERROR_INVALID_HANDLE ? WEFT_ERR_INVALID_ARGUMENT : WEFT_ERR_DRIVER,
+                "weft_torch: free(0x%llx): a recorded stream: cuEventRecord: %d (no stream of any device?)",
+                (unsigned long long)ptr, (int)r);
+  return st;
+}
+
 /* Before the free of ptr on device `device`'s stream `on` (fs: its weft stream): fs waits for all
  * work enqueued so far on every other stream recorded for ptr (weft_stream_import_stream), as PyTorch's
  * allocator reuses such memory only after it. Not while either stream captures (a wait there on
@@ -461,6 +555,10 @@ static weft_status_t declare_recorded(weft_runtime_t *rt, int device, uintptr_t 
   weft_status_t st = WEFT_OK;
   for (unsigned i = 0; st == WEFT_OK && i < copy.n; i++) {
     if (copy.streams[i] == on) continue; /* the free's own stream is ordered already */
+    if (copy.streams[i] != NULL && copy.streams[i] != CU_STREAM_LEGACY) {
+      st = wait_for_stream(device, fs, copy.streams[i], ptr);
+      continue;
+    }
     weft_stream_t *rs = stream_of(rt, device, copy.streams[i]);
     int a = 0, c = 0;
     if (rs == NULL) st = WEFT_ERR_INVALID_ARGUMENT;
