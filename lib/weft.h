@@ -961,7 +961,10 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_comm_init_all(weft_runtime_t *const *
  * library weft loads): weft tracks its collectives but never destroys it. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_comm_adopt(weft_runtime_t *rt, void *nccl_comm, weft_comm_t **out);
 /** Destroys the communicator (ncclCommDestroy, unless adopted); its collectives already enqueued
- * complete. Errors: STALE_HANDLE, COMM (NCCL refused: the communicator stays). */
+ * complete. A graph captured with its collectives names it: destroy it only after those graphs
+ * (weft cannot see graphs launched outside it).
+ * Errors: STALE_HANDLE, BUSY (a capture holding its collectives is still open: nothing done),
+ * COMM (NCCL refused: the communicator stays). */
 WEFT_API weft_status_t weft_comm_destroy(weft_comm_t *c);
 /** This rank, the number of ranks, the runtime, and the stream collectives run on by default (a
  * pool stream of the runtime chosen at creation, the last high-priority one when there is one). */
