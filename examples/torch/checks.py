@@ -16,7 +16,11 @@ the simulator, tests/torch):
      the same size gets x's memory and is overwritten at once: the side stream must read x's
      values, so the free waits for the recorded stream's work;
   6. torch.cuda.empty_cache(): weft gives back what it holds beyond live tensors (PyTorch's reset
-     hook, unset before: empty_cache did nothing with weft's allocator).
+     hook, unset before: empty_cache did nothing with weft's allocator);
+  7. 100 graphs captured and deleted one after another (torch.compile's CUDA graphs make many):
+     each graph's pool is given back when PyTorch releases it (the pool hooks; before, pools
+     stayed until weft.release_graph_pools() and the 65th capture's allocations failed), and two
+     graphs sharing a pool (pool=g1.pool()) share its memory and replay right.
 Checks, with real PyTorch on a GPU: the captures end valid and replay right, no allocation or free
 failed, the kept free was made after the capture, no byte of it stays live, and the impossible
 allocation raises and leaves the device usable. Exits 1 when a check fails.
@@ -177,6 +181,58 @@ def main():
     torch.cuda.empty_cache()
     r7 = weft.stats()["reserved_bytes"]
     check("empty_cache gave memory back (reserved %d -> %d bytes)" % (r6, r7), r7 < r6)
+
+    # 7. Many graphs, made and deleted; two graphs sharing a pool.
+    check("PyTorch's graph-pool hooks are set (weft.graph_pools_hooked)", weft.graph_pools_hooked)
+    a7 = torch.ones(1 << 18, device=dev)
+    torch.cuda.synchronize()
+    p0, k0 = weft.stats()["graph_pools"], weft.stats()["alloc_failures"]
+    most, bad = 0, 0
+    for i in range(100):
+        g7 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g7):
+            t7 = a7 * 2.0
+            o7 = t7 + float(i)
+            del t7
+        g7.replay()
+        torch.cuda.synchronize()
+        bad += int(o7[0].item() != 2.0 + i)
+        most = max(most, weft.stats()["graph_pools"])
+        del g7, o7
+    s7 = weft.stats()
+    check("100 graphs captured, replayed right (%d wrong), no allocation failed (alloc_failures %d -> %d)"
+          % (bad, k0, s7["alloc_failures"]), bad == 0 and s7["alloc_failures"] == k0)
+    check("each graph's pool was given back when the graph died (at most %d held; now %d, before %d; %d bytes)"
+          % (most, s7["graph_pools"], p0, s7["graph_pool_reserved"]), most <= p0 + 1 and s7["graph_pools"] == p0)
+    g8 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g8):
+        t8 = a7 * 3.0
+        o8 = t8 + 1.0
+        del t8
+    r8 = weft.stats()["graph_pool_reserved"]
+    g9 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g9, pool=g8.pool()):
+        t9 = a7 * 5.0
+        o9 = t9 + 1.0
+        del t9
+    s9 = weft.stats()
+    check("two graphs sharing a pool hold one graph pool (%d, %d -> %d bytes)"
+          % (s9["graph_pools"] - p0, r8, s9["graph_pool_reserved"]), s9["graph_pools"] == p0 + 1)
+    a7.fill_(2.0)
+    g8.replay()
+    g9.replay()
+    torch.cuda.synchronize()
+    check("both replay right in capture order (%g, %g; want 7, 11)" % (o8[0].item(), o9[0].item()),
+          o8[0].item() == 7.0 and o9[0].item() == 11.0)
+    del g8, o8
+    check("the shared pool stays while a graph uses it (%d)" % (weft.stats()["graph_pools"] - p0),
+          weft.stats()["graph_pools"] == p0 + 1)
+    g9.replay()
+    torch.cuda.synchronize()
+    check("the other graph still replays right (%g)" % o9[0].item(), o9[0].item() == 11.0)
+    del g9, o9, a7
+    check("and it is given back with the last graph (%d)" % (weft.stats()["graph_pools"] - p0),
+          weft.stats()["graph_pools"] == p0)
     print("checks: %s" % ("FAILED: " + "; ".join(fails) if fails else "all checks passed"))
     return 1 if fails else 0
 

@@ -13,17 +13,30 @@
 #include "weft/weft.h"
 
 #define MAX_DEVICES 16
-#define MAX_CAPTURES 64 /* graph pools of captures kept at once per device */
 #define STREAM_CACHE 8  /* adopted streams remembered per thread */
 #define MAX_USE 256     /* accesses of one declared use */
 #define HANDLE_BITS 6   /* blocks this thread allocated, by address: 1 << HANDLE_BITS of them */
 #define MAX_KEPT 256    /* frees kept to make again per device (kept_t) */
 
-typedef struct capture_pool {
-  uint64_t id;            /* the driver's capture id */
-  weft_stream_t *stream;  /* where it was seen */
+/* A graph pool and the captures that draw from it. Two kinds:
+ *   - PyTorch's (hooked): one per PyTorch pool id (MempoolId_t), made at its first
+ *     beginAllocateToPool; every capture begun with that id draws from it (graphs captured with
+ *     pool=other.pool() share memory, as with PyTorch's allocator). PyTorch counts its uses
+ *     (a begin adds one, releasePool takes one); at none, once no tensor allocated from it is
+ *     live, the pool is destroyed.
+ *   - a capture's own (id 0, 0): a capture weft met with no begin for it (the hooks not set,
+ *     code other than torch.cuda.graph): kept until weft_torch_release_graph_pools. */
+typedef struct gpool {
+  uint64_t id0, id1;          /* PyTorch's pool id; both 0: a capture's own pool */
   weft_graph_pool_t *pool;
-} capture_pool_t;
+  uint64_t capture;           /* the driver's id of the capture drawing from it (0: none yet) */
+  weft_stream_t *stream;      /* where weft met that capture */
+  bool pending;               /* hooked: between a begin and its end */
+  pthread_t begun_by;         /* the thread of that begin (its capture is met on it) */
+  unsigned uses;              /* hooked: begins not yet released */
+  uint64_t live;              /* hooked: allocations from it that PyTorch has not freed */
+  bool tried;                 /* weft_torch_release_graph_pools tried it this call */
+} gpool_t;
 
 /* A free that failed, to make again: PyTorch cannot be told, and a failed weft_free changed
  * nothing (weft.h), so the block stays live until a later call frees it on the same stream. The
@@ -41,8 +54,9 @@ typedef struct device {
   pthread_mutex_t lock;   /* runtime creation, the capture pools and the kept frees */
   _Atomic(weft_runtime_t *) rt;
   _Atomic(CUcontext) ctx; /* the device's primary context, weft's runtime's (set before rt) */
-  capture_pool_t caps[MAX_CAPTURES];
-  unsigned n_caps;
+  gpool_t *pools;         /* n_pools of them (cap_pools room), under lock */
+  unsigned n_pools, cap_pools;
+  _Atomic unsigned drawing; /* hooked pools with a capture begun and not ended: allocs and frees check them */
   kept_t kept[MAX_KEPT];
   unsigned n_kept;
   _Atomic unsigned pending; /* n_kept, readable without the lock: the adapter's calls look first */
@@ -223,32 +237,185 @@ static weft_stream_t *stream_of(weft_runtime_t *rt, int device, CUstream raw) {
   return s;
 }
 
-/* weft met a capture PyTorch began (torch.cuda.graph) on s: allocations inside it go to that
- * capture's graph pool (one per capture id, kept until weft_torch_release_graph_pools), as
- * PyTorch's private pools do. weft asks the driver once per call; the adapter asks nothing. */
+/* A new entry of d->pools (under d->lock), or NULL (no host memory). */
+static gpool_t *gpool_add(device_t *d) {
+  if (d->n_pools == d->cap_pools) {
+    unsigned cap = d->cap_pools ? 2 * d->cap_pools : 8;
+    gpool_t *p = realloc(d->pools, cap * sizeof *p);
+    if (p == NULL) return NULL;
+    d->pools = p;
+    d->cap_pools = cap;
+  }
+  gpool_t *g = &d->pools[d->n_pools++];
+  memset(g, 0, sizeof *g);
+  return g;
+}
+
+/* Asks weft whether s captures: brings weft's view of its capture up to date (an ended capture
+ * lets go of its graph pool). */
+static void refresh_capture(weft_stream_t *s) {
+  int capturing = 0;
+  if (weft_stream_is_capturing(s, &capturing) != WEFT_OK) capturing = 0;
+  (void)capturing;
+}
+
+static gpool_t *gpool_by_id(device_t *d, uint64_t id0, uint64_t id1) {
+  for (unsigned i = 0; i < d->n_pools; i++)
+    if (d->pools[i].id0 == id0 && d->pools[i].id1 == id1 && (id0 | id1) != 0) return &d->pools[i];
+  return NULL;
+}
+
+/* weft met a capture begun outside weft on s: allocations inside it go to a graph pool, as
+ * PyTorch's private pools do. The pool of the PyTorch begin waiting on this thread (CUDAGraph
+ * calls beginAllocateToPool, then cuStreamBeginCapture, on one thread), else of the only begin
+ * waiting on the device, else the capture's own. weft asks the driver once per call; the
+ * adapter asks nothing. */
 static weft_status_t on_capture(weft_stream_t *s, uint64_t id, void *user) {
   device_t *d = user;
   weft_runtime_t *rt = atomic_load_explicit(&d->rt, memory_order_acquire);
   weft_status_t st = WEFT_OK;
   pthread_mutex_lock(&d->lock);
-  weft_graph_pool_t *p = NULL;
-  for (unsigned i = 0; i < d->n_caps && p == NULL; i++)
-    if (d->caps[i].id == id) p = d->caps[i].pool;
-  if (p == NULL) {
-    if (d->n_caps == MAX_CAPTURES) {
-      pthread_mutex_unlock(&d->lock);
-      return fail(WEFT_ERR_BUSY, "weft_torch: %d graph pools of captures are kept; release some "
-                  "(weft_torch_release_graph_pools)", MAX_CAPTURES);
+  gpool_t *g = NULL, *only = NULL;
+  unsigned waiting = 0;
+  for (unsigned i = 0; i < d->n_pools && g == NULL; i++) {
+    gpool_t *e = &d->pools[i];
+    if (e->capture == id) g = e; /* met before (on another stream it was forked onto) */
+    else if (e->pending && e->capture == 0) {
+      waiting++;
+      only = e;
+      if (pthread_equal(e->begun_by, pthread_self())) g = e;
     }
-    if ((st = weft_graph_pool_create(rt, &p)) != WEFT_OK) {
-      pthread_mutex_unlock(&d->lock);
-      return fail(st, "weft_torch: weft_graph_pool_create: %s", weft_last_error());
-    }
-    d->caps[d->n_caps++] = (capture_pool_t){id, s, p};
   }
+  if (g == NULL && waiting == 1) g = only;
+  if (g == NULL && (g = gpool_add(d)) == NULL) {
+    pthread_mutex_unlock(&d->lock);
+    return fail(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_torch: no host memory for a graph pool's entry");
+  }
+  if (g->pool == NULL && (st = weft_graph_pool_create(rt, &g->pool)) != WEFT_OK) {
+    if ((g->id0 | g->id1) == 0) d->n_pools--; /* the new entry (the last) */
+    pthread_mutex_unlock(&d->lock);
+    return fail(st, "weft_torch: weft_graph_pool_create: %s", weft_last_error());
+  }
+  if (g->capture != id) {
+    g->capture = id;
+    g->stream = s;
+  }
+  weft_graph_pool_t *p = g->pool;
   pthread_mutex_unlock(&d->lock);
   st = weft_capture_allocate_to(s, p);
   return st == WEFT_OK ? st : fail(st, "weft_torch: weft_capture_allocate_to: %s", weft_last_error());
+}
+
+/* CUDAGraph::capture_begin's beginAllocateToPool: the next capture met on this thread (see
+ * on_capture) draws from PyTorch pool `id`'s graph pool. The pool is made when the capture is
+ * met (on_capture): here no driver call. */
+void weft_torch_begin_allocate_to_pool(int device, weft_torch_mempool_id_t id, const void *filter) {
+  (void)filter; /* which streams: those of the capture begun next on this thread (on_capture) */
+  if (device < 0 || device >= MAX_DEVICES || (id.first | id.second) == 0) return;
+  device_t *d = &devices[device];
+  pthread_mutex_lock(&d->lock);
+  gpool_t *g = gpool_by_id(d, id.first, id.second);
+  if (g == NULL && (g = gpool_add(d)) != NULL) {
+    g->id0 = id.first;
+    g->id1 = id.second;
+  }
+  if (g != NULL) {
+    g->uses++;
+    if (!g->pending) atomic_fetch_add_explicit(&d->drawing, 1, memory_order_relaxed);
+    g->pending = true;
+    g->begun_by = pthread_self();
+    g->capture = 0; /* the capture begun next */
+  }
+  pthread_mutex_unlock(&d->lock);
+  if (g == NULL) {
+    fail(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_torch: no host memory for a graph pool's entry");
+    if (atomic_fetch_add(&reported, 1) < 10) fprintf(stderr, "%s\n", last_error);
+  }
+}
+
+/* Destroys the graph pools of d that nothing holds any more: PyTorch released them and no tensor
+ * from them is live (run with no lock held: a destroy waits for the device). The capture that
+ * drew from one last may not be seen ended yet: asking its stream brings it up to date. */
+static void destroy_released(int device, device_t *d) {
+  for (;;) {
+    weft_graph_pool_t *p = NULL;
+    weft_stream_t *s = NULL;
+    bool found = false;
+    pthread_mutex_lock(&d->lock);
+    for (unsigned i = 0; i < d->n_pools && !found; i++) {
+      gpool_t *g = &d->pools[i];
+      if ((g->id0 | g->id1) == 0 || g->uses != 0 || g->live != 0 || g->pending) continue;
+      found = true;
+      p = g->pool; /* NULL: no capture drew from it (torch.cuda.use_mem_pool outside captures) */
+      s = g->stream;
+      d->pools[i] = d->pools[--d->n_pools];
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (!found) return;
+    if (p == NULL) continue;
+    if (s != NULL) refresh_capture(s);
+    weft_status_t st = weft_graph_pool_destroy(p);
+    if (st != WEFT_OK) {
+      fail(st, "weft_torch: releasing a graph pool of device %d: %s", device, weft_last_error());
+      if (atomic_fetch_add(&reported, 1) < 10) fprintf(stderr, "%s\n", last_error);
+      /* Kept as a capture's own: weft_torch_release_graph_pools tries again. */
+      pthread_mutex_lock(&d->lock);
+      gpool_t *g = gpool_add(d);
+      if (g != NULL) {
+        g->pool = p;
+        g->stream = s;
+      }
+      pthread_mutex_unlock(&d->lock);
+      return;
+    }
+  }
+}
+
+/* CUDAGraph::capture_end's endAllocateToPool (after the capture ended): pool `id` serves no
+ * capture now. The capture's stream is asked once, so that weft lets go of the pool at once (a
+ * later capture may draw from it). */
+void weft_torch_end_allocate_to_pool(int device, weft_torch_mempool_id_t id) {
+  if (device < 0 || device >= MAX_DEVICES) return;
+  device_t *d = &devices[device];
+  weft_stream_t *s = NULL;
+  pthread_mutex_lock(&d->lock);
+  gpool_t *g = gpool_by_id(d, id.first, id.second);
+  if (g != NULL && g->pending) {
+    g->pending = false;
+    atomic_fetch_sub_explicit(&d->drawing, 1, memory_order_relaxed);
+    s = g->stream;
+    g->capture = 0;
+  }
+  pthread_mutex_unlock(&d->lock);
+  if (s != NULL) {
+    ctx_scope_t sc = ctx_enter(device);
+    refresh_capture(s);
+    ctx_leave(sc);
+  }
+}
+
+/* CUDAGraph::reset's releasePool (the graph deleted or reset): one use of pool `id` less; at
+ * none, its graph pool goes once its last tensor is freed (now if none is live). */
+void weft_torch_release_pool(int device, weft_torch_mempool_id_t id) {
+  if (device < 0 || device >= MAX_DEVICES) return;
+  device_t *d = &devices[device];
+  pthread_mutex_lock(&d->lock);
+  gpool_t *g = gpool_by_id(d, id.first, id.second);
+  if (g != NULL && g->uses != 0) g->uses--;
+  pthread_mutex_unlock(&d->lock);
+  ctx_scope_t sc = ctx_enter(device);
+  destroy_released(device, d);
+  ctx_leave(sc);
+}
+
+/* The hooked pool of d drawn from by a capture now under way that holds ptr, or NULL (under
+ * d->lock). Only while d->drawing: a capture's allocations and frees count its live tensors. */
+static gpool_t *drawing_pool_of(device_t *d, CUdeviceptr ptr) {
+  for (unsigned i = 0; i < d->n_pools; i++) {
+    gpool_t *g = &d->pools[i];
+    if (g->pending && g->pool != NULL && weft_graph_pool_owns(g->pool, ptr)) return g;
+  }
+  return NULL;
 }
 
 static weft_status_t declare_recorded(weft_runtime_t *rt, int device, uintptr_t ptr, CUstream on, weft_stream_t *fs);
@@ -321,6 +488,7 @@ static void raise_in_pytorch(const char *msg) {
 }
 
 static void *alloc_or_null(ssize_t size, int device, CUstream stream);
+static void count_drawn(device_t *d, CUdeviceptr ptr, int delta);
 
 void *weft_torch_alloc(ssize_t size, int device, CUstream stream) {
   ctx_scope_t sc = ctx_enter(device);
@@ -351,6 +519,7 @@ static void *alloc_or_null(ssize_t size, int device, CUstream stream) {
     return NULL;
   }
   atomic_fetch_add_explicit(&d->allocs, 1, memory_order_relaxed);
+  if (atomic_load_explicit(&d->drawing, memory_order_relaxed) != 0) count_drawn(d, p, +1);
   unsigned k = handle_slot((uintptr_t)p);
   handles[k].ptr = (uintptr_t)p;
   handles[k].device = device;
@@ -358,13 +527,27 @@ static void *alloc_or_null(ssize_t size, int device, CUstream stream) {
   return (void *)(uintptr_t)p;
 }
 
-/* Whether a graph pool of a capture holds ptr (memory a captured graph kept). */
-static bool graph_owns(device_t *d, CUdeviceptr ptr) {
+/* A free of memory a captured graph kept (a graph pool of d holds ptr; weft no longer knows the
+ * block): nothing to free, the graph owns it; its pool's live tensors count one less. Whether a
+ * pool holds ptr. */
+static bool graph_free(int device, device_t *d, CUdeviceptr ptr) {
   pthread_mutex_lock(&d->lock);
-  bool owns = false;
-  for (unsigned i = 0; i < d->n_caps && !owns; i++) owns = weft_graph_pool_owns(d->caps[i].pool, ptr) != 0;
+  gpool_t *g = NULL;
+  for (unsigned i = 0; i < d->n_pools && g == NULL; i++)
+    if (d->pools[i].pool != NULL && weft_graph_pool_owns(d->pools[i].pool, ptr)) g = &d->pools[i];
+  bool last = g != NULL && g->live != 0 && --g->live == 0 && g->uses == 0;
   pthread_mutex_unlock(&d->lock);
-  return owns;
+  if (last) destroy_released(device, d);
+  return g != NULL;
+}
+
+/* While a PyTorch capture draws from a pool of d: the live count of the pool holding ptr changes
+ * by `delta` (an allocation inside the capture, or a free of one). */
+static void count_drawn(device_t *d, CUdeviceptr ptr, int delta) {
+  pthread_mutex_lock(&d->lock);
+  gpool_t *g = drawing_pool_of(d, ptr);
+  if (g != NULL && (delta > 0 || g->live != 0)) g->live += (uint64_t)(int64_t)delta;
+  pthread_mutex_unlock(&d->lock);
 }
 
 static void free_here(void *ptr, int device, CUstream stream);
@@ -397,9 +580,12 @@ static void free_here(void *ptr, int device, CUstream stream) {
     st = s == NULL ? WEFT_ERR_INVALID_ARGUMENT : weft_free_ptr(rt, (CUdeviceptr)(uintptr_t)ptr, s);
   if (st == WEFT_OK) {
     atomic_fetch_add_explicit(&d->frees, 1, memory_order_relaxed);
+    /* A tensor allocated inside a PyTorch capture, freed inside it: its range is free again
+     * (freed memory of a pool can never be handed to another pool meanwhile: it stays reserved). */
+    if (atomic_load_explicit(&d->drawing, memory_order_relaxed) != 0) count_drawn(d, (CUdeviceptr)(uintptr_t)ptr, -1);
     return;
   }
-  if (st == WEFT_ERR_INVALID_ARGUMENT && graph_owns(d, (CUdeviceptr)(uintptr_t)ptr)) {
+  if (st == WEFT_ERR_INVALID_ARGUMENT && graph_free(device, d, (CUdeviceptr)(uintptr_t)ptr)) {
     atomic_fetch_add_explicit(&d->graph_frees, 1, memory_order_relaxed);
     return;
   }
@@ -645,8 +831,12 @@ int weft_torch_stats(int device, char *buf, size_t len) {
   if (weft_runtime_options(rt, &o) != WEFT_OK) return -1;
   uint64_t graph_reserved = 0;
   pthread_mutex_lock(&d->lock);
-  unsigned pools = d->n_caps;
-  for (unsigned i = 0; i < pools; i++) graph_reserved += weft_graph_pool_reserved(d->caps[i].pool);
+  unsigned pools = 0; /* graph pools (a PyTorch pool id no capture drew from has none) */
+  for (unsigned i = 0; i < d->n_pools; i++)
+    if (d->pools[i].pool != NULL) {
+      pools++;
+      graph_reserved += weft_graph_pool_reserved(d->pools[i].pool);
+    }
   pthread_mutex_unlock(&d->lock);
   int n = snprintf(buf, len,
                    "{\"uses\": %" PRIu64 ", \"accesses\": %" PRIu64 ", \"waits_issued\": %" PRIu64
@@ -694,22 +884,45 @@ int weft_torch_release_graph_pools(int device) {
   ctx_scope_t sc = ctx_enter(device);
   if (rt != NULL) flush_kept(rt, d); /* frees kept while captures ran */
   int released = 0;
-  pthread_mutex_lock(&d->lock);
-  for (unsigned i = 0; i < d->n_caps;) {
+  /* One pool at a time, with no lock held while weft is asked (it may meet a capture and call
+   * on_capture) or the destroy waits for the device. */
+  for (;;) {
+    weft_graph_pool_t *p = NULL;
+    weft_stream_t *s = NULL;
+    pthread_mutex_lock(&d->lock);
+    for (unsigned i = 0; i < d->n_pools && p == NULL; i++) {
+      gpool_t *g = &d->pools[i];
+      if ((g->id0 | g->id1) != 0 || g->tried) continue; /* PyTorch's own: released by PyTorch */
+      g->tried = true;
+      p = g->pool;
+      s = g->stream;
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (p == NULL) break;
     int capturing = 0;
     /* Asking brings the stream's capture state up to date: an ended capture lets go of its pool. */
-    if (weft_stream_is_capturing(d->caps[i].stream, &capturing) != WEFT_OK) capturing = 1;
-    if (capturing) { /* perhaps still this capture: keep its pool */
-      i++;
+    if (s != NULL && weft_stream_is_capturing(s, &capturing) != WEFT_OK) capturing = 1;
+    if (capturing) continue; /* perhaps still this capture: keep its pool */
+    bool mine = false;
+    pthread_mutex_lock(&d->lock);
+    for (unsigned i = 0; i < d->n_pools && !mine; i++)
+      if (d->pools[i].pool == p) {
+        d->pools[i] = d->pools[--d->n_pools];
+        mine = true;
+      }
+    pthread_mutex_unlock(&d->lock);
+    if (!mine) continue; /* another thread's release took it */
+    if (weft_graph_pool_destroy(p) == WEFT_OK) {
+      released++;
       continue;
     }
-    if (weft_graph_pool_destroy(d->caps[i].pool) == WEFT_OK) {
-      d->caps[i] = d->caps[--d->n_caps];
-      released++;
-    } else {
-      i++;
-    }
+    pthread_mutex_lock(&d->lock); /* kept (a graph or capture still uses it): tried again next time */
+    gpool_t *g = gpool_add(d);
+    if (g != NULL) *g = (gpool_t){.pool = p, .stream = s, .tried = true};
+    pthread_mutex_unlock(&d->lock);
   }
+  pthread_mutex_lock(&d->lock);
+  for (unsigned i = 0; i < d->n_pools; i++) d->pools[i].tried = false;
   pthread_mutex_unlock(&d->lock);
   ctx_leave(sc);
   return released;

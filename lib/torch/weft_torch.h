@@ -15,13 +15,16 @@
  *     only after that stream is ordered after the free. Work declared with weft_torch_use_* on
  *     other streams is waited for first, and so is the work of streams recorded with
  *     tensor.record_stream (weft_torch_record_stream).
- *   - allocations on a stream that PyTorch is capturing (torch.cuda.graph: GLOBAL mode) come from
- *     a graph pool of that capture (weft_capture_allocate_to), PyTorch's private-pool semantics:
- *     fixed addresses, a range freed inside the capture is reused later in it, what is live at
- *     the end belongs to the graph and stays reserved until weft_torch_release_graph_pools().
- *     Why not CUDAPluggableAllocator's begin/end-allocate-to-pool hooks: PyTorch sets them only
- *     from C++ (std::function arguments), which a C library loaded by ctypes cannot reach; the
- *     capture is visible to the allocator through the stream instead (cuStreamGetCaptureInfo).
+ *   - allocations on a stream that PyTorch is capturing (torch.cuda.graph) come from a graph pool
+ *     (weft_capture_allocate_to), PyTorch's private-pool semantics: fixed addresses, a range freed
+ *     inside the capture is reused later in it, what is live at the end belongs to the graph.
+ *     With CUDAPluggableAllocator's pool hooks (weft_torch.py sets them where PyTorch lets Python:
+ *     weft_torch_begin_allocate_to_pool, _end_allocate_to_pool, _release_pool) the graph pool is
+ *     PyTorch's pool id's: captures into one PyTorch pool (pool=g.pool(), graph_pool_handle())
+ *     share it, and it is destroyed once PyTorch released it (the graphs deleted or reset) and no
+ *     tensor from it is live. Without them, each capture has a pool of its own, kept until
+ *     weft_torch_release_graph_pools(). The capture itself is seen through the stream
+ *     (cuStreamGetCaptureInfo), so a capture begun by other code is served as well.
  * Thread-safe: PyTorch allocates and frees from any thread. */
 #ifndef WEFT_TORCH_H
 #define WEFT_TORCH_H
@@ -80,8 +83,28 @@ WEFT_TORCH_API int weft_torch_stats(int device, char *buf, size_t len);
  * caches, then the pool's idle chunks; the kept frees are made first). Live tensors and graph
  * pools keep their memory; a stream taking part in a capture keeps its cache. */
 WEFT_TORCH_API void weft_torch_empty_cache(void);
-/** Destroys the graph pools of captures that have ended (call once their graphs are gone:
- * torch.cuda.CUDAGraph.reset() or deleted). Returns how many were destroyed. */
+/** PyTorch's pool id (c10::cuda::MempoolId_t, a pair of unsigned long long passed by value). */
+typedef struct weft_torch_mempool_id {
+  unsigned long long first, second;
+} weft_torch_mempool_id_t;
+/** CUDAPluggableAllocator's begin_allocate_to_pool (CUDAGraph::capture_begin calls it before
+ * cuStreamBeginCapture, on the capturing thread): the capture weft meets next on this thread (else
+ * the only one waiting on the device) draws from the graph pool of `id`, made at that moment, or
+ * the one earlier captures into `id` drew from. `filter` (PyTorch's std::function, passed by
+ * reference under the C++ ABI) is not called. */
+WEFT_TORCH_API void weft_torch_begin_allocate_to_pool(int device, weft_torch_mempool_id_t id, const void *filter);
+/** CUDAPluggableAllocator's end_allocate_to_pool (after the capture ended): pool `id` serves no
+ * capture now; a later begin with `id` draws from it again. */
+WEFT_TORCH_API void weft_torch_end_allocate_to_pool(int device, weft_torch_mempool_id_t id);
+/** CUDAPluggableAllocator's release_pool (CUDAGraph::reset: the graph deleted or reset): one use
+ * of `id` less (each begin made one). With none left, the graph pool is destroyed as soon as no
+ * tensor allocated from it is live (now, or at the last one's free): weft waits for the device's
+ * work on it first. */
+WEFT_TORCH_API void weft_torch_release_pool(int device, weft_torch_mempool_id_t id);
+/** Destroys the graph pools of captures weft met with no begin_allocate_to_pool (the hooks not
+ * set, or captures begun by other code) that have ended: call once their graphs are gone
+ * (torch.cuda.CUDAGraph.reset() or deleted). PyTorch's own pools are left to release_pool.
+ * Returns how many were destroyed. */
 WEFT_TORCH_API int weft_torch_release_graph_pools(int device);
 /** The last failure's message on this thread ("" if none). */
 WEFT_TORCH_API const char *weft_torch_last_error(void);

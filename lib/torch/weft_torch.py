@@ -22,6 +22,7 @@ import os
 _lib = None
 record_stream_hooked = False  # install() set PyTorch's record_stream hook (weft_torch_record_stream)
 empty_cache_hooked = False  # install() set PyTorch's reset hook (torch.cuda.empty_cache: weft_torch_empty_cache)
+graph_pools_hooked = False  # install() set PyTorch's graph-pool hooks (begin/end allocate to pool, release pool)
 
 
 def library_path(path=None):
@@ -72,9 +73,17 @@ def install(path=None):
     # Where PyTorch lets Python set them: tensor.record_stream(s) (ProcessGroupNCCL makes it for
     # every collective's tensors: the free then waits for the recorded streams' work), and
     # torch.cuda.empty_cache() (weft gives back what it holds beyond live tensors).
-    global record_stream_hooked, empty_cache_hooked
+    global record_stream_hooked, empty_cache_hooked, graph_pools_hooked
     record_stream_hooked = _hook(alloc, p, "set_record_stream_fn", "weft_torch_record_stream")
     empty_cache_hooked = _hook(alloc, p, "set_reset_fn", "weft_torch_empty_cache")
+    # torch.cuda.graph's pools: captures into one PyTorch pool share a graph pool, given back when
+    # PyTorch releases it (the graphs deleted) and no tensor from it is live. All three or none
+    # (a begin never released would keep its pool for good).
+    pool_hooks = (("set_begin_allocate_to_pool", "weft_torch_begin_allocate_to_pool"),
+                  ("set_end_allocate_to_pool_fn", "weft_torch_end_allocate_to_pool"),
+                  ("set_release_pool", "weft_torch_release_pool"))
+    if all(getattr(alloc.allocator(), setter, None) is not None for setter, _ in pool_hooks):
+        graph_pools_hooked = all([_hook(alloc, p, setter, fn) for setter, fn in pool_hooks])
     torch.cuda.memory.change_current_allocator(alloc)
     _load(p)  # the same library (dlopen gives PyTorch's handle back): the same state
     return p
@@ -96,8 +105,10 @@ def stats(device=None):
 
 
 def release_graph_pools(device=None):
-    """Frees the memory of graphs captured with torch.cuda.graph whose graphs are gone (call after
-    deleting or resetting them). Returns how many graph pools were released."""
+    """Frees the memory of captures that weft met with no PyTorch pool hooks (graph_pools_hooked
+    False: an older PyTorch, or captures begun by other code) whose graphs are gone (call after
+    deleting or resetting them). With the hooks PyTorch releases its pools itself. Returns how
+    many graph pools were released."""
     return _load().weft_torch_release_graph_pools(_device(device))
 
 

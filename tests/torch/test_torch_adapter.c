@@ -39,9 +39,17 @@ static int (*t_stats)(int, char *, size_t);
 static int (*t_release)(int);
 static void (*t_record)(void *, CUstream);
 static void (*t_empty)(void);
+/* CUDAPluggableAllocator's graph-pool hooks (PyTorch's MempoolId_t is a pair of unsigned long
+ * long passed by value; the filter, a std::function passed by value, arrives as a pointer). */
+typedef struct { unsigned long long first, second; } mempool_id_t;
+static void (*t_pool_begin)(int, mempool_id_t, const void *);
+static void (*t_pool_end)(int, mempool_id_t);
+static void (*t_pool_release)(int, mempool_id_t);
 static const char *(*t_error)(void);
 static void *(*t_symbol)(const char *);
 static const weft_sim_api_t *sim;
+static CUcontext ctx_dev0; /* device 0's primary context */
+static CUresult (*d_set_current)(CUcontext);
 
 /* The driver weft loaded (the simulator here), as PyTorch's own CUDA calls would reach it. */
 static CUresult (*d_stream_create)(CUstream *, unsigned, int);
@@ -84,6 +92,10 @@ static void load(void) {
   SYM(t_error, lib, "weft_torch_last_error");
   SYM(t_record, lib, "weft_torch_record_stream");
   SYM(t_empty, lib, "weft_torch_empty_cache");
+  /* Looked up here, required by the cases that use them. */
+  *(void **)&t_pool_begin = dlsym(lib, "weft_torch_begin_allocate_to_pool");
+  *(void **)&t_pool_end = dlsym(lib, "weft_torch_end_allocate_to_pool");
+  *(void **)&t_pool_release = dlsym(lib, "weft_torch_release_pool");
   /* PyTorch's CUDA runtime makes device 0's primary context current on this thread before its
    * first allocation; the adapter leaves the current context as it found it. */
   CUresult (*init)(unsigned);
@@ -100,6 +112,8 @@ static void load(void) {
   if (init(0) != CUDA_SUCCESS || dev_get(&dev0, 0) != CUDA_SUCCESS || retain(&ctx0, dev0) != CUDA_SUCCESS ||
       set_cur(ctx0) != CUDA_SUCCESS)
     fail_msg("cannot make device 0's primary context current");
+  ctx_dev0 = ctx0;
+  d_set_current = set_cur;
   void *p = t_alloc(256, 0, NULL); /* the first allocation makes the runtime */
   if (p == NULL) fail_msg("first alloc: %s", t_error());
   t_free(p, 256, 0, NULL);
@@ -786,6 +800,233 @@ static void test_empty_cache_gives_back_what_is_not_live(void **state) {
 /* The adapter's runtime keeps nothing cached in the driver's pool and takes 16 MiB chunks (what
  * held device memory within 1.1x of PyTorch's allocator on the example, H100) and gives the
  * device's lanes to adopted streams, unless the environment says otherwise. */
+/* torch.cuda.graph's capture of one step as PyTorch makes it (CUDAGraph::capture_begin/end):
+ * beginAllocateToPool(device, pool id, filter), the capture on cs, a temporary freed inside, an
+ * output kept; then endAllocateToPool. With `hooks` false, PyTorch without the pool hooks (a
+ * C caller, or hooks not set). The graph replays once with input value v; *out_ptr: the output. */
+static void capture_step(CUstream cs, CUdeviceptr in, size_t n, bool hooks, mempool_id_t id, unsigned v,
+                         CUgraphExec *x, CUgraph *g, CUdeviceptr *out_ptr) {
+  char filter[32] = {0}; /* stands for the std::function PyTorch passes; weft never calls it */
+  if (hooks && (t_pool_begin == NULL || t_pool_end == NULL || t_pool_release == NULL))
+    fail_msg("%s has no graph-pool hooks (weft_torch_begin_allocate_to_pool, ...)", lib_path);
+  if (hooks) t_pool_begin(0, id, filter);
+  assert_int_equal(d_begin(cs, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  CUdeviceptr tmp = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, cs);
+  if (tmp == 0) fail_msg("alloc inside capture: %s", t_error());
+  assert_int_equal(d_copy(tmp, in, n, cs), CUDA_SUCCESS);
+  CUdeviceptr out = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, cs);
+  if (out == 0) fail_msg("alloc inside capture: %s", t_error());
+  assert_int_equal(d_copy(out, tmp, n, cs), CUDA_SUCCESS);
+  t_free((void *)(uintptr_t)tmp, (ssize_t)n, 0, cs);
+  assert_int_equal(d_end(cs, g), CUDA_SUCCESS);
+  if (hooks) t_pool_end(0, id);
+  assert_int_equal(d_inst(x, *g, 0), CUDA_SUCCESS);
+  assert_int_equal(d_memset(in, v, n / 4, cs), CUDA_SUCCESS);
+  assert_int_equal(d_launch(*x, cs), CUDA_SUCCESS);
+  assert_int_equal(d_sync(cs), CUDA_SUCCESS);
+  assert_int_equal(word(out), v);
+  *out_ptr = out;
+}
+
+/* torch.compile's CUDA graphs and programs that capture per shape make hundreds of graphs in a
+ * run. Without PyTorch's pool hooks each capture keeps a graph pool until
+ * weft_torch_release_graph_pools: any number of them (a fixed table of 64 made the 65th
+ * capture's allocations fail). */
+static void test_many_captures_without_the_pool_hooks(void **state) {
+  (void)state;
+  uint64_t live0 = stat_of("live_bytes");
+  CUstream cs = new_stream();
+  const size_t n = 4096;
+  CUdeviceptr in = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, NULL);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  enum { GRAPHS = 100 };
+  for (unsigned i = 0; i < GRAPHS; i++) {
+    CUgraphExec x;
+    CUgraph g;
+    CUdeviceptr out;
+    capture_step(cs, in, n, false, (mempool_id_t){0, 0}, 7 + i, &x, &g, &out);
+    t_free((void *)(uintptr_t)out, (ssize_t)n, 0, cs);
+    assert_int_equal(d_exec_destroy(x), CUDA_SUCCESS);
+    assert_int_equal(d_graph_destroy(g), CUDA_SUCCESS);
+  }
+  assert_int_equal(stat_of("graph_pools"), GRAPHS);
+  assert_int_equal(stat_of("alloc_failures"), 0);
+  assert_int_equal(t_release(0), GRAPHS);
+  assert_int_equal(stat_of("graph_pools"), 0);
+  t_free((void *)(uintptr_t)in, (ssize_t)n, 0, NULL);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  assert_int_equal(stat_of("live_bytes"), live0);
+  check_races();
+}
+
+/* With PyTorch's hooks (weft_torch.py sets them): a graph's pool is given back when PyTorch
+ * releases it (CUDAGraph::reset, the graph deleted) and no tensor from it is still live, with no
+ * call from the user; 100 graphs made and deleted one after another hold one graph's memory. */
+static void test_pytorch_releases_each_graphs_pool(void **state) {
+  (void)state;
+  uint64_t live0 = stat_of("live_bytes"), fails0 = stat_of("free_failures");
+  CUstream cs = new_stream();
+  const size_t n = 64 * 1024;
+  CUdeviceptr in = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, NULL);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  for (unsigned i = 0; i < 100; i++) {
+    mempool_id_t id = {1000 + i, 0}; /* a new pool per graph: PyTorch's default */
+    CUgraphExec x;
+    CUgraph g;
+    CUdeviceptr out;
+    capture_step(cs, in, n, true, id, 3 + i, &x, &g, &out);
+    assert_int_equal(stat_of("graph_pools"), 1);
+    assert_true(stat_of("graph_pool_reserved") > 0);
+    /* The graph is deleted: its exec, then reset() releases the pool; the static output dies last. */
+    assert_int_equal(d_exec_destroy(x), CUDA_SUCCESS);
+    assert_int_equal(d_graph_destroy(g), CUDA_SUCCESS);
+    t_pool_release(0, id);
+    assert_int_equal(stat_of("graph_pools"), 1); /* the output still lives in its memory */
+    assert_int_equal(word(out), 3 + i);
+    t_free((void *)(uintptr_t)out, (ssize_t)n, 0, cs);
+    assert_int_equal(stat_of("graph_pools"), 0);
+    assert_int_equal(stat_of("graph_pool_reserved"), 0);
+  }
+  assert_int_equal(stat_of("free_failures"), fails0);
+  assert_int_equal(stat_of("alloc_failures"), 0);
+  t_free((void *)(uintptr_t)in, (ssize_t)n, 0, NULL);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  assert_int_equal(stat_of("live_bytes"), live0);
+  check_races();
+}
+
+/* torch.cuda.graph(pool=g1.pool()): graphs captured into one PyTorch pool share one graph pool
+ * (a later capture reuses what an earlier one freed inside it), and the pool lives until its last
+ * graph is released; both graphs replay right in between. */
+static void test_graphs_sharing_a_pytorch_pool(void **state) {
+  (void)state;
+  uint64_t live0 = stat_of("live_bytes");
+  CUstream cs = new_stream();
+  const size_t n = 64 * 1024;
+  CUdeviceptr in = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, NULL);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  mempool_id_t id = {0, 77}; /* torch.cuda.graph_pool_handle() */
+  CUgraphExec x1, x2;
+  CUgraph g1, g2;
+  CUdeviceptr o1, o2;
+  capture_step(cs, in, n, true, id, 11, &x1, &g1, &o1);
+  uint64_t one = stat_of("graph_pool_reserved");
+  capture_step(cs, in, n, true, id, 12, &x2, &g2, &o2);
+  assert_int_equal(stat_of("graph_pools"), 1);
+  assert_int_equal(stat_of("graph_pool_reserved"), one); /* g2 fit in what g1 left free */
+  for (unsigned r = 0; r < 4; r++) { /* in capture order, as PyTorch requires of a shared pool */
+    assert_int_equal(d_memset(in, 20 + r, n / 4, cs), CUDA_SUCCESS);
+    assert_int_equal(d_launch(x1, cs), CUDA_SUCCESS);
+    assert_int_equal(d_launch(x2, cs), CUDA_SUCCESS);
+    assert_int_equal(d_sync(cs), CUDA_SUCCESS);
+    assert_int_equal(word(o1), 20 + r);
+    assert_int_equal(word(o2), 20 + r);
+  }
+  t_free((void *)(uintptr_t)o1, (ssize_t)n, 0, cs);
+  assert_int_equal(d_exec_destroy(x1), CUDA_SUCCESS);
+  assert_int_equal(d_graph_destroy(g1), CUDA_SUCCESS);
+  t_pool_release(0, id);
+  assert_int_equal(stat_of("graph_pools"), 1); /* g2 still uses it */
+  assert_int_equal(d_memset(in, 99, n / 4, cs), CUDA_SUCCESS);
+  assert_int_equal(d_launch(x2, cs), CUDA_SUCCESS);
+  assert_int_equal(d_sync(cs), CUDA_SUCCESS);
+  assert_int_equal(word(o2), 99);
+  t_free((void *)(uintptr_t)o2, (ssize_t)n, 0, cs);
+  assert_int_equal(d_exec_destroy(x2), CUDA_SUCCESS);
+  assert_int_equal(d_graph_destroy(g2), CUDA_SUCCESS);
+  t_pool_release(0, id);
+  assert_int_equal(stat_of("graph_pools"), 0);
+  assert_int_equal(stat_of("free_failures"), 0);
+  t_free((void *)(uintptr_t)in, (ssize_t)n, 0, NULL);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  assert_int_equal(stat_of("live_bytes"), live0);
+  check_races();
+}
+
+/* Two threads capture at once (THREAD_LOCAL mode, as concurrent torch.cuda.graph captures do),
+ * each into a PyTorch pool of its own: each capture draws from its own thread's pool (the begin
+ * waiting on that thread), the pools never share memory, and each is released on its own. */
+typedef struct pool_thread {
+  unsigned k;
+  CUstream cs;
+  CUdeviceptr in, out;
+  CUgraphExec x;
+  CUgraph g;
+  pthread_barrier_t *inside; /* both captures under way at once */
+  int failed;
+} pool_thread_t;
+
+static void *capture_in_thread(void *arg) {
+  pool_thread_t *t = arg;
+  const size_t n = 64 * 1024;
+  char filter[32] = {0};
+  mempool_id_t id = {500 + t->k, 0};
+  if (d_set_current(ctx_dev0) != CUDA_SUCCESS) t->failed = 6; /* PyTorch's threads have their device's */
+  t_pool_begin(0, id, filter);
+  if (d_begin(t->cs, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) != CUDA_SUCCESS) t->failed = 1;
+  pthread_barrier_wait(t->inside); /* both begins wait for their captures */
+  CUdeviceptr tmp = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, t->cs);
+  t->out = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, t->cs);
+  if (tmp == 0 || t->out == 0) t->failed = 2;
+  CUresult r1 = CUDA_SUCCESS, r2 = CUDA_SUCCESS;
+  if (!t->failed && ((r1 = d_copy(tmp, t->in, n, t->cs)) != CUDA_SUCCESS || (r2 = d_copy(t->out, tmp, n, t->cs)) != CUDA_SUCCESS)) {
+    fprintf(stderr, "thread %u: copies: %d %d\n", t->k, (int)r1, (int)r2);
+    t->failed = 3;
+  }
+  if (tmp != 0) t_free((void *)(uintptr_t)tmp, (ssize_t)n, 0, t->cs);
+  pthread_barrier_wait(t->inside);
+  if (d_end(t->cs, &t->g) != CUDA_SUCCESS) t->failed = 4;
+  t_pool_end(0, id);
+  if (!t->failed && d_inst(&t->x, t->g, 0) != CUDA_SUCCESS) t->failed = 5;
+  return NULL;
+}
+
+static void test_two_threads_capture_into_their_own_pools(void **state) {
+  (void)state;
+  uint64_t live0 = stat_of("live_bytes");
+  if (t_pool_begin == NULL) fail_msg("%s has no graph-pool hooks", lib_path);
+  const size_t n = 64 * 1024;
+  pthread_barrier_t inside;
+  pthread_barrier_init(&inside, NULL, 2);
+  pool_thread_t t[2];
+  pthread_t th[2];
+  for (unsigned k = 0; k < 2; k++) {
+    t[k] = (pool_thread_t){.k = k, .cs = new_stream(), .inside = &inside};
+    t[k].in = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, NULL);
+    assert_true(t[k].in != 0);
+  }
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  for (unsigned k = 0; k < 2; k++) assert_int_equal(pthread_create(&th[k], NULL, capture_in_thread, &t[k]), 0);
+  for (unsigned k = 0; k < 2; k++) assert_int_equal(pthread_join(th[k], NULL), 0);
+  pthread_barrier_destroy(&inside);
+  for (unsigned k = 0; k < 2; k++) {
+    if (t[k].failed) fail_msg("thread %u failed at step %d: %s", k, t[k].failed, t_error());
+  }
+  assert_int_equal(stat_of("graph_pools"), 2);
+  assert_int_equal(stat_of("alloc_failures"), 0);
+  for (unsigned r = 0; r < 3; r++)
+    for (unsigned k = 0; k < 2; k++) {
+      assert_int_equal(d_memset(t[k].in, 40 + 2 * r + k, n / 4, t[k].cs), CUDA_SUCCESS);
+      assert_int_equal(d_launch(t[k].x, t[k].cs), CUDA_SUCCESS);
+    }
+  for (unsigned k = 0; k < 2; k++) {
+    assert_int_equal(d_sync(t[k].cs), CUDA_SUCCESS);
+    assert_int_equal(word(t[k].out), 40 + 4 + k); /* each graph wrote its own output only */
+  }
+  for (unsigned k = 0; k < 2; k++) {
+    assert_int_equal(d_exec_destroy(t[k].x), CUDA_SUCCESS);
+    assert_int_equal(d_graph_destroy(t[k].g), CUDA_SUCCESS);
+    t_pool_release(0, (mempool_id_t){500 + k, 0});
+    t_free((void *)(uintptr_t)t[k].out, (ssize_t)n, 0, t[k].cs);
+    assert_int_equal(stat_of("graph_pools"), 1 - k);
+    t_free((void *)(uintptr_t)t[k].in, (ssize_t)n, 0, NULL);
+  }
+  assert_int_equal(stat_of("free_failures"), 0);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  assert_int_equal(stat_of("live_bytes"), live0);
+  check_races();
+}
+
 static void test_adapter_defaults(void **state) {
   (void)state;
   void *p = t_alloc(4096, 0, NULL); /* the runtime exists */
@@ -814,6 +1055,10 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup(test_a_pointer_reallocated_elsewhere_frees_the_new_block, setup),
       cmocka_unit_test_setup(test_record_stream_orders_the_reuse, setup),
       cmocka_unit_test_setup(test_outside_capture_then_replays, setup),
+      cmocka_unit_test_setup(test_many_captures_without_the_pool_hooks, setup),
+      cmocka_unit_test_setup(test_pytorch_releases_each_graphs_pool, setup),
+      cmocka_unit_test_setup(test_graphs_sharing_a_pytorch_pool, setup),
+      cmocka_unit_test_setup(test_two_threads_capture_into_their_own_pools, setup),
       cmocka_unit_test_setup(test_legacy_frees_during_a_blocking_capture, setup),
       cmocka_unit_test_setup(test_a_tensor_from_before_the_capture_dies_inside_it, setup),
       cmocka_unit_test_setup(test_a_capture_forked_onto_a_second_stream, setup),
