@@ -899,10 +899,9 @@ int weft_torch_release_graph_pools(int device) {
     }
     pthread_mutex_unlock(&d->lock);
     if (p == NULL) break;
-    int capturing = 0;
-    /* Asking brings the stream's capture state up to date: an ended capture lets go of its pool. */
-    if (s != NULL && weft_stream_is_capturing(s, &capturing) != WEFT_OK) capturing = 1;
-    if (capturing) continue; /* perhaps still this capture: keep its pool */
+    /* An ended capture lets go of its pool once weft sees it ended; one still under way keeps
+     * it (the destroy says BUSY), also when the stream now takes part in a newer capture. */
+    if (s != NULL) refresh_capture(s);
     bool mine = false;
     pthread_mutex_lock(&d->lock);
     for (unsigned i = 0; i < d->n_pools && !mine; i++)

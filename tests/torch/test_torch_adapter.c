@@ -1027,6 +1027,41 @@ static void test_two_threads_capture_into_their_own_pools(void **state) {
   check_races();
 }
 
+/* weft_torch_release_graph_pools while a new capture runs on the stream of an ended one, before
+ * any weft call on it: asking weft about that stream meets the new capture and calls the
+ * adapter's capture handler (a deadlock while the release held the adapter's lock). The old pool
+ * goes, the new capture keeps its own and draws from it. */
+static void test_release_graph_pools_during_a_new_capture_on_the_stream(void **state) {
+  (void)state;
+  uint64_t live0 = stat_of("live_bytes");
+  CUstream cs = new_stream();
+  const size_t n = 4096;
+  CUdeviceptr in = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, NULL);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  CUgraphExec x;
+  CUgraph g;
+  CUdeviceptr out;
+  capture_step(cs, in, n, false, (mempool_id_t){0, 0}, 5, &x, &g, &out);
+  t_free((void *)(uintptr_t)out, (ssize_t)n, 0, cs);
+  assert_int_equal(d_exec_destroy(x), CUDA_SUCCESS);
+  assert_int_equal(d_graph_destroy(g), CUDA_SUCCESS);
+  assert_int_equal(d_begin(cs, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(t_release(0), 1); /* the ended capture's pool; the new one is met and kept */
+  CUdeviceptr tmp = (CUdeviceptr)(uintptr_t)t_alloc((ssize_t)n, 0, cs);
+  assert_true(tmp != 0);
+  assert_int_equal(d_copy(tmp, in, n, cs), CUDA_SUCCESS);
+  t_free((void *)(uintptr_t)tmp, (ssize_t)n, 0, cs);
+  assert_int_equal(d_end(cs, &g), CUDA_SUCCESS); /* valid */
+  assert_int_equal(d_graph_destroy(g), CUDA_SUCCESS);
+  assert_int_equal(stat_of("graph_pools"), 1);
+  assert_int_equal(t_release(0), 1);
+  assert_int_equal(stat_of("graph_pools"), 0);
+  t_free((void *)(uintptr_t)in, (ssize_t)n, 0, NULL);
+  assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  assert_int_equal(stat_of("live_bytes"), live0);
+  check_races();
+}
+
 static void test_adapter_defaults(void **state) {
   (void)state;
   void *p = t_alloc(4096, 0, NULL); /* the runtime exists */
@@ -1059,6 +1094,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup(test_pytorch_releases_each_graphs_pool, setup),
       cmocka_unit_test_setup(test_graphs_sharing_a_pytorch_pool, setup),
       cmocka_unit_test_setup(test_two_threads_capture_into_their_own_pools, setup),
+      cmocka_unit_test_setup(test_release_graph_pools_during_a_new_capture_on_the_stream, setup),
       cmocka_unit_test_setup(test_legacy_frees_during_a_blocking_capture, setup),
       cmocka_unit_test_setup(test_a_tensor_from_before_the_capture_dies_inside_it, setup),
       cmocka_unit_test_setup(test_a_capture_forked_onto_a_second_stream, setup),
