@@ -330,7 +330,12 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_stream_query(weft_stream_t *s);
  * after another thread that ended had the same pthread_t: each adopting thread keeps its slot
  * until the runtime is released); weft never destroys the stream (keep it alive while weft may use
  * it: until the runtime is released). Code outside weft may enqueue on it and capture it:
- * weft asks the driver about its capture state before each call on it. weft_stream_index gives
+ * weft asks the driver about its capture state before each call on it, and a free there is
+ * ordered after everything enqueued on it before the free, weft's or not (as cuMemFreeAsync):
+ * another stream reuses the memory only after that work. While outside code captures it, weft
+ * records none of its events for other streams (they would land in that capture): memory freed
+ * there is reused elsewhere once the capture has ended, and a use elsewhere that must wait for
+ * its work not yet recorded fails with CAPTURE. weft_stream_index gives
  * stream_count and above for adopted streams; weft_stream_raw gives `raw` back.
  * Errors: STALE_HANDLE, INVALID_ARGUMENT (NULL out, or one of weft's own pool streams), BUSY
  * (every slot is taken), DRIVER. */

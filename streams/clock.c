@@ -286,8 +286,31 @@ weft_status_t weft__clock_record(weft__tracker_t *tr, weft__domain_t *d, weft_st
   return weft__clock_flush(tr, d, s);
 }
 
+/* Whether t's pending tick may be recorded now, for another stream or the host: not while code
+ * outside weft captures t (an exposed live stream). The event would land in that capture, and
+ * asking the driver about a captured event invalidates the capture (CUDA_ERROR_CAPTURED_EVENT);
+ * a wait on it would pull the waiter into the capture. The pending point is recorded once the
+ * capture has ended. A weft call on t itself asked the driver already (weft__stream_prepare);
+ * this is for everyone else, and costs one query only where an exposed stream's point is pending.
+ * (The legacy stream while a blocking stream captures answers STREAM_CAPTURE_IMPLICIT: a record
+ * there would invalidate that capture too.) */
+static bool may_record(const weft__domain_t *d, weft_stream_t *t) {
+  const weft__lane_t *l = &d->lane[weft__at(d, t)];
+  if (l->recorded == l->tick || d->capture != NULL || !atomic_load_explicit(&t->exposed, memory_order_relaxed))
+    return true;
+  const weft__driver_t *drv = t->tr->drv;
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = drv->cuStreamGetCaptureInfo != NULL ? drv->cuStreamGetCaptureInfo(t->raw, &cs, NULL, NULL, NULL, NULL, NULL)
+                                                   : drv->cuStreamIsCapturing(t->raw, &cs);
+  return r == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, unsigned *slot) {
-  weft_status_t st = weft__clock_flush(tr, d, t);
+  weft_status_t st = WEFT_OK;
+  if (may_record(d, t)) st = weft__clock_flush(tr, d, t);
+  else if (k > d->lane[weft__at(d, t)].recorded) /* (k's event, where it exists, serves: the pending tick waits) */
+    st = weft__error(WEFT_ERR_CAPTURE, "stream %u takes part in a capture begun outside weft: its newest point is "
+                     "recorded once that capture has ended", t->index);
   if (st != WEFT_OK) return st;
   weft__lane_t *l = &d->lane[weft__at(d, t)];
   unsigned mask = l->ring_size - 1;

@@ -600,7 +600,10 @@ static uint64_t point_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream
 
 /* DO_RESTART (with DO_BEGIN, one live access): after the waits, the history restarts at s's
  * point, as a new block's on s (weft__tracker_free_kept). */
-enum { DO_BEGIN = 1, DO_END = 2, DO_OPEN = 4, DO_CLOSE = 8, DO_RESTART = 16 };
+/* DO_FREE: a free; on an exposed stream work outside weft may precede it (PyTorch's kernels), so
+ * s's lane becomes dirty: the free's point (the pool's stamp, a kept block's restart) is a new
+ * one, recorded after the call, never an older one those kernels came after. */
+enum { DO_BEGIN = 1, DO_END = 2, DO_OPEN = 4, DO_CLOSE = 8, DO_RESTART = 16, DO_FREE = 32 };
 
 /* The ways in: waits only, record only, both around `fn`, or the split form's open / close with
  * their checks. A live use with its work enqueues it without the lock (use_unlocked); the others
@@ -644,6 +647,10 @@ again:
       du = uses;
       goto again;
     }
+    if (st == WEFT_OK && (what & DO_FREE) && c == NULL && atomic_load_explicit(&s->exposed, memory_order_relaxed)) {
+      d->lane[weft__at(d, s)].dirty = true;
+      weft__clock_publish(d, weft__at(d, s));
+    }
     if (st == WEFT_OK && (what & DO_RESTART) && c == NULL) {
       weft__access_state_t *a = du[0].state;
       weft__access_init(a, a->reads, a->reads_cap);
@@ -680,13 +687,13 @@ out:
   return st;
 }
 
-weft_status_t weft__tracker_begin(weft_stream_t *s, const weft__use_t *uses, size_t n) {
-  return run_use(s, uses, n, DO_BEGIN, NULL, NULL, 0);
+weft_status_t weft__tracker_free_begin(weft_stream_t *s, const weft__use_t *uses, size_t n) {
+  return run_use(s, uses, n, DO_BEGIN | DO_FREE, NULL, NULL, 0);
 }
 
 weft_status_t weft__tracker_free_kept(weft_stream_t *s, weft__access_state_t *st) {
   weft__use_t use = {st, 2u /* WEFT_WRITE */, 0};
-  return run_use(s, &use, 1, DO_BEGIN | DO_RESTART, NULL, NULL, 0);
+  return run_use(s, &use, 1, DO_BEGIN | DO_RESTART | DO_FREE, NULL, NULL, 0);
 }
 
 weft_status_t weft__tracker_end(weft_stream_t *s, const weft__use_t *uses, size_t n) {

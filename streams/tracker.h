@@ -297,11 +297,14 @@ weft_status_t weft__tracker_bind(weft__tracker_t *tr);
 
 /* ---- uses (tracker.c) -------------------------------------------------------------------------- */
 
-/** Issues the waits `uses` need on s (see the file comment). Takes the tracker lock. On a driver
- * failure returns it; waits issued before the failure stay (harmless, conservative). */
-weft_status_t weft__tracker_begin(weft_stream_t *s, const weft__use_t *uses, size_t n);
+/** The free of a block on s: issues the waits `uses` (its write) need on s (see the file comment).
+ * On an exposed stream (weft__tracker_expose) s's lane becomes dirty: work code outside weft
+ * enqueued there before the free is covered by s's next point, which the resource stamps the
+ * memory with. Takes the tracker lock. On a driver failure returns it; waits issued before the
+ * failure stay (harmless, conservative). */
+weft_status_t weft__tracker_free_begin(weft_stream_t *s, const weft__use_t *uses, size_t n);
 /** The free of a live block that s keeps for its next allocation (the stream cache,
- * lib/runtime/cache.c): begin's waits for a write of the block, then, in the same lock hold, its
+ * lib/runtime/cache.c): free_begin's waits (and dirty lane), then, in the same lock hold, its
  * history restarts at s's point, as a new block's on s (weft__tracker_new_block). So handing the
  * block out again needs no tracker call. Inside a capture (begun meanwhile) only the waits. */
 weft_status_t weft__tracker_free_kept(weft_stream_t *s, weft__access_state_t *st);

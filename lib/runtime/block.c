@@ -545,7 +545,7 @@ static weft_status_t free_claimed(weft_block_t b, weft_stream_t *s) {
   uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   weft_access_t traced = {b, WEFT_WRITE};
   bool keep = c == NULL && weft__cache_accepts(s, rec);
-  st = keep ? weft__tracker_free_kept(s, &rec->acc) : weft__tracker_begin(s, &use, 1);
+  st = keep ? weft__tracker_free_kept(s, &rec->acc) : weft__tracker_free_begin(s, &use, 1);
   if (st == WEFT_OK && weft__trace_on()) weft__trace_use(s, "weft_free", &traced, 1, t0);
   if (st == WEFT_OK && keep && weft__cache_put(s, rec)) {
     free_announced(s, rec); /* the tag read atomically: another thread may hand the block out already */

@@ -292,6 +292,111 @@ static void test_outside_capture_on_adopted_stream(void **state) {
   assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
 }
 
+/* ---- work outside weft before a free on an adopted stream --------------------------------------
+ * PyTorch's kernels, another library's copies: work enqueued on an adopted stream that weft never
+ * sees. A free on that stream is stream-ordered after it (as cuMemFreeAsync): the memory may be
+ * reused on another stream only after that work, even when weft's newest point on the stream
+ * (a declared fill, its event recorded at once on an exposed stream) came before it. On the
+ * simulator the pool cannot grow (fault injection), so the other stream's allocation must reuse
+ * the range; on a GPU a round with no reuse checks nothing and says so. */
+static int setup_one_chunk(void **state, uint64_t stream_cache) {
+  tu_env_t *env = calloc(1, sizeof *env);
+  assert_non_null(env);
+  weft_options_t o = weft_options_default();
+  o.pool_chunk_bytes = 1u << 20;
+  o.stream_cache_bytes = stream_cache;
+  if (tu_init(env, &o) != 0) return -1;
+  if (env->sim != NULL) env->sim->reset_races(); /* an earlier case's, if it failed */
+  assert_int_equal(weft__driver_get(&drv), WEFT_OK);
+  CUcontext ctx;
+  assert_int_equal(drv->cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+  *state = env;
+  return 0;
+}
+static int setup_one_chunk_no_cache(void **state) { return setup_one_chunk(state, 0); }
+static int setup_one_chunk_cache(void **state) { return setup_one_chunk(state, 1u << 20); }
+
+/* `trim`: the free goes to the stream's cache first; weft_runtime_trim (torch.cuda.empty_cache)
+ * then gives it to the pool, as another thread may do at any time. */
+static void undeclared_work_before_a_free(tu_env_t *env, bool trim) {
+  CUstream raw = raw_stream();
+  weft_stream_t *s, *p0 = tu_stream(env, 0);
+  assert_int_equal(weft_stream_adopt(env->rt, raw, &s), WEFT_OK);
+  const size_t bytes = 768u << 10;
+  for (int round = 0; round < 4; round++) {
+    weft_block_t a, b;
+    assert_int_equal(weft_alloc(env->rt, bytes, s, "a", &a), WEFT_OK);
+    assert_int_equal(tu_fill(env, s, a, N, 1), WEFT_OK); /* declared: weft's newest point on s */
+    CUdeviceptr pa, pb;
+    assert_int_equal(weft_block_ptr(a, &pa), WEFT_OK);
+    assert_int_equal(drv->cuMemsetD32Async(pa, 9, bytes / 4, raw), CUDA_SUCCESS); /* not declared */
+    assert_int_equal(weft_free(a, s), WEFT_OK);
+    if (trim) { /* the cached block goes to the pool, the pool's idle memory back upstream */
+      weft_counters_t c0, c1;
+      assert_int_equal(weft_runtime_counters(env->rt, &c0), WEFT_OK);
+      assert_int_equal(weft_runtime_trim(env->rt), WEFT_OK);
+      assert_int_equal(weft_runtime_counters(env->rt, &c1), WEFT_OK);
+      assert_int_equal(c0.cached_blocks, 1); /* premise: a was cached on s, then given back */
+      assert_int_equal(c1.cached_blocks, 0);
+    }
+    /* The device has no memory for another chunk: p0 must reuse a's range, after its free. (After
+     * a trim the chunk may have gone back upstream: then p0's chunk is new and stream order in
+     * the driver's pool is what the oracle checks.) */
+    if (env->sim != NULL && !trim) assert_int_equal((env->sim->fail)("cuMemAllocFromPoolAsync:1+:2"), 0);
+    weft_status_t st = weft_alloc(env->rt, bytes, p0, "b", &b);
+    if (env->sim != NULL) assert_int_equal((env->sim->fail)(""), 0);
+    if (st != WEFT_OK) fail_msg("weft_alloc on p0: %s", weft_last_error());
+    assert_int_equal(weft_block_ptr(b, &pb), WEFT_OK);
+    if ((env->sim == NULL || trim) && pb != pa) { /* a new chunk: no reuse by p0 to check */
+      assert_int_equal(weft_free(b, p0), WEFT_OK);
+      continue;
+    }
+    assert_int_equal(pb, pa); /* premise: a's memory, reused on p0 */
+    assert_int_equal(tu_fill(env, p0, b, N, 2), WEFT_OK);
+    expect_all(p0, b, 2); /* not overwritten by the memset of the old block */
+    assert_int_equal(weft_free(b, p0), WEFT_OK);
+    if (env->sim != NULL) assert_int_equal(tu_races(env), 0);
+  }
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+}
+
+static void test_work_outside_weft_before_a_free_on_an_adopted_stream(void **state) {
+  undeclared_work_before_a_free(*state, false);
+}
+
+static void test_work_outside_weft_before_a_cached_free_given_back_by_a_trim(void **state) {
+  undeclared_work_before_a_free(*state, true);
+}
+
+/* A point of an adopted stream that weft has not recorded yet (a chunk grown for an allocation
+ * there) is needed by another stream while code outside weft captures the adopted stream (GLOBAL
+ * mode, as torch.cuda.graph): recording it then would put weft's event into that capture, and
+ * asking the driver about a captured event invalidates the capture (CUDA_ERROR_CAPTURED_EVENT).
+ * The capture must end valid and the other stream's allocation succeed. */
+static void test_an_adopted_streams_pending_point_is_not_recorded_into_an_outside_capture(void **state) {
+  tu_env_t *env = *state;
+  CUstream raw = raw_stream();
+  weft_stream_t *s, *p0 = tu_stream(env, 0);
+  assert_int_equal(weft_stream_adopt(env->rt, raw, &s), WEFT_OK);
+  weft_block_t a, b, c;
+  assert_int_equal(weft_alloc(env->rt, 256u << 10, s, "a", &a), WEFT_OK); /* grows the one chunk on s */
+  assert_int_equal(drv->cuStreamBeginCapture(raw, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  /* The rest of the chunk is free in s's lane at s's point; p0 looks at it. */
+  weft_status_t st = weft_alloc(env->rt, 512u << 10, p0, "b", &b);
+  CUgraph g = NULL;
+  CUresult end = drv->cuStreamEndCapture(raw, &g);
+  assert_int_equal(end, CUDA_SUCCESS); /* the capture was left alone */
+  if (g != NULL) assert_int_equal(drv->cuGraphDestroy(g), CUDA_SUCCESS);
+  if (st != WEFT_OK) fail_msg("weft_alloc on a pool stream during the outside capture: %s", weft_last_error());
+  assert_int_equal(tu_fill(env, p0, b, N, 4), WEFT_OK);
+  expect_all(p0, b, 4);
+  assert_int_equal(weft_alloc(env->rt, 128u << 10, p0, "c", &c), WEFT_OK);
+  assert_int_equal(weft_free(c, p0), WEFT_OK);
+  assert_int_equal(weft_free(b, p0), WEFT_OK);
+  assert_int_equal(weft_free(a, s), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+}
+
 /* The legacy stream while a blocking stream captures (outside code's capture): a free there is
  * deferred (OK; a second free is DOUBLE_FREE), the capture ends valid, and the block is freed on
  * the legacy stream at the first weft call after the capture ended; an allocation there is
@@ -579,6 +684,12 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_outside_capture_allocates_to_graph_pool, setup, teardown),
       cmocka_unit_test_setup_teardown(test_legacy_free_waits_for_a_blocking_capture, setup, teardown),
       cmocka_unit_test_setup_teardown(test_capture_handler_chooses_where_an_outside_capture_allocates, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_work_outside_weft_before_a_free_on_an_adopted_stream, setup_one_chunk_no_cache,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_work_outside_weft_before_a_cached_free_given_back_by_a_trim,
+                                      setup_one_chunk_cache, teardown),
+      cmocka_unit_test_setup_teardown(test_an_adopted_streams_pending_point_is_not_recorded_into_an_outside_capture,
+                                      setup_one_chunk_no_cache, teardown),
       cmocka_unit_test(test_adoption_slots_run_out),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
