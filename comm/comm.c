@@ -546,6 +546,36 @@ static weft_status_t comm_new(weft_runtime_t *rt, ncclComm_t nc, bool adopted, c
   return WEFT_OK;
 }
 
+/* Connects communicators c[0..n) (the ranks of this process): NCCL makes a communicator's
+ * collective connections at its first collective, with CUDA calls a GLOBAL capture does not
+ * permit (ncclInternalError, the capture invalidated: tests/conformance/conformance_nccl.c), so
+ * weft makes one now, eagerly (an all-reduce of one element on each communicator's stream, in one
+ * group), and a program's first collective may be captured in any mode, as after PyTorch's
+ * warm-up iterations. (Send and receive connect apart, at a communicator's first; weft.h.) */
+static weft_status_t connect_eagerly(weft_comm_t *const *c, int n) {
+  weft_block_t b[64];
+  if (n > 64) return WEFT_OK; /* (more ranks in one process than devices exist) */
+  int made = 0;
+  weft_status_t st = WEFT_OK;
+  for (; made < n; made++) {
+    if ((st = weft_alloc(c[made]->rt, 256, c[made]->stream, "weft.comm.connect", &b[made])) != WEFT_OK) break;
+    if ((st = weft_memset32(c[made]->stream, b[made], 0, 0, 256)) != WEFT_OK) {
+      made++;
+      break;
+    }
+  }
+  if (st == WEFT_OK && (st = weft_comm_group_begin()) == WEFT_OK) {
+    for (int i = 0; i < n && st == WEFT_OK; i++)
+      st = weft_all_reduce(c[i], b[i], 0, b[i], 0, 1, WEFT_FLOAT32, WEFT_SUM, NULL);
+    weft_status_t end = weft_comm_group_end(); /* ends the group also after a refused call */
+    if (st == WEFT_OK) st = end;
+  }
+  char why[512];
+  if (st != WEFT_OK) snprintf(why, sizeof why, "%s", weft_last_error());
+  for (int i = 0; i < made; i++) (void)weft_free(b[i], c[i]->stream);
+  return st == WEFT_OK ? st : weft__error(st, "connecting the communicators (an eager all-reduce): %s", why);
+}
+
 /* Makes rt's context current for NCCL (which works on the current device). */
 static weft_status_t bind(weft_runtime_t *rt, const char *fn) {
   if (weft__runtime_check(rt, fn) == NULL) return weft__runtime_check_status(rt);
@@ -578,7 +608,17 @@ weft_status_t weft_comm_init_rank(weft_runtime_t *rt, int nranks, const weft_com
   ncclComm_t nc;
   ncclResult_t r = nl->ncclCommInitRank(&nc, nranks, nid, rank);
   if (r != ncclSuccess) return weft__nccl_fail(nl, r, fn);
-  if ((st = comm_new(rt, nc, false, nl, out)) != WEFT_OK) (void)nl->ncclCommDestroy(nc);
+  if ((st = comm_new(rt, nc, false, nl, out)) != WEFT_OK) {
+    (void)nl->ncclCommDestroy(nc);
+    return st;
+  }
+  if ((st = connect_eagerly(out, 1)) != WEFT_OK) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", weft_last_error());
+    (void)weft_comm_destroy(*out);
+    *out = NULL;
+    return weft__error(st, "%s: %s", fn, why);
+  }
   return st;
 }
 
@@ -608,6 +648,11 @@ weft_status_t weft_comm_init_all(weft_runtime_t *const *rts, int n, weft_comm_t 
   int made = 0; /* communicators made (out[0..made)) */
   while (st == WEFT_OK && made < n)
     if ((st = comm_new(rts[made], nc[made], false, nl, &out[made])) == WEFT_OK) made++;
+  if (st == WEFT_OK && (st = connect_eagerly(out, n)) != WEFT_OK) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", weft_last_error());
+    st = weft__error(st, "%s: %s", fn, why);
+  }
   if (st != WEFT_OK && nc != NULL && nc[0] != NULL) {
     for (int i = 0; i < made; i++) {
       weft__handle_remove(out[i], WEFT__HANDLE_COMM);

@@ -955,8 +955,14 @@ typedef enum weft_redop { WEFT_SUM = 0, WEFT_PROD = 1, WEFT_MAX = 2, WEFT_MIN = 
  * Errors: NOT_SUPPORTED (no NCCL), COMM. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_comm_unique_id(weft_comm_id_t *out);
 /** Rank `rank` of `nranks` on rt's device, from the id every rank shares: blocks until every
- * rank joined, as ncclCommInitRank does (one process per GPU, or one thread per rank).
- * Errors: INVALID_ARGUMENT, STALE_HANDLE, NOT_SUPPORTED (no NCCL), COMM. */
+ * rank joined, as ncclCommInitRank does (one process per GPU, or one thread per rank). Like
+ * weft_comm_init_all, it then makes the communicator's collective connections with one eager
+ * all-reduce of one element: NCCL makes them at a communicator's first collective, with CUDA
+ * calls a GLOBAL capture does not permit (ncclInternalError, the capture invalidated), so a
+ * program's first collective may then be captured in any mode. Send and receive connect apart,
+ * at a communicator's first send or receive: make that one outside a GLOBAL capture (eagerly,
+ * or in a RELAXED or THREAD_LOCAL capture). A communicator from weft_comm_adopt is as its
+ * program left it. Errors: INVALID_ARGUMENT, STALE_HANDLE, NOT_SUPPORTED (no NCCL), COMM. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_comm_init_rank(weft_runtime_t *rt, int nranks, const weft_comm_id_t *id, int rank, weft_comm_t **out);
 /** One communicator over the runtimes rts[0..n) of this process (rank i on rts[i]'s device), as
  * ncclCommInitAll; out[i] is rank i. Nothing is made on failure. Errors: those of

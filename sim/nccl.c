@@ -87,6 +87,10 @@ struct sim__comm {
   uint64_t *send_seq, *recv_seq; /* [nranks] */
   ncclResult_t async;
   int aborted; /* ncclCommAbort took it out of its clique; its aborted operations free it */
+  /* NCCL connects a communicator lazily: its collectives' connections at its first collective
+   * (all-reduce, all-gather, broadcast, reduce, reduce-scatter share them), its point-to-point
+   * ones at its first send or receive (connect, below). */
+  int coll_connected, p2p_connected;
 };
 typedef struct sim__comm sim__comm_t;
 
@@ -576,6 +580,34 @@ static void enqueue_fused(sim__comm_t *c, sim__stream_t *s, part_t *parts, size_
 
 /* A fused operation of comm c on stream s: queued, or a graph node when s captures (the node
  * then holds it as the template its launches copy). */
+static int part_is_coll(const part_t *p);
+static void unnumber(sim__comm_t *c, const part_t *parts, size_t n);
+
+/* NCCL's lazy connection of c for parts about to be issued on s (measured with NCCL 2.28.3 on 2 x
+ * H100, tests/conformance/conformance_nccl.c's first case): a communicator's first collective,
+ * or first send / receive, makes its connections, with CUDA calls a GLOBAL capture does not
+ * permit. Issued into a GLOBAL capture, ncclGroupEnd fails with ncclInternalError and the capture
+ * is invalidated (it ends with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED); the connections are made
+ * all the same (the next such call succeeds). Eager, RELAXED and THREAD_LOCAL: connected, fine. */
+static ncclResult_t connect(sim__comm_t *c, sim__stream_t *s, const part_t *parts, size_t n) {
+  int coll = 0, p2p = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (part_is_coll(&parts[i])) coll = 1;
+    else p2p = 1;
+  }
+  int fresh = (coll && !c->coll_connected) || (p2p && !c->p2p_connected);
+  c->coll_connected |= coll;
+  c->p2p_connected |= p2p;
+  if (!fresh || s->cap == NULL || s->cap->mode != CU_STREAM_CAPTURE_MODE_GLOBAL) return ncclSuccess;
+  sim__capture_invalidate(s->cap);
+  return fail(ncclInternalError, coll ? "a communicator's first collective makes its connections, which a GLOBAL "
+                                        "capture does not permit (operation not permitted when stream is capturing): "
+                                        "the capture is invalidated"
+                                      : "a communicator's first send or receive makes its connections, which a "
+                                        "GLOBAL capture does not permit (operation not permitted when stream is "
+                                        "capturing): the capture is invalidated");
+}
+
 static ncclResult_t submit_fused(sim__comm_t *c, sim__stream_t *s, part_t *parts, size_t n) {
   if (s->cap == NULL) {
     enqueue_fused(c, s, parts, n);
@@ -614,6 +646,11 @@ static ncclResult_t post(ncclComm_t h, cudaStream_t hs, part_t p) {
     p.numbered = true;
   }
   if (g_depth == 0) {
+    ncclResult_t cr = connect(c, s, &p, 1);
+    if (cr != ncclSuccess) {
+      unnumber(c, &p, 1);
+      return cr;
+    }
     part_t *one = sim__xmalloc(sizeof *one);
     *one = p;
     return submit_fused(c, s, one, 1);
@@ -688,6 +725,13 @@ static void unnumber(sim__comm_t *c, const part_t *parts, size_t n) {
 static ncclResult_t group_end(void) {
   if (g_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
   if (--g_depth > 0) return ncclSuccess;
+  /* Every (communicator, stream) of the group connects (and each GLOBAL capture meeting a first
+   * connection is invalidated) before anything is issued: a failure fails the whole group. */
+  if (g_group_error == ncclSuccess)
+    for (size_t g = 0; g < g_ngrouped; g++) {
+      ncclResult_t x = connect(g_grouped[g].comm, g_grouped[g].stream, g_grouped[g].parts, g_grouped[g].n);
+      if (g_group_error == ncclSuccess) g_group_error = x;
+    }
   for (size_t g = 0; g < g_ngrouped; g++) {
     ncclResult_t r = ncclSuccess;
     if (g_group_error == ncclSuccess) {

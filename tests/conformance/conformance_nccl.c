@@ -113,6 +113,114 @@ static void get(int dev, CUdeviceptr p, void *h, size_t bytes) {
   OK(d->cuMemcpyDtoH(h, p, bytes));
 }
 
+/* ---- a new communicator's first collectives under capture ---------------------------------------
+ * NCCL makes a communicator's connections lazily: its collectives' (all-reduce, all-gather,
+ * broadcast, reduce-scatter share them) at its first collective, its point-to-point ones at its
+ * first send or receive, with CUDA calls a GLOBAL capture does not permit: ncclGroupEnd says
+ * ncclInternalError and both captures end INVALIDATED; the connections are made all the same.
+ * RELAXED and THREAD_LOCAL captures connect fine. Measured with NCCL 2.28.3 on 2 x H100 (this
+ * case, run first in the process); the simulator's NCCL answers the same (sim/nccl.c, connect). */
+static const char *capture_status(int r) {
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult q = d->cuStreamIsCapturing(st[r], &cs);
+  return q != CUDA_SUCCESS ? "query failed" : cs == CU_STREAM_CAPTURE_STATUS_ACTIVE ? "active"
+                                              : cs == CU_STREAM_CAPTURE_STATUS_INVALIDATED ? "invalidated" : "none";
+}
+
+/* One group of kind k (0 all-reduce, 1 all-gather, 2 send/recv, 3 broadcast, 4 reduce-scatter) on
+ * comms c, each rank's stream capturing in `mode` (-1: eager); prints the group's and the captures'
+ * answers and checks them: the group ends with `want` and, captured, both captures end
+ * INVALIDATED after a failure, else valid. */
+static void probe_group(const char *what, ncclComm_t *c, int k, int mode, ncclResult_t want) {
+  char line[400];
+  for (int r = 0; r < 2 && mode >= 0; r++) {
+    on(r);
+    OK(d->cuStreamBeginCapture(st[r], (CUstreamCaptureMode)mode));
+  }
+  ncclResult_t calls = ncclSuccess, end;
+  NCCL(ncclGroupStart)();
+  for (int r = 0; r < 2; r++) {
+    ncclResult_t x = ncclSuccess;
+    if (k == 0) x = NCCL(ncclAllReduce)((void *)buf[r], (void *)buf[r], N, ncclFloat, ncclSum, c[r], (cudaStream_t)st[r]);
+    if (k == 1) x = NCCL(ncclAllGather)((void *)buf[r], (void *)out[r], N / 2, ncclInt32, c[r], (cudaStream_t)st[r]);
+    if (k == 2) {
+      x = NCCL(ncclSend)((void *)buf[r], N, ncclInt32, 1 - r, c[r], (cudaStream_t)st[r]);
+      if (x == ncclSuccess) x = NCCL(ncclRecv)((void *)out[r], N, ncclInt32, 1 - r, c[r], (cudaStream_t)st[r]);
+    }
+    if (k == 3) x = NCCL(ncclBroadcast)((void *)buf[r], (void *)out[r], N, ncclInt32, 0, c[r], (cudaStream_t)st[r]);
+    if (k == 4) x = NCCL(ncclReduceScatter)((void *)buf[r], (void *)out[r], N / 2, ncclFloat, ncclSum, c[r], (cudaStream_t)st[r]);
+    if (calls == ncclSuccess) calls = x;
+  }
+  end = NCCL(ncclGroupEnd)();
+  snprintf(line, sizeof line, "%s: calls %d, group end %d (%s); capture rank 0 %s", what, (int)calls, (int)end,
+           NCCL(ncclGetErrorString)(end), mode >= 0 ? capture_status(0) : "-");
+  CUresult ends[2] = {CUDA_SUCCESS, CUDA_SUCCESS};
+  for (int r = 0; r < 2 && mode >= 0; r++) {
+    on(r);
+    CUgraph g = NULL;
+    ends[r] = d->cuStreamEndCapture(st[r], &g);
+    if (g != NULL) d->cuGraphDestroy(g);
+    snprintf(line + strlen(line), sizeof line - strlen(line), ", end %d", (int)ends[r]);
+  }
+  for (int r = 0; r < 2; r++) {
+    on(r);
+    d->cuStreamSynchronize(st[r]);
+  }
+  printf("probe %s\n", line);
+  assert_int_equal(calls, ncclSuccess);
+  assert_int_equal(end, want);
+  for (int r = 0; r < 2; r++)
+    assert_int_equal(ends[r], want == ncclSuccess ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+}
+
+static void test_first_collectives_under_capture(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  const int G = CU_STREAM_CAPTURE_MODE_GLOBAL, R = CU_STREAM_CAPTURE_MODE_RELAXED, T = CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+  const ncclResult_t ok = ncclSuccess, bad = ncclInternalError;
+  static const char *kinds[] = {"all-reduce", "all-gather", "send/recv", "broadcast", "reduce-scatter"};
+  const struct {
+    int same;        /* 1: the communicators of the case before */
+    int eager_first; /* kind run eagerly first on them (-1: none) */
+    int kind, mode;
+    ncclResult_t want;
+  } p[] = {
+      {0, -1, 0, G, bad}, /* a new pair's first collective, GLOBAL: refused, captures invalidated */
+      {1, -1, 0, G, ok},  /* ... but connected: the next one is captured */
+      {0, -1, 0, R, ok},  {0, -1, 0, T, ok}, {0, -1, 0, G, bad}, {0, -1, 2, R, ok}, {0, -1, 2, T, ok},
+      {0, -1, 1, G, bad}, /* every collective kind connects the same */
+      {0, 0, 1, G, ok},   {0, 0, 2, G, bad}, /* point-to-point connects apart */
+      {0, 0, 3, G, ok},   {0, 0, 4, G, ok},  {0, 2, 0, G, bad},
+  };
+  ncclComm_t prev[2] = {NULL, NULL};
+  for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
+    ncclComm_t c[2];
+    if (p[i].same) {
+      c[0] = prev[0];
+      c[1] = prev[1];
+    } else {
+      on(0);
+      NOK(NCCL(ncclCommInitAll)(c, 2, (int[]){0, 1}));
+      if (prev[0] != NULL)
+        for (int r = 0; r < 2; r++) NCCL(ncclCommAbort)(prev[r]);
+    }
+    char what[160];
+    if (p[i].eager_first >= 0) {
+      snprintf(what, sizeof what, "  eager %s first", kinds[p[i].eager_first]);
+      probe_group(what, c, p[i].eager_first, -1, ok);
+    }
+    snprintf(what, sizeof what, "%s communicators%s: %s under a %s capture", p[i].same ? "the same" : "new",
+             p[i].eager_first >= 0 ? " after it" : "", kinds[p[i].kind],
+             p[i].mode == G ? "GLOBAL" : p[i].mode == R ? "RELAXED" : "THREAD_LOCAL");
+    probe_group(what, c, p[i].kind, p[i].mode, p[i].want);
+    prev[0] = c[0];
+    prev[1] = c[1];
+  }
+  for (int r = 0; r < 2; r++) NCCL(ncclCommAbort)(prev[r]);
+  printf("conformance-nccl: a communicator's first collective and first send/receive under a GLOBAL capture fail "
+         "(ncclInternalError, captures invalidated) and connect it; RELAXED and THREAD_LOCAL connect fine ok\n");
+}
+
 static void test_communicators(void **state) {
   (void)state;
   if (!g_two) skip();
@@ -452,6 +560,7 @@ static void test_two_processes_all_reduce(void **state) {
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "--rank1") == 0) return child_main(argv[2]);
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_first_collectives_under_capture), /* first: no devices connected yet */
       cmocka_unit_test(test_communicators),
       cmocka_unit_test(test_all_reduce_in_place),
       cmocka_unit_test(test_collectives),
