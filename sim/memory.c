@@ -214,10 +214,16 @@ CUresult CUDAAPI cuMemGetInfo(size_t *free, size_t *total) { SIM_CALL(cuMemGetIn
 
 /* ---- synchronous copies: run on the host's clock after the legacy stream's work ---- */
 
+static int copy_can_touch(int dev, const sim__alloc_t *a);
+
+/* The current context's device must have access to pool memory of another device (2 x H100: a
+ * cuMemcpyDtoH of device 1's pool memory from device 0's context failed; conformance.c
+ * test_two_devices_pool_access), as for a device-to-device copy on a stream (copy_can_touch). */
 static CUresult copy_sync(CUdeviceptr dev, void *host_dst, const void *host_src, size_t n) {
   CUresult r = sim__need_ctx();
   if (r != CUDA_SUCCESS) return r;
   if ((host_dst == NULL && host_src == NULL) || (n > 0 && !sim__addr_contains(dev, n))) return CUDA_ERROR_INVALID_VALUE;
+  if (n > 0 && !copy_can_touch(sim__cur_dev(), sim__addr_owner(dev, n))) return CUDA_ERROR_INVALID_VALUE;
   /* Not an unsafe call: measured on an H200, a synchronous copy under GLOBAL capture succeeds and
    * leaves the capture valid. */
   sim__stream_t *legacy = sim__null_stream(sim__cur_dev());

@@ -1122,8 +1122,15 @@ static void test_two_devices_pool_access(void **state) {
   IS(CUDA_ERROR_INVALID_VALUE, d->cuMemcpyDtoDAsync(m1, q, 4096, s1));
   OK(d->cuMemcpyPeerAsync(m1, c1, q, g_ctx, 4096, s1));
   OK(d->cuStreamSynchronize(s1));
+  /* A synchronous copy to or from the host in device 1's context needs the access too (2 x H100:
+   * reading device 0's pool memory so failed, tests/torch:test_torch_threads' first GPU run). */
+  unsigned word = 0;
+  IS(CUDA_ERROR_INVALID_VALUE, d->cuMemcpyDtoH(&word, q, 4));
+  IS(CUDA_ERROR_INVALID_VALUE, d->cuMemcpyHtoD(q, &word, 4));
   OK(d->cuMemPoolSetAccess(p0, &rw, 1));
   OK(d->cuMemcpyDtoDAsync(m1, q, 4096, s1));
+  OK(d->cuStreamSynchronize(s1));
+  OK(d->cuMemcpyDtoH(&word, q, 4));
   OK(d->cuMemFreeAsync(q, s1));
   OK(d->cuStreamSynchronize(s1));
   OK(d->cuMemFree(m1));
@@ -1131,7 +1138,7 @@ static void test_two_devices_pool_access(void **state) {
   OK(d->cuMemPoolDestroy(p0));
   PASS("pools: their own device always has access, others none until cuMemPoolSetAccess; "
        "another device's stream may allocate from them, copies their memory with cuMemcpyPeerAsync, "
-       "and with cuMemcpyDtoDAsync only with access");
+       "and with cuMemcpyDtoDAsync, cuMemcpyDtoH or cuMemcpyHtoD only with access");
 }
 
 /* A peer copy cannot be captured: cuMemcpyPeerAsync on a capturing stream fails with

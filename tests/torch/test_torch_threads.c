@@ -226,6 +226,15 @@ static void expect_filled(CUdeviceptr p, size_t n, unsigned v, const char *what)
         b, v);
 }
 
+/* The same, read with the tensor's device current, as PyTorch's device guard makes it for a copy
+ * to the host: memory of a device's stream-ordered pool cannot be read from another device's
+ * context on a GPU (2 x H100: every such cuMemcpyDtoH failed), then `back` is made current. */
+static void expect_filled_on(int dev, int back, CUdeviceptr p, size_t n, unsigned v, const char *what) {
+  on_device(dev);
+  expect_filled(p, n, v, what);
+  on_device(back);
+}
+
 /* The calling thread's current context is still `want` (the adapter leaves it as it found it). */
 static void expect_context(CUcontext want, const char *what) {
   CUcontext cur = NULL;
@@ -285,7 +294,7 @@ static void *forward_and_backward(void *arg) {
       if (p != 0) CHECK(d_memset(p, v, n / 4, s) == CUDA_SUCCESS, "memset");
       if (r > 0 && theirs->p[i] != 0) {
         /* The autograd thread: the neighbour's tensor, its stream synchronised before the barrier. */
-        expect_filled(theirs->p[i], theirs->n[i], theirs->v[i], "a tensor freed on another thread");
+        expect_filled_on(theirs->dev, w->dev, theirs->p[i], theirs->n[i], theirs->v[i], "a tensor freed on another thread");
         CUcontext was = ctx_of[w->dev];
         t_free((void *)(uintptr_t)theirs->p[i], (ssize_t)theirs->n[i], theirs->dev, theirs->s);
         expect_context(was, "free from another thread");
@@ -314,7 +323,7 @@ static void test_tensors_freed_by_the_autograd_thread(void **state) {
   for (int t = 0; t < NT; t++) {
     batch_t *b = &batches[(ROUNDS - 1) % 2][t];
     for (unsigned i = 0; i < BATCH; i++) {
-      expect_filled(b->p[i], b->n[i], b->v[i], "the last round's tensor");
+      expect_filled_on(b->dev, 0, b->p[i], b->n[i], b->v[i], "the last round's tensor");
       t_free((void *)(uintptr_t)b->p[i], (ssize_t)b->n[i], b->dev, b->s);
     }
   }
