@@ -601,8 +601,8 @@ static uint64_t point_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream
 /* DO_RESTART (with DO_BEGIN, one live access): after the waits, the history restarts at s's
  * point, as a new block's on s (weft__tracker_free_kept). */
 /* DO_FREE: a free; on an exposed stream work outside weft may precede it (PyTorch's kernels), so
- * s's lane becomes dirty: the free's point (the pool's stamp, a kept block's restart) is a new
- * one, recorded after the call, never an older one those kernels came after. */
+ * s gets a pending tick: the free's point (the pool's stamp, a kept block's restart) is a new one,
+ * recorded after the call, never an older one those kernels came after. */
 enum { DO_BEGIN = 1, DO_END = 2, DO_OPEN = 4, DO_CLOSE = 8, DO_RESTART = 16, DO_FREE = 32 };
 
 /* The ways in: waits only, record only, both around `fn`, or the split form's open / close with
@@ -648,8 +648,16 @@ again:
       goto again;
     }
     if (st == WEFT_OK && (what & DO_FREE) && c == NULL && atomic_load_explicit(&s->exposed, memory_order_relaxed)) {
-      d->lane[weft__at(d, s)].dirty = true;
-      weft__clock_publish(d, weft__at(d, s));
+      weft__lane_t *l = &d->lane[weft__at(d, s)];
+      /* A pending tick, recorded when another stream or the host needs it (lazy records: the next
+       * free's begin does not record it; weft__clock_slot records it for others, never into an
+       * outside capture), or at the next begin on s. */
+      if (tr->lazy && !l->eager) {
+        (void)weft__clock_defer(d, s);
+      } else {
+        l->dirty = true;
+        weft__clock_publish(d, weft__at(d, s));
+      }
     }
     if (st == WEFT_OK && (what & DO_RESTART) && c == NULL) {
       weft__access_state_t *a = du[0].state;
