@@ -24,126 +24,23 @@
 #include <sys/types.h>
 #include <cmocka.h>
 
-#include <cuda.h>
+#include "tests/torch/harness.h"
 
-#include "sim/weft_sim.h"
-
-static const char *lib_path = "lib/torch/libweft_torch.so";
-
-/* The adapter's ABI (weft_torch.h), resolved with dlsym as PyTorch does. */
-static void *(*t_alloc)(ssize_t, int, CUstream);
-static void (*t_free)(void *, ssize_t, int, CUstream);
-static int (*t_use_begin)(int, CUstream, const uint64_t *, size_t, const uint64_t *, size_t);
-static int (*t_use_end)(int, CUstream, const uint64_t *, size_t, const uint64_t *, size_t);
-static int (*t_stats)(int, char *, size_t);
-static int (*t_release)(int);
-static void (*t_record)(void *, CUstream);
-static void (*t_empty)(void);
-/* CUDAPluggableAllocator's graph-pool hooks (PyTorch's MempoolId_t is a pair of unsigned long
- * long passed by value; the filter, a std::function passed by value, arrives as a pointer). */
-typedef struct { unsigned long long first, second; } mempool_id_t;
-static void (*t_pool_begin)(int, mempool_id_t, const void *);
-static void (*t_pool_end)(int, mempool_id_t);
-static void (*t_pool_release)(int, mempool_id_t);
-static const char *(*t_error)(void);
-static void *(*t_symbol)(const char *);
-static const weft_sim_api_t *sim;
 static CUcontext ctx_dev0; /* device 0's primary context */
-static CUresult (*d_set_current)(CUcontext);
 
-/* The driver weft loaded (the simulator here), as PyTorch's own CUDA calls would reach it. */
-static CUresult (*d_stream_create)(CUstream *, unsigned, int);
-static CUresult (*d_memset)(CUdeviceptr, unsigned, size_t, CUstream);
-static CUresult (*d_copy)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-static CUresult (*d_dtoh)(void *, CUdeviceptr, size_t);
-static CUresult (*d_sync)(CUstream);
-static CUresult (*d_ctx_sync)(void);
-static CUresult (*d_begin)(CUstream, CUstreamCaptureMode);
-static CUresult (*d_end)(CUstream, CUgraph *);
-static CUresult (*d_inst)(CUgraphExec *, CUgraph, unsigned long long);
-static CUresult (*d_launch)(CUgraphExec, CUstream);
-static CUresult (*d_exec_destroy)(CUgraphExec);
-static CUresult (*d_graph_destroy)(CUgraph);
-static CUresult (*d_event_create)(CUevent *, unsigned);
-static CUresult (*d_event_record)(CUevent, CUstream);
-static CUresult (*d_wait_event)(CUstream, CUevent, unsigned);
-static CUresult (*d_event_destroy)(CUevent);
-
-#define SYM(var, lib, name)                                        \
-  do {                                                             \
-    *(void **)&(var) = dlsym(lib, name);                           \
-    if ((var) == NULL) fail_msg("%s: no symbol %s", lib_path, name); \
-  } while (0)
-#define DRV(var, name)                                            \
-  do {                                                            \
-    *(void **)&(var) = t_symbol(name);                            \
-    if ((var) == NULL) fail_msg("the driver has no %s", name);    \
-  } while (0)
-
+/* The adapter and the driver (harness.h). PyTorch's CUDA runtime makes device 0's primary context
+ * current on this thread before its first allocation; the adapter leaves the current context as
+ * it found it. */
 static void load(void) {
-  void *lib = dlopen(lib_path, RTLD_NOW | RTLD_LOCAL);
-  if (lib == NULL) fail_msg("dlopen: %s", dlerror());
-  SYM(t_alloc, lib, "weft_torch_alloc");
-  SYM(t_free, lib, "weft_torch_free");
-  SYM(t_use_begin, lib, "weft_torch_use_begin");
-  SYM(t_use_end, lib, "weft_torch_use_end");
-  SYM(t_stats, lib, "weft_torch_stats");
-  SYM(t_release, lib, "weft_torch_release_graph_pools");
-  SYM(t_error, lib, "weft_torch_last_error");
-  SYM(t_record, lib, "weft_torch_record_stream");
-  SYM(t_empty, lib, "weft_torch_empty_cache");
-  /* Looked up here, required by the cases that use them. */
-  *(void **)&t_pool_begin = dlsym(lib, "weft_torch_begin_allocate_to_pool");
-  *(void **)&t_pool_end = dlsym(lib, "weft_torch_end_allocate_to_pool");
-  *(void **)&t_pool_release = dlsym(lib, "weft_torch_release_pool");
-  /* PyTorch's CUDA runtime makes device 0's primary context current on this thread before its
-   * first allocation; the adapter leaves the current context as it found it. */
-  CUresult (*init)(unsigned);
-  CUresult (*dev_get)(CUdevice *, int);
-  CUresult (*retain)(CUcontext *, CUdevice);
-  CUresult (*set_cur)(CUcontext);
-  SYM(t_symbol, lib, "weft_driver_symbol");
-  DRV(init, "cuInit");
-  DRV(dev_get, "cuDeviceGet");
-  DRV(retain, "cuDevicePrimaryCtxRetain");
-  DRV(set_cur, "cuCtxSetCurrent");
-  CUdevice dev0;
-  CUcontext ctx0;
-  if (init(0) != CUDA_SUCCESS || dev_get(&dev0, 0) != CUDA_SUCCESS || retain(&ctx0, dev0) != CUDA_SUCCESS ||
-      set_cur(ctx0) != CUDA_SUCCESS)
-    fail_msg("cannot make device 0's primary context current");
-  ctx_dev0 = ctx0;
-  d_set_current = set_cur;
+  harness_resolve();
+  ctx_dev0 = harness_primary(0);
+  if (d_set_cur(ctx_dev0) != CUDA_SUCCESS) fail_msg("cannot make device 0's primary context current");
   void *p = t_alloc(256, 0, NULL); /* the first allocation makes the runtime */
   if (p == NULL) fail_msg("first alloc: %s", t_error());
   t_free(p, 256, 0, NULL);
-  sim = weft_sim_api(t_symbol);
-  DRV(d_stream_create, "cuStreamCreateWithPriority");
-  DRV(d_memset, "cuMemsetD32Async");
-  DRV(d_copy, "cuMemcpyDtoDAsync_v2");
-  DRV(d_dtoh, "cuMemcpyDtoH_v2");
-  DRV(d_sync, "cuStreamSynchronize");
-  DRV(d_ctx_sync, "cuCtxSynchronize");
-  DRV(d_begin, "cuStreamBeginCapture_v2");
-  DRV(d_end, "cuStreamEndCapture");
-  DRV(d_inst, "cuGraphInstantiateWithFlags");
-  DRV(d_launch, "cuGraphLaunch");
-  DRV(d_exec_destroy, "cuGraphExecDestroy");
-  DRV(d_graph_destroy, "cuGraphDestroy");
-  DRV(d_event_create, "cuEventCreate");
-  DRV(d_event_record, "cuEventRecord");
-  DRV(d_wait_event, "cuStreamWaitEvent");
-  DRV(d_event_destroy, "cuEventDestroy_v2");
 }
 
-static uint64_t stat_of(const char *key) {
-  char buf[2048], pat[64];
-  assert_true(t_stats(0, buf, sizeof buf) > 0);
-  snprintf(pat, sizeof pat, "\"%s\": ", key);
-  const char *at = strstr(buf, pat);
-  if (at == NULL) fail_msg("no %s in %s", key, buf);
-  return strtoull(at + strlen(pat), NULL, 10);
-}
+static uint64_t stat_of(const char *key) { return harness_stat(0, key); }
 
 static unsigned word(CUdeviceptr p) {
   unsigned v = 0;
@@ -165,15 +62,6 @@ static int setup(void **state) {
   if (t_alloc == NULL) load();
   if (sim) sim->reset_races();
   return 0;
-}
-
-static void check_races(void) {
-  if (sim == NULL) return;
-  if (sim->race_count() != 0) sim->print_report();
-  assert_int_equal(sim->race_count(), 0);
-  weft_sim_stats_t st;
-  sim->stats(&st);
-  assert_int_equal(st.destroyed_handle_uses, 0); /* no driver call on a stream or event after its destroy */
 }
 
 #define MB (1u << 20)
@@ -961,7 +849,7 @@ static void *capture_in_thread(void *arg) {
   const size_t n = 64 * 1024;
   char filter[32] = {0};
   mempool_id_t id = {500 + t->k, 0};
-  if (d_set_current(ctx_dev0) != CUDA_SUCCESS) t->failed = 6; /* PyTorch's threads have their device's */
+  if (d_set_cur(ctx_dev0) != CUDA_SUCCESS) t->failed = 6; /* PyTorch's threads have their device's */
   t_pool_begin(0, id, filter);
   if (d_begin(t->cs, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) != CUDA_SUCCESS) t->failed = 1;
   pthread_barrier_wait(t->inside); /* both begins wait for their captures */

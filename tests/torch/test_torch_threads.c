@@ -31,40 +31,7 @@
 #include <sys/types.h>
 #include <cmocka.h>
 
-#include <cuda.h>
-
-#include "sim/weft_sim.h"
-
-static const char *lib_path = "lib/torch/libweft_torch.so";
-
-static void *(*t_alloc)(ssize_t, int, CUstream);
-static void (*t_free)(void *, ssize_t, int, CUstream);
-static int (*t_stats)(int, char *, size_t);
-static int (*t_release)(int);
-static void (*t_record)(void *, CUstream);
-static void (*t_empty)(void);
-static const char *(*t_error)(void);
-static void *(*t_symbol)(const char *);
-static const weft_sim_api_t *sim;
-
-static CUresult (*d_stream_create)(CUstream *, unsigned, int);
-static CUresult (*d_memset)(CUdeviceptr, unsigned, size_t, CUstream);
-static CUresult (*d_copy)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
-static CUresult (*d_dtoh)(void *, CUdeviceptr, size_t);
-static CUresult (*d_sync)(CUstream);
-static CUresult (*d_ctx_sync)(void);
-static CUresult (*d_begin)(CUstream, CUstreamCaptureMode);
-static CUresult (*d_end)(CUstream, CUgraph *);
-static CUresult (*d_inst)(CUgraphExec *, CUgraph, unsigned long long);
-static CUresult (*d_launch)(CUgraphExec, CUstream);
-static CUresult (*d_exec_destroy)(CUgraphExec);
-static CUresult (*d_graph_destroy)(CUgraph);
-static CUresult (*d_event_create)(CUevent *, unsigned);
-static CUresult (*d_event_record)(CUevent, CUstream);
-static CUresult (*d_wait_event)(CUstream, CUevent, unsigned);
-static CUresult (*d_get_cur)(CUcontext *);
-static CUresult (*d_copy_peer)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream);
-static CUresult (*d_set_cur)(CUcontext);
+#include "tests/torch/harness.h"
 
 #define NT 8         /* threads */
 #define MAX_DEV 2
@@ -73,67 +40,18 @@ static CUcontext ctx_of[MAX_DEV];
 static CUstream streams[MAX_DEV][NT]; /* one per thread and device, made once */
 static CUstream comm[MAX_DEV][NT];    /* a second per thread (record_stream's) */
 
-#define SYM(var, lib, name)                                          \
-  do {                                                               \
-    *(void **)&(var) = dlsym(lib, name);                             \
-    if ((var) == NULL) fail_msg("%s: no symbol %s", lib_path, name); \
-  } while (0)
-#define DRV(var, name)                                         \
-  do {                                                         \
-    *(void **)&(var) = t_symbol(name);                         \
-    if ((var) == NULL) fail_msg("the driver has no %s", name); \
-  } while (0)
-
 /* Makes device dev's primary context current on the calling thread (PyTorch's device guard). */
 static void on_device(int dev) {
   if (d_set_cur(ctx_of[dev]) != CUDA_SUCCESS) fail_msg("cuCtxSetCurrent(device %d)", dev);
 }
 
 static void load(void) {
-  void *lib = dlopen(lib_path, RTLD_NOW | RTLD_LOCAL);
-  if (lib == NULL) fail_msg("dlopen: %s", dlerror());
-  SYM(t_alloc, lib, "weft_torch_alloc");
-  SYM(t_free, lib, "weft_torch_free");
-  SYM(t_stats, lib, "weft_torch_stats");
-  SYM(t_release, lib, "weft_torch_release_graph_pools");
-  SYM(t_error, lib, "weft_torch_last_error");
-  SYM(t_record, lib, "weft_torch_record_stream");
-  SYM(t_empty, lib, "weft_torch_empty_cache");
-  SYM(t_symbol, lib, "weft_driver_symbol");
-  CUresult (*init)(unsigned);
+  harness_resolve();
   CUresult (*count)(int *);
-  CUresult (*dev_get)(CUdevice *, int);
-  CUresult (*retain)(CUcontext *, CUdevice);
-  DRV(init, "cuInit");
   DRV(count, "cuDeviceGetCount");
-  DRV(dev_get, "cuDeviceGet");
-  DRV(retain, "cuDevicePrimaryCtxRetain");
-  DRV(d_set_cur, "cuCtxSetCurrent");
-  DRV(d_get_cur, "cuCtxGetCurrent");
-  if (init(0) != CUDA_SUCCESS || count(&n_dev) != CUDA_SUCCESS || n_dev < 1) fail_msg("no device");
+  if (count(&n_dev) != CUDA_SUCCESS || n_dev < 1) fail_msg("no device");
   if (n_dev > MAX_DEV) n_dev = MAX_DEV;
-  for (int d = 0; d < n_dev; d++) {
-    CUdevice dev;
-    if (dev_get(&dev, d) != CUDA_SUCCESS || retain(&ctx_of[d], dev) != CUDA_SUCCESS) fail_msg("device %d", d);
-  }
-  on_device(0);
-  sim = weft_sim_api(t_symbol);
-  DRV(d_stream_create, "cuStreamCreateWithPriority");
-  DRV(d_memset, "cuMemsetD32Async");
-  DRV(d_copy, "cuMemcpyDtoDAsync_v2");
-  DRV(d_dtoh, "cuMemcpyDtoH_v2");
-  DRV(d_sync, "cuStreamSynchronize");
-  DRV(d_ctx_sync, "cuCtxSynchronize");
-  DRV(d_begin, "cuStreamBeginCapture_v2");
-  DRV(d_end, "cuStreamEndCapture");
-  DRV(d_inst, "cuGraphInstantiateWithFlags");
-  DRV(d_launch, "cuGraphLaunch");
-  DRV(d_exec_destroy, "cuGraphExecDestroy");
-  DRV(d_graph_destroy, "cuGraphDestroy");
-  DRV(d_event_create, "cuEventCreate");
-  DRV(d_event_record, "cuEventRecord");
-  DRV(d_wait_event, "cuStreamWaitEvent");
-  DRV(d_copy_peer, "cuMemcpyPeerAsync");
+  for (int d = 0; d < n_dev; d++) ctx_of[d] = harness_primary(d);
   for (int d = 0; d < n_dev; d++) {
     on_device(d);
     for (int t = 0; t < NT; t++) {
@@ -148,14 +66,7 @@ static void load(void) {
   on_device(0);
 }
 
-static uint64_t stat_on(int dev, const char *key) {
-  char buf[2048], pat[64];
-  if (t_stats(dev, buf, sizeof buf) <= 0) fail_msg("no stats for device %d", dev);
-  snprintf(pat, sizeof pat, "\"%s\": ", key);
-  const char *at = strstr(buf, pat);
-  if (at == NULL) fail_msg("no %s in %s", key, buf);
-  return strtoull(at + strlen(pat), NULL, 10);
-}
+static uint64_t stat_on(int dev, const char *key) { return harness_stat(dev, key); }
 
 /* A counter summed over the devices. */
 static uint64_t stat_all(const char *key) {
@@ -170,15 +81,6 @@ static int setup(void **state) {
   on_device(0);
   if (sim) sim->reset_races();
   return 0;
-}
-
-static void check_races(void) {
-  if (sim == NULL) return;
-  if (sim->race_count() != 0) sim->print_report();
-  assert_int_equal(sim->race_count(), 0);
-  weft_sim_stats_t st;
-  sim->stats(&st);
-  assert_int_equal(st.destroyed_handle_uses, 0);
 }
 
 /* Thread-safe checks: cmocka's asserts longjmp and must stay on the test's thread, so workers
