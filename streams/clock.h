@@ -114,7 +114,8 @@ static inline void weft__clock_unpublish(const weft__domain_t *d, unsigned at) {
 }
 /** The ring slot of the oldest recorded tick >= k of stream t (k <= tick), flushing t's pending
  * tick first. With k evicted, a newer event stands in: waiting on it is later than needed but
- * never wrong. */
+ * never wrong. An exposed live stream's pending tick is not recorded while code outside weft
+ * captures it (the driver is asked first): then k's event serves if it exists, else CAPTURE. */
 weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, unsigned *slot);
 /** Makes s wait for tick k of t and merges the event's clock into s's row. */
 weft_status_t weft__clock_wait(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, weft_stream_t *t, uint64_t k);

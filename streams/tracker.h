@@ -298,9 +298,9 @@ weft_status_t weft__tracker_bind(weft__tracker_t *tr);
 /* ---- uses (tracker.c) -------------------------------------------------------------------------- */
 
 /** The free of a block on s: issues the waits `uses` (its write) need on s (see the file comment).
- * On an exposed stream (weft__tracker_expose) s's lane becomes dirty: work code outside weft
- * enqueued there before the free is covered by s's next point, which the resource stamps the
- * memory with. Takes the tracker lock. On a driver failure returns it; waits issued before the
+ * On an exposed stream (weft__tracker_expose) s gets a new pending tick (deferred with lazy
+ * records, else the lane dirty): work code outside weft enqueued there before the free is covered
+ * by that point, which the resource stamps the memory with. Takes the tracker lock. On a driver failure returns it; waits issued before the
  * failure stay (harmless, conservative). */
 weft_status_t weft__tracker_free_begin(weft_stream_t *s, const weft__use_t *uses, size_t n);
 /** The free of a live block that s keeps for its next allocation (the stream cache,
@@ -376,8 +376,11 @@ weft_stream_t *weft__tracker_auto(weft__tracker_t *tr, bool high, const weft__us
  * fill): later points of s cover it. Call it after enqueuing that work. */
 void weft__tracker_touch(weft_stream_t *s);
 /** Marks s exposed (code outside weft may now enqueue on its raw stream, or begin a capture on
- * it): a deferred tick (lazy records) is recorded now, while s is surely not capturing, and s
- * records eagerly from then on. (A failed record leaves the tick pending, as anywhere.) */
+ * it): a deferred tick (lazy records) is recorded now, while s is surely not capturing, and s's
+ * uses record eagerly from then on. Only a free's tick is deferred there (weft__tracker_free_*):
+ * whoever records it for another stream or the host asks the driver first and never records
+ * into a capture outside code began on s (weft__clock_slot). (A failed record leaves the tick
+ * pending, as anywhere.) */
 void weft__tracker_expose(weft_stream_t *s);
 /** Makes s wait for an outside event; s becomes dirty (later points cover it). */
 weft_status_t weft__tracker_import_event(weft_stream_t *s, CUevent ev);
