@@ -323,6 +323,7 @@ static void undeclared_work_before_a_free(tu_env_t *env, bool trim) {
   weft_stream_t *s, *p0 = tu_stream(env, 0);
   assert_int_equal(weft_stream_adopt(env->rt, raw, &s), WEFT_OK);
   const size_t bytes = 768u << 10;
+  int reused = 0; /* rounds where p0 got a's memory */
   for (int round = 0; round < 4; round++) {
     weft_block_t a, b;
     assert_int_equal(weft_alloc(env->rt, bytes, s, "a", &a), WEFT_OK);
@@ -352,12 +353,19 @@ static void undeclared_work_before_a_free(tu_env_t *env, bool trim) {
       continue;
     }
     assert_int_equal(pb, pa); /* premise: a's memory, reused on p0 */
+    reused++;
     assert_int_equal(tu_fill(env, p0, b, N, 2), WEFT_OK);
     expect_all(p0, b, 2); /* not overwritten by the memset of the old block */
     assert_int_equal(weft_free(b, p0), WEFT_OK);
     if (env->sim != NULL) assert_int_equal(tu_races(env), 0);
   }
   assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+  /* On a GPU no round may have reused a's memory: then nothing was checked (the simulator's
+   * oracle checks the trim's release in every round). */
+  if (reused == 0 && env->sim == NULL) {
+    print_message("no round reused the freed memory on the other stream: nothing to check here\n");
+    skip();
+  }
 }
 
 static void test_work_outside_weft_before_a_free_on_an_adopted_stream(void **state) {
