@@ -532,13 +532,11 @@ static weft_status_t comm_new(weft_runtime_t *rt, ncclComm_t nc, bool adopted, c
   ncclResult_t r = nl->ncclCommUserRank(nc, &c->rank);
   if (r == ncclSuccess) r = nl->ncclCommCount(nc, &c->nranks);
   if (r != ncclSuccess) {
-    pthread_mutex_destroy(&c->caps_lock);
-    weft__meta_free(c);
+    comm_free(c);
     return weft__nccl_fail(nl, r, "weft_comm: ncclCommUserRank / ncclCommCount");
   }
   if (!weft__handle_add(c, WEFT__HANDLE_COMM)) {
-    pthread_mutex_destroy(&c->caps_lock);
-    weft__meta_free(c);
+    comm_free(c);
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm: no host memory for a handle");
   }
   weft__runtime_depend(rt, 1);
@@ -553,8 +551,8 @@ static weft_status_t comm_new(weft_runtime_t *rt, ncclComm_t nc, bool adopted, c
  * group), and a program's first collective may be captured in any mode, as after PyTorch's
  * warm-up iterations. (Send and receive connect apart, at a communicator's first; weft.h.) */
 static weft_status_t connect_eagerly(weft_comm_t *const *c, int n) {
-  weft_block_t b[64];
-  if (n > 64) return WEFT_OK; /* (more ranks in one process than devices exist) */
+  weft_block_t *b = weft__meta_calloc((size_t)n, sizeof *b);
+  if (b == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "connecting the communicators: no host memory");
   int made = 0;
   weft_status_t st = WEFT_OK;
   for (; made < n; made++) {
@@ -572,7 +570,10 @@ static weft_status_t connect_eagerly(weft_comm_t *const *c, int n) {
   }
   char why[512];
   if (st != WEFT_OK) snprintf(why, sizeof why, "%s", weft_last_error());
-  for (int i = 0; i < made; i++) (void)weft_free(b[i], c[i]->stream);
+  for (int i = 0; i < made; i++)
+    if (weft_free(b[i], c[i]->stream) != WEFT_OK) { /* (freed with its runtime then) */
+    }
+  weft__meta_free(b);
   return st == WEFT_OK ? st : weft__error(st, "connecting the communicators (an eager all-reduce): %s", why);
 }
 

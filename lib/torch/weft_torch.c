@@ -629,6 +629,13 @@ void weft_torch_record_stream(void *ptr, CUstream stream) {
   atomic_fetch_add_explicit(&rec_calls, 1, memory_order_relaxed);
 }
 
+/* A free refused while its stream or a stream recorded for it captures (a wait there on work
+ * outside the capture would invalidate it): kept until the capture ends (kept_t). */
+static weft_status_t kept_for_capture(uintptr_t ptr) {
+  return fail(WEFT_ERR_CAPTURE, "weft_torch: free(0x%llx): a stream recorded for it or its own captures: kept until "
+              "the capture ends", (unsigned long long)ptr);
+}
+
 /* ---- a recorded stream, of any device ---------------------------------------------------------
  * A stream recorded for a tensor may belong to another device than the tensor (a peer copy on
  * device 1's stream reads a device-0 tensor; PyTorch's allocator records its event there under a
@@ -694,8 +701,7 @@ static weft_status_t wait_for_stream(int device, weft_stream_t *fs, CUstream oth
     return fail(WEFT_ERR_DRIVER, "weft_torch: free(0x%llx): cuStreamIsCapturing on a recorded stream: %d",
                 (unsigned long long)ptr, (int)r);
   if (a || cs != CU_STREAM_CAPTURE_STATUS_NONE)
-    return fail(WEFT_ERR_CAPTURE, "weft_torch: free(0x%llx): a stream recorded for it or its own captures: kept "
-                "until the capture ends", (unsigned long long)ptr);
+    return kept_for_capture(ptr);
   CUcontext was = NULL;
   if (ctx_get(&was) != CUDA_SUCCESS) was = NULL;
   st = WEFT_ERR_INVALID_ARGUMENT;
@@ -750,8 +756,7 @@ static weft_status_t declare_recorded(weft_runtime_t *rt, int device, uintptr_t 
     if (rs == NULL) st = WEFT_ERR_INVALID_ARGUMENT;
     else if ((st = weft_stream_is_capturing(fs, &a)) == WEFT_OK && (st = weft_stream_is_capturing(rs, &c)) == WEFT_OK &&
              (a || c))
-      st = fail(WEFT_ERR_CAPTURE, "weft_torch: free(0x%llx): a stream recorded for it or its own captures: kept until "
-                "the capture ends", (unsigned long long)ptr);
+      st = kept_for_capture(ptr);
     else if (st == WEFT_OK)
       st = weft_stream_import_stream(fs, copy.streams[i] != NULL ? copy.streams[i] : CU_STREAM_LEGACY);
     if (st != WEFT_OK && st != WEFT_ERR_CAPTURE)

@@ -66,6 +66,15 @@ static void load(void) {
   on_device(0);
 }
 
+/* Every device's work done (cuCtxSynchronize on each), device 0 current again. */
+static void sync_devices(void) {
+  for (int d = 0; d < n_dev; d++) {
+    on_device(d);
+    assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
+  }
+  on_device(0);
+}
+
 static uint64_t stat_on(int dev, const char *key) { return harness_stat(dev, key); }
 
 /* A counter summed over the devices. */
@@ -230,11 +239,7 @@ static void test_tensors_freed_by_the_autograd_thread(void **state) {
     }
   }
   check_errors();
-  for (int d = 0; d < n_dev; d++) {
-    on_device(d);
-    assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
-  }
-  on_device(0);
+  sync_devices();
   assert_int_equal(stat_all("adapter_allocs") - allocs0, (uint64_t)NT * BATCH * ROUNDS);
   assert_int_equal(stat_all("adapter_frees") - frees0, (uint64_t)NT * BATCH * ROUNDS);
   assert_int_equal(stat_all("free_failures"), fails0);
@@ -376,11 +381,7 @@ static void run_record_pairs(bool across_devices) {
   run_threads(NT, record_pair, args, sizeof args[0]);
   for (int k = 0; k < NT / 2; k++) pthread_barrier_destroy(&pairs[k].b);
   check_errors();
-  for (int d = 0; d < n_dev; d++) {
-    on_device(d);
-    assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
-  }
-  on_device(0);
+  sync_devices();
   assert_int_equal(stat_on(0, "streams_recorded") - rec0, (uint64_t)(NT / 2) * REC_ITERS);
   assert_int_equal(stat_all("free_failures"), fails0);
   assert_int_equal(stat_all("frees_pending"), 0);
@@ -484,11 +485,7 @@ static void test_empty_cache_while_others_allocate(void **state) {
   for (int t = 0; t < NT; t++) w[t] = (worker_t){t, t % n_dev};
   run_threads(NT, alloc_or_empty, w, sizeof w[0]);
   check_errors();
-  for (int d = 0; d < n_dev; d++) {
-    on_device(d);
-    assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
-  }
-  on_device(0);
+  sync_devices();
   t_empty();
   assert_int_equal(stat_all("cached_bytes"), 0);
   assert_int_equal(stat_all("free_failures"), fails0);
@@ -608,11 +605,7 @@ static void run_capture_beside_eager_threads(CUstreamCaptureMode mode, bool empt
   assert_int_equal(d_graph_destroy(cap_res.g), CUDA_SUCCESS);
   assert_int_equal(t_release(0), 1);
   t_free((void *)(uintptr_t)cap_res.in, (ssize_t)cap_res.n, 0, cap_stream);
-  for (int d = 0; d < n_dev; d++) {
-    on_device(d);
-    assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
-  }
-  on_device(0);
+  sync_devices();
   assert_int_equal(stat_all("free_failures"), fails0);
   assert_int_equal(stat_all("alloc_failures"), afails0);
   assert_int_equal(stat_all("frees_pending"), 0);
@@ -713,11 +706,7 @@ static void test_record_stream_of_another_device(void **state) {
   run_threads(NT, record_pair_across, args, sizeof args[0]);
   for (int k = 0; k < NT / 2; k++) pthread_barrier_destroy(&pairs[k].b);
   check_errors();
-  for (int d = 0; d < n_dev; d++) {
-    on_device(d);
-    assert_int_equal(d_ctx_sync(), CUDA_SUCCESS);
-  }
-  on_device(0);
+  sync_devices();
   void *nudge = t_alloc(256, 0, NULL); /* makes any kept free again */
   assert_non_null(nudge);
   t_free(nudge, 256, 0, NULL);
