@@ -289,6 +289,23 @@ static weft_status_t run_one(weft_stream_t *s, void *arg) {
   return r == ncclSuccess ? WEFT_OK : weft__nccl_fail(nl, r, kind_name[k->kind]);
 }
 
+/* Collectives wait for what the other ranks enqueue later. With several runtimes in the process,
+ * another device's stream may wait for a point of these streams (a peer copy, a block read across
+ * devices), and a later event standing in for that point could cover these collectives while the
+ * waiter's rank, on a thread of its own, has not posted its part yet: a deadlock. So the streams'
+ * waits stay exact (weft__tracker_exact) unless the posting holds `comms` communicators (a group
+ * over the process's ranks from one thread: every local part is posted together, before any later
+ * wait). With one runtime no wait crosses devices, and over-waiting a rank's own posted
+ * collectives cannot deadlock where NCCL's ordering rules hold. */
+static weft_status_t exact_if_alone(weft_stream_t *const *s, size_t n, size_t comms) {
+  if (comms >= 2 || weft__tracker_runtimes() < 2) return WEFT_OK;
+  for (size_t i = 0; i < n; i++) {
+    weft_status_t st = weft__tracker_exact(s[i]);
+    if (st != WEFT_OK) return st;
+  }
+  return WEFT_OK;
+}
+
 /* A checked call: run now as one use, or recorded for the group's end. */
 static weft_status_t submit(weft_status_t st, const call_t *k) {
   if (g_depth > 0) {
@@ -312,6 +329,7 @@ static weft_status_t submit(weft_status_t st, const call_t *k) {
   if (st != WEFT_OK) return st;
   const weft__nccl_t *nl;
   if ((st = weft__nccl_get(&nl)) != WEFT_OK) return st;
+  if ((st = exact_if_alone(&k->s, 1, 1)) != WEFT_OK) return st;
   weft_access_t acc[2];
   size_t n = accesses(k, acc);
   return weft__use_run(k->s, acc, n, kind_name[k->kind], run_one, (void *)k);
@@ -488,7 +506,8 @@ weft_status_t weft_comm_group_end(void) {
       ns[j] = gs[j].n;
     }
     group_run_t run = {nl, g_calls, ncalls};
-    st = weft__use_joint(streams, accs, ns, k, "weft_comm_group_end", run_group, &run);
+    st = exact_if_alone(streams, k, entered); /* entered: the group's distinct communicators */
+    if (st == WEFT_OK) st = weft__use_joint(streams, accs, ns, k, "weft_comm_group_end", run_group, &run);
   }
   if (gs != NULL) weft__small_free(gs_small, gs);
   if (acc != NULL) weft__small_free(acc_small, acc);

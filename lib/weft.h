@@ -278,6 +278,11 @@ typedef struct weft_counters {
   uint64_t allocs, frees;    /**< weft_alloc / weft_free successes */
   uint64_t cached_blocks;    /**< freed blocks the streams keep now (options.stream_cache_bytes) */
   uint64_t cached_bytes;     /**< their bytes (still live for the resource stack) */
+  uint64_t ring_growths;     /**< event rings doubled rather than drop an event the device had not
+                                  completed: a stream whose waits must stay exact (one that ran a
+                                  collective, send, receive or stream value wait, or waited for
+                                  such a stream, in a process of several runtimes for collectives)
+                                  never lets a later event stand in for a needed one */
 } weft_counters_t;
 /** Reads the counters. Errors: STALE_HANDLE, INVALID_ARGUMENT. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_counters(const weft_runtime_t *rt, weft_counters_t *out);

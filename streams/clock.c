@@ -17,8 +17,10 @@ pthread_cond_t weft__clock_idle = PTHREAD_COND_INITIALIZER;
 static weft__domain_t g_live;
 static bool g_used[WEFT__MAX_LANES];
 static _Atomic unsigned g_lanes; /* g_live.n, readable without the lock */
+static _Atomic unsigned g_trackers; /* trackers holding lanes (written under the lock) */
 
 unsigned weft__tracker_lanes(void) { return atomic_load_explicit(&g_lanes, memory_order_acquire); }
+unsigned weft__tracker_runtimes(void) { return atomic_load_explicit(&g_trackers, memory_order_acquire); }
 
 weft_status_t weft__lane_free(weft__tracker_t *tr, weft__domain_t *d, weft__lane_t *l) {
   weft_status_t first = WEFT_OK;
@@ -183,10 +185,11 @@ weft_status_t weft__clock_lanes_take(weft__tracker_t *tr, unsigned n) {
     WEFT__ROW(d, at)[at] = l->tick;
     d->host_known[at] = l->tick;
     l->recorded = l->tick;
-    l->dirty = l->deferred = l->eager = false;
+    l->dirty = l->deferred = l->eager = l->exact = false;
     l->joined = 0;
     weft__clock_publish(d, at);
   }
+  atomic_fetch_add_explicit(&g_trackers, 1, memory_order_release);
   if (base + n > d->n) {
     d->n = base + n;
     atomic_store_explicit(&g_lanes, d->n, memory_order_release);
@@ -203,10 +206,103 @@ void weft__clock_lanes_give(weft__tracker_t *tr) {
     weft__lane_t *l = &d->lane[at];
     d->host_known[at] = l->tick;
     l->recorded = l->tick;
-    l->dirty = l->deferred = l->eager = false;
+    l->dirty = l->deferred = l->eager = l->exact = false;
     l->joined = 0;
     d->stream[at] = NULL;
     g_used[at] = false;
+  }
+  atomic_fetch_sub_explicit(&g_trackers, 1, memory_order_release);
+}
+
+/* The most events an exact lane's ring grows to (keep_room): past it, the oldest goes as on any
+ * lane (a wait for it is served by a later event). 2^16 events: the host that far ahead of the
+ * device is a program bug's sign, not a workload's. */
+#define EXACT_RING_MAX 65536u
+
+/* Doubles lane l's ring (an exact live lane's; the owner's context current): every recorded
+ * event keeps its tick, snapshot and marks at its slot in the larger ring, new events fill the
+ * rest. On failure nothing changed. */
+static weft_status_t grow_ring(weft__tracker_t *own, weft__domain_t *d, weft__lane_t *l) {
+  unsigned old = l->ring_size, size = old * 2;
+  CUevent *ring = weft__meta_calloc(size, sizeof *ring);
+  uint64_t *tick = weft__meta_calloc(size, sizeof *tick), *use = weft__meta_calloc(size, sizeof *use);
+  uint64_t *us = weft__meta_calloc(size, sizeof *us);
+  uint64_t *clock = weft__meta_calloc((size_t)size * d->stride, sizeof *clock);
+  CUevent *fresh = weft__meta_calloc(old, sizeof *fresh);
+  weft_status_t st = ring != NULL && tick != NULL && use != NULL && us != NULL && clock != NULL && fresh != NULL
+                         ? WEFT_OK
+                         : weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory to grow an event ring");
+  unsigned made = 0;
+  for (; st == WEFT_OK && made < old; made++) {
+    CUresult r = own->drv->cuEventCreate(&fresh[made], CU_EVENT_DISABLE_TIMING);
+    if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuEventCreate");
+  }
+  if (st != WEFT_OK) {
+    for (unsigned i = 0; i + 1 < made; i++) (void)own->drv->cuEventDestroy(fresh[i]);
+    weft__meta_free(ring);
+    weft__meta_free(tick);
+    weft__meta_free(use);
+    weft__meta_free(us);
+    weft__meta_free(clock);
+    weft__meta_free(fresh);
+    return st;
+  }
+  /* Recorded events to their tick's slot; the never recorded ones, then the new ones, fill the
+   * slots left (the ring's ticks are consecutive, so no two share a slot of the larger ring). */
+  for (unsigned i = 0; i < old; i++) {
+    if (l->ring_tick[i] == 0) continue;
+    unsigned j = (unsigned)(l->ring_tick[i] & (size - 1));
+    ring[j] = l->ring[i];
+    tick[j] = l->ring_tick[i];
+    use[j] = l->ring_use[i];
+    us[j] = l->ring_us[i];
+    memcpy(&clock[(size_t)j * d->stride], &l->ring_clock[(size_t)i * d->stride], d->n * sizeof(uint64_t));
+  }
+  unsigned f = 0, j = 0;
+  for (unsigned i = 0; i < old; i++) {
+    if (l->ring_tick[i] != 0) continue;
+    while (ring[j] != NULL) j++;
+    ring[j] = l->ring[i];
+  }
+  for (; f < old; f++) {
+    while (ring[j] != NULL) j++;
+    ring[j] = fresh[f];
+  }
+  weft__meta_free(fresh);
+  weft__meta_free(l->ring);
+  weft__meta_free(l->ring_tick);
+  weft__meta_free(l->ring_use);
+  weft__meta_free(l->ring_us);
+  weft__meta_free(l->ring_clock);
+  l->ring = ring;
+  l->ring_tick = tick;
+  l->ring_use = use;
+  l->ring_us = us;
+  l->ring_clock = clock;
+  l->ring_size = size;
+  own->counters.ring_growths++;
+  return WEFT_OK;
+}
+
+/* Before an exact live lane records tick k: the slot k takes must not hold an event the host does
+ * not know complete (weft__lane_t.exact). Its tick is asked about once; complete, the host knows
+ * it (and every earlier tick: stream order); still running, the ring grows. Owner's context
+ * current. */
+static weft_status_t keep_room(weft__tracker_t *own, weft__domain_t *d, unsigned at, uint64_t k) {
+  weft__lane_t *l = &d->lane[at];
+  for (;;) {
+    unsigned slot = (unsigned)(k & (l->ring_size - 1));
+    uint64_t old = l->ring_tick[slot];
+    if (old == 0 || old <= d->host_known[at]) return WEFT_OK;
+    CUresult r = own->drv->cuEventQuery(l->ring[slot]);
+    if (r == CUDA_SUCCESS) {
+      d->host_known[at] = old;
+      return WEFT_OK;
+    }
+    if (r != CUDA_ERROR_NOT_READY) return weft__driver_fail(r, "cuEventQuery");
+    if (l->ring_size >= EXACT_RING_MAX) return WEFT_OK;
+    weft_status_t st = grow_ring(own, d, l);
+    if (st != WEFT_OK) return st;
   }
 }
 
@@ -223,6 +319,10 @@ weft_status_t weft__clock_flush(weft__tracker_t *tr, weft__domain_t *d, weft_str
   bool away = own != tr;
   if (away && (st = weft__tracker_bind(own)) != WEFT_OK) return st;
   uint64_t k = l->tick;
+  if (l->exact && d->capture == NULL && (st = keep_room(own, d, at, k)) != WEFT_OK) {
+    if (away) (void)weft__tracker_bind(tr);
+    return st;
+  }
   unsigned slot = (unsigned)(k & (l->ring_size - 1));
   CUresult r = own->drv->cuEventRecord(l->ring[slot], s->raw);
   if (away) (void)weft__tracker_bind(tr);
@@ -320,18 +420,41 @@ weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stre
     return WEFT_OK;
   }
   /* Evicted: ticks (recorded - ring_size, recorded] are in the ring (every tick is recorded, in
-   * order: a stream never skips one). */
+   * order: a stream never skips one), except in a ring that grew (keep_room), whose older half
+   * starts empty: the oldest tick it holds stands in. */
   WEFT_ASSERT_INTERNAL(k + l->ring_size <= l->recorded);
   *slot = (unsigned)((l->recorded - l->ring_size + 1) & mask);
+  if (l->ring_tick[*slot] < k) {
+    uint64_t best = UINT64_MAX;
+    for (unsigned i = 0; i <= mask; i++)
+      if (l->ring_tick[i] >= k && l->ring_tick[i] < best) {
+        best = l->ring_tick[i];
+        *slot = i;
+      }
+  }
   tr->counters.ring_evictions++;
+  return WEFT_OK;
+}
+
+weft_status_t weft__clock_exact(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s) {
+  weft__lane_t *l = &d->lane[weft__at(d, s)];
+  if (l->exact || d->capture != NULL) return WEFT_OK;
+  if (l->tick != l->recorded && !atomic_load_explicit(&s->exposed, memory_order_relaxed)) {
+    weft_status_t st = weft__clock_flush(tr, d, s);
+    if (st != WEFT_OK) return st;
+  }
+  l->exact = l->eager = true;
+  atomic_store_explicit(&s->exact, true, memory_order_release);
   return WEFT_OK;
 }
 
 weft_status_t weft__clock_wait(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, weft_stream_t *t, uint64_t k) {
   unsigned slot;
-  weft_status_t st = weft__clock_slot(tr, d, t, k, &slot);
-  if (st != WEFT_OK) return st;
   unsigned as = weft__at(d, s), at = weft__at(d, t);
+  /* Waiting for an exact lane makes s exact too: its later work waits for that lane's. */
+  weft_status_t st = d->lane[at].exact ? weft__clock_exact(tr, d, s) : WEFT_OK;
+  if (st == WEFT_OK) st = weft__clock_slot(tr, d, t, k, &slot);
+  if (st != WEFT_OK) return st;
   const weft__lane_t *lt = &d->lane[at];
   CUresult r = tr->drv->cuStreamWaitEvent(s->raw, lt->ring[slot], 0);
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuStreamWaitEvent");

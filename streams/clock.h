@@ -117,7 +117,12 @@ static inline void weft__clock_unpublish(const weft__domain_t *d, unsigned at) {
  * never wrong. An exposed live stream's pending tick is not recorded while code outside weft
  * captures it (the driver is asked first): then k's event serves if it exists, else CAPTURE. */
 weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, unsigned *slot);
-/** Makes s wait for tick k of t and merges the event's clock into s's row. */
+/** Makes s's lane exact (weft__lane_t.exact; live domain only, else nothing): its pending tick
+ * recorded first (not an exposed stream's), then eager, and its ring keeps every event the host
+ * does not know complete. Lock held; s's lane not busy. */
+weft_status_t weft__clock_exact(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s);
+/** Makes s wait for tick k of t and merges the event's clock into s's row. A wait for an exact
+ * lane makes s exact first. */
 weft_status_t weft__clock_wait(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, weft_stream_t *t, uint64_t k);
 
 

@@ -704,6 +704,17 @@ weft_status_t weft__tracker_free_kept(weft_stream_t *s, weft__access_state_t *st
   return run_use(s, &use, 1, DO_BEGIN | DO_RESTART | DO_FREE, NULL, NULL, 0);
 }
 
+weft_status_t weft__tracker_exact(weft_stream_t *s) {
+  if (atomic_load_explicit(&s->exact, memory_order_acquire) || s->per_thread) return WEFT_OK;
+  weft__tracker_t *tr = s->tr;
+  lock_idle(s, NULL);
+  /* The pending tick's record runs in s's context. */
+  weft_status_t st = weft__tracker_bind(tr);
+  if (st == WEFT_OK) st = weft__clock_exact(tr, tr->live, s);
+  unlock(tr);
+  return st;
+}
+
 weft_status_t weft__tracker_end(weft_stream_t *s, const weft__use_t *uses, size_t n) {
   return run_use(s, uses, n, DO_END, NULL, NULL, 0);
 }

@@ -123,6 +123,14 @@ typedef struct weft__lane {
    * after later producer work still waits for exactly its point. */
   bool deferred;        /* the pending tick was left by a use's end and may be joined */
   bool eager;           /* a wait on one of this lane's joined ticks was late */
+  /* Exact waits (live domain; weft__tracker_exact): the lane carried work that waits for what
+   * other streams enqueue later (collectives, send and receive, stream value waits), or waited
+   * for such a lane. A wait for one of its points must then never be served by a later event:
+   * the later one could cover work that waits for the waiter's own future (two ranks' threads,
+   * one ahead: a deadlock). So it records each use's event (eager, above), and its ring never
+   * drops an event the host does not know complete: a full ring asks the driver about its
+   * oldest event and grows where that one has not completed (clock.c, keep_room). */
+  bool exact;
   unsigned joined;      /* uses that joined the deferred tick after the one that took it */
   uint64_t last_use;    /* the number (weft__domain_t.use_seq) of the newest deferred use here */
   CUevent *ring;        /* [ring_size] events, created lazily in capture domains */
@@ -178,6 +186,8 @@ struct weft_stream {
    * it waited on an outside event): only then can a capture weft did not begin reach it, so only
    * then does the runtime ask the driver about it before each call. */
   _Atomic bool exposed;
+  /* Its live lane is exact (weft__lane_t.exact), readable without the lock: set once, under it. */
+  _Atomic bool exact;
   /* 1 + the tick weft__tracker_point would give now in the live domain, published under the
    * lock whenever the lane changes (weft__clock_publish), or 0: take it under the lock (the lane
    * has work or waits since its tick, a busy use holds it, or the stream is per-thread). Read
@@ -308,6 +318,15 @@ weft_status_t weft__tracker_free_begin(weft_stream_t *s, const weft__use_t *uses
  * history restarts at s's point, as a new block's on s (weft__tracker_new_block). So handing the
  * block out again needs no tracker call. Inside a capture (begun meanwhile) only the waits. */
 weft_status_t weft__tracker_free_kept(weft_stream_t *s, weft__access_state_t *st);
+/** Makes s's live lane exact (weft__lane_t.exact) before a use whose work waits for what other
+ * streams enqueue later: a collective, send or receive (comm/), a stream value wait. s's pending
+ * tick is recorded first, so that the work before stays apart from that use (not for an exposed
+ * stream: code outside weft may capture it). Once set it stays for the lane's life; cheap then
+ * (one atomic load). Takes the tracker lock the first time; a failed record leaves nothing set. */
+weft_status_t weft__tracker_exact(weft_stream_t *s);
+/** Runtimes (trackers) holding lanes of the process's live domain now: with one, no wait can
+ * cross devices. */
+unsigned weft__tracker_runtimes(void);
 /** Records the work enqueued since begin as the newest use of every block in `uses`. The use is
  * recorded even when its event cannot be recorded at once (the tick stays pending, see above):
  * work that reached the stream stays ordered. */

@@ -530,9 +530,9 @@ void weft_runtime_print(const weft_runtime_t *rt, FILE *out) {
           rt->tracker.n_pool, rt->tracker.n_high, atomic_load(&mrt->tracker.n_adopted), rt->tracker.ring_size);
   fprintf(out, "  uses %" PRIu64 ", accesses %" PRIu64 ", waits issued %" PRIu64 ", skipped %" PRIu64
                " (host-known %" PRIu64 "), events %" PRIu64 ", ring evictions %" PRIu64 ", late waits %" PRIu64
-               ", busy waits %" PRIu64 "\n",
+               ", ring growths %" PRIu64 ", busy waits %" PRIu64 "\n",
           c.uses, c.accesses, c.waits_issued, c.waits_skipped, c.waits_host_known, c.events_recorded, c.ring_evictions,
-          c.late_waits, c.busy_waits);
+          c.late_waits, c.ring_growths, c.busy_waits);
   fprintf(out, "  allocs %" PRIu64 ", frees %" PRIu64 ", live blocks %zu (of them cached by streams %" PRIu64 ", %" PRIu64
                " bytes)\n", c.allocs, c.frees, live, c.cached_blocks, c.cached_bytes);
   for (unsigned i = rt->stack_n; i-- > 0;) {

@@ -376,6 +376,8 @@ static weft_status_t value_op(weft_stream_t *s, weft_block_t b, size_t offset, u
                        "(CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS is 0)", fn);
   op_t o = {.what = what, .value = value, .flags = flags};
   bool writes = what == OP_WRITE32 || what == OP_WRITE64;
+  /* A value wait waits for what others enqueue later: no wait for s's points may cover it. */
+  if (!writes && (st = weft__tracker_exact(s)) != WEFT_OK) return st;
   return block_op(s, b, writes ? WEFT_WRITE : WEFT_READ, offset, wide ? 8 : 4, wide ? 8 : 4, &o, fn);
 }
 
