@@ -121,6 +121,52 @@ static void test_write_value_then_wait_value_orders_streams(void **state) {
   weft_resource_destroy(direct);
 }
 
+/* A value wait waits for a write that comes later (here the host's). Another stream that needs
+ * only the work before it must not wait for it: with lazy records that work and the value wait
+ * could join one tick, and a wait for the earlier work would be served by the event after the
+ * value wait. The reader's stream then waited for the flag, and the host, waiting for the
+ * reader before writing the flag, never did (the simulator reports the deadlock at once:
+ * CUDA_ERROR_LAUNCH_TIMEOUT). weft__tracker_exact keeps such a stream's waits exact. */
+static void test_a_value_wait_is_not_covered_by_a_wait_for_earlier_work(void **state) {
+  (void)state;
+  tu_reset_races(&env);
+  weft_options_t o;
+  assert_int_equal(weft_runtime_options(env.rt, &o), WEFT_OK);
+  if (!o.lazy_records) skip();
+  weft_resource_t *direct;
+  assert_int_equal(weft_direct_create(env.rt, &direct), WEFT_OK);
+  CUdeviceptr raw_flag;
+  assert_int_equal(weft_resource_allocate(direct, 64, tu_stream(&env, 0), "flag", &raw_flag), WEFT_OK);
+  weft_block_t flag, x, y;
+  assert_int_equal(weft_block_wrap(env.rt, raw_flag, 64, "flag", &flag), WEFT_OK);
+  assert_int_equal(weft_memset32(tu_stream(&env, 0), flag, 0, 0, 64), WEFT_OK);
+  assert_int_equal(weft_stream_synchronize(tu_stream(&env, 0)), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, N * 4, tu_stream(&env, 0), "x", &x), WEFT_OK);
+  assert_int_equal(weft_alloc(env.rt, N * 4, tu_stream(&env, 1), "y", &y), WEFT_OK);
+  const uint32_t one = 1;
+  /* Stream 0: writes x, then waits for the flag. Stream 1: reads x. */
+  assert_int_equal(weft_memset32(tu_stream(&env, 0), x, 0, 5, N * 4), WEFT_OK);
+  assert_int_equal(weft_wait_value32(tu_stream(&env, 0), flag, 0, 1, CU_STREAM_WAIT_VALUE_EQ), WEFT_OK);
+  assert_int_equal(weft_copy_block(tu_stream(&env, 1), y, 0, x, 0, N * 4), WEFT_OK);
+  weft_status_t st = weft_stream_synchronize(tu_stream(&env, 1));
+  if (st != WEFT_OK) {
+    (void)drv->cuMemcpyHtoD(raw_flag, &one, sizeof one); /* let stream 0 go before failing */
+    fail_msg("the reader waited for the value wait: %s: %s", weft_status_name(st), weft_last_error());
+  }
+  /* The host writes the flag; stream 0 goes on. */
+  assert_int_equal(drv->cuMemcpyHtoD(raw_flag, &one, sizeof one), CUDA_SUCCESS);
+  assert_int_equal(weft_stream_synchronize(tu_stream(&env, 0)), WEFT_OK);
+  unsigned host[N];
+  assert_int_equal(tu_read(tu_stream(&env, 2), y, host, sizeof host), WEFT_OK);
+  for (unsigned i = 0; i < N; i++) assert_int_equal(host[i], 5);
+  assert_int_equal(tu_races(&env), 0);
+  assert_int_equal(weft_free(x, tu_stream(&env, 0)), WEFT_OK);
+  assert_int_equal(weft_free(y, tu_stream(&env, 1)), WEFT_OK);
+  assert_int_equal(weft_free(flag, tu_stream(&env, 0)), WEFT_OK);
+  assert_int_equal(weft_resource_deallocate(direct, raw_flag, 64, tu_stream(&env, 0), "flag"), WEFT_OK);
+  weft_resource_destroy(direct);
+}
+
 static void test_hot_block_window(void **state) {
   (void)state;
   weft_block_t a;
@@ -184,6 +230,7 @@ int main(void) {
       cmocka_unit_test(test_copies_and_memsets_across_streams),
       cmocka_unit_test(test_host_callback_runs_after_the_writer),
       cmocka_unit_test(test_write_value_then_wait_value_orders_streams),
+      cmocka_unit_test(test_a_value_wait_is_not_covered_by_a_wait_for_earlier_work),
       cmocka_unit_test(test_hot_block_window),
       cmocka_unit_test(test_import_and_export),
   };
