@@ -2,9 +2,11 @@
  * driver's: captures that code outside weft begins on a pool stream are adopted (weft's work on
  * the stream is then recorded into them, allocations go to graph memory) and dropped once their
  * owner ends them. */
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "lib/core/debug.h"
 #include "lib/core/error.h"
 #include "lib/core/meta.h"
 #include "lib/runtime/runtime.h"
@@ -37,9 +39,23 @@ void weft__runtime_forget_capture_blocks(weft__capture_t *c) {
   }
 }
 
+/* The stream whose capture handler this thread runs now (a handler may call weft on it). */
+static _Thread_local weft_stream_t *tls_handling;
+
+/* Waits until the capture handler for foreign capture `id` has returned on s (another thread
+ * adopted the capture and runs it): a call that went on meanwhile, a weft_alloc inside the
+ * capture, would allocate before the handler chose where (graph memory nodes, which nobody
+ * frees: tests/graph test_capture_handler_race). */
+static void wait_handled(weft_stream_t *s, uint64_t id) {
+  if (tls_handling == s || atomic_load_explicit(&s->handled, memory_order_acquire) == id) return;
+  WEFT__TEST_POINT("sync_capture: waiting for the capture handler", s);
+  while (atomic_load_explicit(&s->handled, memory_order_acquire) != id) sched_yield();
+}
+
 /* Adopts a capture code outside weft began on s, or drops one its owner ended (blocks weft
  * allocated inside then belong to the owner's graph). Only code that had the raw stream can have
- * begun a capture on it or forked it into one: other streams cost nothing here. */
+ * begun a capture on it or forked it into one: other streams cost nothing here. The thread that
+ * adopts it runs the capture handler; others meeting the capture meanwhile wait for it. */
 static weft_status_t sync_capture(weft_stream_t *s) {
   /* The common case without the tracker lock: a stream no outside code has seen, taking part in
    * no capture (a foreign capture needs one or the other). */
@@ -59,14 +75,22 @@ static weft_status_t sync_capture(weft_stream_t *s) {
     weft__runtime_forget_capture_blocks(ended);
     weft__capture_free(ended);
   }
-  if (!active || weft__tracker_capture_of(s, NULL) != NULL) return WEFT_OK; /* nothing, or known */
+  if (!active) return WEFT_OK;
+  if (weft__tracker_capture_of(s, NULL) != NULL) { /* known: weft's own, or a foreign one adopted */
+    if (weft__capture_foreign_of(s, &known) && known == id) wait_handled(s, id);
+    return WEFT_OK;
+  }
   weft__capture_t *nc;
   weft_runtime_t *rt = s->runtime;
   /* A foreign capture's mode is not visible; treat it as GLOBAL, the strictest. */
   st = weft__capture_begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL, true, id, rt->graph_nodes, &nc);
-  /* Another thread adopted it first. */
-  if (st == WEFT_ERR_CAPTURE && weft__tracker_capture_of(s, NULL) != NULL) return WEFT_OK;
+  /* Another thread adopted it first: its handler may still run. */
+  if (st == WEFT_ERR_CAPTURE && weft__tracker_capture_of(s, NULL) != NULL) {
+    if (weft__capture_foreign_of(s, &known) && known == id) wait_handled(s, id);
+    return WEFT_OK;
+  }
   if (st != WEFT_OK) return st;
+  WEFT__TEST_POINT("sync_capture: adopted", s);
   /* Its owner may say where weft_alloc inside it allocates (weft_set_capture_handler); also on a
    * stream it was forked onto (nc NULL: s joined the capture another stream began), before
    * anything is allocated on s, whichever thread's handler runs first. */
@@ -74,7 +98,16 @@ static weft_status_t sync_capture(weft_stream_t *s) {
   weft_capture_handler_t fn = rt->capture_handler;
   void *user = rt->capture_user;
   pthread_mutex_unlock(&rt->blocks_lock);
-  if (fn == NULL || (st = fn(s, id, user)) == WEFT_OK) return WEFT_OK;
+  if (fn != NULL) {
+    weft_stream_t *was = tls_handling;
+    tls_handling = s;
+    st = fn(s, id, user);
+    tls_handling = was;
+  }
+  /* Handled, also when it failed: the others go on (the capture's allocations then use graph
+   * memory nodes, as weft.h says, unless the owner chooses a pool later). */
+  atomic_store_explicit(&s->handled, id, memory_order_release);
+  if (fn == NULL || st == WEFT_OK) return WEFT_OK;
   char why[256];
   snprintf(why, sizeof why, "%s", weft_last_error());
   return weft__error(st, "the capture handler failed for capture %llu on stream %u: %s", (unsigned long long)id,

@@ -4,7 +4,9 @@
  * fault injection in capture and instantiation. Values are checked against a host model; on the
  * simulator the oracle must report no race. */
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,6 +15,7 @@
 #include <string.h>
 #include <cmocka.h>
 
+#include "lib/core/debug.h"
 #include "lib/core/driver.h"
 #include "lib/core/error.h"
 #include "tests/util/cmocka_env.h"
@@ -536,6 +539,97 @@ static void test_a_forked_foreign_capture_calls_the_handler_on_each_stream(void 
   assert_int_equal(tu_races(&env), 0);
 }
 
+/* Two threads meet one capture begun outside weft: the thread that adopts it runs the capture
+ * handler, which chooses where weft_alloc inside it allocates (weft_capture_allocate_to). The
+ * other thread's weft_alloc must wait for the handler: before, it went on once the capture was
+ * adopted and, when it came first, allocated from a graph memory node (which the owner's graph
+ * keeps: PyTorch's frees of it were lost; tests/torch test_torch_pools' eight threads). A test
+ * point holds the adopting thread between the adoption and its handler. */
+#if WEFT__TEST_POINTS
+static weft_stream_t *race_s;
+static atomic_int race_go, race_waiting, race_done;
+static weft_graph_pool_t *race_pool;
+static atomic_int race_handled;
+
+static void race_hook(const char *point, void *arg) {
+  if (arg != race_s) return;
+  if (strcmp(point, "sync_capture: adopted") == 0) {
+    atomic_store(&race_go, 1); /* the other thread allocates now; this one waits until it waits (or is done) */
+    while (!atomic_load(&race_waiting) && !atomic_load(&race_done)) sched_yield();
+  } else if (strcmp(point, "sync_capture: waiting for the capture handler") == 0) {
+    atomic_store(&race_waiting, 1);
+  }
+}
+
+static weft_status_t race_handler(weft_stream_t *s, uint64_t id, void *user) {
+  (void)id;
+  (void)user;
+  atomic_fetch_add(&race_handled, 1);
+  return weft_capture_allocate_to(s, race_pool);
+}
+
+typedef struct race_alloc {
+  bool wait_go;
+  weft_block_t b;
+  weft_status_t st;
+} race_alloc_t;
+
+static void *race_alloc(void *arg) {
+  race_alloc_t *a = arg;
+  if (a->wait_go)
+    while (!atomic_load(&race_go)) sched_yield();
+  a->st = weft_alloc(env.rt, N * 4, race_s, "race", &a->b);
+  if (a->wait_go) atomic_store(&race_done, 1);
+  return NULL;
+}
+#endif
+
+static void test_a_second_thread_waits_for_the_capture_handler(void **state) {
+  (void)state;
+#if !WEFT__TEST_POINTS
+  skip(); /* the test points are compiled only where WEFT_DEBUG >= 1 (the asan and tsan configs) */
+#else
+  const weft__driver_t *d;
+  assert_int_equal(weft__driver_get(&d), WEFT_OK);
+  race_s = tu_stream(&env, 0);
+  atomic_store(&race_go, 0);
+  atomic_store(&race_waiting, 0);
+  atomic_store(&race_done, 0);
+  atomic_store(&race_handled, 0);
+  assert_int_equal(weft_graph_pool_create(env.rt, &race_pool), WEFT_OK);
+  assert_int_equal(weft_set_capture_handler(env.rt, race_handler, NULL), WEFT_OK);
+  CUstream raw = weft_stream_raw(race_s);
+  assert_int_equal(d->cuStreamBeginCapture(raw, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+  atomic_store(&weft__test_hook, race_hook);
+  race_alloc_t first = {false, {0}, WEFT_OK}, second = {true, {0}, WEFT_OK};
+  pthread_t t[2];
+  pthread_create(&t[1], NULL, race_alloc, &second);
+  pthread_create(&t[0], NULL, race_alloc, &first);
+  for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  atomic_store(&weft__test_hook, NULL);
+  assert_int_equal(atomic_load(&race_go), 1); /* premise: one thread adopted the capture here */
+  assert_int_equal(atomic_load(&race_handled), 1);
+  race_alloc_t *both[2] = {&first, &second};
+  for (int i = 0; i < 2; i++) {
+    if (both[i]->st != WEFT_OK) fail_msg("allocation %d: %s: %s", i, weft_status_name(both[i]->st), weft_last_error());
+    CUdeviceptr p;
+    assert_int_equal(weft_block_ptr(both[i]->b, &p), WEFT_OK);
+    if (!weft_graph_pool_owns(race_pool, p)) fail_msg("allocation %d took no memory of the handler's pool", i);
+  }
+  assert_int_equal(atomic_load(&race_waiting), 1); /* the allocation that came second waited */
+  for (int i = 0; i < 2; i++) assert_int_equal(weft_free(both[i]->b, race_s), WEFT_OK);
+  CUgraph g;
+  assert_int_equal(d->cuStreamEndCapture(raw, &g), CUDA_SUCCESS);
+  assert_int_equal(d->cuGraphDestroy(g), CUDA_SUCCESS);
+  int a = 1;
+  assert_int_equal(weft_stream_is_capturing(race_s, &a), WEFT_OK); /* weft meets the end */
+  assert_int_equal(a, 0);
+  assert_int_equal(weft_set_capture_handler(env.rt, NULL, NULL), WEFT_OK);
+  assert_int_equal(weft_graph_pool_destroy(race_pool), WEFT_OK);
+  assert_int_equal(tu_races(&env), 0);
+#endif
+}
+
 /* Faults injected inside the capture and at instantiation (simulator only): clear errors, the
  * capture is always ended, nothing leaks. */
 static void test_faults_in_capture_and_instantiate(void **state) {
@@ -616,6 +710,7 @@ int main(void) {
       cmocka_unit_test(test_a_foreign_capture_forked_onto_a_second_stream),
       cmocka_unit_test(test_threads_meet_one_forked_foreign_capture_at_once),
       cmocka_unit_test(test_a_forked_foreign_capture_calls_the_handler_on_each_stream),
+      cmocka_unit_test(test_a_second_thread_waits_for_the_capture_handler),
       cmocka_unit_test(test_faults_in_capture_and_instantiate),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
