@@ -17,6 +17,7 @@
 #define MAX_USE 256     /* accesses of one declared use */
 #define HANDLE_BITS 6   /* blocks this thread allocated, by address: 1 << HANDLE_BITS of them */
 #define MAX_KEPT 256    /* frees kept to make again per device (kept_t) */
+#define MAX_DEFERRED 64 /* captures met away from their begin's thread, per device (on_capture) */
 
 /* A graph pool and the captures that draw from it. Two kinds:
  *   - PyTorch's (hooked): one per PyTorch pool id (MempoolId_t), made at its first
@@ -36,6 +37,7 @@ typedef struct gpool {
   unsigned uses;              /* hooked: begins not yet released */
   uint64_t live;              /* hooked: allocations from it that PyTorch has not freed */
   bool tried;                 /* weft_torch_release_graph_pools tried it this call */
+  bool retry;                 /* its destroy failed once released: tried again at the next call */
 } gpool_t;
 
 /* A free that failed, to make again: PyTorch cannot be told, and a failed weft_free changed
@@ -59,6 +61,16 @@ typedef struct device {
   _Atomic unsigned drawing; /* hooked pools with a capture begun and not ended: allocs and frees check them */
   kept_t kept[MAX_KEPT];
   unsigned n_kept;
+  /* Captures met on a thread that began none of the waiting PyTorch pools (another thread's
+   * empty_cache, kept free, ...): which pool they draw from is chosen at their stream's first
+   * allocation, on the capturing thread (claim_deferred). Under lock. */
+  struct {
+    weft_stream_t *s;
+    uint64_t capture;
+  } deferred[MAX_DEFERRED];
+  unsigned n_deferred;
+  _Atomic unsigned deferring; /* n_deferred, readable without the lock */
+  _Atomic unsigned retry_destroy; /* a released pool's destroy failed: the next call tries again */
   _Atomic unsigned pending; /* n_kept, readable without the lock: the adapter's calls look first */
   _Atomic uint64_t allocs, frees, zero_bytes, alloc_failures, free_failures, graph_frees, frees_kept;
 } device_t;
@@ -270,8 +282,33 @@ static gpool_t *gpool_by_id(device_t *d, uint64_t id0, uint64_t id1) {
  * calls beginAllocateToPool, then cuStreamBeginCapture, on one thread), else of the only begin
  * waiting on the device, else the capture's own. weft asks the driver once per call; the
  * adapter asks nothing. */
-static weft_status_t on_capture(weft_stream_t *s, uint64_t id, void *user) {
-  device_t *d = user;
+/* Forgets the deferred capture of s, if any (under d->lock). */
+static void undefer(device_t *d, weft_stream_t *s) {
+  for (unsigned i = 0; i < d->n_deferred; i++)
+    if (d->deferred[i].s == s) {
+      d->deferred[i] = d->deferred[--d->n_deferred];
+      atomic_store_explicit(&d->deferring, d->n_deferred, memory_order_release);
+      return;
+    }
+}
+
+/* Notes capture `id` of s as met with no pool chosen yet (under d->lock); false: no room. */
+static bool defer(device_t *d, weft_stream_t *s, uint64_t id) {
+  undefer(d, s);
+  if (d->n_deferred == MAX_DEFERRED) return false;
+  d->deferred[d->n_deferred].s = s;
+  d->deferred[d->n_deferred].capture = id;
+  d->n_deferred++;
+  atomic_store_explicit(&d->deferring, d->n_deferred, memory_order_release);
+  return true;
+}
+
+/* Chooses the graph pool of capture `id` met on s and tells weft (see on_capture). `may_defer`:
+ * met on a thread that began none of the waiting PyTorch pools while some wait: the choice waits
+ * for the stream's first allocation (claim_deferred), made on the capturing thread (PyTorch
+ * allocates there): here it could only guess, and a wrong guess gives the capture a pool that
+ * no release_pool ever destroys (tests/torch test_torch_pools, captures met on another thread). */
+static weft_status_t assign_pool(device_t *d, weft_stream_t *s, uint64_t id, bool may_defer) {
   weft_runtime_t *rt = atomic_load_explicit(&d->rt, memory_order_acquire);
   weft_status_t st = WEFT_OK;
   pthread_mutex_lock(&d->lock);
@@ -286,15 +323,26 @@ static weft_status_t on_capture(weft_stream_t *s, uint64_t id, void *user) {
       if (pthread_equal(e->begun_by, pthread_self())) g = e;
     }
   }
+  undefer(d, s);
+  if (g == NULL && waiting != 0 && may_defer && defer(d, s, id)) {
+    pthread_mutex_unlock(&d->lock);
+    return WEFT_OK;
+  }
   if (g == NULL && waiting == 1) g = only;
   if (g == NULL && (g = gpool_add(d)) == NULL) {
     pthread_mutex_unlock(&d->lock);
     return fail(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_torch: no host memory for a graph pool's entry");
   }
+  /* On a failure the choice is made again at the stream's next allocation (defer): weft would
+   * otherwise serve the capture's later allocations from graph memory nodes, whose memory a
+   * graph PyTorch owns keeps with no one to free it (tests/torch test_torch_pools: a fault in
+   * the capture handler leaked the output's device memory). */
   if (g->pool == NULL && (st = weft_graph_pool_create(rt, &g->pool)) != WEFT_OK) {
     if ((g->id0 | g->id1) == 0) d->n_pools--; /* the new entry (the last) */
+    fail(st, "weft_torch: weft_graph_pool_create: %s", weft_last_error());
+    (void)defer(d, s, id);
     pthread_mutex_unlock(&d->lock);
-    return fail(st, "weft_torch: weft_graph_pool_create: %s", weft_last_error());
+    return st;
   }
   if (g->capture != id) {
     g->capture = id;
@@ -303,7 +351,93 @@ static weft_status_t on_capture(weft_stream_t *s, uint64_t id, void *user) {
   weft_graph_pool_t *p = g->pool;
   pthread_mutex_unlock(&d->lock);
   st = weft_capture_allocate_to(s, p);
+  if (st == WEFT_OK) return st;
+  fail(st, "weft_torch: weft_capture_allocate_to: %s", weft_last_error());
+  pthread_mutex_lock(&d->lock);
+  (void)defer(d, s, id);
+  pthread_mutex_unlock(&d->lock);
+  return st;
+}
+
+static weft_status_t on_capture(weft_stream_t *s, uint64_t id, void *user) { return assign_pool(user, s, id, true); }
+
+/* The driver's capture query of a raw stream (the id's position is the same in every version of
+ * cuStreamGetCaptureInfo), or NULL. */
+typedef CUresult (*capture_info_fn)(CUstream, CUstreamCaptureStatus *, cuuint64_t *, void *, void *, void *, void *);
+static capture_info_fn capture_info;
+static pthread_once_t capture_info_once = PTHREAD_ONCE_INIT;
+static void capture_info_resolve(void) { capture_info = (capture_info_fn)weft_driver_symbol("cuStreamGetCaptureInfo"); }
+
+/* Before an allocation on s (PyTorch's stream raw) while PyTorch pools wait for captures: if s
+ * takes part in a capture, the pool it draws from is made sure of here, on the allocating
+ * thread, not left to weft's capture handler: that runs on whichever thread meets the capture
+ * first, and while it runs on another thread (another thread's empty_cache, a kept free, a
+ * record_stream's free on this stream) weft lets this thread's allocation go on without a pool:
+ * a graph memory node, which the graph PyTorch owns never frees (cuGraphLaunch then refuses a
+ * second replay), and a pool that never learns of its tensor (test_torch_pools, eight threads).
+ * The capture draws from the pool of the capture id met before (a fork), else of the begin
+ * waiting on this thread; else the handler's choice stands. */
+static weft_status_t ensure_pool(device_t *d, weft_runtime_t *rt, weft_stream_t *s, CUstream raw) {
+  if (raw == NULL || raw == CU_STREAM_LEGACY) return WEFT_OK; /* the legacy stream never captures */
+  pthread_once(&capture_info_once, capture_info_resolve);
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  if (capture_info == NULL || capture_info(raw, &cs, &id, NULL, NULL, NULL, NULL) != CUDA_SUCCESS ||
+      cs != CU_STREAM_CAPTURE_STATUS_ACTIVE || id == 0)
+    return WEFT_OK; /* weft's own call says what is wrong, if anything */
+  weft_status_t st = WEFT_OK;
+  pthread_mutex_lock(&d->lock);
+  gpool_t *g = NULL;
+  for (unsigned i = 0; i < d->n_pools && g == NULL; i++)
+    if (d->pools[i].capture == id) g = &d->pools[i];
+  for (unsigned i = 0; i < d->n_pools && g == NULL; i++) {
+    gpool_t *e = &d->pools[i];
+    if (e->pending && e->capture == 0 && pthread_equal(e->begun_by, pthread_self())) g = e;
+  }
+  if (g == NULL) {
+    pthread_mutex_unlock(&d->lock);
+    return WEFT_OK;
+  }
+  if (g->pool == NULL && (st = weft_graph_pool_create(rt, &g->pool)) != WEFT_OK) {
+    pthread_mutex_unlock(&d->lock);
+    return fail(st, "weft_torch: weft_graph_pool_create: %s", weft_last_error());
+  }
+  if (g->capture != id) {
+    g->capture = id;
+    g->stream = s;
+  }
+  undefer(d, s);
+  weft_graph_pool_t *p = g->pool;
+  pthread_mutex_unlock(&d->lock);
+  st = weft_capture_allocate_to(s, p); /* nothing when said before */
   return st == WEFT_OK ? st : fail(st, "weft_torch: weft_capture_allocate_to: %s", weft_last_error());
+}
+
+/* Before an allocation on s: a capture on s met on another thread (deferred by assign_pool) gets
+ * its pool now, on this thread. Asking weft first brings its view of s up to date (a newer
+ * capture met now replaces the deferred one; an ended one is dropped). */
+static weft_status_t claim_deferred(device_t *d, weft_stream_t *s) {
+  if (atomic_load_explicit(&d->deferring, memory_order_acquire) == 0) return WEFT_OK;
+  bool found = false;
+  pthread_mutex_lock(&d->lock);
+  for (unsigned i = 0; i < d->n_deferred && !found; i++) found = d->deferred[i].s == s;
+  pthread_mutex_unlock(&d->lock);
+  if (!found) return WEFT_OK;
+  int capturing = 0;
+  weft_status_t st = weft_stream_is_capturing(s, &capturing);
+  if (st != WEFT_OK) return fail(st, "weft_torch: weft_stream_is_capturing: %s", weft_last_error());
+  uint64_t id = 0;
+  found = false;
+  pthread_mutex_lock(&d->lock);
+  for (unsigned i = 0; i < d->n_deferred && !found; i++)
+    if (d->deferred[i].s == s) {
+      found = true;
+      id = d->deferred[i].capture;
+    }
+  if (found && !capturing) undefer(d, s);
+  pthread_mutex_unlock(&d->lock);
+  if (!found || !capturing) return WEFT_OK;
+  return assign_pool(d, s, id, false);
 }
 
 /* CUDAGraph::capture_begin's beginAllocateToPool: the next capture met on this thread (see
@@ -344,7 +478,7 @@ static void destroy_released(int device, device_t *d) {
     pthread_mutex_lock(&d->lock);
     for (unsigned i = 0; i < d->n_pools && !found; i++) {
       gpool_t *g = &d->pools[i];
-      if ((g->id0 | g->id1) == 0 || g->uses != 0 || g->live != 0 || g->pending) continue;
+      if (!g->retry && ((g->id0 | g->id1) == 0 || g->uses != 0 || g->live != 0 || g->pending)) continue;
       found = true;
       p = g->pool; /* NULL: no capture drew from it (torch.cuda.use_mem_pool outside captures) */
       s = g->stream;
@@ -358,12 +492,17 @@ static void destroy_released(int device, device_t *d) {
     if (st != WEFT_OK) {
       fail(st, "weft_torch: releasing a graph pool of device %d: %s", device, weft_last_error());
       if (atomic_fetch_add(&reported, 1) < 10) fprintf(stderr, "%s\n", last_error);
-      /* Kept as a capture's own: weft_torch_release_graph_pools tries again. */
+      /* Kept as a capture's own, to destroy again at the device's next adapter call (PyTorch
+       * never calls weft_torch_release_graph_pools, which also tries it): before, a failure
+       * here (a cuMemFree or the wait failing once) kept the pool for good
+       * (test_torch_pools, faults in a hooked capture: cuMemFree:1). */
       pthread_mutex_lock(&d->lock);
       gpool_t *g = gpool_add(d);
       if (g != NULL) {
         g->pool = p;
         g->stream = s;
+        g->retry = true;
+        atomic_store_explicit(&d->retry_destroy, 1, memory_order_release);
       }
       pthread_mutex_unlock(&d->lock);
       return;
@@ -420,6 +559,8 @@ static gpool_t *drawing_pool_of(device_t *d, CUdeviceptr ptr) {
 
 static weft_status_t declare_recorded(weft_runtime_t *rt, int device, uintptr_t ptr, CUstream on, weft_stream_t *fs);
 
+static bool graph_free(int device, device_t *d, CUdeviceptr ptr);
+
 /* Keeps a failed free of ptr on s to make again (false when MAX_KEPT are kept already); `again`:
  * one kept before (frees_kept counts each free once). */
 static bool keep_free(device_t *d, CUdeviceptr ptr, weft_stream_t *s, CUstream raw, bool again) {
@@ -438,7 +579,12 @@ static bool keep_free(device_t *d, CUdeviceptr ptr, weft_stream_t *s, CUstream r
  * again stay kept (a capture still running, a fault still there), except a pointer that is no
  * longer a live block, which is counted as a failure and dropped. The list is taken out under the
  * lock and the frees run without it: a free may meet a capture and call on_capture, which locks. */
+static void destroy_released(int device, device_t *d);
+
 static void flush_kept(weft_runtime_t *rt, device_t *d) {
+  if (atomic_load_explicit(&d->retry_destroy, memory_order_acquire) != 0 &&
+      atomic_exchange_explicit(&d->retry_destroy, 0, memory_order_acq_rel) != 0)
+    destroy_released((int)(d - devices), d); /* sets it again if a destroy fails again */
   if (atomic_load_explicit(&d->pending, memory_order_acquire) == 0) return;
   kept_t todo[MAX_KEPT];
   pthread_mutex_lock(&d->lock);
@@ -452,6 +598,11 @@ static void flush_kept(weft_runtime_t *rt, device_t *d) {
     if (st == WEFT_OK) st = weft_free_ptr(rt, todo[i].ptr, todo[i].s);
     if (st == WEFT_OK) {
       atomic_fetch_add_explicit(&d->frees, 1, memory_order_relaxed);
+    } else if (st == WEFT_ERR_INVALID_ARGUMENT && graph_free((int)(d - devices), d, todo[i].ptr)) {
+      /* memory a graph kept (a tensor of a graph pool, record_stream'ed, freed while a capture
+       * ran): its pool counts one live tensor less, as in free_here; before, the free was dropped
+       * as a failure and the pool never destroyed (test_torch_pools) */
+      atomic_fetch_add_explicit(&d->graph_frees, 1, memory_order_relaxed);
     } else if (st == WEFT_ERR_INVALID_ARGUMENT || st == WEFT_ERR_STALE_HANDLE || st == WEFT_ERR_DOUBLE_FREE ||
                !keep_free(d, todo[i].ptr, todo[i].s, todo[i].raw, true)) {
       fail(st, "weft_torch: kept free(0x%llx): %s", (unsigned long long)todo[i].ptr, weft_last_error());
@@ -510,7 +661,14 @@ static void *alloc_or_null(ssize_t size, int device, CUstream stream) {
   }
   weft_stream_t *s = stream_of(rt, device, stream);
   weft_block_t b;
-  weft_status_t st = s == NULL ? WEFT_ERR_INVALID_ARGUMENT : weft_alloc(rt, (size_t)size, s, "torch", &b);
+  weft_status_t st = s == NULL ? WEFT_ERR_INVALID_ARGUMENT : WEFT_OK;
+  if (st == WEFT_OK && atomic_load_explicit(&d->drawing, memory_order_relaxed) != 0) st = ensure_pool(d, rt, s, stream);
+  if (st == WEFT_OK) st = claim_deferred(d, s);
+  if (st != WEFT_OK) {
+    atomic_fetch_add_explicit(&d->alloc_failures, 1, memory_order_relaxed);
+    return NULL;
+  }
+  st = s == NULL ? WEFT_ERR_INVALID_ARGUMENT : weft_alloc(rt, (size_t)size, s, "torch", &b);
   if (s != NULL && st != WEFT_OK) fail(st, "weft_torch: weft_alloc(%zd): %s", size, weft_last_error());
   CUdeviceptr p = 0;
   if (st == WEFT_OK && weft_block_ptr(b, &p) != WEFT_OK) st = WEFT_ERR_STALE_HANDLE;
