@@ -293,12 +293,12 @@ static weft_status_t run_one(weft_stream_t *s, void *arg) {
  * another device's stream may wait for a point of these streams (a peer copy, a block read across
  * devices), and a later event standing in for that point could cover these collectives while the
  * waiter's rank, on a thread of its own, has not posted its part yet: a deadlock. So the streams'
- * waits stay exact (weft__tracker_exact) unless the posting holds `comms` communicators (a group
- * over the process's ranks from one thread: every local part is posted together, before any later
- * wait). With one runtime no wait crosses devices, and over-waiting a rank's own posted
- * collectives cannot deadlock where NCCL's ordering rules hold. */
-static weft_status_t exact_if_alone(weft_stream_t *const *s, size_t n, size_t comms) {
-  if (comms >= 2 || weft__tracker_runtimes() < 2) return WEFT_OK;
+ * waits stay exact (weft__tracker_exact) unless the posting spans every runtime of the process
+ * (`devices` of them: a group over the process's ranks from one thread posts every local part
+ * together, before any later wait). With one runtime no wait crosses devices, and over-waiting a
+ * rank's own posted collectives cannot deadlock where NCCL's ordering rules hold. */
+static weft_status_t exact_if_alone(weft_stream_t *const *s, size_t n, size_t devices) {
+  if (devices >= weft__tracker_runtimes()) return WEFT_OK;
   for (size_t i = 0; i < n; i++) {
     weft_status_t st = weft__tracker_exact(s[i]);
     if (st != WEFT_OK) return st;
@@ -506,7 +506,13 @@ weft_status_t weft_comm_group_end(void) {
       ns[j] = gs[j].n;
     }
     group_run_t run = {nl, g_calls, ncalls};
-    st = exact_if_alone(streams, k, entered); /* entered: the group's distinct communicators */
+    size_t devices = 0; /* the group's distinct runtimes */
+    for (size_t j = 0; j < k; j++) {
+      size_t i = 0;
+      while (i < j && streams[i]->runtime != streams[j]->runtime) i++;
+      devices += i == j;
+    }
+    st = exact_if_alone(streams, k, devices);
     if (st == WEFT_OK) st = weft__use_joint(streams, accs, ns, k, "weft_comm_group_end", run_group, &run);
   }
   if (gs != NULL) weft__small_free(gs_small, gs);

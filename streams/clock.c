@@ -285,15 +285,22 @@ static weft_status_t grow_ring(weft__tracker_t *own, weft__domain_t *d, weft__la
 }
 
 /* Before an exact live lane records tick k: the slot k takes must not hold an event the host does
- * not know complete (weft__lane_t.exact). Its tick is asked about once; complete, the host knows
- * it (and every earlier tick: stream order); still running, the ring grows. Owner's context
- * current. */
+ * not know complete (weft__lane_t.exact). Complete, the host knows it (and every earlier tick:
+ * stream order); still running, the ring grows. A query costs a microsecond or so, so the event
+ * half a ring newer is asked first: complete, the host knows the next half ring's slots free too,
+ * and a steady stream asks once per half ring. Owner's context current. */
 static weft_status_t keep_room(weft__tracker_t *own, weft__domain_t *d, unsigned at, uint64_t k) {
   weft__lane_t *l = &d->lane[at];
   for (;;) {
-    unsigned slot = (unsigned)(k & (l->ring_size - 1));
+    unsigned mask = l->ring_size - 1, slot = (unsigned)(k & mask);
     uint64_t old = l->ring_tick[slot];
     if (old == 0 || old <= d->host_known[at]) return WEFT_OK;
+    uint64_t ahead = old + l->ring_size / 2; /* recorded: the ring holds (k - ring_size, k) */
+    unsigned half = (unsigned)(ahead & mask);
+    if (ahead < k && l->ring_tick[half] == ahead && own->drv->cuEventQuery(l->ring[half]) == CUDA_SUCCESS) {
+      d->host_known[at] = ahead;
+      return WEFT_OK;
+    }
     CUresult r = own->drv->cuEventQuery(l->ring[slot]);
     if (r == CUDA_SUCCESS) {
       d->host_known[at] = old;
