@@ -31,7 +31,9 @@ for bin in "$here"/bin/*; do
   envs=()
   case "$name" in
     scale_gpu) envs=(WEFT_TEST_SEEDS=1-3 WEFT_TEST_OPS=20000 WEFT_TEST_RINGS=4,8,64 WEFT_TEST_KEEP_GOING=1) ;;
-    test_torch_adapter|test_torch_threads) envs=(WEFT_TORCH_LIB="$here/torch/libweft_torch.so") ;;
+    test_torch_adapter|test_torch_threads|test_torch_pools) envs=(WEFT_TORCH_LIB="$here/torch/libweft_torch.so") ;;
+    test_comm_exact_waits_ring4) envs=(WEFT_TEST_RING=4 WEFT_TEST_LAZY=0) ;;
+    test_comm_exact_waits_lazy_ring4) envs=(WEFT_TEST_RING=4 WEFT_TEST_LAZY=1) ;;
     test_torch_raise) envs=(WEFT_TORCH_LIB="$here/torch/libweft_torch.so" WEFT_C10_STUB="$here/torch/libc10_stub.so") ;;
     test_torch_raise_c) envs=(WEFT_TORCH_LIB="$here/torch/libweft_torch.so" WEFT_TEST_NO_C10=1) ;;
   esac
