@@ -446,7 +446,9 @@ weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stre
 weft_status_t weft__clock_exact(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s) {
   weft__lane_t *l = &d->lane[weft__at(d, s)];
   if (l->exact || d->capture != NULL) return WEFT_OK;
-  if (l->tick != l->recorded && !atomic_load_explicit(&s->exposed, memory_order_relaxed)) {
+  /* (Not while s captures: the record would land in the capture.) */
+  if (l->tick != l->recorded && !atomic_load_explicit(&s->exposed, memory_order_relaxed) &&
+      atomic_load_explicit(&s->capture, memory_order_relaxed) == NULL) {
     weft_status_t st = weft__clock_flush(tr, d, s);
     if (st != WEFT_OK) return st;
   }

@@ -118,7 +118,7 @@ static inline void weft__clock_unpublish(const weft__domain_t *d, unsigned at) {
  * captures it (the driver is asked first): then k's event serves if it exists, else CAPTURE. */
 weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, unsigned *slot);
 /** Makes s's lane exact (weft__lane_t.exact; live domain only, else nothing): its pending tick
- * recorded first (not an exposed stream's), then eager, and its ring keeps every event the host
+ * recorded first (not an exposed stream's, nor while s captures: it would land in the capture), then eager, and its ring keeps every event the host
  * does not know complete. Lock held; s's lane not busy. */
 weft_status_t weft__clock_exact(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s);
 /** Makes s wait for tick k of t and merges the event's clock into s's row. A wait for an exact

@@ -324,7 +324,7 @@ weft_status_t weft__tracker_free_kept(weft_stream_t *s, weft__access_state_t *st
 /** Makes s's live lane exact (weft__lane_t.exact) before a use whose work waits for what other
  * streams enqueue later: a collective, send or receive (comm/), a stream value wait. s's pending
  * tick is recorded first, so that the work before stays apart from that use (not for an exposed
- * stream: code outside weft may capture it). Once set it stays for the lane's life; cheap then
+ * stream, which code outside weft may capture, nor while s captures). Once set it stays for the lane's life; cheap then
  * (one atomic load). Takes the tracker lock the first time; a failed record leaves nothing set. */
 weft_status_t weft__tracker_exact(weft_stream_t *s);
 /** Runtimes (trackers) holding lanes of the process's live domain now: with one, no wait can
