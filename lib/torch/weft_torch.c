@@ -349,24 +349,61 @@ static weft_status_t assign_pool(device_t *d, weft_stream_t *s, uint64_t id, boo
     g->stream = s;
   }
   weft_graph_pool_t *p = g->pool;
+  bool own = (g->id0 | g->id1) == 0;
   pthread_mutex_unlock(&d->lock);
   st = weft_capture_allocate_to(s, p);
   if (st == WEFT_OK) return st;
   fail(st, "weft_torch: weft_capture_allocate_to: %s", weft_last_error());
   pthread_mutex_lock(&d->lock);
   (void)defer(d, s, id);
+  /* A capture's own pool that no capture draws from (the capture had ended: a handler run for a
+   * capture its owner ended meanwhile) goes now: before, it stayed until
+   * weft_torch_release_graph_pools, which PyTorch never calls (test_torch_pools, eight threads:
+   * "1 graph pools left"). Only while nothing else took it up (another stream of the same capture
+   * met meanwhile draws from it: the destroy says BUSY and it is put back). */
+  bool drop = false;
+  for (unsigned i = 0; own && i < d->n_pools && !drop; i++)
+    if (d->pools[i].pool == p && d->pools[i].capture == id && (d->pools[i].id0 | d->pools[i].id1) == 0) {
+      d->pools[i] = d->pools[--d->n_pools];
+      drop = true;
+    }
   pthread_mutex_unlock(&d->lock);
-  return st;
+  if (drop && weft_graph_pool_destroy(p) != WEFT_OK) {
+    pthread_mutex_lock(&d->lock);
+    gpool_t *e = gpool_add(d);
+    if (e != NULL) *e = (gpool_t){.pool = p, .capture = id, .stream = s};
+    pthread_mutex_unlock(&d->lock);
+  }
+  return st; /* last_error: the allocate_to's (the destroy leaves it) */
 }
 
 static weft_status_t on_capture(weft_stream_t *s, uint64_t id, void *user) { return assign_pool(user, s, id, true); }
 
 /* The driver's capture query of a raw stream (the id's position is the same in every version of
- * cuStreamGetCaptureInfo), or NULL. */
+ * cuStreamGetCaptureInfo; every argument after it is passed NULL), or NULL. The versioned entry
+ * points first: the simulator exports only cuStreamGetCaptureInfo_v3 (cuda.h's name for it), and
+ * with the bare name alone ensure_pool was never run there (test_torch_pools, eight threads: the
+ * capturing thread's allocation met a capture another thread's handler was deferring). */
 typedef CUresult (*capture_info_fn)(CUstream, CUstreamCaptureStatus *, cuuint64_t *, void *, void *, void *, void *);
 static capture_info_fn capture_info;
 static pthread_once_t capture_info_once = PTHREAD_ONCE_INIT;
-static void capture_info_resolve(void) { capture_info = (capture_info_fn)weft_driver_symbol("cuStreamGetCaptureInfo"); }
+static void capture_info_resolve(void) {
+  static const char *const names[] = {"cuStreamGetCaptureInfo_v3", "cuStreamGetCaptureInfo_v2", "cuStreamGetCaptureInfo"};
+  for (unsigned i = 0; i < sizeof names / sizeof names[0] && capture_info == NULL; i++)
+    capture_info = (capture_info_fn)weft_driver_symbol(names[i]);
+}
+
+/* The id of the capture raw takes part in now, or 0 (none, or the driver cannot say). */
+static uint64_t capture_id_of(CUstream raw) {
+  if (raw == NULL || raw == CU_STREAM_LEGACY) return 0;
+  pthread_once(&capture_info_once, capture_info_resolve);
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  if (capture_info == NULL || capture_info(raw, &cs, &id, NULL, NULL, NULL, NULL) != CUDA_SUCCESS ||
+      cs != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+    return 0;
+  return id;
+}
 
 /* Before an allocation on s (PyTorch's stream raw) while PyTorch pools wait for captures: if s
  * takes part in a capture, the pool it draws from is made sure of here, on the allocating
@@ -413,6 +450,21 @@ static weft_status_t ensure_pool(device_t *d, weft_runtime_t *rt, weft_stream_t 
   return st == WEFT_OK ? st : fail(st, "weft_torch: weft_capture_allocate_to: %s", weft_last_error());
 }
 
+/* Before an allocation on s (PyTorch's stream raw) while PyTorch pools wait for captures: weft
+ * meets the capture s takes part in, if any, now, before claim_deferred looks for a deferred
+ * choice. weft_alloc would meet it only after that look: its handler, run there (on a thread
+ * that began none of the waiting pools) or on another thread that adopted the capture meanwhile
+ * (weft_alloc then waits for it: lib/runtime/stream.c wait_handled), deferred the choice, and
+ * the allocation went on with no pool: a graph memory node (test_torch_pools, eight threads, and
+ * test_a_deferred_pool_choice_met_inside_the_first_allocation). Then ensure_pool. */
+static weft_status_t meet_capture(device_t *d, weft_runtime_t *rt, weft_stream_t *s, CUstream raw) {
+  if (raw == NULL || raw == CU_STREAM_LEGACY) return WEFT_OK; /* the legacy stream never captures */
+  int capturing = 0;
+  weft_status_t st = weft_stream_is_capturing(s, &capturing);
+  if (st != WEFT_OK) return fail(st, "weft_torch: weft_stream_is_capturing: %s", weft_last_error());
+  return capturing ? ensure_pool(d, rt, s, raw) : WEFT_OK;
+}
+
 /* Before an allocation on s: a capture on s met on another thread (deferred by assign_pool) gets
  * its pool now, on this thread. Asking weft first brings its view of s up to date (a newer
  * capture met now replaces the deferred one; an ended one is dropped). */
@@ -437,7 +489,11 @@ static weft_status_t claim_deferred(device_t *d, weft_stream_t *s) {
   if (found && !capturing) undefer(d, s);
   pthread_mutex_unlock(&d->lock);
   if (!found || !capturing) return WEFT_OK;
-  return assign_pool(d, s, id, false);
+  /* A handler may have met an ended capture (another thread asked the driver just before its
+   * owner ended it, and adopted it once the owner's end hook had dropped it): its deferral names
+   * that capture, not the one s takes part in now. The current one is chosen for. */
+  uint64_t now = capture_id_of(weft_stream_raw(s));
+  return assign_pool(d, s, now != 0 ? now : id, false);
 }
 
 /* CUDAGraph::capture_begin's beginAllocateToPool: the next capture met on this thread (see
@@ -662,7 +718,7 @@ static void *alloc_or_null(ssize_t size, int device, CUstream stream) {
   weft_stream_t *s = stream_of(rt, device, stream);
   weft_block_t b;
   weft_status_t st = s == NULL ? WEFT_ERR_INVALID_ARGUMENT : WEFT_OK;
-  if (st == WEFT_OK && atomic_load_explicit(&d->drawing, memory_order_relaxed) != 0) st = ensure_pool(d, rt, s, stream);
+  if (st == WEFT_OK && atomic_load_explicit(&d->drawing, memory_order_relaxed) != 0) st = meet_capture(d, rt, s, stream);
   if (st == WEFT_OK) st = claim_deferred(d, s);
   if (st != WEFT_OK) {
     atomic_fetch_add_explicit(&d->alloc_failures, 1, memory_order_relaxed);

@@ -1061,6 +1061,76 @@ static void test_a_capture_on_device_1_while_device_0_is_current(void **state) {
   expect_base(0, b0);
 }
 
+/* ---- a deferred pool choice met by the allocation itself ----------------------------------------
+ * The capture handler defers the pool choice when it runs on a thread that began none of the
+ * waiting PyTorch pools (assign_pool); the deferral is claimed before an allocation (claim_deferred).
+ * Found in test_eight_threads_capture_release_and_allocate: an eager thread frees an old graph output
+ * on a capturing thread's stream, meets the new capture and its handler defers; the capturing thread's
+ * allocation had looked for a deferral just before (none yet), then met the capture inside weft_alloc,
+ * waited for that handler (wait_handled) and allocated with no pool: a graph memory node. Pausing a
+ * thread inside the adapter needs weft's test points, which libweft_torch.so does not export; the
+ * same window is met here on one thread, deterministically: the pool was begun on another thread
+ * (beginAllocateToPool on one thread, the capture's first allocation on another, as an autograd
+ * thread's), so the handler that runs inside this thread's first weft_alloc defers. That allocation
+ * must come from the pool all the same (no memory node: a second replay would fail), the graph
+ * replays twice, and everything goes once released. */
+typedef struct begin_job {
+  mempool_id_t id;
+} begin_job_t;
+
+static void *begin_elsewhere(void *arg) {
+  begin_job_t *j = arg;
+  on_device(0);
+  t_pool_begin(0, j->id, filter);
+  return NULL;
+}
+
+static void test_a_deferred_pool_choice_met_inside_the_first_allocation(void **state) {
+  (void)state;
+  reset_errors();
+  const size_t n = 24 * 1024;
+  CUstream cs = new_stream();
+  CUdeviceptr in = alloc_on(n, 0, cs);
+  assert_true(in != 0);
+  assert_int_equal(d_memset(in, 5, n / 4, cs), CUDA_SUCCESS);
+  assert_int_equal(d_sync(cs), CUDA_SUCCESS);
+  t_empty();
+  baseline_t b0 = base_of(0);
+  begin_job_t j = {{4242, 1}};
+  run_threads(1, begin_elsewhere, &j, sizeof j);
+  assert_int_equal(d_begin(cs, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+  CUdeviceptr a = alloc_on(n, 0, cs); /* meets the capture: the handler defers here */
+  CUdeviceptr b = alloc_on(n, 0, cs);
+  assert_true(a != 0 && b != 0);
+  assert_int_equal(d_copy(a, in, n, cs), CUDA_SUCCESS);
+  assert_int_equal(d_copy(b, a, n, cs), CUDA_SUCCESS);
+  free_on(a, n, 0, cs);
+  CUgraph g = NULL;
+  assert_int_equal(d_end(cs, &g), CUDA_SUCCESS);
+  t_pool_end(0, j.id);
+  CUdeviceptr mp = 0;
+  size_t mb = 0;
+  unsigned mn = graph_mem_nodes(g, &mp, &mb);
+  if (mn != 0)
+    fail_msg("the graph has %u memory nodes, the first 0x%llx (%zu bytes; the first allocation 0x%llx)", mn,
+             (unsigned long long)mp, mb, (unsigned long long)a);
+  CUgraphExec x;
+  assert_int_equal(d_inst(&x, g, 0), CUDA_SUCCESS);
+  for (unsigned k = 0; k < 2; k++) {
+    assert_int_equal(d_memset(in, 60 + k, n / 4, cs), CUDA_SUCCESS);
+    assert_int_equal(d_launch(x, cs), CUDA_SUCCESS);
+    assert_int_equal(d_sync(cs), CUDA_SUCCESS);
+    expect_filled(b, n, 60 + k, "the output of a replay");
+  }
+  assert_int_equal(d_exec_destroy(x), CUDA_SUCCESS);
+  assert_int_equal(d_graph_destroy(g), CUDA_SUCCESS);
+  t_pool_release(0, j.id);
+  free_on(b, n, 0, cs);
+  check_errors();
+  expect_base(0, b0);
+  free_on(in, n, 0, cs);
+}
+
 /* ---- 8 threads ----------------------------------------------------------------------------------
  * Threads 0..4 capture their own graphs again and again (THREAD_LOCAL: the others work eagerly
  * meanwhile): begin hook, capture on their own stream with allocations and frees inside (a chain
@@ -1310,10 +1380,14 @@ static void *stress_worker(void *arg) {
   return w->t == NT - 1 ? stress_janitor(w) : stress_eager(w);
 }
 
-/* KNOWN TO FAIL (open bug, not fixed): in about 3 runs of 10 a capturing thread's graph gets a
- * graph memory node while other threads free its earlier outputs on its stream during the capture
- * (before the capture handler fix in lib/runtime/stream.c, 8 of 10). Runs only with
- * WEFT_TEST_STRESS=1 until that race is found; it skips, saying so, otherwise. */
+/* Runs only with WEFT_TEST_STRESS=1 (it skips, saying so, otherwise). The graph memory nodes it met
+ * in 3 runs of 10 (an allocation of a capture whose pool choice another thread's handler deferred
+ * after the allocation had looked for a deferral) are fixed in lib/torch/weft_torch.c (meet_capture;
+ * deterministic case: test_a_deferred_pool_choice_met_inside_the_first_allocation). Still seen in
+ * about 1 run of 35, before and after that fix: the last check, device memory after one
+ * empty_cache, finds one 16 MiB chunk of weft's pool left, which a second empty_cache gives back
+ * (the trim polls the free points of the blocks it just flushed from the streams' caches; the
+ * simulator's scheduler may not have run them yet). */
 static void test_eight_threads_capture_release_and_allocate(void **state) {
   (void)state;
   const char *stress = getenv("WEFT_TEST_STRESS");
@@ -1376,6 +1450,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup(test_a_tensor_of_one_graph_dies_in_the_next_capture_of_the_pool, setup),
       cmocka_unit_test_setup(test_faults_in_a_hooked_capture, setup),
       cmocka_unit_test_setup(test_a_capture_on_device_1_while_device_0_is_current, setup),
+      cmocka_unit_test_setup(test_a_deferred_pool_choice_met_inside_the_first_allocation, setup),
       cmocka_unit_test_setup(test_eight_threads_capture_release_and_allocate, setup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
