@@ -82,6 +82,7 @@ static weft_status_t sync_capture(weft_stream_t *s) {
   }
   weft__capture_t *nc;
   weft_runtime_t *rt = s->runtime;
+  WEFT__TEST_POINT("sync_capture: probed", s);
   /* A foreign capture's mode is not visible; treat it as GLOBAL, the strictest. */
   st = weft__capture_begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL, true, id, rt->graph_nodes, &nc);
   /* Another thread adopted it first: its handler may still run. */
@@ -90,6 +91,23 @@ static weft_status_t sync_capture(weft_stream_t *s) {
     return WEFT_OK;
   }
   if (st != WEFT_OK) return st;
+  /* Its owner may have ended it between the probe and the adoption (and its next call, meeting
+   * no capture in weft, dropped nothing): asked again, an ended one is dropped here, with no
+   * handler run for it. A later end is met by the next call on s, as always. Before, the handler
+   * ran for an ended capture (the PyTorch adapter made it a pool nobody destroyed). */
+  bool still;
+  uint64_t now;
+  if ((st = weft__capture_probe(s, &still, &now)) != WEFT_OK || !still || now != id) {
+    weft__capture_t *gone = weft__capture_drop_foreign(s, id);
+    if (gone != NULL) {
+      if (gone->on_drop != NULL) gone->on_drop(gone);
+      weft__runtime_forget_capture_blocks(gone);
+      weft__capture_free(gone);
+    }
+    atomic_store_explicit(&s->handled, id, memory_order_release); /* nobody waits for a handler */
+    /* A newer capture its owner began meanwhile is met as any. */
+    return st == WEFT_OK && still ? sync_capture(s) : st;
+  }
   WEFT__TEST_POINT("sync_capture: adopted", s);
   /* Its owner may say where weft_alloc inside it allocates (weft_set_capture_handler); also on a
    * stream it was forked onto (nc NULL: s joined the capture another stream began), before

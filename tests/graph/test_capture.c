@@ -630,6 +630,81 @@ static void test_a_second_thread_waits_for_the_capture_handler(void **state) {
 #endif
 }
 
+/* A thread asks the driver about a stream while code outside weft captures it, and the owner ends
+ * the capture before that thread adopts it: weft must not adopt the ended capture nor run the
+ * capture handler for it (the PyTorch adapter made such a capture a pool that nobody destroyed:
+ * tests/torch test_torch_pools' eight threads, "1 graph pools left"). A test point holds the
+ * thread between its probe and the adoption while the owner ends the capture. */
+#if WEFT__TEST_POINTS
+static atomic_int stale_probed, stale_ended, stale_handled;
+static weft_stream_t *stale_s;
+
+static void stale_hook(const char *point, void *arg) {
+  if (arg != stale_s || strcmp(point, "sync_capture: probed") != 0 || atomic_load(&stale_probed)) return;
+  atomic_store(&stale_probed, 1);
+  while (!atomic_load(&stale_ended)) sched_yield(); /* the owner ends the capture meanwhile */
+}
+
+static weft_status_t stale_handler(weft_stream_t *s, uint64_t id, void *user) {
+  (void)s;
+  (void)id;
+  (void)user;
+  atomic_fetch_add(&stale_handled, 1);
+  return WEFT_OK;
+}
+
+typedef struct stale_ask {
+  int capturing;
+  weft_status_t st;
+} stale_ask_t;
+
+static void *stale_ask(void *arg) {
+  stale_ask_t *a = arg;
+  a->st = weft_stream_is_capturing(stale_s, &a->capturing);
+  return NULL;
+}
+#endif
+
+static void test_a_capture_ended_before_its_adoption_is_not_adopted(void **state) {
+  (void)state;
+#if !WEFT__TEST_POINTS
+  skip(); /* the test points are compiled only where WEFT_DEBUG >= 1 (the asan and tsan configs) */
+#else
+  const weft__driver_t *d;
+  assert_int_equal(weft__driver_get(&d), WEFT_OK);
+  stale_s = tu_stream(&env, 1);
+  atomic_store(&stale_probed, 0);
+  atomic_store(&stale_ended, 0);
+  atomic_store(&stale_handled, 0);
+  assert_int_equal(weft_set_capture_handler(env.rt, stale_handler, NULL), WEFT_OK);
+  CUstream raw = weft_stream_raw(stale_s);
+  assert_int_equal(d->cuStreamBeginCapture(raw, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  atomic_store(&weft__test_hook, stale_hook);
+  stale_ask_t a = {-1, WEFT_OK};
+  pthread_t t;
+  pthread_create(&t, NULL, stale_ask, &a);
+  while (!atomic_load(&stale_probed)) sched_yield();
+  CUgraph g;
+  assert_int_equal(d->cuStreamEndCapture(raw, &g), CUDA_SUCCESS); /* ended before the other thread adopts it */
+  atomic_store(&stale_ended, 1);
+  pthread_join(t, NULL);
+  atomic_store(&weft__test_hook, NULL);
+  assert_int_equal(d->cuGraphDestroy(g), CUDA_SUCCESS);
+  if (a.st != WEFT_OK) fail_msg("weft_stream_is_capturing: %s: %s", weft_status_name(a.st), weft_last_error());
+  assert_int_equal(a.capturing, 0);
+  assert_int_equal(atomic_load(&stale_handled), 0);
+  /* The stream works live at once. */
+  weft_block_t x = tu_alloc(&env, N * 4, 1, "x");
+  assert_int_equal(tu_fill(&env, stale_s, x, N, 3), WEFT_OK);
+  unsigned got[N];
+  read_all(x, got);
+  for (unsigned i = 0; i < N; i++) assert_int_equal(got[i], 3);
+  assert_int_equal(weft_free(x, stale_s), WEFT_OK);
+  assert_int_equal(weft_set_capture_handler(env.rt, NULL, NULL), WEFT_OK);
+  assert_int_equal(tu_races(&env), 0);
+#endif
+}
+
 /* Faults injected inside the capture and at instantiation (simulator only): clear errors, the
  * capture is always ended, nothing leaks. */
 static void test_faults_in_capture_and_instantiate(void **state) {
@@ -711,6 +786,7 @@ int main(void) {
       cmocka_unit_test(test_threads_meet_one_forked_foreign_capture_at_once),
       cmocka_unit_test(test_a_forked_foreign_capture_calls_the_handler_on_each_stream),
       cmocka_unit_test(test_a_second_thread_waits_for_the_capture_handler),
+      cmocka_unit_test(test_a_capture_ended_before_its_adoption_is_not_adopted),
       cmocka_unit_test(test_faults_in_capture_and_instantiate),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
