@@ -54,6 +54,10 @@ typedef struct kept {
 
 typedef struct device {
   pthread_mutex_t lock;   /* runtime creation, the capture pools and the kept frees */
+  /* A recorded free's waits (declare_recorded) hold it read, from their look at `drawing` until
+   * they are enqueued; beginAllocateToPool takes it written to count a begun capture. PyTorch
+   * begins the capture after that hook returns, so no such wait can land in it. */
+  pthread_rwlock_t begin;
   _Atomic(weft_runtime_t *) rt;
   _Atomic(CUcontext) ctx; /* the device's primary context, weft's runtime's (set before rt) */
   gpool_t *pools;         /* n_pools of them (cap_pools room), under lock */
@@ -75,7 +79,8 @@ typedef struct device {
   _Atomic uint64_t allocs, frees, zero_bytes, alloc_failures, free_failures, graph_frees, frees_kept;
 } device_t;
 
-static device_t devices[MAX_DEVICES] = {[0 ... MAX_DEVICES - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER}};
+static device_t devices[MAX_DEVICES] = {
+    [0 ... MAX_DEVICES - 1] = {.lock = PTHREAD_MUTEX_INITIALIZER, .begin = PTHREAD_RWLOCK_INITIALIZER}};
 static _Thread_local char last_error[512];
 static _Thread_local struct {
   CUstream raw;
@@ -503,6 +508,7 @@ void weft_torch_begin_allocate_to_pool(int device, weft_torch_mempool_id_t id, c
   (void)filter; /* which streams: those of the capture begun next on this thread (on_capture) */
   if (device < 0 || device >= MAX_DEVICES || (id.first | id.second) == 0) return;
   device_t *d = &devices[device];
+  pthread_rwlock_wrlock(&d->begin); /* recorded frees' waits enqueued meanwhile finish first */
   pthread_mutex_lock(&d->lock);
   gpool_t *g = gpool_by_id(d, id.first, id.second);
   if (g == NULL && (g = gpool_add(d)) != NULL) {
@@ -517,6 +523,7 @@ void weft_torch_begin_allocate_to_pool(int device, weft_torch_mempool_id_t id, c
     g->capture = 0; /* the capture begun next */
   }
   pthread_mutex_unlock(&d->lock);
+  pthread_rwlock_unlock(&d->begin);
   if (g == NULL) {
     fail(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_torch: no host memory for a graph pool's entry");
     if (atomic_fetch_add(&reported, 1) < 10) fprintf(stderr, "%s\n", last_error);
@@ -958,6 +965,18 @@ static weft_status_t declare_recorded(weft_runtime_t *rt, int device, uintptr_t 
   recorded_t copy = r != NULL ? *r : (recorded_t){0};
   pthread_mutex_unlock(&rec_lock);
   if (r == NULL) return WEFT_OK;
+  /* While a PyTorch capture is begun on the device (its begin hook ran, its end hook not yet),
+   * the waits wait, as PyTorch's allocator defers record_stream's events while captures are
+   * underway: a check that neither stream captures, then the record and the wait, would let a
+   * capture begun on another thread in between take the wait (an isolation error invalidates
+   * it: test_torch_pools' eight threads, "the capture ended with 901"). The free is kept and made
+   * once no capture is begun (kept_t). */
+  device_t *dv = &devices[device];
+  pthread_rwlock_rdlock(&dv->begin);
+  if (atomic_load_explicit(&dv->drawing, memory_order_relaxed) != 0) {
+    pthread_rwlock_unlock(&dv->begin);
+    return kept_for_capture(ptr);
+  }
   weft_status_t st = WEFT_OK;
   for (unsigned i = 0; st == WEFT_OK && i < copy.n; i++) {
     if (copy.streams[i] == on) continue; /* the free's own stream is ordered already */
@@ -977,6 +996,7 @@ static weft_status_t declare_recorded(weft_runtime_t *rt, int device, uintptr_t 
       fail(st, "weft_torch: free(0x%llx): waiting for a recorded stream: %s", (unsigned long long)ptr,
            rs != NULL ? weft_last_error() : last_error);
   }
+  pthread_rwlock_unlock(&dv->begin);
   if (st != WEFT_OK) return st; /* kept: made again with the record */
   pthread_mutex_lock(&rec_lock);
   for (recorded_t **at = &rec_bucket[b]; *at != NULL; at = &(*at)->next)
