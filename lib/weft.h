@@ -482,7 +482,9 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_host_func(weft_stream_t *s, CUhostFn 
 WEFT_API WEFT_NODISCARD weft_status_t weft_write_value32(weft_stream_t *s, weft_block_t dst, size_t offset, uint32_t value);
 WEFT_API WEFT_NODISCARD weft_status_t weft_write_value64(weft_stream_t *s, weft_block_t dst, size_t offset, uint64_t value);
 /** cuStreamWaitValue32/64: the stream waits until the word at `offset` satisfies `flags`
- * (CU_STREAM_WAIT_VALUE_GEQ/EQ/AND/NOR) against `value` (a READ). Same memory rule as above. */
+ * (CU_STREAM_WAIT_VALUE_GEQ/EQ/AND/NOR) against `value` (a READ). Same memory rule as above. The
+ * stream's waits become exact (see the collectives below): a wait for its earlier work is never
+ * served by an event after the value wait, which may wait for what the waiter does later. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_wait_value32(weft_stream_t *s, weft_block_t src, size_t offset, uint32_t value, unsigned flags);
 WEFT_API WEFT_NODISCARD weft_status_t weft_wait_value64(weft_stream_t *s, weft_block_t src, size_t offset, uint64_t value, unsigned flags);
 /** Sets the stream's L2 access-policy window to the block (hit_ratio in [0,1], persisting hits,
@@ -998,7 +1000,13 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_comm_check(weft_comm_t *c);
  * weft_comm_stream(c). Inside weft_comm_group_begin/end the call is recorded and enqueued at the
  * end. Errors: INVALID_ARGUMENT (a range outside its block, a bad type, root or peer; NCCL's
  * invalid argument), WRONG_DEVICE (a block or stream of another runtime), STALE_HANDLE, CAPTURE,
- * COMM. On error nothing was enqueued and no use recorded. */
+ * COMM. On error nothing was enqueued and no use recorded.
+ * Exact waits: in a process of several runtimes, a collective posted by a call (or a group) that
+ * does not span every runtime (a thread per rank) makes its stream's waits exact: no wait for a
+ * point of it, or of a stream that waits for it, is served by a later event, which could cover
+ * collectives the waiting rank has not posted yet (a deadlock). Such a stream records an event
+ * after each use, and its event ring grows rather than drop one the device has not completed
+ * (weft_counters_t.ring_growths). A group from one thread over every runtime needs none. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_all_reduce(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv, size_t recv_offset, size_t count, weft_dtype_t dt, weft_redop_t op, weft_stream_t *s);
 WEFT_API WEFT_NODISCARD weft_status_t weft_broadcast(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv, size_t recv_offset, size_t count, weft_dtype_t dt, int root, weft_stream_t *s);
 WEFT_API WEFT_NODISCARD weft_status_t weft_reduce_scatter(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv, size_t recv_offset, size_t recv_count, weft_dtype_t dt, weft_redop_t op, weft_stream_t *s);
