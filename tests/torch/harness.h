@@ -7,6 +7,9 @@
 #define WEFT_TESTS_TORCH_HARNESS_H
 
 #include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -146,6 +149,54 @@ static void check_races(void) {
   weft_sim_stats_t st;
   sim->stats(&st);
   assert_int_equal(st.destroyed_handle_uses, 0);
+}
+
+/* Thread-safe checks: cmocka's asserts longjmp and must stay on the test's thread, so worker
+ * threads note failures (the first ten printed, the first kept) and the test's thread fails with
+ * the first (check_errors). */
+static pthread_mutex_t harness_err_lock = PTHREAD_MUTEX_INITIALIZER;
+static char harness_err_msg[1024];
+static atomic_int harness_errors;
+
+static inline void note(const char *fmt, ...) {
+  int k = atomic_fetch_add(&harness_errors, 1);
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (k < 10) fprintf(stderr, "failure: %s\n", msg);
+  pthread_mutex_lock(&harness_err_lock);
+  if (harness_err_msg[0] == 0) snprintf(harness_err_msg, sizeof harness_err_msg, "%s", msg);
+  pthread_mutex_unlock(&harness_err_lock);
+}
+
+#define CHECK(cond, ...)            \
+  do {                              \
+    if (!(cond)) note(__VA_ARGS__); \
+  } while (0)
+
+static inline void reset_errors(void) {
+  atomic_store(&harness_errors, 0);
+  harness_err_msg[0] = 0;
+}
+
+static inline void check_errors(void) {
+  if (atomic_load(&harness_errors) != 0)
+    fail_msg("%d failures in threads; first: %s", atomic_load(&harness_errors), harness_err_msg);
+}
+
+static inline unsigned word_at(CUdeviceptr p) {
+  unsigned v = 0xdeadbeef;
+  CHECK(d_dtoh(&v, p, 4) == CUDA_SUCCESS, "cuMemcpyDtoH(0x%llx) failed", (unsigned long long)p);
+  return v;
+}
+
+/* The first and the last word of an n-byte tensor both hold v. */
+static inline void expect_filled(CUdeviceptr p, size_t n, unsigned v, const char *what) {
+  unsigned a = word_at(p), b = word_at(p + n - 4);
+  CHECK(a == v && b == v, "%s: tensor 0x%llx (%zu bytes) holds %u..%u, expected %u", what, (unsigned long long)p, n, a,
+        b, v);
 }
 
 #endif /* WEFT_TESTS_TORCH_HARNESS_H */

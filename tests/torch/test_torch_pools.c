@@ -81,50 +81,6 @@ static uint64_t sim_bytes(void) {
   return s.bytes_in_use;
 }
 
-/* Thread-safe checks (cmocka's asserts must stay on the test's thread). */
-static pthread_mutex_t err_lock = PTHREAD_MUTEX_INITIALIZER;
-static char err_msg[1024];
-static atomic_int errors;
-
-static void note(const char *fmt, ...) {
-  int k = atomic_fetch_add(&errors, 1);
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof msg, fmt, ap);
-  va_end(ap);
-  if (k < 10) fprintf(stderr, "failure: %s\n", msg);
-  pthread_mutex_lock(&err_lock);
-  if (err_msg[0] == 0) snprintf(err_msg, sizeof err_msg, "%s", msg);
-  pthread_mutex_unlock(&err_lock);
-}
-
-#define CHECK(cond, ...)            \
-  do {                              \
-    if (!(cond)) note(__VA_ARGS__); \
-  } while (0)
-
-static void reset_errors(void) {
-  atomic_store(&errors, 0);
-  err_msg[0] = 0;
-}
-
-static void check_errors(void) {
-  if (atomic_load(&errors) != 0) fail_msg("%d failures; first: %s", atomic_load(&errors), err_msg);
-}
-
-static unsigned word_at(CUdeviceptr p) {
-  unsigned v = 0xdeadbeef;
-  CHECK(d_dtoh(&v, p, 4) == CUDA_SUCCESS, "cuMemcpyDtoH(0x%llx) failed", (unsigned long long)p);
-  return v;
-}
-
-static void expect_filled(CUdeviceptr p, size_t n, unsigned v, const char *what) {
-  unsigned a = word_at(p), b = word_at(p + n - 4);
-  CHECK(a == v && b == v, "%s: tensor 0x%llx (%zu bytes) holds %u..%u, expected %u", what, (unsigned long long)p, n, a,
-        b, v);
-}
-
 static CUstream new_stream(void) {
   CUstream s;
   assert_int_equal(d_stream_create(&s, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);

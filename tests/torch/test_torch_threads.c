@@ -92,52 +92,7 @@ static int setup(void **state) {
   return 0;
 }
 
-/* Thread-safe checks: cmocka's asserts longjmp and must stay on the test's thread, so workers
- * note the first failure and the test's thread fails with it. */
-static pthread_mutex_t err_lock = PTHREAD_MUTEX_INITIALIZER;
-static char err_msg[512];
-static atomic_int errors;
-
-static void note(const char *fmt, ...) {
-  atomic_fetch_add(&errors, 1);
-  pthread_mutex_lock(&err_lock);
-  if (err_msg[0] == 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err_msg, sizeof err_msg, fmt, ap);
-    va_end(ap);
-  }
-  pthread_mutex_unlock(&err_lock);
-}
-
-#define CHECK(cond, ...)         \
-  do {                           \
-    if (!(cond)) note(__VA_ARGS__); \
-  } while (0)
-
-static void reset_errors(void) {
-  atomic_store(&errors, 0);
-  err_msg[0] = 0;
-}
-
-static void check_errors(void) {
-  if (atomic_load(&errors) != 0) fail_msg("%d failures in threads; first: %s", atomic_load(&errors), err_msg);
-}
-
-static unsigned word_at(CUdeviceptr p) {
-  unsigned v = 0xdeadbeef;
-  CHECK(d_dtoh(&v, p, 4) == CUDA_SUCCESS, "cuMemcpyDtoH(0x%llx) failed", (unsigned long long)p);
-  return v;
-}
-
-/* The first and the last word of an n-byte tensor both hold v. */
-static void expect_filled(CUdeviceptr p, size_t n, unsigned v, const char *what) {
-  unsigned a = word_at(p), b = word_at(p + n - 4);
-  CHECK(a == v && b == v, "%s: tensor 0x%llx (%zu bytes) holds %u..%u, expected %u", what, (unsigned long long)p, n, a,
-        b, v);
-}
-
-/* The same, read with the tensor's device current, as PyTorch's device guard makes it for a copy
+/* expect_filled (harness.h), read with the tensor's device current, as PyTorch's device guard makes it for a copy
  * to the host: memory of a device's stream-ordered pool cannot be read from another device's
  * context on a GPU (2 x H100: every such cuMemcpyDtoH failed), then `back` is made current. */
 static void expect_filled_on(int dev, int back, CUdeviceptr p, size_t n, unsigned v, const char *what) {
