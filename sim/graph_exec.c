@@ -9,7 +9,8 @@
  * lane; each node's clock is the start clock joined with its predecessors' clocks, ticked on its
  * chain's lane; ready nodes run interleaved at random with other streams' work. When the last
  * node ran, the stream's clock joins every node's clock and the stream moves on. Launches of one
- * exec are serialised, as the driver does, so one set of per-launch state lives in the exec.
+ * exec are serialised and start in the order of their launch calls, whatever their streams, as
+ * the driver orders them, so one set of per-launch state lives in the exec.
  *
  * Graph-allocation rules (CUDA_SEMANTICS.md): one live exec per graph with memory nodes; an
  * allocation the graph does not free stays live after a launch, and relaunching while it is live
@@ -203,6 +204,7 @@ static CUresult launch(CUgraphExec hx, CUstream hs) {
   sim__action_t act = {.kind = SIM_ACT_GRAPH};
   act.u.graph.exec = x;
   act.u.graph.inst = inst;
+  act.u.graph.seq = ++x->launched;
   x->refs++;
   sim__enqueue(s, &act);
   return CUDA_SUCCESS;
@@ -246,6 +248,7 @@ static void complete(sim__exec_t *x) {
 
 void sim__exec_start(sim__stream_t *s, sim__op_t *op) {
   sim__exec_t *x = op->act.u.graph.exec;
+  x->started = op->act.u.graph.seq;
   x->running = 1;
   x->run_stream = s;
   x->run_id = sim.next_op_id;

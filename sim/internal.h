@@ -209,6 +209,7 @@ typedef struct sim__action {
     struct {
       sim__exec_t *exec;   /* referenced */
       sim__einst_t **inst; /* per node: event instance bound at the launch call (record/wait) */
+      uint64_t seq;        /* this launch's place among the exec's launches (exec.launched) */
     } graph;
     struct {
       struct fused *fused; /* owned (nccl.c) */
@@ -635,6 +636,10 @@ struct sim__exec {
   uint32_t nchains;
   sim__alloc_t **outputs;    /* graph allocations allocated and not freed by the graph */
   size_t noutputs;
+  /* Launches start in the order of their cuGraphLaunch calls, whatever their streams (CUDA: each
+   * launch is ordered behind any previous launch of the exec): the last launch call's number and
+   * the last started one's. */
+  uint64_t launched, started;
   /* the launch running now (launches of one exec are serialised) */
   int running;
   sim__stream_t *run_stream;

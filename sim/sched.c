@@ -460,6 +460,7 @@ static size_t collect(void) {
         continue;
       }
       if (x->running) continue; /* an earlier launch of this exec runs on another stream */
+      if (op->act.u.graph.seq != x->started + 1) continue; /* an earlier launch has not started yet */
     } else if (!sim__action_ready(&op->act, NULL)) {
       continue;
     }

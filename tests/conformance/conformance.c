@@ -974,6 +974,48 @@ static void test_cuMemAlloc_memory_can_be_freed_in_stream_order(void **state) {
   PASS("cuMemFreeAsync accepts cuMemAlloc memory; cuMemFree(0) succeeds");
 }
 
+/* cuGraphLaunch: "each launch is ordered behind both any previous work in hStream and any previous
+ * launches of hGraphExec" (the driver API's documentation). A launch on stream 1 held behind
+ * other work (an event of stream 3 after a long fill), then a launch of the same exec on idle
+ * stream 2: synchronising stream 2 means both launches ran, so a host write after it stays. The
+ * simulator used to start the second launch first and run the first afterwards (found by the
+ * helper's tests/streams/test_outside_long, lazy simulator). */
+static void test_launches_of_one_exec_keep_their_order_across_streams(void **state) {
+  (void)state;
+  CUstream r1 = new_stream(), r2 = new_stream(), r3 = new_stream();
+  const unsigned big = 16u << 20; /* words the fill on stream 3 writes, several times over */
+  CUdeviceptr p, q;
+  OK(d->cuMemAlloc(&p, 1024));
+  OK(d->cuMemAlloc(&q, (size_t)big * 4));
+  OK(d->cuStreamBeginCapture(r1, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  OK(d->cuMemsetD32Async(p, 7, 256, r1));
+  CUgraph g = NULL;
+  OK(d->cuStreamEndCapture(r1, &g));
+  CUgraphExec x;
+  OK(d->cuGraphInstantiateWithFlags(&x, g, 0));
+  CUevent ev;
+  OK(d->cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
+  for (unsigned k = 0; k < 8; k++) OK(fill(r3, q, big, k));
+  OK(d->cuEventRecord(ev, r3));
+  OK(d->cuStreamWaitEvent(r1, ev, 0));
+  OK(d->cuGraphLaunch(x, r1));
+  OK(d->cuGraphLaunch(x, r2));
+  OK(d->cuStreamSynchronize(r2)); /* both launches have run */
+  unsigned host[256], zero[256] = {0};
+  OK(d->cuMemcpyHtoD(p, zero, sizeof zero));
+  OK(d->cuStreamSynchronize(r1));
+  OK(d->cuStreamSynchronize(r3));
+  OK(d->cuMemcpyDtoH(host, p, sizeof host));
+  for (unsigned i = 0; i < 256; i++)
+    if (host[i] != 0) fail_msg("word %u is %u: a launch of the exec ran after the host's write", i, host[i]);
+  OK(d->cuEventDestroy(ev));
+  OK(d->cuGraphExecDestroy(x));
+  OK(d->cuGraphDestroy(g));
+  OK(d->cuMemFree(q));
+  OK(d->cuMemFree(p));
+  PASS("launches of one exec on two streams run in launch order");
+}
+
 /* Measured on an H200 (driver 580): cuStreamWriteValue32 / WaitValue32 accept cuMemAlloc
  * memory but return INVALID_VALUE for memory from a stream-ordered pool. */
 static void test_stream_memory_operations_need_cuMemAlloc_memory(void **state) {
@@ -1203,6 +1245,7 @@ int main(void) {
       CASE(test_graph_get_nodes_needs_room),
       CASE(test_stream_priority_range_and_events),
       CASE(test_cuMemAlloc_memory_can_be_freed_in_stream_order),
+      CASE(test_launches_of_one_exec_keep_their_order_across_streams),
       CASE(test_stream_memory_operations_need_cuMemAlloc_memory),
       CASE(test_two_devices_peer_access_rules),
       CASE(test_two_devices_events_wait_across_record_only_at_home),
