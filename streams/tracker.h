@@ -197,8 +197,8 @@ struct weft_stream {
   bool use_open;         /* weft_use_begin without its weft_use_end yet */
   weft__trace_span_t *span; /* the device-timestamp span of the use in progress (trace.h), or NULL */
   uint64_t use_print;    /* fingerprint of the open use's accesses (weft__tracker_fingerprint) */
-  /* The driver id of the foreign capture whose capture handler has returned for this stream (0:
-   * none yet): until then other threads' calls on the stream wait (lib/runtime/stream.c). */
+  /* The newest driver id of a foreign capture whose capture handler has returned on this stream
+   * (0: none yet): until then other threads' calls on the stream wait (lib/runtime/stream.c). */
   _Atomic uint64_t handled;
 };
 

@@ -47,9 +47,20 @@ static _Thread_local weft_stream_t *tls_handling;
  * capture, would allocate before the handler chose where (graph memory nodes, which nobody
  * frees: tests/graph test_capture_handler_race). */
 static void wait_handled(weft_stream_t *s, uint64_t id) {
-  if (tls_handling == s || atomic_load_explicit(&s->handled, memory_order_acquire) == id) return;
+  if (tls_handling == s || atomic_load_explicit(&s->handled, memory_order_acquire) >= id) return;
   WEFT__TEST_POINT("sync_capture: waiting for the capture handler", s);
-  while (atomic_load_explicit(&s->handled, memory_order_acquire) != id) sched_yield();
+  for (uint64_t k; atomic_load_explicit(&s->handled, memory_order_acquire) < id; sched_yield())
+    if (!weft__capture_foreign_of(s, &k) || k != id) return; /* dropped meanwhile: nothing to wait for */
+}
+
+/* Notes that the handler for capture `id` has returned on s. Capture ids grow (the driver's
+ * capture sequence), so the mark only grows: a handler that returns late, after its capture
+ * ended and a newer one was met and handled, must not take the newer one's mark back (the
+ * newer one's waiters would wait for good: the helper's eight-thread test_outside_long). */
+static void set_handled(weft_stream_t *s, uint64_t id) {
+  uint64_t h = atomic_load_explicit(&s->handled, memory_order_relaxed);
+  while (h < id && !atomic_compare_exchange_weak_explicit(&s->handled, &h, id, memory_order_release, memory_order_relaxed)) {
+  }
 }
 
 /* Adopts a capture code outside weft began on s, or drops one its owner ended (blocks weft
@@ -104,7 +115,7 @@ static weft_status_t sync_capture(weft_stream_t *s) {
       weft__runtime_forget_capture_blocks(gone);
       weft__capture_free(gone);
     }
-    atomic_store_explicit(&s->handled, id, memory_order_release); /* nobody waits for a handler */
+    set_handled(s, id); /* nobody waits for a handler */
     /* A newer capture its owner began meanwhile is met as any. */
     return st == WEFT_OK && still ? sync_capture(s) : st;
   }
@@ -124,7 +135,7 @@ static weft_status_t sync_capture(weft_stream_t *s) {
   }
   /* Handled, also when it failed: the others go on (the capture's allocations then use graph
    * memory nodes, as weft.h says, unless the owner chooses a pool later). */
-  atomic_store_explicit(&s->handled, id, memory_order_release);
+  set_handled(s, id);
   if (fn == NULL || st == WEFT_OK) return WEFT_OK;
   char why[256];
   snprintf(why, sizeof why, "%s", weft_last_error());
