@@ -22,6 +22,17 @@ static _Atomic unsigned g_trackers; /* trackers holding lanes (written under the
 unsigned weft__tracker_lanes(void) { return atomic_load_explicit(&g_lanes, memory_order_acquire); }
 unsigned weft__tracker_runtimes(void) { return atomic_load_explicit(&g_trackers, memory_order_acquire); }
 
+/* Frees a lane's ring arrays (not its events) and clears them. */
+static void ring_arrays_free(weft__lane_t *l) {
+  weft__meta_free(l->ring);
+  weft__meta_free(l->ring_tick);
+  weft__meta_free(l->ring_clock);
+  weft__meta_free(l->ring_us);
+  weft__meta_free(l->ring_use);
+  l->ring = NULL;
+  l->ring_tick = l->ring_clock = l->ring_us = l->ring_use = NULL;
+}
+
 weft_status_t weft__lane_free(weft__tracker_t *tr, weft__domain_t *d, weft__lane_t *l) {
   weft_status_t first = WEFT_OK;
   if (l->ring != NULL)
@@ -34,16 +45,7 @@ weft_status_t weft__lane_free(weft__tracker_t *tr, weft__domain_t *d, weft__lane
       CUresult r = tr->drv->cuEventDestroy(l->ring[i]);
       if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuEventDestroy");
     }
-  weft__meta_free(l->ring);
-  weft__meta_free(l->ring_tick);
-  weft__meta_free(l->ring_clock);
-  weft__meta_free(l->ring_us);
-  weft__meta_free(l->ring_use);
-  l->ring_use = NULL;
-  l->ring = NULL;
-  l->ring_tick = NULL;
-  l->ring_clock = NULL;
-  l->ring_us = NULL;
+  ring_arrays_free(l);
   return first;
 }
 
@@ -223,13 +225,16 @@ void weft__clock_lanes_give(weft__tracker_t *tr) {
  * event keeps its tick, snapshot and marks at its slot in the larger ring, new events fill the
  * rest. On failure nothing changed. */
 static weft_status_t grow_ring(weft__tracker_t *own, weft__domain_t *d, weft__lane_t *l) {
-  unsigned old = l->ring_size, size = old * 2;
-  CUevent *ring = weft__meta_calloc(size, sizeof *ring);
-  uint64_t *tick = weft__meta_calloc(size, sizeof *tick), *use = weft__meta_calloc(size, sizeof *use);
-  uint64_t *us = weft__meta_calloc(size, sizeof *us);
-  uint64_t *clock = weft__meta_calloc((size_t)size * d->stride, sizeof *clock);
+  unsigned old = l->ring_size;
+  weft__lane_t g = {.ring_size = old * 2}; /* the larger ring's arrays */
+  g.ring = weft__meta_calloc(g.ring_size, sizeof *g.ring);
+  g.ring_tick = weft__meta_calloc(g.ring_size, sizeof *g.ring_tick);
+  g.ring_use = weft__meta_calloc(g.ring_size, sizeof *g.ring_use);
+  g.ring_us = weft__meta_calloc(g.ring_size, sizeof *g.ring_us);
+  g.ring_clock = weft__meta_calloc((size_t)g.ring_size * d->stride, sizeof *g.ring_clock);
   CUevent *fresh = weft__meta_calloc(old, sizeof *fresh);
-  weft_status_t st = ring != NULL && tick != NULL && use != NULL && us != NULL && clock != NULL && fresh != NULL
+  weft_status_t st = g.ring != NULL && g.ring_tick != NULL && g.ring_use != NULL && g.ring_us != NULL &&
+                             g.ring_clock != NULL && fresh != NULL
                          ? WEFT_OK
                          : weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory to grow an event ring");
   unsigned made = 0;
@@ -239,47 +244,40 @@ static weft_status_t grow_ring(weft__tracker_t *own, weft__domain_t *d, weft__la
   }
   if (st != WEFT_OK) {
     for (unsigned i = 0; i + 1 < made; i++) (void)own->drv->cuEventDestroy(fresh[i]);
-    weft__meta_free(ring);
-    weft__meta_free(tick);
-    weft__meta_free(use);
-    weft__meta_free(us);
-    weft__meta_free(clock);
+    ring_arrays_free(&g);
     weft__meta_free(fresh);
     return st;
   }
   /* Recorded events to their tick's slot; the never recorded ones, then the new ones, fill the
    * slots left (the ring's ticks are consecutive, so no two share a slot of the larger ring). */
+  unsigned mask = g.ring_size - 1;
   for (unsigned i = 0; i < old; i++) {
     if (l->ring_tick[i] == 0) continue;
-    unsigned j = (unsigned)(l->ring_tick[i] & (size - 1));
-    ring[j] = l->ring[i];
-    tick[j] = l->ring_tick[i];
-    use[j] = l->ring_use[i];
-    us[j] = l->ring_us[i];
-    memcpy(&clock[(size_t)j * d->stride], &l->ring_clock[(size_t)i * d->stride], d->n * sizeof(uint64_t));
+    unsigned j = (unsigned)(l->ring_tick[i] & mask);
+    g.ring[j] = l->ring[i];
+    g.ring_tick[j] = l->ring_tick[i];
+    g.ring_use[j] = l->ring_use[i];
+    g.ring_us[j] = l->ring_us[i];
+    memcpy(&g.ring_clock[(size_t)j * d->stride], &l->ring_clock[(size_t)i * d->stride], d->n * sizeof(uint64_t));
   }
-  unsigned f = 0, j = 0;
+  unsigned j = 0;
   for (unsigned i = 0; i < old; i++) {
     if (l->ring_tick[i] != 0) continue;
-    while (ring[j] != NULL) j++;
-    ring[j] = l->ring[i];
+    while (g.ring[j] != NULL) j++;
+    g.ring[j] = l->ring[i];
   }
-  for (; f < old; f++) {
-    while (ring[j] != NULL) j++;
-    ring[j] = fresh[f];
+  for (unsigned f = 0; f < old; f++) {
+    while (g.ring[j] != NULL) j++;
+    g.ring[j] = fresh[f];
   }
   weft__meta_free(fresh);
-  weft__meta_free(l->ring);
-  weft__meta_free(l->ring_tick);
-  weft__meta_free(l->ring_use);
-  weft__meta_free(l->ring_us);
-  weft__meta_free(l->ring_clock);
-  l->ring = ring;
-  l->ring_tick = tick;
-  l->ring_use = use;
-  l->ring_us = us;
-  l->ring_clock = clock;
-  l->ring_size = size;
+  ring_arrays_free(l);
+  l->ring = g.ring;
+  l->ring_tick = g.ring_tick;
+  l->ring_use = g.ring_use;
+  l->ring_us = g.ring_us;
+  l->ring_clock = g.ring_clock;
+  l->ring_size = g.ring_size;
   own->counters.ring_growths++;
   return WEFT_OK;
 }

@@ -63,6 +63,15 @@ static void set_handled(weft_stream_t *s, uint64_t id) {
   }
 }
 
+/* Frees a foreign capture weft dropped from its streams (weft__capture_drop_foreign): blocks weft
+ * allocated inside it belong to the owner's graph. NULL: another thread dropped it first. */
+static void forget_dropped(weft__capture_t *c) {
+  if (c == NULL) return;
+  if (c->on_drop != NULL) c->on_drop(c);
+  weft__runtime_forget_capture_blocks(c);
+  weft__capture_free(c);
+}
+
 /* Adopts a capture code outside weft began on s, or drops one its owner ended (blocks weft
  * allocated inside then belong to the owner's graph). Only code that had the raw stream can have
  * begun a capture on it or forked it into one: other streams cost nothing here. The thread that
@@ -80,12 +89,7 @@ static weft_status_t sync_capture(weft_stream_t *s) {
   uint64_t id;
   weft_status_t st = weft__capture_probe(s, &active, &id);
   if (st != WEFT_OK) return st;
-  weft__capture_t *ended = foreign && (!active || id != known) ? weft__capture_drop_foreign(s, known) : NULL;
-  if (ended != NULL) {
-    if (ended->on_drop != NULL) ended->on_drop(ended);
-    weft__runtime_forget_capture_blocks(ended);
-    weft__capture_free(ended);
-  }
+  if (foreign && (!active || id != known)) forget_dropped(weft__capture_drop_foreign(s, known));
   if (!active) return WEFT_OK;
   if (weft__tracker_capture_of(s, NULL) != NULL) { /* known: weft's own, or a foreign one adopted */
     if (weft__capture_foreign_of(s, &known) && known == id) wait_handled(s, id);
@@ -109,12 +113,7 @@ static weft_status_t sync_capture(weft_stream_t *s) {
   bool still;
   uint64_t now;
   if ((st = weft__capture_probe(s, &still, &now)) != WEFT_OK || !still || now != id) {
-    weft__capture_t *gone = weft__capture_drop_foreign(s, id);
-    if (gone != NULL) {
-      if (gone->on_drop != NULL) gone->on_drop(gone);
-      weft__runtime_forget_capture_blocks(gone);
-      weft__capture_free(gone);
-    }
+    forget_dropped(weft__capture_drop_foreign(s, id));
     set_handled(s, id); /* nobody waits for a handler */
     /* A newer capture its owner began meanwhile is met as any. */
     return st == WEFT_OK && still ? sync_capture(s) : st;

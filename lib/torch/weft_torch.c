@@ -420,13 +420,8 @@ static uint64_t capture_id_of(CUstream raw) {
  * The capture draws from the pool of the capture id met before (a fork), else of the begin
  * waiting on this thread; else the handler's choice stands. */
 static weft_status_t ensure_pool(device_t *d, weft_runtime_t *rt, weft_stream_t *s, CUstream raw) {
-  if (raw == NULL || raw == CU_STREAM_LEGACY) return WEFT_OK; /* the legacy stream never captures */
-  pthread_once(&capture_info_once, capture_info_resolve);
-  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-  cuuint64_t id = 0;
-  if (capture_info == NULL || capture_info(raw, &cs, &id, NULL, NULL, NULL, NULL) != CUDA_SUCCESS ||
-      cs != CU_STREAM_CAPTURE_STATUS_ACTIVE || id == 0)
-    return WEFT_OK; /* weft's own call says what is wrong, if anything */
+  uint64_t id = capture_id_of(raw);
+  if (id == 0) return WEFT_OK; /* none (weft's own call says what is wrong, if anything) */
   weft_status_t st = WEFT_OK;
   pthread_mutex_lock(&d->lock);
   gpool_t *g = NULL;
@@ -727,12 +722,8 @@ static void *alloc_or_null(ssize_t size, int device, CUstream stream) {
   weft_status_t st = s == NULL ? WEFT_ERR_INVALID_ARGUMENT : WEFT_OK;
   if (st == WEFT_OK && atomic_load_explicit(&d->drawing, memory_order_relaxed) != 0) st = meet_capture(d, rt, s, stream);
   if (st == WEFT_OK) st = claim_deferred(d, s);
-  if (st != WEFT_OK) {
-    atomic_fetch_add_explicit(&d->alloc_failures, 1, memory_order_relaxed);
-    return NULL;
-  }
-  st = s == NULL ? WEFT_ERR_INVALID_ARGUMENT : weft_alloc(rt, (size_t)size, s, "torch", &b);
-  if (s != NULL && st != WEFT_OK) fail(st, "weft_torch: weft_alloc(%zd): %s", size, weft_last_error());
+  if (st == WEFT_OK && (st = weft_alloc(rt, (size_t)size, s, "torch", &b)) != WEFT_OK)
+    fail(st, "weft_torch: weft_alloc(%zd): %s", size, weft_last_error());
   CUdeviceptr p = 0;
   if (st == WEFT_OK && weft_block_ptr(b, &p) != WEFT_OK) st = WEFT_ERR_STALE_HANDLE;
   if (st != WEFT_OK) {

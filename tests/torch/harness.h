@@ -24,6 +24,13 @@
 /* The library's path: the first argument, else $WEFT_TORCH_LIB (staged for the GPU). */
 static const char *lib_path = "lib/torch/libweft_torch.so";
 
+/* main's arguments: the library's path as above; $WEFT_TEST_FILTER runs only the cases it names. */
+static inline void harness_args(int argc, char **argv) {
+  if (argc > 1) lib_path = argv[1];
+  else if (getenv("WEFT_TORCH_LIB") != NULL) lib_path = getenv("WEFT_TORCH_LIB");
+  if (getenv("WEFT_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
+}
+
 /* The adapter's ABI. */
 static void *(*t_alloc)(ssize_t, int, CUstream);
 static void (*t_free)(void *, ssize_t, int, CUstream);
@@ -197,6 +204,13 @@ static inline void expect_filled(CUdeviceptr p, size_t n, unsigned v, const char
   unsigned a = word_at(p), b = word_at(p + n - 4);
   CHECK(a == v && b == v, "%s: tensor 0x%llx (%zu bytes) holds %u..%u, expected %u", what, (unsigned long long)p, n, a,
         b, v);
+}
+
+/* Runs fn on n threads (at most 32), the t-th with args + t * arg_size, and joins them. */
+static inline void run_threads(int n, void *(*fn)(void *), void *args, size_t arg_size) {
+  pthread_t th[32];
+  for (int t = 0; t < n; t++) assert_int_equal(pthread_create(&th[t], NULL, fn, (char *)args + (size_t)t * arg_size), 0);
+  for (int t = 0; t < n; t++) pthread_join(th[t], NULL);
 }
 
 #endif /* WEFT_TESTS_TORCH_HARNESS_H */

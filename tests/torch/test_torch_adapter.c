@@ -968,8 +968,7 @@ static void test_adapter_defaults(void **state) {
 }
 
 int main(int argc, char **argv) {
-  if (argc > 1) lib_path = argv[1];
-  else if (getenv("WEFT_TORCH_LIB") != NULL) lib_path = getenv("WEFT_TORCH_LIB"); /* staged for the GPU */
+  harness_args(argc, argv);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_a_program_with_many_streams, setup),
       cmocka_unit_test_setup(test_eager_steps_on_the_legacy_stream, setup),

@@ -92,12 +92,6 @@ static CUdeviceptr alloc_on(size_t n, int dev, CUstream s) {
 }
 static void free_on(CUdeviceptr p, size_t n, int dev, CUstream s) { t_free((void *)(uintptr_t)p, (ssize_t)n, dev, s); }
 
-static void run_threads(int n, void *(*fn)(void *), void *args, size_t arg_size) {
-  pthread_t th[32];
-  for (int t = 0; t < n; t++) assert_int_equal(pthread_create(&th[t], NULL, fn, (char *)args + (size_t)t * arg_size), 0);
-  for (int t = 0; t < n; t++) pthread_join(th[t], NULL);
-}
-
 /* The adapter's next call makes kept frees again. */
 static void nudge(int dev) {
   void *p = t_alloc(256, dev, NULL);
@@ -1388,9 +1382,7 @@ static void test_eight_threads_capture_release_and_allocate(void **state) {
 }
 
 int main(int argc, char **argv) {
-  if (argc > 1) lib_path = argv[1];
-  else if (getenv("WEFT_TORCH_LIB") != NULL) lib_path = getenv("WEFT_TORCH_LIB");
-  if (getenv("WEFT_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
+  harness_args(argc, argv);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_hooked_capture_forked_onto_a_second_stream, setup),
       cmocka_unit_test_setup(test_captures_met_by_empty_cache_on_another_thread, setup),

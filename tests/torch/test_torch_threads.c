@@ -107,13 +107,6 @@ static void expect_context(CUcontext want, const char *what) {
   CHECK(d_get_cur(&cur) == CUDA_SUCCESS && cur == want, "%s: the current context changed", what);
 }
 
-typedef void *(*worker_fn)(void *);
-
-static void run_threads(int n, worker_fn fn, void *args, size_t arg_size) {
-  pthread_t th[32];
-  for (int t = 0; t < n; t++) assert_int_equal(pthread_create(&th[t], NULL, fn, (char *)args + (size_t)t * arg_size), 0);
-  for (int t = 0; t < n; t++) pthread_join(th[t], NULL);
-}
 
 /* ---- forward threads allocate, the autograd thread frees ---------------------------------------
  * Each of NT threads allocates a batch of tensors on its own stream (of device t % devices) and
@@ -672,9 +665,7 @@ static void test_record_stream_of_another_device(void **state) {
 }
 
 int main(int argc, char **argv) {
-  if (argc > 1) lib_path = argv[1];
-  else if (getenv("WEFT_TORCH_LIB") != NULL) lib_path = getenv("WEFT_TORCH_LIB");
-  if (getenv("WEFT_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
+  harness_args(argc, argv);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_tensors_freed_by_the_autograd_thread, setup),
       cmocka_unit_test_setup(test_threads_share_the_legacy_stream, setup),
