@@ -32,7 +32,7 @@ static weft_status_t capture_begin_checked(weft_stream_t *s, weft_capture_option
   }
   weft_resource_t *alloc_to = pool != NULL && o.memory == WEFT_GRAPH_MEMORY_PRIVATE_POOL ? &pool->base : rt->graph_nodes;
   weft__capture_t *cap = NULL;
-  st = weft__capture_begin(s, cu_mode(o.mode), false, 0, alloc_to, &cap);
+  st = weft__capture_begin(s, cu_mode(o.mode), false, 0, alloc_to, &cap, NULL);
   weft_graph_pool_t *drawn = weft__gpool_of(alloc_to);
   if (st == WEFT_OK && drawn != NULL && (st = weft__gpool_attach(drawn, cap)) != WEFT_OK) {
     CUgraph g;

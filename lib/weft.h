@@ -238,7 +238,9 @@ WEFT_API int weft_runtime_device(const weft_runtime_t *rt);
 /** The options the runtime was created with. Errors: STALE_HANDLE. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_options(const weft_runtime_t *rt, weft_options_t *out);
 /** Blocks until all work on all of the runtime's streams is complete; afterwards no stream waits
- * for any of that work again. Errors: STALE_HANDLE, CAPTURE (a stream is capturing), DRIVER. */
+ * for any of that work again. A capture that code outside weft begins on an exposed stream during
+ * the call is left intact (the call then fails with CAPTURE). Errors: STALE_HANDLE, CAPTURE (a
+ * stream is capturing), DRIVER. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_synchronize(weft_runtime_t *rt);
 /** Gives back what the runtime holds beyond its live blocks: the blocks its streams cached for
  * reuse (options.stream_cache_bytes), each freed to its resource on its stream, then the stack's
@@ -337,10 +339,12 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_stream_query(weft_stream_t *s);
  * it: until the runtime is released). Code outside weft may enqueue on it and capture it:
  * weft asks the driver about its capture state before each call on it, and a free there is
  * ordered after everything enqueued on it before the free, weft's or not (as cuMemFreeAsync):
- * another stream reuses the memory only after that work. While outside code captures it, weft
- * records none of its events for other streams (they would land in that capture): memory freed
- * there is reused elsewhere once the capture has ended, and a use elsewhere that must wait for
- * its work not yet recorded fails with CAPTURE. weft_stream_index gives
+ * another stream reuses the memory only after that work. weft records each point of it that
+ * another stream may need (an allocation's, a use's, a free's) within the call on it, and never
+ * records an event into a capture outside code began on it (it asks the driver before and after
+ * each record for others, and instead of synchronising it, records an event and waits for that):
+ * so uses elsewhere of blocks used there go on while outside code captures it, and no weft call
+ * invalidates such a capture, whichever thread begins it. weft_stream_index gives
  * stream_count and above for adopted streams; weft_stream_raw gives `raw` back.
  * Errors: STALE_HANDLE, INVALID_ARGUMENT (NULL out, or one of weft's own pool streams), BUSY
  * (every slot is taken), DRIVER. */

@@ -63,8 +63,9 @@ static weft__capture_t *foreign_by_id(weft__tracker_t *tr, uint64_t id) {
 }
 
 weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bool foreign, uint64_t id,
-                                  weft_resource_t *alloc_to, weft__capture_t **out) {
+                                  weft_resource_t *alloc_to, weft__capture_t **out, bool *ended) {
   weft__tracker_t *tr = s->tr;
+  if (ended != NULL) *ended = false;
   WEFT_ASSERT(alloc_to != NULL);
   weft__capture_t *c = weft__meta_calloc(1, sizeof *c);
   if (c == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_capture_begin: no host memory");
@@ -85,8 +86,12 @@ weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bo
   lock(tr);
   wait_free(tr, s); /* host waits on s and its use enqueuing finish first */
   weft__capture_t *joined = NULL;
+  bool active = true;
+  uint64_t now = id;
   if (s->capture != NULL) {
     st = weft__error(WEFT_ERR_CAPTURE, "weft_capture_begin: stream %u already takes part in a capture", s->index);
+  } else if (foreign && ((st = weft__capture_probe(s, &active, &now)) != WEFT_OK || !active || now != id)) {
+    if (st == WEFT_OK) *ended = true; /* its owner ended it since the caller looked: nothing to adopt */
   } else if (foreign && (joined = foreign_by_id(tr, id)) != NULL) {
     /* Forked onto s from a stream weft met the capture on already: the same capture. */
     s->capture = joined;
@@ -97,16 +102,18 @@ weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bo
     st = weft__clock_flush(tr, tr->live, s);
     CUresult r = st == WEFT_OK ? tr->drv->cuStreamBeginCapture(s->raw, mode) : CUDA_SUCCESS;
     if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuStreamBeginCapture");
-    bool active;
-    if (st == WEFT_OK && weft__capture_probe(s, &active, &id) == WEFT_OK) c->id = id;
+    bool on;
+    uint64_t cid;
+    if (st == WEFT_OK && weft__capture_probe(s, &on, &cid) == WEFT_OK) c->id = cid;
   }
-  if (st == WEFT_OK && joined == NULL) {
+  bool installed = st == WEFT_OK && joined == NULL && active && now == id;
+  if (installed) {
     s->capture = c;
     c->joined = 1ull << s->index;
     count_capture(c, +1);
   }
   unlock(tr);
-  if (st != WEFT_OK || joined != NULL) {
+  if (!installed) { /* (failed, joined, or ended) */
     weft__capture_free(c);
     *out = NULL;
     return st;

@@ -391,31 +391,73 @@ weft_status_t weft__clock_record(weft__tracker_t *tr, weft__domain_t *d, weft_st
   return weft__clock_flush(tr, d, s);
 }
 
-/* Whether t's pending tick may be recorded now, for another stream or the host: not while code
- * outside weft captures t (an exposed live stream). The event would land in that capture, and
- * asking the driver about a captured event invalidates the capture (CUDA_ERROR_CAPTURED_EVENT);
- * a wait on it would pull the waiter into the capture. The pending point is recorded once the
- * capture has ended. A weft call on t itself asked the driver already (weft__stream_prepare);
- * this is for everyone else, and costs one query only where an exposed stream's point is pending.
- * (The legacy stream while a blocking stream captures answers STREAM_CAPTURE_IMPLICIT: a record
- * there would invalidate that capture too.) */
-static bool may_record(const weft__domain_t *d, weft_stream_t *t) {
-  const weft__lane_t *l = &d->lane[weft__at(d, t)];
-  if (l->recorded == l->tick || d->capture != NULL || !atomic_load_explicit(&t->exposed, memory_order_relaxed))
-    return true;
+/* Whether code outside weft captures t now, as the driver says (an error counts as capturing:
+ * the legacy stream while a blocking stream captures answers STREAM_CAPTURE_IMPLICIT, and a
+ * record there would invalidate that capture too). */
+static bool captured_outside(weft_stream_t *t) {
   const weft__driver_t *drv = t->tr->drv;
   CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
   CUresult r = drv->cuStreamGetCaptureInfo != NULL ? drv->cuStreamGetCaptureInfo(t->raw, &cs, NULL, NULL, NULL, NULL, NULL)
                                                    : drv->cuStreamIsCapturing(t->raw, &cs);
-  return r == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE;
+  return r != CUDA_SUCCESS || cs != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* Records t's pending tick for another stream or the host. On an exposed live stream, code
+ * outside weft may begin a capture at any moment: an event recorded into it would be captured,
+ * asking the driver about it would invalidate the capture (CUDA_ERROR_CAPTURED_EVENT), and a wait
+ * on it would pull the waiter into the capture. So the driver is asked before the record (a
+ * capture under way: nothing is recorded) and after it (a capture begun meanwhile may hold the
+ * event: the record is given up, its slot emptied, and the tick stays pending): CAPTURE either
+ * way; the tick is recorded once the capture has ended. A weft call on t itself asked the driver
+ * already (weft__stream_prepare): this is for everyone else, and costs two capture queries and an
+ * event query once per pending point of an exposed stream. */
+static weft_status_t record_for_others(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t) {
+  weft__lane_t *l = &d->lane[weft__at(d, t)];
+  if (l->recorded == l->tick) return WEFT_OK;
+  if (d->capture != NULL || !atomic_load_explicit(&t->exposed, memory_order_relaxed)) return weft__clock_flush(tr, d, t);
+  /* A capture may even begin and end within the record (code outside weft capturing in a loop):
+   * the driver then says no capture after it, but the event is the ended capture's, which the
+   * driver refuses to wait on. With no capture under way a query of the event is safe, and tells
+   * (INVALID_VALUE); the record is tried again then, three times in all. */
+  for (int tries = 0; tries < 3; tries++) {
+    bool captured = captured_outside(t);
+    WEFT__TEST_POINT("clock: may record", t);
+    if (captured) break;
+    uint64_t was_recorded = l->recorded, was_joined = l->joined;
+    bool was_deferred = l->deferred;
+    weft_status_t st = weft__clock_flush(tr, d, t);
+    if (st != WEFT_OK) return st;
+    unsigned slot = (unsigned)(l->recorded & (l->ring_size - 1));
+    captured = captured_outside(t);
+    CUresult r = CUDA_SUCCESS;
+    if (!captured) WEFT__RELAXED(t->tr->drv, r = t->tr->drv->cuEventQuery(l->ring[slot]));
+    if (!captured && (r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY)) return WEFT_OK;
+    l->ring_tick[slot] = 0; /* its event may be the capture's */
+    l->recorded = was_recorded;
+    l->joined = was_joined;
+    l->deferred = was_deferred;
+    if (captured) break;
+  }
+  return WEFT_ERR_CAPTURE; /* (the caller says why: refused()) */
+}
+
+/* record_for_others' refusal, said. */
+static weft_status_t refused(const weft_stream_t *t) {
+  return weft__error(WEFT_ERR_CAPTURE, "stream %u takes part in a capture begun outside weft: its newest point is "
+                     "recorded once that capture has ended", t->index);
+}
+
+weft_status_t weft__clock_record_for_host(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t *tick) {
+  (void)weft__clock_reserve(d, t, false);
+  weft_status_t st = record_for_others(tr, d, t);
+  *tick = d->lane[weft__at(d, t)].recorded;
+  return st == WEFT_ERR_CAPTURE ? refused(t) : st;
 }
 
 weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, unsigned *slot) {
-  weft_status_t st = WEFT_OK;
-  if (may_record(d, t)) st = weft__clock_flush(tr, d, t);
-  else if (k > d->lane[weft__at(d, t)].recorded) /* (k's event, where it exists, serves: the pending tick waits) */
-    st = weft__error(WEFT_ERR_CAPTURE, "stream %u takes part in a capture begun outside weft: its newest point is "
-                     "recorded once that capture has ended", t->index);
+  weft_status_t st = record_for_others(tr, d, t);
+  if (st == WEFT_ERR_CAPTURE) /* k's event, where it exists, serves: only the pending tick waits */
+    st = k <= d->lane[weft__at(d, t)].recorded ? WEFT_OK : refused(t);
   if (st != WEFT_OK) return st;
   weft__lane_t *l = &d->lane[weft__at(d, t)];
   unsigned mask = l->ring_size - 1;
@@ -426,8 +468,8 @@ weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stre
   }
   /* Evicted: ticks (recorded - ring_size, recorded] are in the ring (every tick is recorded, in
    * order: a stream never skips one), except in a ring that grew (keep_room), whose older half
-   * starts empty: the oldest tick it holds stands in. */
-  WEFT_ASSERT_INTERNAL(k + l->ring_size <= l->recorded);
+   * starts empty, and a slot whose record was given up (record_for_others): the oldest tick it
+   * holds at or after k stands in (the recorded tick's own slot at least). */
   *slot = (unsigned)((l->recorded - l->ring_size + 1) & mask);
   if (l->ring_tick[*slot] < k) {
     uint64_t best = UINT64_MAX;
@@ -436,6 +478,7 @@ weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stre
         best = l->ring_tick[i];
         *slot = i;
       }
+    WEFT_ASSERT_INTERNAL(best != UINT64_MAX);
   }
   tr->counters.ring_evictions++;
   return WEFT_OK;

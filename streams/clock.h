@@ -115,8 +115,14 @@ static inline void weft__clock_unpublish(const weft__domain_t *d, unsigned at) {
 /** The ring slot of the oldest recorded tick >= k of stream t (k <= tick), flushing t's pending
  * tick first. With k evicted, a newer event stands in: waiting on it is later than needed but
  * never wrong. An exposed live stream's pending tick is not recorded while code outside weft
- * captures it (the driver is asked first): then k's event serves if it exists, else CAPTURE. */
+ * captures it (the driver is asked before and after the record: a capture begun meanwhile may
+ * hold the event, which is then given up): then k's event serves if it exists, else CAPTURE. */
 weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, unsigned *slot);
+/** For a host wait on t: a new pending tick covering everything enqueued on t by now (work
+ * outside weft too), recorded, in *tick, with weft__clock_slot's checks on an exposed live
+ * stream (CAPTURE while code outside weft captures t, or began to as it was recorded; *tick is
+ * then the newest recorded one). Lock held. */
+weft_status_t weft__clock_record_for_host(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t *tick);
 /** Makes s's lane exact (weft__lane_t.exact; live domain only, else nothing): its pending tick
  * recorded first (not an exposed stream's, nor while s captures: it would land in the capture), then eager, and its ring keeps every event the host
  * does not know complete. Lock held; s's lane not busy. */

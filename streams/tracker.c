@@ -648,16 +648,13 @@ again:
       goto again;
     }
     if (st == WEFT_OK && (what & DO_FREE) && c == NULL && atomic_load_explicit(&s->exposed, memory_order_relaxed)) {
-      weft__lane_t *l = &d->lane[weft__at(d, s)];
-      /* A pending tick, recorded when another stream or the host needs it (lazy records: the next
-       * free's begin does not record it; weft__clock_slot records it for others, never into an
-       * outside capture), or at the next begin on s. */
-      if (tr->lazy && !l->eager) {
-        (void)weft__clock_defer(d, s);
-      } else {
-        l->dirty = true;
-        weft__clock_publish(d, weft__at(d, s));
-      }
+      /* A new tick, recorded now, while s is surely not capturing (this call on s asked the
+       * driver): code outside weft may begin a capture on s at any moment, and a tick still
+       * pending then could not be recorded until that capture ended (weft__clock_slot): a use on
+       * another stream that needed it would fail with CAPTURE (the helper's test_outside_long,
+       * seed 101). (A failed record leaves it pending, as anywhere.) */
+      (void)weft__clock_reserve(d, s, false);
+      (void)weft__clock_flush(tr, d, s);
     }
     if (st == WEFT_OK && (what & DO_RESTART) && c == NULL) {
       weft__access_state_t *a = du[0].state;
@@ -903,7 +900,12 @@ weft__capture_t *weft__tracker_capture_of(weft_stream_t *s, weft_resource_t **al
  * on it. (A failed record leaves it pending, as for any stream; whoever needs it then fails.) */
 static uint64_t point_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s) {
   uint64_t k = weft__clock_point(d, s);
-  if (s->per_thread) (void)weft__clock_flush(tr, d, s);
+  /* Recorded at once on a per-thread stream (only its thread may record there) and on an exposed
+   * live one (the caller's call on s asked the driver: s is not capturing now, but code outside
+   * weft may begin a capture at any moment, and a point still pending then could not be recorded
+   * for another stream until it ended: weft__tracker_expose). */
+  if (s->per_thread || (d->capture == NULL && atomic_load_explicit(&s->exposed, memory_order_relaxed)))
+    (void)weft__clock_flush(tr, d, s);
   return k;
 }
 
@@ -1095,18 +1097,25 @@ static weft_status_t host_wait_stream(weft_stream_t *s, bool blocking) {
   weft_status_t st = weft__tracker_hold(s, blocking ? "weft_stream_synchronize" : "weft_stream_query");
   if (st != WEFT_OK) return st;
   lock_idle(s, NULL);
+  WEFT__TEST_POINT("host_wait_stream: held", s);
   /* The tick the host will know complete must be recorded: work enqueued later may not join it
-   * (clock.c), or it would count as complete too. */
-  st = weft__clock_flush(tr, d, s);
+   * (clock.c), or it would count as complete too. An exposed stream is not synchronised: code
+   * outside weft may begin a capture on it at any moment, which a synchronisation would
+   * invalidate; a new tick's event, recorded with the driver asked before and after, covers its
+   * work instead (work outside weft too). Another thread's per-thread default stream cannot be
+   * named from here: its newest event (it has no pending tick) covers its work. */
+  bool owns = weft__tracker_owns(s), exposed = owns && atomic_load_explicit(&s->exposed, memory_order_relaxed);
+  uint64_t tick;
+  if (exposed) {
+    st = weft__clock_record_for_host(tr, d, s, &tick);
+  } else {
+    st = weft__clock_flush(tr, d, s);
+    tick = d->lane[s->lane].recorded;
+  }
   unsigned n_lanes = d->n;
   memcpy(snap, WEFT__ROW(d, s->lane), n_lanes * sizeof(uint64_t));
-  uint64_t tick = d->lane[s->lane].recorded;
-  /* Another thread's per-thread default stream cannot be named from here: its newest event
-   * (it has no pending tick) covers its work instead. */
-  CUevent ev = !weft__tracker_owns(s) && tick != 0
-                   ? d->lane[s->lane].ring[tick & (d->lane[s->lane].ring_size - 1)]
-                   : NULL;
-  bool nothing = ev == NULL && !weft__tracker_owns(s);
+  CUevent ev = (!owns || exposed) && tick != 0 ? d->lane[s->lane].ring[tick & (d->lane[s->lane].ring_size - 1)] : NULL;
+  bool nothing = ev == NULL && (!owns || exposed);
   unlock(tr);
   if (st != WEFT_OK) {
     weft__tracker_unhold(s);

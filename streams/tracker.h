@@ -311,9 +311,9 @@ weft_status_t weft__tracker_bind(weft__tracker_t *tr);
 /* ---- uses (tracker.c) -------------------------------------------------------------------------- */
 
 /** The free of a block on s: issues the waits `uses` (its write) need on s (see the file comment).
- * On an exposed stream (weft__tracker_expose) s gets a new pending tick (deferred with lazy
- * records, else the lane dirty): work code outside weft enqueued there before the free is covered
- * by that point, which the resource stamps the memory with. Takes the tracker lock. On a driver failure returns it; waits issued before the
+ * On an exposed stream (weft__tracker_expose) s gets a new tick, recorded at once: work code
+ * outside weft enqueued there before the free is covered by that point, which the resource
+ * stamps the memory with. Takes the tracker lock. On a driver failure returns it; waits issued before the
  * failure stay (harmless, conservative). */
 weft_status_t weft__tracker_free_begin(weft_stream_t *s, const weft__use_t *uses, size_t n);
 /** The free of a live block that s keeps for its next allocation (the stream cache,
@@ -399,10 +399,10 @@ weft_stream_t *weft__tracker_auto(weft__tracker_t *tr, bool high, const weft__us
 void weft__tracker_touch(weft_stream_t *s);
 /** Marks s exposed (code outside weft may now enqueue on its raw stream, or begin a capture on
  * it): a deferred tick (lazy records) is recorded now, while s is surely not capturing, and s's
- * uses record eagerly from then on. Only a free's tick is deferred there (weft__tracker_free_*):
- * whoever records it for another stream or the host asks the driver first and never records
- * into a capture outside code began on s (weft__clock_slot). (A failed record leaves the tick
- * pending, as anywhere.) */
+ * uses and frees record eagerly from then on: a tick still pending when outside code begins a
+ * capture could not be recorded until it ends. Whoever records a pending tick of s for another
+ * stream or the host (one a failed record left) asks the driver before and after, and never
+ * leaves an event in a capture outside code began on s (weft__clock_slot). */
 void weft__tracker_expose(weft_stream_t *s);
 /** Makes s wait for an outside event; s becomes dirty (later points cover it). */
 weft_status_t weft__tracker_import_event(weft_stream_t *s, CUevent ev);
@@ -452,9 +452,13 @@ unsigned weft__tracker_trace_tid(weft_stream_t *s);
  * weft capture, whichever stream and thread weft met it on first; *out is then NULL. weft did not
  * see the fork, so s knows nothing of the other streams' captured work: a use on s that
  * conflicts with it waits for it inside the capture.
+ * A foreign capture is adopted (or joined) only if the driver, asked again in that lock hold,
+ * still says s captures `id`: a thread whose earlier look is stale (the owner ended the capture
+ * since) adopts nothing, so no other thread ever sees weft take part in an ended capture; then
+ * OK with *out NULL and *ended true (ended may be NULL where foreign is false).
  * Errors: CAPTURE (s already takes part in a capture), DRIVER, HOST_OUT_OF_MEMORY. */
 weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bool foreign, uint64_t id,
-                                  weft_resource_t *alloc_to, weft__capture_t **out);
+                                  weft_resource_t *alloc_to, weft__capture_t **out, bool *ended);
 /** Pulls pool stream t into the weft capture whose origin is `origin` (t waits on a captured
  * event of the origin: a fork). CAPTURE when origin is not the origin of a weft capture, or t
  * takes part in another. */

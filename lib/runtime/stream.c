@@ -98,14 +98,18 @@ static weft_status_t sync_capture(weft_stream_t *s) {
   weft__capture_t *nc;
   weft_runtime_t *rt = s->runtime;
   WEFT__TEST_POINT("sync_capture: probed", s);
-  /* A foreign capture's mode is not visible; treat it as GLOBAL, the strictest. */
-  st = weft__capture_begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL, true, id, rt->graph_nodes, &nc);
+  /* A foreign capture's mode is not visible; treat it as GLOBAL, the strictest. The driver is
+   * asked again in the lock hold that adopts it: this look may be stale by now. */
+  bool ended;
+  st = weft__capture_begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL, true, id, rt->graph_nodes, &nc, &ended);
+  WEFT__TEST_POINT("sync_capture: adopting", s);
   /* Another thread adopted it first: its handler may still run. */
   if (st == WEFT_ERR_CAPTURE && weft__tracker_capture_of(s, NULL) != NULL) {
     if (weft__capture_foreign_of(s, &known) && known == id) wait_handled(s, id);
     return WEFT_OK;
   }
   if (st != WEFT_OK) return st;
+  if (ended) return sync_capture(s); /* a newer capture its owner began meanwhile is met as any */
   /* Its owner may have ended it between the probe and the adoption (and its next call, meeting
    * no capture in weft, dropped nothing): asked again, an ended one is dropped here, with no
    * handler run for it. A later end is met by the next call on s, as always. Before, the handler
@@ -272,6 +276,7 @@ weft_status_t weft_stream_is_capturing(weft_stream_t *s, int *out) {
   weft_status_t st = weft__stream_check(s, "weft_stream_is_capturing");
   if (st == WEFT_OK && out == NULL) st = weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_is_capturing: out is NULL");
   if (st == WEFT_OK) st = weft__stream_prepare(s);
+  WEFT__TEST_POINT("weft_stream_is_capturing: synced", s);
   if (st == WEFT_OK) *out = weft__tracker_capture_of(s, NULL) != NULL;
   return st;
 }

@@ -405,6 +405,39 @@ static void test_an_adopted_streams_pending_point_is_not_recorded_into_an_outsid
   assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
 }
 
+/* A block allocated on an adopted stream (its point covers the memory's earlier use there), then
+ * code outside weft begins a capture on that stream (GLOBAL, as torch.cuda.graph), and another
+ * stream uses the block eagerly: it must wait for the allocation's point, recorded before the
+ * capture began. Before, that point was left pending (recorded when first needed), could not be
+ * recorded into the capture, and the use failed with CAPTURE (the helper's test_outside_long,
+ * seed 101 step 17099). The same for a free there followed by an allocation elsewhere. */
+static void test_points_of_an_adopted_stream_serve_while_outside_code_captures_it(void **state) {
+  tu_env_t *env = *state;
+  CUstream raw = raw_stream();
+  weft_stream_t *s, *p0 = tu_stream(env, 0);
+  assert_int_equal(weft_stream_adopt(env->rt, raw, &s), WEFT_OK);
+  weft_block_t a, b, c;
+  assert_int_equal(weft_alloc(env->rt, N * 4, s, "a", &a), WEFT_OK); /* grows the one chunk on s */
+  assert_int_equal(tu_fill(env, s, a, N, 2), WEFT_OK);
+  assert_int_equal(weft_free(a, s), WEFT_OK);
+  assert_int_equal(weft_alloc(env->rt, N * 4, s, "b", &b), WEFT_OK); /* its point: after a's free */
+  assert_int_equal(drv->cuStreamBeginCapture(raw, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  weft_status_t used = weft_memset32(p0, b, 0, 9, N * 4);
+  weft_status_t got = weft_alloc(env->rt, N * 4, p0, "c", &c);
+  CUgraph g = NULL;
+  CUresult end = drv->cuStreamEndCapture(raw, &g);
+  if (g != NULL) assert_int_equal(drv->cuGraphDestroy(g), CUDA_SUCCESS);
+  assert_int_equal(end, CUDA_SUCCESS); /* the capture was left alone */
+  if (used != WEFT_OK) fail_msg("weft_memset32 on a pool stream during the outside capture: %s: %s", weft_status_name(used), weft_last_error());
+  if (got != WEFT_OK) fail_msg("weft_alloc on a pool stream during the outside capture: %s: %s", weft_status_name(got), weft_last_error());
+  expect_all(p0, b, 9);
+  assert_int_equal(tu_fill(env, p0, c, N, 4), WEFT_OK);
+  expect_all(p0, c, 4);
+  assert_int_equal(weft_free(c, p0), WEFT_OK);
+  assert_int_equal(weft_free(b, p0), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+}
+
 /* The legacy stream while a blocking stream captures (outside code's capture): a free there is
  * deferred (OK; a second free is DOUBLE_FREE), the capture ends valid, and the block is freed on
  * the legacy stream at the first weft call after the capture ended; an allocation there is
@@ -697,6 +730,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_work_outside_weft_before_a_cached_free_given_back_by_a_trim,
                                       setup_one_chunk_cache, teardown),
       cmocka_unit_test_setup_teardown(test_an_adopted_streams_pending_point_is_not_recorded_into_an_outside_capture,
+                                      setup_one_chunk_no_cache, teardown),
+      cmocka_unit_test_setup_teardown(test_points_of_an_adopted_stream_serve_while_outside_code_captures_it,
                                       setup_one_chunk_no_cache, teardown),
       cmocka_unit_test(test_adoption_slots_run_out),
   };
