@@ -124,6 +124,17 @@ static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, u
   return (double)(bench_now_ns() - t0) / iters / 1000.0;
 }
 
+/* Events weft recorded so far on both runtimes (weft_runtime_counters). */
+static uint64_t events_recorded(const pair_t *p) {
+  uint64_t n = 0;
+  for (int r = 0; r < 2; r++) {
+    weft_counters_t c;
+    BENCH_WEFT(weft_runtime_counters(p->rt[r], &c));
+    n += c.events_recorded;
+  }
+  return n;
+}
+
 /* ---- one thread per rank ----
  * Each rank's all-reduces issued by a thread of its own, as a process per GPU does: the thread
  * stays on its device, so no context changes, and each all-reduce is one call (one tracked use,
@@ -253,7 +264,7 @@ void bench_comm(bench_t *b) {
     double w[BENCH_MAX_REPS], raw[BENCH_MAX_REPS], ratio[BENCH_MAX_REPS], rec[BENCH_MAX_REPS], wh[BENCH_MAX_REPS],
         rh[BENCH_MAX_REPS], qh[BENCH_MAX_REPS], sh[BENCH_MAX_REPS], ph[BENCH_MAX_REPS], oh[BENCH_MAX_REPS],
         kh[BENCH_MAX_REPS], fh[BENCH_MAX_REPS], dk[BENCH_MAX_REPS], df[BENCH_MAX_REPS], jw[BENCH_MAX_REPS],
-        jh[BENCH_MAX_REPS], jr[BENCH_MAX_REPS];
+        jh[BENCH_MAX_REPS], jr[BENCH_MAX_REPS], evs[BENCH_MAX_REPS];
     unsigned reps = comm_reps(b);
     (void)run(b, nl, &p, count, 2, WEFT, NULL); /* warm every path */
     (void)run(b, nl, &p, count, 2, RAW, NULL);
@@ -267,7 +278,9 @@ void bench_comm(bench_t *b) {
     for (unsigned k = 0; k < reps; k++) {
       /* weft and raw alternate which runs first, so that neither always follows the other. */
       if (k & 1) raw[k] = run(b, nl, &p, count, iters, RAW, &rh[k]);
+      uint64_t ev0 = events_recorded(&p);
       w[k] = run(b, nl, &p, count, iters, WEFT, &wh[k]);
+      evs[k] = (double)(events_recorded(&p) - ev0) / iters; /* (the closing synchronisation's too) */
       if (!(k & 1)) raw[k] = run(b, nl, &p, count, iters, RAW, &rh[k]);
       jw[k] = run(b, nl, &p, count, iters, RAW_JOINT, &jh[k]);
       jr[k] = jw[k] / raw[k];
@@ -297,6 +310,7 @@ void bench_comm(bench_t *b) {
       bench_sample(b, "comm", rn, "us per all-reduce", "us", NULL, x, k, raw[k]);
       bench_sample(b, "comm", qn, "us per all-reduce", "us", rn, x, k, rec[k]);
       bench_sample(b, "comm", wn, "host us to enqueue", "us", rn, x, k, wh[k]);
+      bench_sample(b, "comm", wn, "events recorded per all-reduce", "events", NULL, x, k, evs[k]);
       bench_sample(b, "comm", rn, "host us to enqueue", "us", NULL, x, k, rh[k]);
       bench_sample(b, "comm", qn, "host us to enqueue", "us", rn, x, k, qh[k]);
       bench_sample(b, "comm", sn, "host us to enqueue", "us", rn, x, k, sh[k]);

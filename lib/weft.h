@@ -242,6 +242,13 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_options(const weft_runtime_t 
  * the call is left intact (the call then fails with CAPTURE). Errors: STALE_HANDLE, CAPTURE (a
  * stream is capturing), DRIVER. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_synchronize(weft_runtime_t *rt);
+/** Records the points weft left pending on the runtime's exposed streams (weft_stream_raw,
+ * weft_stream_adopt): a free's or an allocation's there, recorded otherwise when another stream
+ * or the host first needs it. Call it before code outside weft begins a capture on such a
+ * stream: while the capture lasts, a pending point of that stream cannot be recorded (the event
+ * would land in the capture). A stream already capturing is skipped. Cheap when nothing is
+ * pending. Errors: STALE_HANDLE, DRIVER. */
+WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_record_pending(weft_runtime_t *rt);
 /** Gives back what the runtime holds beyond its live blocks: the blocks its streams cached for
  * reuse (options.stream_cache_bytes), each freed to its resource on its stream, then the stack's
  * idle memory (weft_resource_trim of weft_runtime_resource, keeping nothing). A stream taking
@@ -339,12 +346,17 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_stream_query(weft_stream_t *s);
  * it: until the runtime is released). Code outside weft may enqueue on it and capture it:
  * weft asks the driver about its capture state before each call on it, and a free there is
  * ordered after everything enqueued on it before the free, weft's or not (as cuMemFreeAsync):
- * another stream reuses the memory only after that work. weft records each point of it that
- * another stream may need (an allocation's, a use's, a free's) within the call on it, and never
- * records an event into a capture outside code began on it (it asks the driver before and after
- * each record for others, and instead of synchronising it, records an event and waits for that):
- * so uses elsewhere of blocks used there go on while outside code captures it, and no weft call
- * invalidates such a capture, whichever thread begins it. weft_stream_index gives
+ * another stream reuses the memory only after that work. weft never records an event into a
+ * capture outside code began on it, whichever thread begins it (it asks the driver before and
+ * after each record for others, and instead of synchronising the stream it records an event and
+ * waits for that), so no weft call invalidates such a capture. A use's point there is recorded
+ * at once; a free's or an allocation's point is recorded when another stream or the host first
+ * needs it (an event per free would double the cost of a framework's allocation pair), which
+ * cannot happen while outside code captures the stream: memory freed there is then reused
+ * elsewhere only once the capture has ended, and a use elsewhere of a block allocated there
+ * since its last use fails with CAPTURE (nothing changed) until then. Before beginning a capture
+ * on it, call weft_runtime_record_pending (the PyTorch adapter does, in its capture hook) and
+ * neither happens. weft_stream_index gives
  * stream_count and above for adopted streams; weft_stream_raw gives `raw` back.
  * Errors: STALE_HANDLE, INVALID_ARGUMENT (NULL out, or one of weft's own pool streams), BUSY
  * (every slot is taken), DRIVER. */

@@ -441,6 +441,10 @@ static weft_status_t record_for_others(weft__tracker_t *tr, weft__domain_t *d, w
   return WEFT_ERR_CAPTURE; /* (the caller says why: refused()) */
 }
 
+weft_status_t weft__clock_settle(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t) {
+  return record_for_others(tr, d, t);
+}
+
 /* record_for_others' refusal, said. */
 static weft_status_t refused(const weft_stream_t *t) {
   return weft__error(WEFT_ERR_CAPTURE, "stream %u takes part in a capture begun outside weft: its newest point is "

@@ -118,6 +118,10 @@ static inline void weft__clock_unpublish(const weft__domain_t *d, unsigned at) {
  * captures it (the driver is asked before and after the record: a capture begun meanwhile may
  * hold the event, which is then given up): then k's event serves if it exists, else CAPTURE. */
 weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, unsigned *slot);
+/** Records t's pending tick as weft__clock_slot does (on an exposed live stream the driver is
+ * asked before and after the record); WEFT_ERR_CAPTURE, with no message, where code outside weft
+ * captures t (nothing recorded). Lock held; tr's context current. */
+weft_status_t weft__clock_settle(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t);
 /** For a host wait on t: a new pending tick covering everything enqueued on t by now (work
  * outside weft too), recorded, in *tick, with weft__clock_slot's checks on an exposed live
  * stream (CAPTURE while code outside weft captures t, or began to as it was recorded; *tick is

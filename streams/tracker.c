@@ -648,13 +648,16 @@ again:
       goto again;
     }
     if (st == WEFT_OK && (what & DO_FREE) && c == NULL && atomic_load_explicit(&s->exposed, memory_order_relaxed)) {
-      /* A new tick, recorded now, while s is surely not capturing (this call on s asked the
-       * driver): code outside weft may begin a capture on s at any moment, and a tick still
-       * pending then could not be recorded until that capture ended (weft__clock_slot): a use on
-       * another stream that needed it would fail with CAPTURE (the helper's test_outside_long,
-       * seed 101). (A failed record leaves it pending, as anywhere.) */
-      (void)weft__clock_reserve(d, s, false);
-      (void)weft__clock_flush(tr, d, s);
+      weft__lane_t *l = &d->lane[weft__at(d, s)];
+      /* A pending tick, recorded when another stream or the host needs it (lazy records: the next
+       * free's begin does not record it; weft__clock_slot records it for others, never into an
+       * outside capture), or at the next begin on s. */
+      if (tr->lazy && !l->eager) {
+        (void)weft__clock_defer(d, s);
+      } else {
+        l->dirty = true;
+        weft__clock_publish(d, weft__at(d, s));
+      }
     }
     if (st == WEFT_OK && (what & DO_RESTART) && c == NULL) {
       weft__access_state_t *a = du[0].state;
@@ -900,12 +903,7 @@ weft__capture_t *weft__tracker_capture_of(weft_stream_t *s, weft_resource_t **al
  * on it. (A failed record leaves it pending, as for any stream; whoever needs it then fails.) */
 static uint64_t point_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s) {
   uint64_t k = weft__clock_point(d, s);
-  /* Recorded at once on a per-thread stream (only its thread may record there) and on an exposed
-   * live one (the caller's call on s asked the driver: s is not capturing now, but code outside
-   * weft may begin a capture at any moment, and a point still pending then could not be recorded
-   * for another stream until it ended: weft__tracker_expose). */
-  if (s->per_thread || (d->capture == NULL && atomic_load_explicit(&s->exposed, memory_order_relaxed)))
-    (void)weft__clock_flush(tr, d, s);
+  if (s->per_thread) (void)weft__clock_flush(tr, d, s);
   return k;
 }
 
@@ -989,6 +987,20 @@ void weft__tracker_expose(weft_stream_t *s) {
   weft__domain_t *d = s->tr->live;
   if (s->capture == NULL && d->lane[s->lane].deferred) (void)weft__clock_flush(s->tr, d, s);
   unlock(s->tr);
+}
+
+weft_status_t weft__tracker_record_pending(weft__tracker_t *tr) {
+  weft_status_t first = WEFT_OK;
+  for (unsigned i = 0; i < tr->n && weft__tracker_lane_used(tr, i); i++) {
+    weft_stream_t *s = &tr->streams[i];
+    if (!atomic_load_explicit(&s->exposed, memory_order_relaxed) || s->per_thread) continue;
+    lock_idle(s, NULL);
+    weft__domain_t *d = tr->live;
+    weft_status_t st = s->capture != NULL ? WEFT_OK : weft__clock_settle(tr, d, s);
+    unlock(tr);
+    if (st != WEFT_OK && st != WEFT_ERR_CAPTURE && first == WEFT_OK) first = st;
+  }
+  return first;
 }
 
 void weft__tracker_touch(weft_stream_t *s) {

@@ -311,9 +311,9 @@ weft_status_t weft__tracker_bind(weft__tracker_t *tr);
 /* ---- uses (tracker.c) -------------------------------------------------------------------------- */
 
 /** The free of a block on s: issues the waits `uses` (its write) need on s (see the file comment).
- * On an exposed stream (weft__tracker_expose) s gets a new tick, recorded at once: work code
- * outside weft enqueued there before the free is covered by that point, which the resource
- * stamps the memory with. Takes the tracker lock. On a driver failure returns it; waits issued before the
+ * On an exposed stream (weft__tracker_expose) s gets a new pending tick (deferred with lazy
+ * records, else the lane dirty): work code outside weft enqueued there before the free is covered
+ * by that point, which the resource stamps the memory with. Takes the tracker lock. On a driver failure returns it; waits issued before the
  * failure stay (harmless, conservative). */
 weft_status_t weft__tracker_free_begin(weft_stream_t *s, const weft__use_t *uses, size_t n);
 /** The free of a live block that s keeps for its next allocation (the stream cache,
@@ -399,11 +399,18 @@ weft_stream_t *weft__tracker_auto(weft__tracker_t *tr, bool high, const weft__us
 void weft__tracker_touch(weft_stream_t *s);
 /** Marks s exposed (code outside weft may now enqueue on its raw stream, or begin a capture on
  * it): a deferred tick (lazy records) is recorded now, while s is surely not capturing, and s's
- * uses and frees record eagerly from then on: a tick still pending when outside code begins a
- * capture could not be recorded until it ends. Whoever records a pending tick of s for another
- * stream or the host (one a failed record left) asks the driver before and after, and never
- * leaves an event in a capture outside code began on s (weft__clock_slot). */
+ * uses record eagerly from then on. Only a free's tick and an allocation's point are left pending
+ * there (an event per free would double the cost of PyTorch's allocation pair through the
+ * adapter: bench/data/h200x2-17559f1): whoever records them for another stream or the host asks
+ * the driver before and after, and never leaves an event in a capture outside code began on s
+ * (weft__clock_slot); while such a capture lasts they cannot be recorded (CAPTURE for a use that
+ * needs them) unless weft__tracker_record_pending recorded them before it began. */
 void weft__tracker_expose(weft_stream_t *s);
+/** Records the pending tick of every exposed live stream of tr that takes part in no capture (the
+ * driver asked before and after each record, as weft__clock_slot does): what code outside weft
+ * calls before it begins a capture on such a stream (weft_runtime_record_pending). Takes the
+ * lock per stream. Returns the first failure other than a stream found capturing (skipped). */
+weft_status_t weft__tracker_record_pending(weft__tracker_t *tr);
 /** Makes s wait for an outside event; s becomes dirty (later points cover it). */
 weft_status_t weft__tracker_import_event(weft_stream_t *s, CUevent ev);
 /** Keeps s out of captures while the caller waits on its raw stream on the host (without the

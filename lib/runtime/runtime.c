@@ -446,6 +446,12 @@ weft_status_t weft_runtime_synchronize(weft_runtime_t *rt) {
   return weft__tracker_sync_all(&rt->tracker);
 }
 
+weft_status_t weft_runtime_record_pending(weft_runtime_t *rt) {
+  if (weft__runtime_check(rt, "weft_runtime_record_pending") == NULL) return weft__runtime_check_status(rt);
+  weft_status_t st = weft__tracker_bind(&rt->tracker);
+  return st == WEFT_OK ? weft__tracker_record_pending(&rt->tracker) : st;
+}
+
 /* Grants `device` read-write access to the memory pools of rt's stack (the pool resource's
  * chunks come from them). */
 static weft_status_t grant_pools(weft_runtime_t *rt, int device) {

@@ -498,11 +498,16 @@ static weft_status_t claim_deferred(device_t *d, weft_stream_t *s) {
 
 /* CUDAGraph::capture_begin's beginAllocateToPool: the next capture met on this thread (see
  * on_capture) draws from PyTorch pool `id`'s graph pool. The pool is made when the capture is
- * met (on_capture): here no driver call. */
+ * met (on_capture). PyTorch begins the capture right after this hook: the points weft left
+ * pending on PyTorch's streams (frees, allocations) are recorded now, or the capture's stream
+ * could not give them to other streams until it ends (weft_runtime_record_pending). */
 void weft_torch_begin_allocate_to_pool(int device, weft_torch_mempool_id_t id, const void *filter) {
   (void)filter; /* which streams: those of the capture begun next on this thread (on_capture) */
   if (device < 0 || device >= MAX_DEVICES || (id.first | id.second) == 0) return;
   device_t *d = &devices[device];
+  weft_runtime_t *rt = atomic_load_explicit(&d->rt, memory_order_acquire);
+  if (rt != NULL && weft_runtime_record_pending(rt) != WEFT_OK && atomic_fetch_add(&reported, 1) < 10)
+    fprintf(stderr, "weft_torch: weft_runtime_record_pending(%d): %s\n", device, weft_last_error());
   pthread_rwlock_wrlock(&d->begin); /* recorded frees' waits enqueued meanwhile finish first */
   pthread_mutex_lock(&d->lock);
   gpool_t *g = gpool_by_id(d, id.first, id.second);

@@ -591,9 +591,9 @@ static bool do_capture(run_t *ru, long i, const step_t *t) {
 static bool run_step(run_t *ru, long i) {
   const step_t *t = &ru->p[i];
   int r = t->r;
-  if (verbose && ru->only <= 0)
-    fprintf(stderr, "step %ld %s r%d r2 %d k%d k2 %d s[%d %d] s2[%d %d] fs[%d %d] as[%d %d] ms[%d %d] ck %d mode %d reps %d on_comm %d v %u bytes %zu\n",
-            i, op_names[t->kind], t->r, t->r2, t->k, t->k2, t->s[0], t->s[1], t->s2[0], t->s2[1], t->fs[0], t->fs[1],
+  if (verbose)
+    fprintf(stderr, "[thread %d] step %ld %s r%d r2 %d k%d k2 %d s[%d %d] s2[%d %d] fs[%d %d] as[%d %d] ms[%d %d] ck %d mode %d reps %d on_comm %d v %u bytes %zu\n",
+            ru->only, i, op_names[t->kind], t->r, t->r2, t->k, t->k2, t->s[0], t->s[1], t->s2[0], t->s2[1], t->fs[0], t->fs[1],
             t->as[0], t->as[1], t->ms[0], t->ms[1], t->ck, t->mode, t->reps, t->on_comm, t->v, t->bytes);
   switch (t->kind) {
     case OP_MEMSET:

@@ -405,14 +405,16 @@ static void test_an_adopted_streams_pending_point_is_not_recorded_into_an_outsid
   assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
 }
 
-/* A block allocated on an adopted stream (its point covers the memory's earlier use there), then
- * code outside weft begins a capture on that stream (GLOBAL, as torch.cuda.graph), and another
- * stream uses the block eagerly: it must wait for the allocation's point, recorded before the
- * capture began. Before, that point was left pending (recorded when first needed), could not be
- * recorded into the capture, and the use failed with CAPTURE (the helper's test_outside_long,
- * seed 101 step 17099). The same for a free there followed by an allocation elsewhere. */
-static void test_points_of_an_adopted_stream_serve_while_outside_code_captures_it(void **state) {
-  tu_env_t *env = *state;
+/* A block allocated on an adopted stream after a free there: its point (after the free, and after
+ * work outside weft before it) is left pending, recorded when first needed (lazy: an event per
+ * free would double a framework's allocation pair). Code outside weft then begins a capture on
+ * that stream (GLOBAL, as torch.cuda.graph) and another stream uses the block eagerly:
+ * - without weft_runtime_record_pending first, the point cannot be recorded while the capture
+ *   lasts: the use fails with CAPTURE and changes nothing; the capture stays valid, an allocation
+ *   elsewhere still succeeds, and the same use succeeds once the capture has ended (the helper's
+ *   test_outside_long, seed 101 step 17099, met this as a failure of the program);
+ * - with it (what the PyTorch adapter's capture hook does), the use succeeds during the capture. */
+static void pending_points_and_an_outside_capture(tu_env_t *env, bool record_first) {
   CUstream raw = raw_stream();
   weft_stream_t *s, *p0 = tu_stream(env, 0);
   assert_int_equal(weft_stream_adopt(env->rt, raw, &s), WEFT_OK);
@@ -421,21 +423,37 @@ static void test_points_of_an_adopted_stream_serve_while_outside_code_captures_i
   assert_int_equal(tu_fill(env, s, a, N, 2), WEFT_OK);
   assert_int_equal(weft_free(a, s), WEFT_OK);
   assert_int_equal(weft_alloc(env->rt, N * 4, s, "b", &b), WEFT_OK); /* its point: after a's free */
+  if (record_first) assert_int_equal(weft_runtime_record_pending(env->rt), WEFT_OK);
   assert_int_equal(drv->cuStreamBeginCapture(raw, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
   weft_status_t used = weft_memset32(p0, b, 0, 9, N * 4);
+  char why[256];
+  snprintf(why, sizeof why, "%s", weft_last_error());
   weft_status_t got = weft_alloc(env->rt, N * 4, p0, "c", &c);
   CUgraph g = NULL;
   CUresult end = drv->cuStreamEndCapture(raw, &g);
   if (g != NULL) assert_int_equal(drv->cuGraphDestroy(g), CUDA_SUCCESS);
   assert_int_equal(end, CUDA_SUCCESS); /* the capture was left alone */
-  if (used != WEFT_OK) fail_msg("weft_memset32 on a pool stream during the outside capture: %s: %s", weft_status_name(used), weft_last_error());
   if (got != WEFT_OK) fail_msg("weft_alloc on a pool stream during the outside capture: %s: %s", weft_status_name(got), weft_last_error());
+  if (record_first && used != WEFT_OK)
+    fail_msg("weft_memset32 on a pool stream during the outside capture: %s: %s", weft_status_name(used), why);
+  if (!record_first) {
+    if (used != WEFT_ERR_CAPTURE) fail_msg("weft_memset32 during the outside capture: %s, expected CAPTURE", weft_status_name(used));
+    assert_int_equal(weft_memset32(p0, b, 0, 9, N * 4), WEFT_OK); /* the capture has ended */
+  }
   expect_all(p0, b, 9);
   assert_int_equal(tu_fill(env, p0, c, N, 4), WEFT_OK);
   expect_all(p0, c, 4);
   assert_int_equal(weft_free(c, p0), WEFT_OK);
   assert_int_equal(weft_free(b, p0), WEFT_OK);
   assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+}
+
+static void test_a_pending_point_of_a_captured_adopted_stream_is_refused_cleanly(void **state) {
+  pending_points_and_an_outside_capture(*state, false);
+}
+
+static void test_points_recorded_before_an_outside_capture_serve_during_it(void **state) {
+  pending_points_and_an_outside_capture(*state, true);
 }
 
 /* The legacy stream while a blocking stream captures (outside code's capture): a free there is
@@ -731,7 +749,9 @@ int main(void) {
                                       setup_one_chunk_cache, teardown),
       cmocka_unit_test_setup_teardown(test_an_adopted_streams_pending_point_is_not_recorded_into_an_outside_capture,
                                       setup_one_chunk_no_cache, teardown),
-      cmocka_unit_test_setup_teardown(test_points_of_an_adopted_stream_serve_while_outside_code_captures_it,
+      cmocka_unit_test_setup_teardown(test_a_pending_point_of_a_captured_adopted_stream_is_refused_cleanly,
+                                      setup_one_chunk_no_cache, teardown),
+      cmocka_unit_test_setup_teardown(test_points_recorded_before_an_outside_capture_serve_during_it,
                                       setup_one_chunk_no_cache, teardown),
       cmocka_unit_test(test_adoption_slots_run_out),
   };

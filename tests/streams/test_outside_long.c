@@ -744,6 +744,10 @@ static int outside_capture(world_t *w) {
        fi >= 0 ? w->st[fi].name : "");
   CUstream fraw = NULL;
   if (fi >= 0) fraw = weft_stream_raw(w->st[fi].s); /* outside code holds it: exposed */
+  /* As PyTorch's capture hook (the adapter) does: the points weft left pending on exposed streams
+   * are recorded first; without it a use elsewhere that needs one fails with CAPTURE until the
+   * capture ends (weft.h, weft_stream_adopt; tests/streams test_adopt holds that case). */
+  WCHECK(w, weft_runtime_record_pending(w->env->rt));
   capture_t *c = calloc(1, sizeof *c);
   if (!c) return wfail(w, "calloc");
   c->last_launch = -1;
