@@ -298,6 +298,10 @@ static weft_status_t run_one(weft_stream_t *s, void *arg) {
  * together, before any later wait). With one runtime no wait crosses devices, and over-waiting a
  * rank's own posted collectives cannot deadlock where NCCL's ordering rules hold. */
 static weft_status_t exact_if_alone(weft_stream_t *const *s, size_t n, size_t devices) {
+  /* Inside a capture: its graph is launched per rank, never together, so a launch keeps exact
+   * waits whatever the posting spanned (graph/exec.c). */
+  for (size_t i = 0; i < n; i++)
+    if (weft__tracker_in_capture(s[i])) weft__capture_note_collective(s[i]);
   if (devices >= weft__tracker_runtimes()) return WEFT_OK;
   for (size_t i = 0; i < n; i++) {
     weft_status_t st = weft__tracker_exact(s[i]);

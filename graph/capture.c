@@ -150,6 +150,7 @@ weft_status_t weft_capture_end(weft_stream_t *s, weft_graph_t **out) {
   if (st == WEFT_OK)
     st = weft__graph_make(rt, g, pool ? WEFT_GRAPH_MEMORY_PRIVATE_POOL : WEFT_GRAPH_MEMORY_NODES, pool, summary, ns,
                           outputs, no, &graph);
+  if (st == WEFT_OK) graph->collectives = cap->collectives; /* (nobody else has the graph yet) */
   if (st != WEFT_OK && g != NULL) {
     weft__meta_free(summary);
     weft__meta_free(outputs);

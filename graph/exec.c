@@ -348,6 +348,7 @@ static weft_status_t launch_inside(weft_exec_t *e, weft_stream_t *s) {
   if (weft__tracker_capture_of(s, NULL) != NULL)
     return weft__error(WEFT_ERR_CAPTURE, "weft_exec_launch: stream %u is capturing (graphs with memory nodes cannot "
                        "be launched into a capture)", s->index);
+  if (g->collectives && weft__tracker_runtimes() > 1 && (st = weft__tracker_exact(s)) != WEFT_OK) return st;
   uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   weft__nvtx_push("weft_exec_launch");
   pthread_mutex_lock(&g->lock);

@@ -79,6 +79,11 @@ struct weft_graph {
                                launch must follow that free ({0, 0}: nothing pending) */
   weft_exec_t *outs_from;   /* the exec whose launch made outs (NULL once it is destroyed) */
   size_t live_outputs;      /* output blocks of launches not yet freed */
+  /* Collectives, sends or receives were captured into it: with several runtimes in the process
+   * a launch makes its stream exact first (weft__tracker_exact), as posting them live does: each
+   * rank's graph is launched apart, and a later event standing in for a point before the launch
+   * would cover collectives that wait for another rank's launch, posted behind that wait. */
+  bool collectives;
 };
 
 struct weft_exec {

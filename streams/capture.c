@@ -250,6 +250,12 @@ weft_status_t weft__capture_redirect(weft_stream_t *s, weft__capture_t *c, weft_
   return st;
 }
 
+void weft__capture_note_collective(weft_stream_t *s) {
+  lock(s->tr);
+  if (s->capture != NULL) s->capture->collectives = true;
+  unlock(s->tr);
+}
+
 weft__capture_t *weft__capture_drop_foreign(weft_stream_t *s, uint64_t id) {
   lock(s->tr);
   weft__capture_t *c = s->capture;

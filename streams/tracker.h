@@ -223,6 +223,9 @@ struct weft__capture {
   uint64_t joined;            /* bit mask of pool streams taking part (origin included) */
   CUstreamCaptureMode mode;
   bool foreign;               /* begun by code outside weft */
+  /* Collectives, sends or receives were posted into it (weft__capture_note_collective): a launch
+   * of its graph waits for what other ranks launch, so its stream keeps exact waits. */
+  bool collectives;
   pthread_t thread;           /* the beginning thread (THREAD_LOCAL / GLOBAL must end there) */
   /* Where weft_alloc on a taking-part stream allocates: the capture's allocation context, set by
    * whoever began it (a graph memory-node resource, or a graph pool), as PyTorch's
@@ -482,6 +485,10 @@ bool weft__capture_foreign_of(weft_stream_t *s, uint64_t *id);
  * (no driver calls on the graph): every stream that took part leaves it. Gives it to the caller
  * to free; NULL when s has no such capture any more (another thread dropped it first). */
 weft__capture_t *weft__capture_drop_foreign(weft_stream_t *s, uint64_t id);
+/** Notes that a collective, send or receive is posted into the capture s takes part in (none:
+ * nothing): its graph's launches wait for the other ranks' (weft__capture_t.collectives). Takes
+ * the lock. */
+void weft__capture_note_collective(weft_stream_t *s);
 /** The foreign capture s takes part in (begun outside weft), or NULL. */
 weft__capture_t *weft__capture_foreign(weft_stream_t *s);
 /** Makes weft_alloc in foreign capture c allocate from `to`, with `on_drop` to run when the
