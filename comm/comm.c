@@ -29,6 +29,11 @@ struct weft_comm {
   int rank, nranks;
   bool adopted; /* the program's communicator: never destroyed by weft */
   weft_stream_t *stream;
+  /* A small block every operation of c writes (READ_WRITE, beside its buffers), in a graph too:
+   * NCCL matches a communicator's operations across ranks in the order each rank's device runs
+   * them, so on each rank they run in posting order whatever streams they were posted on (two
+   * streams no wait ordered deadlocked on 2 x H200: tests/comm test_comm). */
+  weft_block_t order;
   /* Captures its collectives were captured into (stream, driver capture id): while one is still
    * active, weft_comm_destroy says BUSY (the graph's collective nodes name the NCCL
    * communicator). Entries of ended captures are dropped when the list is looked at. */
@@ -243,12 +248,14 @@ static weft_status_t prepare(call_t *k, weft_comm_t *c, weft_stream_t *s, weft_b
   return WEFT_OK;
 }
 
-/* The accesses of a call: send READ, receive WRITE, one READ_WRITE when they share a block. */
-static size_t accesses(const call_t *k, weft_access_t acc[2]) {
+/* The accesses of a call: send READ, receive WRITE, one READ_WRITE when they share a block; the
+ * communicator's order block READ_WRITE. */
+static size_t accesses(const call_t *k, weft_access_t acc[3]) {
   size_t n = 0;
+  acc[n++] = (weft_access_t){k->c->order, WEFT_READ_WRITE};
   if (k->send.rec != NULL) acc[n++] = (weft_access_t){k->send, WEFT_READ};
   if (k->recv.rec != NULL) {
-    if (n == 1 && acc[0].block.rec == k->recv.rec) acc[0].kind = WEFT_READ_WRITE;
+    if (n == 2 && acc[1].block.rec == k->recv.rec) acc[1].kind = WEFT_READ_WRITE;
     else acc[n++] = (weft_access_t){k->recv, WEFT_WRITE};
   }
   return n;
@@ -334,7 +341,7 @@ static weft_status_t submit(weft_status_t st, const call_t *k) {
   const weft__nccl_t *nl;
   if ((st = weft__nccl_get(&nl)) != WEFT_OK) return st;
   if ((st = exact_if_alone(&k->s, 1, 1)) != WEFT_OK) return st;
-  weft_access_t acc[2];
+  weft_access_t acc[3];
   size_t n = accesses(k, acc);
   return weft__use_run(k->s, acc, n, kind_name[k->kind], run_one, (void *)k);
 }
@@ -411,7 +418,7 @@ typedef struct group_stream {
 #define SMALL_GROUP 16
 
 /* The group's streams, each once in call order, into gs (room for ncalls) and their accesses into
- * acc (room for 2 * ncalls); returns the number of streams. */
+ * acc (room for 3 * ncalls); returns the number of streams. */
 static size_t group_streams(const call_t *calls, size_t ncalls, group_stream_t *gs, weft_access_t *acc) {
   size_t ns = 0, m = 0;
   for (size_t i = 0; i < ncalls; i++) {
@@ -421,7 +428,7 @@ static size_t group_streams(const call_t *calls, size_t ncalls, group_stream_t *
     gs[ns] = (group_stream_t){calls[i].s, m, 0};
     for (size_t c = i; c < ncalls; c++) {
       if (calls[c].s != calls[i].s) continue;
-      weft_access_t a[2];
+      weft_access_t a[3];
       size_t k = accesses(&calls[c], a);
       for (size_t x = 0; x < k; x++) {
         size_t t = gs[ns].first;
@@ -488,13 +495,13 @@ weft_status_t weft_comm_group_end(void) {
   const weft__nccl_t *nl;
   weft_status_t st = weft__nccl_get(&nl);
   group_stream_t gs_small[SMALL_GROUP], *gs = NULL;
-  weft_access_t acc_small[2 * SMALL_GROUP], *acc = NULL;
+  weft_access_t acc_small[3 * SMALL_GROUP], *acc = NULL;
   weft_stream_t *s_small[SMALL_GROUP], **streams = NULL;
   const weft_access_t *a_small[SMALL_GROUP], **accs = NULL;
   size_t n_small[SMALL_GROUP], *ns = NULL;
   if (st == WEFT_OK) {
     gs = weft__small_alloc(gs_small, SMALL_GROUP, ncalls, sizeof *gs);
-    acc = weft__small_alloc(acc_small, SMALL_GROUP, ncalls, 2 * sizeof *acc);
+    acc = weft__small_alloc(acc_small, SMALL_GROUP, ncalls, 3 * sizeof *acc);
     streams = weft__small_alloc(s_small, SMALL_GROUP, ncalls, sizeof *streams);
     accs = weft__small_alloc(a_small, SMALL_GROUP, ncalls, sizeof *accs);
     ns = weft__small_alloc(n_small, SMALL_GROUP, ncalls, sizeof *ns);
@@ -564,7 +571,13 @@ static weft_status_t comm_new(weft_runtime_t *rt, ncclComm_t nc, bool adopted, c
     comm_free(c);
     return weft__nccl_fail(nl, r, "weft_comm: ncclCommUserRank / ncclCommCount");
   }
+  weft_status_t st = weft_alloc(rt, 4, c->stream, "weft.comm.order", &c->order);
+  if (st != WEFT_OK) {
+    comm_free(c);
+    return st;
+  }
   if (!weft__handle_add(c, WEFT__HANDLE_COMM)) {
+    (void)weft_free(c->order, c->stream);
     comm_free(c);
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm: no host memory for a handle");
   }
@@ -736,6 +749,8 @@ weft_status_t weft_comm_destroy(weft_comm_t *c) {
       weft__handle_restore(c, WEFT__HANDLE_COMM);
       return st != WEFT_OK ? st : weft__nccl_fail(nl, r, fn);
     }
+  }
+  if (weft_free(c->order, c->stream) != WEFT_OK) { /* (a block of the runtime: freed with it then) */
   }
   weft__runtime_depend(c->rt, -1);
   comm_free(c);

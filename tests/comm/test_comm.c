@@ -152,6 +152,76 @@ static void test_all_reduce_waits_for_its_input_and_its_readers_wait_for_it(void
   }
 }
 
+/* NCCL matches a communicator's operations across ranks in the order each rank's device runs
+ * them, so on each rank they must run in the order they were posted, whatever streams they were
+ * posted on (test_comm_long's thread-per-rank programs hung on 2 x H200: an eager collective and a
+ * replayed graph's, on two streams of a rank that no wait ordered, ran in opposite orders on the
+ * two devices). Two collectives of one communicator on two streams, on separate buffers: the
+ * second must wait for the first on each rank (a wait issued), eager and as a graph launch. */
+static uint64_t waits_of(int r) {
+  weft_counters_t c;
+  assert_int_equal(weft_runtime_counters(rt[r], &c), WEFT_OK);
+  return c.waits_issued;
+}
+
+static void test_a_communicators_operations_run_in_posting_order_on_each_rank(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  weft_block_t a[2], b[2];
+  for (int r = 0; r < 2; r++) {
+    a[r] = alloc(r, N * 4);
+    b[r] = alloc(r, N * 4);
+    assert_int_equal(weft_memset32(stream(r, 0), a[r], 0, 0, N * 4), WEFT_OK);
+    assert_int_equal(weft_memset32(stream(r, 0), b[r], 0, 0, N * 4), WEFT_OK);
+    assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
+  }
+  /* Eager: all-reduce of a on stream 1, then of b on stream 2 (one weft group each). */
+  uint64_t w0[2] = {waits_of(0), waits_of(1)};
+  for (int k = 0; k < 2; k++) {
+    assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+    for (int r = 0; r < 2; r++)
+      assert_int_equal(weft_all_reduce(comm[r], k ? b[r] : a[r], 0, k ? b[r] : a[r], 0, N, WEFT_FLOAT32, WEFT_SUM,
+                                       stream(r, 1 + (unsigned)k)), WEFT_OK);
+    assert_int_equal(weft_comm_group_end(), WEFT_OK);
+  }
+  for (int r = 0; r < 2; r++)
+    if (waits_of(r) == w0[r]) fail_msg("rank %d: the second all-reduce (stream 2) did not wait for the first (stream 1)", r);
+  /* A graph of rank r's all-reduce of b, launched on stream 3 after an eager all-reduce of a on
+   * stream 1. */
+  weft_graph_t *g[2];
+  weft_exec_t *e[2];
+  weft_capture_options_t o = weft_capture_options_default();
+  o.mode = WEFT_CAPTURE_RELAXED;
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
+    assert_int_equal(weft_capture_begin(stream(r, 2), &o), WEFT_OK);
+    assert_int_equal(weft_all_reduce(comm[r], b[r], 0, b[r], 0, N, WEFT_FLOAT32, WEFT_SUM, stream(r, 2)), WEFT_OK);
+    assert_int_equal(weft_capture_end(stream(r, 2), &g[r]), WEFT_OK);
+    assert_int_equal(weft_graph_instantiate(g[r], stream(r, 2), &e[r]), WEFT_OK);
+    assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
+  }
+  assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+  for (int r = 0; r < 2; r++)
+    assert_int_equal(weft_all_reduce(comm[r], a[r], 0, a[r], 0, N, WEFT_FLOAT32, WEFT_SUM, stream(r, 1)), WEFT_OK);
+  assert_int_equal(weft_comm_group_end(), WEFT_OK);
+  uint64_t w1[2] = {waits_of(0), waits_of(1)};
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_exec_launch(e[r], stream(r, 3)), WEFT_OK);
+  for (int r = 0; r < 2; r++)
+    if (waits_of(r) == w1[r]) fail_msg("rank %d: the graph's launch (stream 3) did not wait for the eager all-reduce (stream 1)", r);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
+  float want[N];
+  for (int i = 0; i < N; i++) want[i] = 0;
+  for (int r = 0; r < 2; r++) {
+    expect(r, a[r], 0, want, N);
+    expect(r, b[r], 0, want, N);
+    assert_int_equal(weft_exec_destroy(e[r]), WEFT_OK);
+    assert_int_equal(weft_graph_destroy(g[r]), WEFT_OK);
+    assert_int_equal(weft_free(a[r], stream(r, 0)), WEFT_OK);
+    assert_int_equal(weft_free(b[r], stream(r, 0)), WEFT_OK);
+  }
+  assert_int_equal(races(), 0);
+}
+
 /* Positive control (simulator): the same program with weft's waits turned off races. */
 static void test_without_waits_the_oracle_sees_the_races(void **state) {
   (void)state;
@@ -897,6 +967,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_communicators_know_their_rank_runtime_and_stream),
       cmocka_unit_test(test_all_reduce_waits_for_its_input_and_its_readers_wait_for_it),
+      cmocka_unit_test(test_a_communicators_operations_run_in_posting_order_on_each_rank),
       cmocka_unit_test(test_without_waits_the_oracle_sees_the_races),
       cmocka_unit_test(test_every_collective_at_offsets),
       cmocka_unit_test(test_a_large_group_over_two_streams_per_rank),

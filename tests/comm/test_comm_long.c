@@ -222,7 +222,10 @@ static void nothing_left(const char *where) {
   if (sim == NULL) return;
   weft_sim_stats_t s;
   sim->stats(&s);
-  if (s.bytes_in_use > base_bytes)
+  /* Not in the positive control: with weft's waits turned off, 256 bytes of a capture holding a
+   * send+recv stay in use since communicators order their operations through a block (comm.c,
+   * weft_comm_t.order; seed 1, step 33), which the programs with waits never show. */
+  if (s.bytes_in_use > base_bytes && !no_waits_control)
     fail_msg("%s: %llu device bytes left", where, (unsigned long long)(s.bytes_in_use - base_bytes));
   if (!no_waits_control && races() != 0) {
     sim->print_report();
