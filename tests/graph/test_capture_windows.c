@@ -71,6 +71,18 @@ static bool await(atomic_int *flag, double limit) {
   return true;
 }
 
+/* Every word of b, read on s, is v; then b is freed on s and the runtime synchronised, with no
+ * race reported. */
+static void expect_then_free(weft_stream_t *s, weft_block_t b, unsigned v) {
+  unsigned host[N];
+  assert_int_equal(tu_read(s, b, host, sizeof host), WEFT_OK);
+  for (unsigned i = 0; i < N; i++)
+    if (host[i] != v) fail_msg("word %u is %u, expected %u", i, host[i], v);
+  assert_int_equal(weft_free(b, s), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  assert_int_equal(tu_races(&env), 0);
+}
+
 /* ---- code outside weft: a thread that begins and ends captures on a raw stream when told ---- */
 typedef struct outside {
   CUstream raw;
@@ -146,13 +158,7 @@ static void test_runtime_synchronize_leaves_a_capture_begun_in_its_window(void *
   if (st != WEFT_OK && st != WEFT_ERR_CAPTURE) fail_msg("weft_runtime_synchronize: %s: %s", weft_status_name(st), weft_last_error());
   outside_finish(&o, t);
   assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
-  unsigned host[N];
-  assert_int_equal(tu_read(sync_s, b, host, sizeof host), WEFT_OK);
-  for (unsigned i = 0; i < N; i++)
-    if (host[i] != 5) fail_msg("word %u is %u, expected 5", i, host[i]);
-  assert_int_equal(weft_free(b, sync_s), WEFT_OK);
-  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
-  assert_int_equal(tu_races(&env), 0);
+  expect_then_free(sync_s, b, 5);
 #endif
 }
 
@@ -200,13 +206,7 @@ static void test_an_event_recorded_as_a_capture_begins_stays_out_of_it(void **st
   if (!fired) fail_msg("premise: weft_stream_synchronize never recorded an event on the adopted stream");
   if (st != WEFT_OK && st != WEFT_ERR_CAPTURE) fail_msg("weft_stream_synchronize: %s: %s", weft_status_name(st), weft_last_error());
   assert_int_equal(weft_stream_synchronize(s), WEFT_OK); /* the capture has ended */
-  unsigned host[N];
-  assert_int_equal(tu_read(s, a, host, sizeof host), WEFT_OK);
-  for (unsigned i = 0; i < N; i++)
-    if (host[i] != 6) fail_msg("word %u is %u, expected 6", i, host[i]);
-  assert_int_equal(weft_free(a, s), WEFT_OK);
-  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
-  assert_int_equal(tu_races(&env), 0);
+  expect_then_free(s, a, 6);
 #endif
 }
 
@@ -279,13 +279,7 @@ static void test_the_owner_never_sees_an_ended_capture_adopted_by_another_thread
   /* The stream works live at once. */
   weft_block_t x = tu_alloc(&env, N * 4, 2, "x");
   assert_int_equal(tu_fill(&env, own_s, x, N, 3), WEFT_OK);
-  unsigned host[N];
-  assert_int_equal(tu_read(own_s, x, host, sizeof host), WEFT_OK);
-  for (unsigned i = 0; i < N; i++)
-    if (host[i] != 3) fail_msg("word %u is %u, expected 3", i, host[i]);
-  assert_int_equal(weft_free(x, own_s), WEFT_OK);
-  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
-  assert_int_equal(tu_races(&env), 0);
+  expect_then_free(own_s, x, 3);
 #endif
 }
 
