@@ -296,7 +296,9 @@ static weft_status_t run_one(weft_stream_t *s, void *arg) {
   return r == ncclSuccess ? WEFT_OK : weft__nccl_fail(nl, r, kind_name[k->kind]);
 }
 
-/* Collectives wait for what the other ranks enqueue later. With several runtimes in the process,
+/* Before posting collectives on streams s: notes them in the captures those streams take part in
+ * (their graphs' launches keep exact waits: graph/exec.c), and keeps live waits exact where needed.
+ * Collectives wait for what the other ranks enqueue later. With several runtimes in the process,
  * another device's stream may wait for a point of these streams (a peer copy, a block read across
  * devices), and a later event standing in for that point could cover these collectives while the
  * waiter's rank, on a thread of its own, has not posted its part yet: a deadlock. So the streams'
@@ -304,9 +306,8 @@ static weft_status_t run_one(weft_stream_t *s, void *arg) {
  * (`devices` of them: a group over the process's ranks from one thread posts every local part
  * together, before any later wait). With one runtime no wait crosses devices, and over-waiting a
  * rank's own posted collectives cannot deadlock where NCCL's ordering rules hold. */
-static weft_status_t exact_if_alone(weft_stream_t *const *s, size_t n, size_t devices) {
-  /* Inside a capture: its graph is launched per rank, never together, so a launch keeps exact
-   * waits whatever the posting spanned (graph/exec.c). */
+static weft_status_t note_posting(weft_stream_t *const *s, size_t n, size_t devices) {
+  /* (A graph is launched per rank, never together: noted whatever the posting spanned.) */
   for (size_t i = 0; i < n; i++)
     if (weft__tracker_in_capture(s[i])) weft__capture_note_collective(s[i]);
   if (devices >= weft__tracker_runtimes()) return WEFT_OK;
@@ -340,7 +341,7 @@ static weft_status_t submit(weft_status_t st, const call_t *k) {
   if (st != WEFT_OK) return st;
   const weft__nccl_t *nl;
   if ((st = weft__nccl_get(&nl)) != WEFT_OK) return st;
-  if ((st = exact_if_alone(&k->s, 1, 1)) != WEFT_OK) return st;
+  if ((st = note_posting(&k->s, 1, 1)) != WEFT_OK) return st;
   weft_access_t acc[3];
   size_t n = accesses(k, acc);
   return weft__use_run(k->s, acc, n, kind_name[k->kind], run_one, (void *)k);
@@ -523,7 +524,7 @@ weft_status_t weft_comm_group_end(void) {
       while (i < j && streams[i]->runtime != streams[j]->runtime) i++;
       devices += i == j;
     }
-    st = exact_if_alone(streams, k, devices);
+    st = note_posting(streams, k, devices);
     if (st == WEFT_OK) st = weft__use_joint(streams, accs, ns, k, "weft_comm_group_end", run_group, &run);
   }
   if (gs != NULL) weft__small_free(gs_small, gs);

@@ -86,8 +86,8 @@ weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bo
   lock(tr);
   wait_free(tr, s); /* host waits on s and its use enqueuing finish first */
   weft__capture_t *joined = NULL;
-  bool active = true;
-  uint64_t now = id;
+  bool active;
+  uint64_t now;
   if (s->capture != NULL) {
     st = weft__error(WEFT_ERR_CAPTURE, "weft_capture_begin: stream %u already takes part in a capture", s->index);
   } else if (foreign && ((st = weft__capture_probe(s, &active, &now)) != WEFT_OK || !active || now != id)) {
@@ -106,7 +106,7 @@ weft_status_t weft__capture_begin(weft_stream_t *s, CUstreamCaptureMode mode, bo
     uint64_t cid;
     if (st == WEFT_OK && weft__capture_probe(s, &on, &cid) == WEFT_OK) c->id = cid;
   }
-  bool installed = st == WEFT_OK && joined == NULL && active && now == id;
+  bool installed = st == WEFT_OK && joined == NULL && (ended == NULL || !*ended);
   if (installed) {
     s->capture = c;
     c->joined = 1ull << s->index;
@@ -193,8 +193,8 @@ weft_status_t weft__capture_end(weft_stream_t *s, weft__capture_t **out, CUgraph
   if (r != CUDA_SUCCESS) {
     /* The capture must end whatever happened: if the stream still captures (an invalidated
      * capture, or a failure before the driver ended it), end it again and drop its graph. */
-    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (tr->drv->cuStreamIsCapturing(c->origin->raw, &cs) == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE &&
+    CUstreamCaptureStatus cs;
+    if (weft__capture_status(c->origin, &cs, NULL) == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE &&
         tr->drv->cuStreamEndCapture(c->origin->raw, &dropped[0]) != CUDA_SUCCESS)
       dropped[0] = NULL;
     dropped[1] = g;
@@ -274,14 +274,20 @@ void weft__capture_free(weft__capture_t *c) {
   weft__meta_free(c);
 }
 
-weft_status_t weft__capture_probe(weft_stream_t *s, bool *active, uint64_t *id) {
+CUresult weft__capture_status(const weft_stream_t *s, CUstreamCaptureStatus *cs, uint64_t *id) {
   const weft__driver_t *drv = s->tr->drv;
-  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
   cuuint64_t cid = 0;
-  CUresult r = drv->cuStreamGetCaptureInfo != NULL ? drv->cuStreamGetCaptureInfo(s->raw, &cs, &cid, NULL, NULL, NULL, NULL)
-                                                   : drv->cuStreamIsCapturing(s->raw, &cs);
+  *cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUresult r = drv->cuStreamGetCaptureInfo != NULL ? drv->cuStreamGetCaptureInfo(s->raw, cs, &cid, NULL, NULL, NULL, NULL)
+                                                   : drv->cuStreamIsCapturing(s->raw, cs);
+  if (id != NULL) *id = cid;
+  return r;
+}
+
+weft_status_t weft__capture_probe(weft_stream_t *s, bool *active, uint64_t *id) {
+  CUstreamCaptureStatus cs;
+  CUresult r = weft__capture_status(s, &cs, id);
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuStreamGetCaptureInfo");
   *active = cs == CU_STREAM_CAPTURE_STATUS_ACTIVE;
-  *id = cid;
   return WEFT_OK;
 }

@@ -394,12 +394,9 @@ weft_status_t weft__clock_record(weft__tracker_t *tr, weft__domain_t *d, weft_st
 /* Whether code outside weft captures t now, as the driver says (an error counts as capturing:
  * the legacy stream while a blocking stream captures answers STREAM_CAPTURE_IMPLICIT, and a
  * record there would invalidate that capture too). */
-static bool captured_outside(weft_stream_t *t) {
-  const weft__driver_t *drv = t->tr->drv;
-  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-  CUresult r = drv->cuStreamGetCaptureInfo != NULL ? drv->cuStreamGetCaptureInfo(t->raw, &cs, NULL, NULL, NULL, NULL, NULL)
-                                                   : drv->cuStreamIsCapturing(t->raw, &cs);
-  return r != CUDA_SUCCESS || cs != CU_STREAM_CAPTURE_STATUS_NONE;
+static bool captured_outside(const weft_stream_t *t) {
+  CUstreamCaptureStatus cs;
+  return weft__capture_status(t, &cs, NULL) != CUDA_SUCCESS || cs != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
 /* Records t's pending tick for another stream or the host. On an exposed live stream, code

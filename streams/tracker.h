@@ -498,6 +498,9 @@ weft_status_t weft__capture_redirect(weft_stream_t *s, weft__capture_t *c, weft_
                                      void (*on_drop)(weft__capture_t *c));
 /** Frees the session's memory and events (after end or abandon). */
 void weft__capture_free(weft__capture_t *c);
+/** The driver's word on s's capture state (cuStreamGetCaptureInfo, else cuStreamIsCapturing,
+ * which gives no id: *id 0), raw: the one place weft asks it. id may be NULL. */
+CUresult weft__capture_status(const weft_stream_t *s, CUstreamCaptureStatus *cs, uint64_t *id);
 /** What the driver says of s: whether a capture is active on it, and its id. */
 weft_status_t weft__capture_probe(weft_stream_t *s, bool *active, uint64_t *id);
 
