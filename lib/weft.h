@@ -470,12 +470,23 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_block_export_event(weft_block_t b, we
 /* Tracked stream operations: each is one use with the accesses it implies                     */
 /* ------------------------------------------------------------------------------------------ */
 
-/** cuMemcpyHtoDAsync into block `dst` at byte `offset` (a WRITE of dst). `src` must stay valid
- * until the copy completes (pinned memory for real asynchrony). Errors: as weft_use_begin;
- * INVALID_ARGUMENT (range outside the block). */
+/** cuMemcpyHtoDAsync into block `dst` at byte `offset` (a WRITE of dst). Page-locked `src`
+ * (cuMemHostAlloc, cuMemHostRegister) is copied directly and must stay valid until the copy
+ * completes. Pageable `src` is first copied into page-locked buffers of the runtime, 1 MiB at a
+ * time, so it may be reused as soon as the call returns (the driver's own staging of pageable
+ * memory can wait for the stream inside the call, where weft holds its gate: see
+ * weft_copy_from_block). Inside a capture the copy is a graph node reading `src` at each launch.
+ * Errors: as weft_use_begin; INVALID_ARGUMENT (range outside the block); CAPTURE when code outside
+ * weft began capturing the (exposed) stream during the call. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_copy_to_block(weft_stream_t *s, weft_block_t dst, size_t offset, const void *src, size_t bytes);
-/** cuMemcpyDtoHAsync from block `src` (a READ). The data is in `dst` once the stream reaches it
- * (weft_stream_synchronize or weft_block_synchronize). */
+/** cuMemcpyDtoHAsync from block `src` (a READ). Page-locked `dst` (cuMemHostAlloc,
+ * cuMemHostRegister): the call returns at once and the data is in `dst` once the stream reaches
+ * it (weft_stream_synchronize or weft_block_synchronize). Pageable `dst`: the driver would return
+ * only once the stream reached the copy, and while waiting inside weft's enqueue it would keep
+ * other threads' graph calls and uses out, which the awaited work may need (a thread per rank
+ * with collectives hung so); weft copies through page-locked buffers of the runtime, 1 MiB at a
+ * time, waits for each holding nothing, and returns with the data in `dst`. Inside a capture the
+ * copy is a graph node writing `dst` at each launch. Errors: as weft_copy_to_block. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_copy_from_block(weft_stream_t *s, void *dst, weft_block_t src, size_t offset, size_t bytes);
 /** cuMemcpyDtoDAsync (READ src, WRITE dst). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_offset, weft_block_t src, size_t src_offset, size_t bytes);

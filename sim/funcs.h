@@ -53,6 +53,9 @@
   X(cuEventDestroy)                       \
   X(cuEventElapsedTime)                   \
   X(cuMemAlloc)                           \
+  X(cuMemHostAlloc)                       \
+  X(cuMemFreeHost)                        \
+  X(cuPointerGetAttribute)                \
   X(cuMemFree)                            \
   X(cuMemGetInfo)                         \
   X(cuMemcpyHtoD)                         \

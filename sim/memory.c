@@ -295,12 +295,113 @@ static CUresult copy_async_as(sim__copy_dir_t dir, CUdeviceptr dst_dev, void *ds
   return sim__submit(s, &act, CU_GRAPH_NODE_TYPE_MEMCPY);
 }
 
+/* ---- page-locked host memory ----
+ * cuMemHostAlloc memory is the only host memory the simulator knows as pinned: a stream-ordered
+ * copy to any other (pageable) host memory returns only once the copy has run, as the driver's
+ * does (conformance: test_a_pageable_device_to_host_copy_waits_for_its_stream). */
+
+typedef struct pinned {
+  uintptr_t p;
+  size_t n;
+  struct pinned *next;
+} pinned_t;
+static pinned_t *g_pinned;
+
+/* The pinned range holding [p, p+n), or NULL. Lock held. */
+static pinned_t *pinned_find(uintptr_t p, size_t n) {
+  for (pinned_t *r = g_pinned; r != NULL; r = r->next)
+    if (p >= r->p && p - r->p < r->n && n <= r->n - (p - r->p)) return r;
+  return NULL;
+}
+
+static CUresult host_alloc(void **pp, size_t n, unsigned flags) {
+  (void)flags;
+  if (pp == NULL || n == 0) return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = sim__need_ctx();
+  if (r != CUDA_SUCCESS) return r;
+  if ((r = sim__capture_unsafe()) != CUDA_SUCCESS) return r;
+  pinned_t *x = sim__xcalloc(1, sizeof *x);
+  void *m = aligned_alloc(4096, (n + 4095) / 4096 * 4096);
+  if (m == NULL) {
+    free(x);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  x->p = (uintptr_t)m;
+  x->n = n;
+  x->next = g_pinned;
+  g_pinned = x;
+  *pp = m;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags) {
+  SIM_CALL(cuMemHostAlloc, host_alloc(pp, bytesize, Flags));
+}
+
+/* cuMemFreeHost synchronises the device first (as cudaFreeHost does). */
+static CUresult host_free(void *p) {
+  pinned_t **at = &g_pinned;
+  while (*at != NULL && (*at)->p != (uintptr_t)p) at = &(*at)->next;
+  if (*at == NULL) return CUDA_ERROR_INVALID_VALUE;
+  CUresult r = sim__capture_unsafe();
+  if (r != CUDA_SUCCESS) return r;
+  if ((r = sim__drain()) != CUDA_SUCCESS) return r;
+  pinned_t *x = *at;
+  *at = x->next;
+  free((void *)x->p);
+  free(x);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemFreeHost(void *p) { SIM_CALL(cuMemFreeHost, host_free(p)); }
+
+/* MEMORY_TYPE (host for cuMemHostAlloc memory, device for device memory) and the range of either;
+ * pageable host memory is unknown to CUDA: INVALID_VALUE, as from the driver. */
+static CUresult pointer_attribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr) {
+  if (data == NULL) return CUDA_ERROR_INVALID_VALUE;
+  pinned_t *h = pinned_find((uintptr_t)ptr, 1);
+  sim__alloc_t *a = h == NULL && sim__addr_contains(ptr, 1) ? sim__addr_owner(ptr, 1) : NULL;
+  if (h == NULL && a == NULL) return CUDA_ERROR_INVALID_VALUE;
+  switch (attr) {
+    case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned *)data = h ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = h ? (CUdeviceptr)h->p : a->ptr; return CUDA_SUCCESS;
+    case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = h ? h->n : a->size; return CUDA_SUCCESS;
+    default: sim.stats.unimplemented++; return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr) {
+  SIM_CALL(cuPointerGetAttribute, pointer_attribute(data, attribute, ptr));
+}
+
+typedef struct op_done {
+  const sim__stream_t *s;
+  uint64_t seq;
+} op_done_t;
+
+static int op_done(void *arg) {
+  const op_done_t *d = arg;
+  return d->s->done >= d->seq;
+}
+
+/* A device-to-host copy to pageable memory: queued, then run to its end before the call returns
+ * (and the host has seen everything before it on the stream). */
+static CUresult copy_to_pageable(CUdeviceptr src, void *dst, size_t n, CUstream hs) {
+  CUresult r = copy_async(SIM_DTOH, 0, dst, src, NULL, n, hs);
+  sim__stream_t *s = sim__stream_get(hs);
+  if (r != CUDA_SUCCESS || n == 0 || s->cap != NULL || pinned_find((uintptr_t)dst, n) != NULL) return r;
+  op_done_t d = {s, s->issued};
+  if ((r = sim__run_until(op_done, &d)) != CUDA_SUCCESS) return r;
+  sim__host_join(&s->vc);
+  return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount, CUstream hStream) {
   SIM_CALL(cuMemcpyHtoDAsync, copy_async(SIM_HTOD, dstDevice, NULL, 0, srcHost, ByteCount, hStream));
 }
 
 CUresult CUDAAPI cuMemcpyDtoHAsync(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream) {
-  SIM_CALL(cuMemcpyDtoHAsync, copy_async(SIM_DTOH, 0, dstHost, srcDevice, NULL, ByteCount, hStream));
+  SIM_CALL(cuMemcpyDtoHAsync, copy_to_pageable(srcDevice, dstHost, ByteCount, hStream));
 }
 
 CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dstDevice, CUdeviceptr srcDevice, size_t ByteCount, CUstream hStream) {

@@ -1,22 +1,28 @@
 #!/bin/bash
-# Diagnostic on the 2-GPU machine (staged by tools/stage_gpu.sh): test_comm_long's
-# thread-per-rank programs, seed 1, ring 4, every step of each thread printed; when they hang
-# after 90 s, the last steps, nvidia-smi (and stacks where gdb exists) go to $OUT.
+# Diagnostic on the 2-GPU machine: (1) tools/diag_nccl_graph_p2p.c, captured send+recv without
+# weft, in its four forms; (2) test_comm_long's minimal captured send+recv case, a thread per
+# rank, under NCCL settings; every run still going after 40 s gets the stacks of all its threads
+# (tools/stackdump.c preloaded, SIGUSR1; symbolise here with addr2line) and nvidia-smi in $OUT.
 #   run  command="bash stage/diag_comm_long_gpu.sh"  carry=["stage"]  kind=nvidia-h100-x2
 here=$(cd "$(dirname "$0")" && pwd)
 export NCCL_SOCKET_IFNAME=lo LD_LIBRARY_PATH=$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-for ring in 4; do
-  WEFT_TEST_VERBOSE=1 WEFT_TEST_SEEDS=1 WEFT_TEST_OPS=300 WEFT_TEST_RINGS=$ring timeout -s KILL 100 $here/bin/test_comm_long > $OUT/cl_$ring.txt 2>&1 &
-  pid=$!
-  for i in $(seq 1 45); do sleep 2; kill -0 $pid 2>/dev/null || break; done
-  if kill -0 $pid 2>/dev/null; then
-    echo "ring $ring: hung after 90 s"
-    (command -v gdb >/dev/null && gdb -p $pid -batch -ex "thread apply all bt 12" > $OUT/cl_${ring}_stacks.txt 2>&1) || echo "no gdb"
-    nvidia-smi > $OUT/cl_${ring}_smi.txt 2>&1
-    kill -KILL $pid
+watch() { # name pid
+  for i in $(seq 1 20); do sleep 2; kill -0 $2 2>/dev/null || break; done
+  if kill -0 $2 2>/dev/null; then
+    echo "$1: still running after 40 s"
+    nvidia-smi --query-gpu=index,utilization.gpu --format=csv > $OUT/$1_smi.txt 2>&1
+    kill -USR1 $2; sleep 2; kill -KILL $2
   fi
-  wait $pid; echo "ring $ring rc $?"
-  grep -E "^\[thread" $OUT/cl_$ring.txt | awk '{print $1,$2}' | sort | uniq -c | tail -3
-  for t in 0 1; do grep "^\[thread $t\]" $OUT/cl_$ring.txt | tail -2; done
-  grep -E "OK|FAILED|ERROR|error" $OUT/cl_$ring.txt | head -5
+  wait $2; echo "$1 rc $?"
+}
+for form in "one plain" "one graphmem" "threads plain" "threads graphmem"; do
+  n=raw_${form// /_}
+  NCCL_DEBUG=WARN LD_PRELOAD=$here/lib/libstackdump.so STACKDUMP_FILE=$OUT/${n}_stacks.txt $here/bin/diag_nccl_graph_p2p $form > $OUT/$n.txt 2>&1 &
+  watch $n $!; tail -3 $OUT/$n.txt
+done
+for envs in "X=1" "NCCL_GRAPH_REGISTER=0" "NCCL_GRAPH_MIXING_SUPPORT=0" "NCCL_RUNTIME_CONNECT=0"; do
+  n=min_${envs%%=*}
+  env $envs NCCL_DEBUG=WARN WEFT_TEST_VERBOSE=1 WEFT_TEST_FILTER=test_min_captured_sendrecv_thread_per_rank \
+    LD_PRELOAD=$here/lib/libstackdump.so STACKDUMP_FILE=$OUT/${n}_stacks.txt $here/bin/test_comm_long > $OUT/$n.txt 2>&1 &
+  watch $n $!; grep -E "OK|FAIL|rank|HANG|error" $OUT/$n.txt | tail -6
 done

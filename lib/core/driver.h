@@ -120,7 +120,10 @@
   X(cuCtxDisablePeerAccess, 0)              \
   X(cuMemPoolSetAccess, 0)                  \
   X(cuMemPoolGetAccess, 0)                  \
-  X(cuMemcpyPeerAsync, 0)
+  X(cuMemcpyPeerAsync, 0)                   \
+  X(cuMemHostAlloc, 0)                      \
+  X(cuMemFreeHost, 0)                       \
+  X(cuPointerGetAttribute, 0)
 
 /* cuGetProcAddress(cuCtxSynchronize, 13000) returns cuCtxSynchronize_v2(CUcontext), while
  * cuda.h 13.0 declares cuCtxSynchronize(void): measured on an H200 with driver 580, calling the

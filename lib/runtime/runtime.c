@@ -294,8 +294,13 @@ static weft_status_t create(weft_runtime_t *rt, int device, const weft_options_t
   if (first_life) {
     int e = pthread_mutex_init(&rt->blocks_lock, NULL);
     if (e != 0) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_runtime_get: cannot create a lock (%s)", strerror(e));
+    if ((e = pthread_mutex_init(&rt->stage_lock, NULL)) != 0) {
+      pthread_mutex_destroy(&rt->blocks_lock);
+      return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_runtime_get: cannot create a lock (%s)", strerror(e));
+    }
     weft_status_t cst = weft__cache_init(rt);
     if (cst != WEFT_OK) {
+      pthread_mutex_destroy(&rt->stage_lock);
       pthread_mutex_destroy(&rt->blocks_lock);
       return cst;
     }
@@ -388,6 +393,7 @@ static weft_status_t teardown(weft_runtime_t *rt) {
   atomic_store(&rt->n_deferred, 0);
   pthread_mutex_unlock(&rt->blocks_lock);
   if ((st = weft__tracker_sync_all(tr)) != WEFT_OK && first == WEFT_OK) first = st;
+  if ((st = weft__stages_free(rt)) != WEFT_OK && first == WEFT_OK) first = st;
   if ((st = destroy_stack(rt)) != WEFT_OK && first == WEFT_OK) first = st;
   if ((st = weft__tracker_destroy(tr)) != WEFT_OK && first == WEFT_OK) first = st;
   return first;

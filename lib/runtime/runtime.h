@@ -153,7 +153,43 @@ struct weft_runtime {
    * 0: none). A peer's new life has new pools, so the access is granted again. */
   uint64_t life;
   _Atomic uint64_t peer_life[WEFT__MAX_DEVICES];
+  /* Page-locked staging buffers for host copies of pageable memory (staging.c): newest first,
+   * stage_lock (taken alone; driver calls inside it are event queries). Kept across the life. */
+  pthread_mutex_t stage_lock;
+  struct weft__stage *stages;
 };
+
+/* ---- staging.c: host copies of pageable memory ----------------------------------------------
+ * Measured on 2 x H100 (driver 580.159.04; tests/conformance test_a_pageable_device_to_host_copy_
+ * waits_for_its_stream): cuMemcpyDtoHAsync to pageable host memory returns only once the copy has
+ * run, that is once its stream has reached it. weft enqueues inside the graph gate's shared side
+ * (lib/core/gate.h) and inside a use whose lanes are busy (streams/tracker.c), so such a call
+ * waited there for work that could need another thread first: a graph launch of that thread
+ * needs the gate's exclusive side, and one rank's NCCL kernel waits for the other rank's, which
+ * its thread had not launched yet (2 GPUs, a thread per rank: tests/comm/test_comm_long.c,
+ * test_min_captured_sendrecv_thread_per_rank, hung). So weft_copy_from_block and
+ * weft_copy_to_block copy pageable memory through page-locked buffers of the runtime, a chunk of
+ * WEFT__STAGE_BYTES at a time: the driver call is asynchronous, and the host waits for the
+ * copy's event holding no lock and no gate. Page-locked user memory is copied directly. */
+#define WEFT__STAGE_BYTES ((size_t)1 << 20)
+/* Stages a runtime keeps (copies to the device in flight beyond that wait for the oldest). */
+#define WEFT__STAGE_MAX 16u
+typedef struct weft__stage weft__stage_t;
+/** Whether the driver knows [p, p+n) as page-locked host memory (its first and last byte). */
+bool weft__host_pinned(const weft__driver_t *d, const void *p, size_t n);
+/** A stage of rt for one copy (binds rt's context): a free one whose last copy is done, a new one,
+ * or, with WEFT__STAGE_MAX in use, the oldest in flight once its copy is done (waited for holding
+ * nothing). Errors: the driver's (cuMemHostAlloc), HOST_OUT_OF_MEMORY. */
+weft_status_t weft__stage_take(weft_runtime_t *rt, weft__stage_t **out);
+/** The stage's page-locked memory (WEFT__STAGE_BYTES) and its event. */
+void *weft__stage_host(weft__stage_t *st);
+CUevent weft__stage_event(weft__stage_t *st);
+/** Gives a stage back; `in_flight`: a copy from it may still run (until its event). */
+void weft__stage_give(weft_runtime_t *rt, weft__stage_t *st, bool in_flight);
+/** Gives a stage back for good: a capture begun outside weft holds its copy. */
+void weft__stage_lose(weft_runtime_t *rt, weft__stage_t *st);
+/** Frees every stage (the runtime's last release, streams synchronised); the first failure. */
+weft_status_t weft__stages_free(weft_runtime_t *rt);
 
 /* ---- runtime.c ------------------------------------------------------------------------------ */
 

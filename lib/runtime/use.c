@@ -298,16 +298,110 @@ static weft_status_t block_op(weft_stream_t *s, weft_block_t b, weft_access_kind
   return weft__use_run(s, &a, 1, fn, do_op, o);
 }
 
+/* ---- host copies (pageable memory through the runtime's stages: runtime.h, "staging") ---- */
+
+typedef struct staged {
+  op_t op;             /* one chunk, to or from the stage */
+  op_t user;           /* the same chunk to or from the caller's memory */
+  weft__stage_t *stage;
+  bool direct;         /* the stream captures: the copy went in as asked (a graph node) */
+  bool lost;           /* the stage's copy may belong to a capture begun outside weft */
+  CUresult record;     /* the record of the stage's event after the copy */
+} staged_t;
+
+static weft_status_t do_staged(weft_stream_t *s, void *arg) {
+  staged_t *x = arg;
+  /* In a capture the copy is a node that runs at each launch: from the caller's memory. */
+  if (atomic_load_explicit(&s->capture, memory_order_acquire) != NULL) {
+    x->direct = true;
+    return do_op(s, &x->user);
+  }
+  weft_status_t st = do_op(s, &x->op);
+  if (st != WEFT_OK) return st;
+  /* The copy is queued: from here the use stands (its access is the copy's), whatever follows. */
+  x->record = s->tr->drv->cuEventRecord(weft__stage_event(x->stage), s->raw);
+  x->lost = x->record != CUDA_SUCCESS; /* nothing tells when the copy is done */
+  /* Code outside weft may have begun capturing an exposed stream since weft asked the driver
+   * (weft__stream_prepare): then the copy and the record are that capture's. */
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (atomic_load_explicit(&s->exposed, memory_order_relaxed) &&
+      (weft__capture_status(s, &cs, NULL) != CUDA_SUCCESS || cs != CU_STREAM_CAPTURE_STATUS_NONE)) {
+    x->lost = true;
+    return weft__error(WEFT_ERR_CAPTURE, "stream %u began capturing (code outside weft) during the copy: the copy is "
+                       "that capture's", s->index);
+  }
+  return WEFT_OK;
+}
+
+/* One chunk of a staged copy: [offset, offset+bytes) of block b, bytes <= WEFT__STAGE_BYTES. */
+static weft_status_t staged_chunk(weft_stream_t *s, weft_block_t b, size_t offset, size_t bytes, void *dst,
+                                  const void *src, const char *fn) {
+  const bool to_device = src != NULL;
+  staged_t x = {.op = {.what = to_device ? OP_HTOD : OP_DTOH, .bytes = bytes},
+                .user = {.what = to_device ? OP_HTOD : OP_DTOH, .host = dst, .chost = src, .bytes = bytes}};
+  weft_status_t st = range_of(b, offset, bytes, 1, fn, &x.op.dptr);
+  if (st != WEFT_OK) return st;
+  x.user.dptr = x.op.dptr;
+  weft_runtime_t *rt = s->runtime;
+  if ((st = weft__stage_take(rt, &x.stage)) != WEFT_OK) return st;
+  void *host = weft__stage_host(x.stage);
+  x.op.host = host;
+  x.op.chost = host;
+  if (to_device) memcpy(host, src, bytes);
+  weft_access_t a = {b, to_device ? WEFT_WRITE : WEFT_READ};
+  x.record = CUDA_SUCCESS;
+  st = weft__use_run(s, &a, 1, fn, do_staged, &x);
+  if (st == WEFT_OK && x.record != CUDA_SUCCESS && !to_device) {
+    /* The copy to the stage is queued and tracked, but its end cannot be known: dst untouched. */
+    st = weft__driver_fail(x.record, "cuEventRecord (after a staged copy)");
+  } else if (st == WEFT_OK && !x.direct && !to_device) {
+    /* The copy's end, waited for holding nothing (the reason for the stage). A capture begun and
+     * ended outside weft within the call leaves an event the driver refuses: not our copy. */
+    CUresult r;
+    WEFT__RELAXED(s->tr->drv, r = s->tr->drv->cuEventSynchronize(weft__stage_event(x.stage)));
+    if (r == CUDA_SUCCESS) memcpy(dst, host, bytes);
+    else if (r == CUDA_ERROR_INVALID_VALUE || r == CUDA_ERROR_CAPTURED_EVENT) {
+      x.lost = true;
+      st = weft__error(WEFT_ERR_CAPTURE, "%s: stream %u was captured (code outside weft) during the copy: the copy is "
+                       "that capture's", fn, s->index);
+    } else {
+      st = weft__driver_fail(r, "cuEventSynchronize (a staged copy)");
+    }
+  }
+  if (x.lost) weft__stage_lose(rt, x.stage);
+  else weft__stage_give(rt, x.stage, st == WEFT_OK && to_device && !x.direct);
+  return st;
+}
+
+/* A host copy of [offset, offset+bytes) of b: directly for page-locked host memory, else through
+ * stages a chunk at a time (each chunk its own use of b). */
+static weft_status_t host_copy(weft_stream_t *s, weft_block_t b, size_t offset, size_t bytes, void *dst, const void *src,
+                               const char *fn) {
+  const bool to_device = src != NULL;
+  CUdeviceptr p;
+  weft_status_t st = weft__stream_check(s, fn);
+  if (st == WEFT_OK) st = range_of(b, offset, bytes, 1, fn, &p);
+  if (st != WEFT_OK) return st;
+  if (weft__host_pinned(s->tr->drv, to_device ? src : dst, bytes)) {
+    op_t o = {.what = to_device ? OP_HTOD : OP_DTOH, .host = dst, .chost = src, .bytes = bytes};
+    return block_op(s, b, to_device ? WEFT_WRITE : WEFT_READ, offset, bytes, 1, &o, fn);
+  }
+  for (size_t done = 0; st == WEFT_OK && done < bytes; done += WEFT__STAGE_BYTES) {
+    size_t n = bytes - done < WEFT__STAGE_BYTES ? bytes - done : WEFT__STAGE_BYTES;
+    st = staged_chunk(s, b, offset + done, n, to_device ? NULL : (char *)dst + done,
+                      to_device ? (const char *)src + done : NULL, fn);
+  }
+  return st;
+}
+
 weft_status_t weft_copy_to_block(weft_stream_t *s, weft_block_t dst, size_t offset, const void *src, size_t bytes) {
   if (src == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_copy_to_block: src is NULL");
-  op_t o = {.what = OP_HTOD, .chost = src, .bytes = bytes};
-  return block_op(s, dst, WEFT_WRITE, offset, bytes, 1, &o, "weft_copy_to_block");
+  return host_copy(s, dst, offset, bytes, NULL, src, "weft_copy_to_block");
 }
 
 weft_status_t weft_copy_from_block(weft_stream_t *s, void *dst, weft_block_t src, size_t offset, size_t bytes) {
   if (dst == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_copy_from_block: dst is NULL");
-  op_t o = {.what = OP_DTOH, .host = dst, .bytes = bytes};
-  return block_op(s, src, WEFT_READ, offset, bytes, 1, &o, "weft_copy_from_block");
+  return host_copy(s, src, offset, bytes, dst, NULL, "weft_copy_from_block");
 }
 
 weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_offset, weft_block_t src, size_t src_offset,

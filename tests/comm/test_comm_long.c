@@ -548,7 +548,9 @@ static bool do_capture(run_t *ru, long i, const step_t *t) {
     tc.s[r] = t->on_comm ? -1 : (int)cs;
     tc.s2[r] = (int)cs;
   }
+  if (verbose) fprintf(stderr, "[thread %d] step %ld: capture begun\n", ru->only, i);
   if (!do_collective(ru, i, &tc, t->ck, tb1, 0, tb2, 0)) return false;
+  if (verbose) fprintf(stderr, "[thread %d] step %ld: collective captured\n", ru->only, i);
   for (r = 0; r < NR; r++) {
     if (!ranks_of(ru, r)) continue;
     weft_stream_t *c = stream(r, cs);
@@ -557,10 +559,12 @@ static bool do_capture(run_t *ru, long i, const step_t *t) {
     STEP_OK(weft_free(t2[r], c));
     STEP_OK(weft_capture_end(c, &g[r]));
   }
+  if (verbose) fprintf(stderr, "[thread %d] step %ld: captured\n", ru->only, i);
   for (r = 0; r < NR; r++) {
     if (!ranks_of(ru, r)) continue;
     STEP_OK(weft_graph_instantiate(g[r], stream(r, (unsigned)t->fs[r]), &e[r]));
   }
+  if (verbose) fprintf(stderr, "[thread %d] step %ld: instantiated\n", ru->only, i);
   for (int rep = 0; rep < t->reps; rep++) {
     const uint32_t *ins = t->want + (size_t)rep * MAXR * M, *outs = t->want + (size_t)(t->reps + rep) * MAXR * M;
     for (r = 0; r < NR; r++) {
@@ -570,10 +574,12 @@ static bool do_capture(run_t *ru, long i, const step_t *t) {
       /* the output slot overwritten eagerly on another stream between replays */
       if (rep > 0) STEP_OK(weft_memset32(stream(r, (unsigned)(t->as[r] + rep) % S_POOL), ru->b[r][t->k2], 0, 0xdead, M * 4));
     }
+    if (verbose) fprintf(stderr, "[thread %d] step %ld replay %d: inputs posted\n", ru->only, i, rep);
     for (r = 0; r < NR; r++) {
       if (!ranks_of(ru, r)) continue;
       STEP_OK(weft_exec_launch(e[r], stream(r, (unsigned)(t->fs[r] + rep) % S_POOL)));
     }
+    if (verbose) fprintf(stderr, "[thread %d] step %ld replay %d: launched\n", ru->only, i, rep);
     for (r = 0; r < NR; r++) {
       if (!ranks_of(ru, r)) continue;
       char what[48];
@@ -851,11 +857,103 @@ static void test_repro_thread_per_rank_ring4_seed3_hang(void **state) {
   bring_down();
 }
 
+/* A thread per rank, each capturing its rank's grouped send+recv (to itself, v 0, and to the next
+ * rank, v 1; on the capture stream and on the communicator's stream joined into the capture) and
+ * replaying it three times with the output checked after each: the step the GPU hung at (seed 1,
+ * ring 4, step 68), alone. */
+typedef struct min_arg {
+  int r;
+  pthread_barrier_t *bar;
+  char why[256];
+} min_arg_t;
+
+static void *min_sendrecv_thread(void *arg) {
+  min_arg_t *a = arg;
+  const int r = a->r;
+#define MIN_OK(call)                                                                               \
+  do {                                                                                             \
+    weft_status_t st_ = (call);                                                                    \
+    if (st_ != WEFT_OK) {                                                                          \
+      snprintf(a->why, sizeof a->why, "rank %d v %u on_comm %d: %s: %s: %s", r, v, on_comm, #call,  \
+               weft_status_name(st_), weft_last_error());                                          \
+      return NULL;                                                                                 \
+    }                                                                                              \
+  } while (0)
+  for (unsigned v = 0; v < 2; v++)
+    for (int on_comm = 0; on_comm < 2; on_comm++) {
+      pthread_barrier_wait(a->bar);
+      weft_stream_t *c = stream(r, 0), *cs = weft_comm_stream(comm[r]);
+      weft_capture_options_t o = weft_capture_options_default();
+      o.mode = WEFT_CAPTURE_THREAD_LOCAL;
+      weft_block_t t1, t2, out;
+      MIN_OK(weft_alloc(rt[r], M * 4, stream(r, 1), "out", &out));
+      MIN_OK(weft_memset32(stream(r, 1), out, 0, 0, M * 4));
+      weft_graph_t *g;
+      weft_exec_t *e;
+      MIN_OK(weft_capture_begin(c, &o));
+      if (on_comm) MIN_OK(weft_capture_join(c, cs));
+      MIN_OK(weft_alloc(rt[r], M * 4, c, "send", &t1));
+      MIN_OK(weft_alloc(rt[r], M * 4, c, "recv", &t2));
+      MIN_OK(weft_memset32(c, t1, 0, 100u * (unsigned)r + v, M * 4));
+      MIN_OK(weft_comm_group_begin());
+      MIN_OK(weft_send(comm[r], t1, 0, M, WEFT_UINT32, (r + (int)v) % NR, on_comm ? NULL : c));
+      MIN_OK(weft_recv(comm[r], t2, 0, M, WEFT_UINT32, (r - (int)v + NR) % NR, on_comm ? NULL : c));
+      MIN_OK(weft_comm_group_end());
+      MIN_OK(weft_copy_block(c, out, 0, t2, 0, M * 4));
+      MIN_OK(weft_free(t1, on_comm ? cs : c));
+      MIN_OK(weft_free(t2, c));
+      MIN_OK(weft_capture_end(c, &g));
+      MIN_OK(weft_graph_instantiate(g, stream(r, 2), &e));
+      for (int rep = 0; rep < 3; rep++) {
+        MIN_OK(weft_memset32(stream(r, 3), out, 0, 0xdead, M * 4));
+        MIN_OK(weft_exec_launch(e, stream(r, (unsigned)(2 + rep) % S_POOL)));
+        uint32_t got[M];
+        MIN_OK(weft_copy_from_block(stream(r, 1), got, out, 0, sizeof got));
+        MIN_OK(weft_stream_synchronize(stream(r, 1)));
+        const uint32_t want = 100u * (unsigned)((r - (int)v + NR) % NR) + v;
+        if (got[0] != want || got[M - 1] != want) {
+          snprintf(a->why, sizeof a->why, "rank %d v %u on_comm %d replay %d: %u, want %u", r, v, on_comm, rep, got[0], want);
+          return NULL;
+        }
+      }
+      MIN_OK(weft_exec_destroy(e));
+      MIN_OK(weft_graph_destroy(g));
+      MIN_OK(weft_free(out, stream(r, 1)));
+      if (verbose) fprintf(stderr, "[rank %d] v %u on_comm %d: 3 replays checked\n", r, v, on_comm);
+    }
+#undef MIN_OK
+  return NULL;
+}
+
+static void test_min_captured_sendrecv_thread_per_rank(void **state) {
+  (void)state;
+  if (NR == 0 || no_waits_control) skip();
+  if (bring_up(4) != WEFT_OK) skip();
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, (unsigned)NR);
+  static min_arg_t a[MAXR];
+  pthread_t th[MAXR];
+  for (int r = 0; r < NR; r++) {
+    memset(&a[r], 0, sizeof a[r]);
+    a[r].r = r;
+    a[r].bar = &bar;
+    assert_int_equal(pthread_create(&th[r], NULL, min_sendrecv_thread, &a[r]), 0);
+  }
+  for (int r = 0; r < NR; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
+  pthread_barrier_destroy(&bar);
+  for (int r = 0; r < NR; r++)
+    if (a[r].why[0] != '\0') fail_msg("%s", a[r].why);
+  nothing_left("captured send+recv, a thread per rank");
+  bring_down();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup(test_min_captured_sendrecv_thread_per_rank, case_setup),
       cmocka_unit_test_setup(test_random_programs_one_thread, case_setup),
       cmocka_unit_test_setup(test_random_programs_thread_per_rank, case_setup),
       cmocka_unit_test_setup(test_repro_thread_per_rank_ring4_seed3_hang, case_setup),
   };
+  if (getenv("WEFT_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
   return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -8,7 +8,9 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
+#include <time.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -1115,6 +1117,79 @@ static void test_two_devices_events_wait_across_record_only_at_home(void **state
        "memsets of a peer's memory need peer access");
 }
 
+/* ---- host copies and page-locked memory ----
+ * A stream-ordered copy to pageable host memory returns only once the copy has run (the driver
+ * stages it), so only once its stream has reached it; to page-locked memory (cuMemHostAlloc) it
+ * returns at once. The stream is held by a host function that waits for a flag: a helper thread
+ * sets it once the caller says it returned, or after 300 ms (then the copy had blocked). The
+ * driver knows page-locked memory as host memory (cuPointerGetAttribute MEMORY_TYPE) and refuses
+ * pageable memory (INVALID_VALUE). weft stages pageable copies through page-locked buffers for
+ * this (lib/runtime/runtime.h, "staging"). */
+static _Atomic int g_returned, g_released;
+
+static void CUDA_CB hold_until_released(void *arg) {
+  (void)arg;
+  while (!atomic_load(&g_released)) {
+    struct timespec t = {0, 100000};
+    nanosleep(&t, NULL);
+  }
+}
+
+static void *release_later(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 3000 && !atomic_load(&g_returned); i++) {
+    struct timespec t = {0, 100000};
+    nanosleep(&t, NULL);
+  }
+  atomic_store(&g_released, 1);
+  return NULL;
+}
+
+/* Whether a device-to-host copy into `host` returned before the stream reached it. */
+static int copy_returned_early(CUstream s, CUdeviceptr dev, void *host) {
+  atomic_store(&g_returned, 0);
+  atomic_store(&g_released, 0);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, release_later, NULL), 0);
+  OK(d->cuLaunchHostFunc(s, hold_until_released, NULL));
+  OK(d->cuMemcpyDtoHAsync(host, dev, 16, s));
+  int early = !atomic_load(&g_released);
+  atomic_store(&g_returned, 1);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  OK(d->cuStreamSynchronize(s));
+  return early;
+}
+
+static void test_a_pageable_device_to_host_copy_waits_for_its_stream(void **state) {
+  (void)state;
+  if (d->cuMemHostAlloc == NULL || d->cuPointerGetAttribute == NULL) skip();
+  CUstream s = new_stream();
+  CUdeviceptr dev;
+  OK(d->cuMemAlloc(&dev, 64));
+  CUstream init = new_stream();
+  OK(d->cuMemsetD32Async(dev, 77, 16, init));
+  OK(d->cuStreamSynchronize(init));
+  unsigned pageable[4] = {0}, *pinned = NULL;
+  OK(d->cuMemHostAlloc((void **)&pinned, 4096, 0));
+  unsigned type = 0;
+  OK(d->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)pinned));
+  assert_int_equal(type, CU_MEMORYTYPE_HOST);
+  OK(d->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)(pinned + 1023)));
+  assert_int_equal(type, CU_MEMORYTYPE_HOST);
+  OK(d->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dev));
+  assert_int_equal(type, CU_MEMORYTYPE_DEVICE);
+  IS(CUDA_ERROR_INVALID_VALUE, d->cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)(uintptr_t)pageable));
+  assert_false(copy_returned_early(s, dev, pageable));
+  assert_int_equal(pageable[3], 77);
+  /* (The simulator may run queued work, the host function too, inside any call: its progress.) */
+  int early = copy_returned_early(s, dev, pinned);
+  if (g_sim == NULL) assert_true(early);
+  assert_int_equal(pinned[3], 77);
+  OK(d->cuMemFreeHost(pinned));
+  OK(d->cuMemFree(dev));
+  PASS("a pageable device-to-host copy returns once its stream reached it; a page-locked one at once");
+}
+
 static void test_two_devices_pool_access(void **state) {
   (void)state;
   CUcontext c1 = second_device();
@@ -1218,6 +1293,7 @@ static void test_two_devices_peer_copy_is_not_capturable(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      CASE(test_a_pageable_device_to_host_copy_waits_for_its_stream),
       CASE(test_wait_on_outside_event_is_isolation_905_and_invalidates_901),
       CASE(test_external_wait_succeeds_as_an_event_wait_node),
       CASE(test_fork_must_rejoin_or_end_capture_is_unjoined),
