@@ -578,7 +578,8 @@ static weft_status_t comm_new(weft_runtime_t *rt, ncclComm_t nc, bool adopted, c
     return st;
   }
   if (!weft__handle_add(c, WEFT__HANDLE_COMM)) {
-    (void)weft_free(c->order, c->stream);
+    if (weft_free(c->order, c->stream) != WEFT_OK) { /* (the handle failure is the one to report) */
+    }
     comm_free(c);
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm: no host memory for a handle");
   }

@@ -1,8 +1,9 @@
 #!/bin/bash
-# Diagnostic on the 2-GPU machine: (1) tools/diag_nccl_graph_p2p.c, captured send+recv without
-# weft, in its four forms; (2) test_comm_long's minimal captured send+recv case, a thread per
-# rank, under NCCL settings; every run still going after 40 s gets the stacks of all its threads
-# (tools/stackdump.c preloaded, SIGUSR1; symbolise here with addr2line) and nvidia-smi in $OUT.
+# Diagnostic on the 2-GPU machine (after tools/stage_gpu.sh): test_comm_long cases chosen by
+# DIAG_FILTER (default: the test_min_* cases) under NCCL settings; a run still going after 40 s
+# gets the stacks of all its threads (tools/stackdump.c preloaded, SIGUSR1; symbolise here with
+# addr2line against the same binary) and the GPUs' utilisation in $OUT, then is killed.
+# tools/diag_nccl_graph_p2p.c (built by hand, see its header) runs too where staged.
 #   run  command="bash stage/diag_comm_long_gpu.sh"  carry=["stage"]  kind=nvidia-h100-x2
 here=$(cd "$(dirname "$0")" && pwd)
 export NCCL_SOCKET_IFNAME=lo LD_LIBRARY_PATH=$here/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -15,14 +16,15 @@ watch() { # name pid
   fi
   wait $2; echo "$1 rc $?"
 }
-for form in "one plain" "one graphmem" "threads plain" "threads graphmem"; do
-  n=raw_${form// /_}
-  NCCL_DEBUG=WARN LD_PRELOAD=$here/lib/libstackdump.so STACKDUMP_FILE=$OUT/${n}_stacks.txt $here/bin/diag_nccl_graph_p2p $form > $OUT/$n.txt 2>&1 &
-  watch $n $!; tail -3 $OUT/$n.txt
-done
-for envs in "X=1" "NCCL_GRAPH_REGISTER=0" "NCCL_GRAPH_MIXING_SUPPORT=0" "NCCL_RUNTIME_CONNECT=0"; do
+if [ -x $here/bin/diag_nccl_graph_p2p ]; then
+  for form in "threads plain" "threads graphmem"; do
+    n=raw_${form// /_}
+    $here/bin/diag_nccl_graph_p2p $form > $OUT/$n.txt 2>&1 & watch $n $!; tail -1 $OUT/$n.txt
+  done
+fi
+for envs in ${DIAG_ENVS:-X=1 NCCL_RUNTIME_CONNECT=0}; do
   n=min_${envs%%=*}
-  env $envs NCCL_DEBUG=WARN WEFT_TEST_VERBOSE=1 WEFT_TEST_FILTER=test_min_captured_sendrecv_thread_per_rank \
+  env $envs WEFT_TEST_VERBOSE=1 WEFT_TEST_FILTER="${DIAG_FILTER:-test_min_*}" \
     LD_PRELOAD=$here/lib/libstackdump.so STACKDUMP_FILE=$OUT/${n}_stacks.txt $here/bin/test_comm_long > $OUT/$n.txt 2>&1 &
-  watch $n $!; grep -E "OK|FAIL|rank|HANG|error" $OUT/$n.txt | tail -6
+  watch $n $!; grep -E "OK|FAIL|rank|error" $OUT/$n.txt | tail -8
 done

@@ -285,7 +285,10 @@ static weft__driver_t g_raw;
 /* X(name, parameters, arguments): every call that enqueues work on a stream, builds or ends a
  * capture, or maps graph memory; each runs in the shared side of the graph gate (gate.h). Calls
  * that can block on the device (synchronisations, cuMemFree, synchronous copies) are not in it,
- * so a graph call never waits for device work. */
+ * so a graph call never waits for device work. Of the calls below, the stream-ordered host
+ * copies block too when the host memory is pageable (a device-to-host copy returns once its
+ * stream reached it: tests/conformance); weft makes them only with page-locked memory
+ * (lib/runtime/staging.c). */
 #define WEFT__DRIVER_GATED(X)                                                                         \
   X(cuLaunchKernel,                                                                                   \
     (CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,      \

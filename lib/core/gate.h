@@ -13,7 +13,8 @@
  * sequentially consistent), so readers on different threads share no cache line and never wait
  * for each other; they wait only while an exclusive holder is in. A slot belongs to one thread
  * while it lives and is taken over by a later thread once it exits. The shared side is held for
- * one driver call only and does not nest; nothing may block inside it on another thread.
+ * one driver call only and does not nest; nothing may block inside it on another thread (a
+ * pageable host copy did: lib/runtime/runtime.h, "staging").
  */
 #ifndef WEFT_CORE_GATE_H
 #define WEFT_CORE_GATE_H
