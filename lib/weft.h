@@ -292,6 +292,10 @@ typedef struct weft_counters {
                                   collective, send, receive or stream value wait, or waited for
                                   such a stream, in a process of several runtimes for collectives)
                                   never lets a later event stand in for a needed one */
+  uint64_t staged_copies;    /**< host copies of pageable memory made through the runtime's
+                                  page-locked buffers, a chunk of up to 1 MiB each
+                                  (weft_copy_to_block, weft_copy_from_block) */
+  uint64_t stage_buffers;    /**< those page-locked buffers the runtime holds now (1 MiB each) */
 } weft_counters_t;
 /** Reads the counters. Errors: STALE_HANDLE, INVALID_ARGUMENT. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_runtime_counters(const weft_runtime_t *rt, weft_counters_t *out);
@@ -477,7 +481,9 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_block_export_event(weft_block_t b, we
  * memory can wait for the stream inside the call, where weft holds its gate: see
  * weft_copy_from_block). Inside a capture the copy is a graph node reading `src` at each launch.
  * Errors: as weft_use_begin; INVALID_ARGUMENT (range outside the block); CAPTURE when code outside
- * weft began capturing the (exposed) stream during the call. */
+ * weft began capturing the (exposed) stream during the call. A driver failure part way through a
+ * copy of several chunks leaves the chunks before it copied (each a use of its own).
+ * weft_counters_t.staged_copies counts the chunks copied through the runtime's buffers. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_copy_to_block(weft_stream_t *s, weft_block_t dst, size_t offset, const void *src, size_t bytes);
 /** cuMemcpyDtoHAsync from block `src` (a READ). Page-locked `dst` (cuMemHostAlloc,
  * cuMemHostRegister): the call returns at once and the data is in `dst` once the stream reaches

@@ -309,6 +309,8 @@ static weft_status_t create(weft_runtime_t *rt, int device, const weft_options_t
   rt->top = NULL;
   rt->stack_n = 0;
   atomic_store(&rt->allocs, 0);
+  atomic_store(&rt->staged_copies, 0);
+  atomic_store(&rt->stage_buffers, 0); /* (the last life freed them: weft__stages_free) */
   atomic_store(&rt->frees, 0);
   rt->live = NULL;
   rt->live_count = 0;
@@ -521,6 +523,8 @@ weft_status_t weft_runtime_counters(const weft_runtime_t *rt, weft_counters_t *o
   out->frees = atomic_load(&rt->frees);
   out->cached_blocks = atomic_load(&rt->cached_blocks);
   out->cached_bytes = atomic_load(&rt->cached_bytes);
+  out->staged_copies = atomic_load(&rt->staged_copies);
+  out->stage_buffers = atomic_load(&rt->stage_buffers);
   return WEFT_OK;
 }
 
@@ -547,6 +551,7 @@ void weft_runtime_print(const weft_runtime_t *rt, FILE *out) {
           c.late_waits, c.ring_growths, c.busy_waits);
   fprintf(out, "  allocs %" PRIu64 ", frees %" PRIu64 ", live blocks %zu (of them cached by streams %" PRIu64 ", %" PRIu64
                " bytes)\n", c.allocs, c.frees, live, c.cached_blocks, c.cached_bytes);
+  fprintf(out, "  host copies staged %" PRIu64 " (page-locked buffers %" PRIu64 ")\n", c.staged_copies, c.stage_buffers);
   for (unsigned i = rt->stack_n; i-- > 0;) {
     weft_resource_stats_t s;
     weft_resource_stats(rt->stack[i], &s);

@@ -157,6 +157,7 @@ struct weft_runtime {
    * stage_lock (taken alone; driver calls inside it are event queries). Kept across the life. */
   pthread_mutex_t stage_lock;
   struct weft__stage *stages;
+  _Atomic uint64_t staged_copies, stage_buffers; /* weft_counters_t's */
 };
 
 /* ---- staging.c: host copies of pageable memory ----------------------------------------------

@@ -93,6 +93,7 @@ weft_status_t weft__stage_take(weft_runtime_t *rt, weft__stage_t **out) {
   weft__stage_t *fresh;
   if ((st = stage_new(rt, &fresh)) != WEFT_OK) return st;
   fresh->used = true;
+  atomic_fetch_add(&rt->stage_buffers, 1);
   pthread_mutex_lock(&rt->stage_lock);
   fresh->next = rt->stages;
   rt->stages = fresh;
@@ -131,6 +132,7 @@ weft_status_t weft__stages_free(weft_runtime_t *rt) {
     if ((r = d->cuEventDestroy(x->done)) != CUDA_SUCCESS && first == WEFT_OK)
       first = weft__driver_fail(r, "cuEventDestroy (a staging buffer's)");
     weft__meta_free(x);
+    atomic_fetch_sub(&rt->stage_buffers, 1);
     x = next;
   }
   return first;

@@ -3,6 +3,7 @@
  * enqueue step is a small function run between the waits and the record. */
 #include <string.h>
 
+#include "lib/core/debug.h"
 #include "lib/core/error.h"
 #include "lib/core/meta.h"
 #include "lib/core/nvtx.h"
@@ -316,6 +317,7 @@ static weft_status_t do_staged(weft_stream_t *s, void *arg) {
     x->direct = true;
     return do_op(s, &x->user);
   }
+  WEFT__TEST_POINT("staged copy: enqueuing", s);
   weft_status_t st = do_op(s, &x->op);
   if (st != WEFT_OK) return st;
   /* The copy is queued: from here the use stands (its access is the copy's), whatever follows. */
@@ -368,6 +370,7 @@ static weft_status_t staged_chunk(weft_stream_t *s, weft_block_t b, size_t offse
       st = weft__driver_fail(r, "cuEventSynchronize (a staged copy)");
     }
   }
+  if (st == WEFT_OK && !x.direct) atomic_fetch_add_explicit(&rt->staged_copies, 1, memory_order_relaxed);
   if (x.lost) weft__stage_lose(rt, x.stage);
   else weft__stage_give(rt, x.stage, st == WEFT_OK && to_device && !x.direct);
   return st;

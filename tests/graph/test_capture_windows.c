@@ -9,7 +9,10 @@
  *   another stream) could land in a capture begun in between, and waiting on it would invalidate
  *   that capture, or pull the waiting stream into it;
  * - another thread's adoption of a capture that had ended meanwhile was seen by the owner's
- *   weft_stream_is_capturing ("= 1, expected 0").
+ *   weft_stream_is_capturing ("= 1, expected 0");
+ * - a copy to pageable memory staged on an exposed stream (lib/runtime/staging.c) lands in a
+ *   capture begun as it is enqueued: weft must not wait for the stage's event (a wait on an
+ *   event of an active capture invalidates it) nor hand back the stage's bytes as the data.
  * The test points exist in builds with WEFT_DEBUG >= 1 (dbg, asan, tsan); elsewhere each case
  * reports a skip. */
 #include <pthread.h>
@@ -283,12 +286,57 @@ static void test_the_owner_never_sees_an_ended_capture_adopted_by_another_thread
 #endif
 }
 
+/* ---- a capture begun as a staged copy is enqueued ---------------------------------------------- */
+#if WEFT__TEST_POINTS
+static weft_stream_t *stg_s;
+static outside_t *stg_o;
+static atomic_int stg_fired;
+
+static void stg_hook(const char *point, void *arg) {
+  if (arg != stg_s || strcmp(point, "staged copy: enqueuing") != 0 || atomic_exchange(&stg_fired, 1)) return;
+  atomic_store(&stg_o->begin, 1);
+  while (!atomic_load(&stg_o->begun)) sched_yield();
+}
+#endif
+
+static void test_a_staged_copy_meets_a_capture_begun_as_it_is_enqueued(void **state) {
+  (void)state;
+#if !WEFT__TEST_POINTS
+  skip(); /* the test points are compiled only where WEFT_DEBUG >= 1 (dbg, asan, tsan) */
+#else
+  stg_s = tu_stream(&env, 3);
+  CUstream raw = weft_stream_raw(stg_s);
+  weft_block_t b = tu_alloc(&env, N * 4, 3, "b");
+  assert_int_equal(tu_fill(&env, stg_s, b, N, 8), WEFT_OK);
+  assert_int_equal(weft_stream_synchronize(stg_s), WEFT_OK);
+  outside_t o;
+  pthread_t t;
+  outside_start(&o, &t, raw, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+  stg_o = &o;
+  atomic_store(&stg_fired, 0);
+  unsigned host[N];
+  memset(host, 0xab, sizeof host);
+  atomic_store(&weft__test_hook, stg_hook);
+  weft_status_t st = weft_copy_from_block(stg_s, host, b, 0, sizeof host); /* pageable: staged */
+  atomic_store(&weft__test_hook, NULL);
+  bool fired = atomic_load(&stg_fired) != 0;
+  outside_finish(&o, t); /* the capture must end valid */
+  if (!fired) fail_msg("premise: the copy was not staged on the stream");
+  /* The copy is the capture's: CAPTURE, and the host buffer untouched. */
+  if (st != WEFT_ERR_CAPTURE) fail_msg("weft_copy_from_block: %s (%s), expected WEFT_ERR_CAPTURE", weft_status_name(st), weft_last_error());
+  for (unsigned i = 0; i < N; i++)
+    if (host[i] != 0xababababu) fail_msg("word %u of the host buffer is %#x: the stage's bytes were handed back", i, host[i]);
+  expect_then_free(stg_s, b, 8);
+#endif
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_runtime_synchronize_leaves_a_capture_begun_in_its_window, setup, teardown),
       cmocka_unit_test_setup_teardown(test_an_event_recorded_as_a_capture_begins_stays_out_of_it, setup, teardown),
       cmocka_unit_test_setup_teardown(test_the_owner_never_sees_an_ended_capture_adopted_by_another_thread, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(test_a_staged_copy_meets_a_capture_begun_as_it_is_enqueued, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
