@@ -15,6 +15,13 @@
  * while it lives and is taken over by a later thread once it exits. The shared side is held for
  * one driver call only and does not nest; nothing may block inside it on another thread (a
  * pageable host copy did: lib/runtime/runtime.h, "staging").
+ *
+ * Open (2 x H200, driver 580.159.04, 2026-11-27): an enqueue also blocks inside the driver when
+ * the device's launch queue is full. A thread per rank that posts an all-reduce and then 20,000
+ * memsets behind it on one stream blocks in the gate's shared side while the all-reduce waits
+ * for the other rank, whose thread waits for the exclusive side (a graph call) before it posts
+ * its all-reduce: a deadlock (tests/comm/test_comm_long.c test_min_full_launch_queue_meets_graph_
+ * calls with WEFT_TEST_QUEUE_OPS=20000; 500 memsets pass). */
  */
 #ifndef WEFT_CORE_GATE_H
 #define WEFT_CORE_GATE_H

@@ -1025,10 +1025,100 @@ static void test_min_first_collective_meets_graph_calls(void **state) {
   bring_down();
 }
 
+/* A thread per rank: rank 0 posts an all-reduce and then many memsets behind it on the same
+ * stream (the driver's launch queue fills while the all-reduce waits for rank 1, and an enqueue
+ * then waits inside the driver for room), while rank 1 first makes graph calls (the gate's
+ * exclusive side) and then posts its all-reduce. WEFT_TEST_QUEUE_OPS sets the memsets (default
+ * 64; a GPU's queue holds about a thousand). The sum and the memsets' value are checked. */
+static long queue_ops(void) {
+  const char *e = getenv("WEFT_TEST_QUEUE_OPS");
+  return e && *e ? atol(e) : 64;
+}
+
+static void *min_queue_thread(void *arg) {
+  min_arg_t *a = arg;
+  const int r = a->r;
+  const unsigned v = 0;
+  const int on_comm = 1;
+#define MIN_OK(call)                                                                               \
+  do {                                                                                             \
+    weft_status_t st_ = (call);                                                                    \
+    if (st_ != WEFT_OK) {                                                                          \
+      snprintf(a->why, sizeof a->why, "rank %d v %u on_comm %d: %s: %s: %s", r, v, on_comm, #call,  \
+               weft_status_name(st_), weft_last_error());                                          \
+      return NULL;                                                                                 \
+    }                                                                                              \
+  } while (0)
+  weft_block_t x, y;
+  weft_stream_t *cs = weft_comm_stream(comm[r]);
+  MIN_OK(weft_alloc(rt[r], M * 4, cs, "x", &x));
+  MIN_OK(weft_alloc(rt[r], M * 4, cs, "y", &y));
+  MIN_OK(weft_memset32(cs, x, 0, (unsigned)r + 1, M * 4));
+  MIN_OK(weft_stream_synchronize(cs));
+  pthread_barrier_wait(a->bar);
+  if (r != 0) {
+    struct timespec t = {0, 300 * 1000000L}; /* rank 0 has filled its queue by then */
+    nanosleep(&t, NULL);
+    weft_stream_t *c = stream(r, 0);
+    weft_capture_options_t o = weft_capture_options_default();
+    o.mode = WEFT_CAPTURE_THREAD_LOCAL;
+    weft_block_t tmp;
+    weft_graph_t *g;
+    weft_exec_t *e;
+    MIN_OK(weft_capture_begin(c, &o));
+    MIN_OK(weft_alloc(rt[r], M * 4, c, "tmp", &tmp));
+    MIN_OK(weft_memset32(c, tmp, 0, 5, M * 4));
+    MIN_OK(weft_free(tmp, c));
+    MIN_OK(weft_capture_end(c, &g));
+    MIN_OK(weft_graph_instantiate(g, c, &e));
+    MIN_OK(weft_exec_launch(e, c));
+    MIN_OK(weft_exec_destroy(e));
+    MIN_OK(weft_graph_destroy(g));
+    if (verbose) fprintf(stderr, "[rank %d] graph calls done\n", r);
+  }
+  MIN_OK(weft_all_reduce(comm[r], x, 0, x, 0, M, WEFT_UINT32, WEFT_SUM, cs));
+  const long n = queue_ops();
+  for (long i = 0; i < n; i++) MIN_OK(weft_memset32(cs, y, 0, (unsigned)i, M * 4));
+  if (verbose) fprintf(stderr, "[rank %d] %ld memsets posted\n", r, n);
+  uint32_t got[M];
+  MIN_OK(weft_copy_from_block(stream(r, 2), got, x, 0, sizeof got));
+  const uint32_t want = (uint32_t)(NR * (NR + 1) / 2);
+  if (got[0] != want || got[M - 1] != want) snprintf(a->why, sizeof a->why, "rank %d: %u, want %u", r, got[0], want);
+  MIN_OK(weft_copy_from_block(stream(r, 2), got, y, 0, sizeof got));
+  if (n > 0 && got[M - 1] != (uint32_t)(n - 1)) snprintf(a->why, sizeof a->why, "rank %d: y %u, want %ld", r, got[M - 1], n - 1);
+  MIN_OK(weft_free(x, stream(r, 2)));
+  MIN_OK(weft_free(y, stream(r, 2)));
+#undef MIN_OK
+  return NULL;
+}
+
+static void test_min_full_launch_queue_meets_graph_calls(void **state) {
+  (void)state;
+  if (NR == 0 || no_waits_control) skip();
+  if (bring_up(4) != WEFT_OK) skip();
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, (unsigned)NR);
+  static min_arg_t a[MAXR];
+  pthread_t th[MAXR];
+  for (int r = 0; r < NR; r++) {
+    memset(&a[r], 0, sizeof a[r]);
+    a[r].r = r;
+    a[r].bar = &bar;
+    assert_int_equal(pthread_create(&th[r], NULL, min_queue_thread, &a[r]), 0);
+  }
+  for (int r = 0; r < NR; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
+  pthread_barrier_destroy(&bar);
+  for (int r = 0; r < NR; r++)
+    if (a[r].why[0] != '\0') fail_msg("%s", a[r].why);
+  nothing_left("a full launch queue beside graph calls, a thread per rank");
+  bring_down();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_min_captured_sendrecv_thread_per_rank, case_setup),
       cmocka_unit_test_setup(test_min_first_collective_meets_graph_calls, case_setup),
+      cmocka_unit_test_setup(test_min_full_launch_queue_meets_graph_calls, case_setup),
       cmocka_unit_test_setup(test_random_programs_one_thread, case_setup),
       cmocka_unit_test_setup(test_random_programs_thread_per_rank, case_setup),
       cmocka_unit_test_setup(test_repro_thread_per_rank_ring4_seed3_hang, case_setup),
