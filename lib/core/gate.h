@@ -21,7 +21,7 @@
  * memsets behind it on one stream blocks in the gate's shared side while the all-reduce waits
  * for the other rank, whose thread waits for the exclusive side (a graph call) before it posts
  * its all-reduce: a deadlock (tests/comm/test_comm_long.c test_min_full_launch_queue_meets_graph_
- * calls with WEFT_TEST_QUEUE_OPS=20000; 500 memsets pass). */
+ * calls with WEFT_TEST_QUEUE_OPS=20000; 500 memsets pass).
  */
 #ifndef WEFT_CORE_GATE_H
 #define WEFT_CORE_GATE_H
