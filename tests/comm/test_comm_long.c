@@ -858,28 +858,87 @@ static void test_repro_thread_per_rank_ring4_seed3_hang(void **state) {
   bring_down();
 }
 
-/* A thread per rank, each capturing its rank's grouped send+recv (to itself, v 0, and to the next
- * rank, v 1; on the capture stream and on the communicator's stream joined into the capture) and
- * replaying it three times with the output checked after each: the step the GPU hung at (seed 1,
- * ring 4, step 68), alone. */
+/* ---- minimal cases: a thread per rank, each running one function ---- */
+
 typedef struct min_arg {
   int r;
   pthread_barrier_t *bar;
   char why[256];
 } min_arg_t;
 
-static void *min_sendrecv_thread(void *arg) {
-  min_arg_t *a = arg;
-  const int r = a->r;
+/* In a min_* thread (a min_arg_t *a in scope): on failure, says where in a->why and returns. */
 #define MIN_OK(call)                                                                               \
   do {                                                                                             \
     weft_status_t st_ = (call);                                                                    \
     if (st_ != WEFT_OK) {                                                                          \
-      snprintf(a->why, sizeof a->why, "rank %d v %u on_comm %d: %s: %s: %s", r, v, on_comm, #call,  \
+      snprintf(a->why, sizeof a->why, "rank %d, line %d: %s: %s: %s", a->r, __LINE__, #call,        \
                weft_status_name(st_), weft_last_error());                                          \
       return NULL;                                                                                 \
     }                                                                                              \
   } while (0)
+
+/* Runs fn on a thread per rank of fresh communicators (ring 4) and fails with the first rank's
+ * failure; nothing may be left. */
+static void run_min_threads(void *(*fn)(void *), const char *what) {
+  if (NR == 0 || no_waits_control) skip();
+  if (bring_up(4) != WEFT_OK) skip();
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, (unsigned)NR);
+  static min_arg_t a[MAXR];
+  pthread_t th[MAXR];
+  for (int r = 0; r < NR; r++) {
+    memset(&a[r], 0, sizeof a[r]);
+    a[r].r = r;
+    a[r].bar = &bar;
+    assert_int_equal(pthread_create(&th[r], NULL, fn, &a[r]), 0);
+  }
+  for (int r = 0; r < NR; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
+  pthread_barrier_destroy(&bar);
+  for (int r = 0; r < NR; r++)
+    if (a[r].why[0] != '\0') fail_msg("%s: %s", what, a[r].why);
+  nothing_left(what);
+  bring_down();
+}
+
+/* Rank r's graph calls (the gate's exclusive side): an allocation inside a capture, instantiate,
+ * launch, destroy. */
+static weft_status_t graph_calls(int r) {
+  weft_stream_t *c = stream(r, 0);
+  weft_capture_options_t o = weft_capture_options_default();
+  o.mode = WEFT_CAPTURE_THREAD_LOCAL;
+  weft_block_t tmp;
+  weft_graph_t *g;
+  weft_exec_t *e;
+  weft_status_t st = weft_capture_begin(c, &o);
+  if (st != WEFT_OK) return st;
+  if ((st = weft_alloc(rt[r], M * 4, c, "tmp", &tmp)) == WEFT_OK) {
+    st = weft_memset32(c, tmp, 0, 5, M * 4);
+    weft_status_t f = weft_free(tmp, c);
+    if (st == WEFT_OK) st = f;
+  }
+  weft_status_t end = weft_capture_end(c, &g);
+  if (st != WEFT_OK) {
+    if (end == WEFT_OK && weft_graph_destroy(g) != WEFT_OK) { /* (the first failure is reported) */
+    }
+    return st;
+  }
+  if ((st = end) != WEFT_OK) return st;
+  if ((st = weft_graph_instantiate(g, c, &e)) == WEFT_OK) {
+    st = weft_exec_launch(e, c);
+    weft_status_t x = weft_exec_destroy(e);
+    if (st == WEFT_OK) st = x;
+  }
+  weft_status_t y = weft_graph_destroy(g);
+  return st == WEFT_OK ? y : st;
+}
+
+/* Each rank captures its grouped send+recv (to itself, v 0, and to the next rank, v 1; on the
+ * capture stream and on the communicator's stream joined into the capture) and replays it three
+ * times, the output checked after each: the step the GPU hung at (seed 1, ring 4, step 68),
+ * alone. The copy back is to pageable memory, which waited for the graph inside weft's gate. */
+static void *min_sendrecv_thread(void *arg) {
+  min_arg_t *a = arg;
+  const int r = a->r;
   for (unsigned v = 0; v < 2; v++)
     for (int on_comm = 0; on_comm < 2; on_comm++) {
       pthread_barrier_wait(a->bar);
@@ -922,133 +981,18 @@ static void *min_sendrecv_thread(void *arg) {
       MIN_OK(weft_free(out, stream(r, 1)));
       if (verbose) fprintf(stderr, "[rank %d] v %u on_comm %d: 3 replays checked\n", r, v, on_comm);
     }
-#undef MIN_OK
   return NULL;
 }
 
 static void test_min_captured_sendrecv_thread_per_rank(void **state) {
   (void)state;
-  if (NR == 0 || no_waits_control) skip();
-  if (bring_up(4) != WEFT_OK) skip();
-  pthread_barrier_t bar;
-  pthread_barrier_init(&bar, NULL, (unsigned)NR);
-  static min_arg_t a[MAXR];
-  pthread_t th[MAXR];
-  for (int r = 0; r < NR; r++) {
-    memset(&a[r], 0, sizeof a[r]);
-    a[r].r = r;
-    a[r].bar = &bar;
-    assert_int_equal(pthread_create(&th[r], NULL, min_sendrecv_thread, &a[r]), 0);
-  }
-  for (int r = 0; r < NR; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
-  pthread_barrier_destroy(&bar);
-  for (int r = 0; r < NR; r++)
-    if (a[r].why[0] != '\0') fail_msg("%s", a[r].why);
-  nothing_left("captured send+recv, a thread per rank");
-  bring_down();
+  run_min_threads(min_sendrecv_thread, "captured send+recv, a thread per rank");
 }
 
-/* A thread per rank on fresh communicators: rank 0 posts its first all-reduce at once (NCCL
- * connects the ranks inside that call's ncclGroupEnd, which waits for the other ranks to connect
- * too), while the other ranks first make graph calls (an allocation inside a capture,
- * instantiate, launch: the gate's exclusive side) and then post theirs. The sum is checked. */
-static void *min_first_thread(void *arg) {
-  min_arg_t *a = arg;
+/* Ranks 1.. make graph calls 300 ms after the barrier and then post their all-reduce; rank 0
+ * posts its all-reduce at once, then `extra` memsets behind it on the communicator's stream. */
+static void *all_reduce_beside_graph_calls(min_arg_t *a, long extra) {
   const int r = a->r;
-  const unsigned v = 0;
-  const int on_comm = 0;
-#define MIN_OK(call)                                                                               \
-  do {                                                                                             \
-    weft_status_t st_ = (call);                                                                    \
-    if (st_ != WEFT_OK) {                                                                          \
-      snprintf(a->why, sizeof a->why, "rank %d v %u on_comm %d: %s: %s: %s", r, v, on_comm, #call,  \
-               weft_status_name(st_), weft_last_error());                                          \
-      return NULL;                                                                                 \
-    }                                                                                              \
-  } while (0)
-  weft_block_t x;
-  MIN_OK(weft_alloc(rt[r], M * 4, stream(r, 1), "x", &x));
-  MIN_OK(weft_memset32(stream(r, 1), x, 0, (unsigned)r + 1, M * 4));
-  MIN_OK(weft_stream_synchronize(stream(r, 1)));
-  pthread_barrier_wait(a->bar);
-  if (r != 0) {
-    struct timespec t = {0, 300 * 1000000L}; /* rank 0 is in its all-reduce by then */
-    nanosleep(&t, NULL);
-    weft_stream_t *c = stream(r, 0);
-    weft_capture_options_t o = weft_capture_options_default();
-    o.mode = WEFT_CAPTURE_THREAD_LOCAL;
-    weft_block_t tmp;
-    weft_graph_t *g;
-    weft_exec_t *e;
-    MIN_OK(weft_capture_begin(c, &o));
-    MIN_OK(weft_alloc(rt[r], M * 4, c, "tmp", &tmp));
-    MIN_OK(weft_memset32(c, tmp, 0, 5, M * 4));
-    MIN_OK(weft_free(tmp, c));
-    MIN_OK(weft_capture_end(c, &g));
-    MIN_OK(weft_graph_instantiate(g, c, &e));
-    MIN_OK(weft_exec_launch(e, c));
-    MIN_OK(weft_exec_destroy(e));
-    MIN_OK(weft_graph_destroy(g));
-    if (verbose) fprintf(stderr, "[rank %d] graph calls done\n", r);
-  }
-  MIN_OK(weft_all_reduce(comm[r], x, 0, x, 0, M, WEFT_UINT32, WEFT_SUM, NULL));
-  uint32_t got[M];
-  MIN_OK(weft_copy_from_block(stream(r, 2), got, x, 0, sizeof got));
-  MIN_OK(weft_stream_synchronize(stream(r, 2)));
-  const uint32_t want = (uint32_t)(NR * (NR + 1) / 2);
-  if (got[0] != want || got[M - 1] != want) snprintf(a->why, sizeof a->why, "rank %d: %u, want %u", r, got[0], want);
-  MIN_OK(weft_free(x, stream(r, 2)));
-  if (verbose) fprintf(stderr, "[rank %d] all-reduce checked\n", r);
-#undef MIN_OK
-  return NULL;
-}
-
-static void test_min_first_collective_meets_graph_calls(void **state) {
-  (void)state;
-  if (NR == 0 || no_waits_control) skip();
-  if (bring_up(4) != WEFT_OK) skip();
-  pthread_barrier_t bar;
-  pthread_barrier_init(&bar, NULL, (unsigned)NR);
-  static min_arg_t a[MAXR];
-  pthread_t th[MAXR];
-  for (int r = 0; r < NR; r++) {
-    memset(&a[r], 0, sizeof a[r]);
-    a[r].r = r;
-    a[r].bar = &bar;
-    assert_int_equal(pthread_create(&th[r], NULL, min_first_thread, &a[r]), 0);
-  }
-  for (int r = 0; r < NR; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
-  pthread_barrier_destroy(&bar);
-  for (int r = 0; r < NR; r++)
-    if (a[r].why[0] != '\0') fail_msg("%s", a[r].why);
-  nothing_left("first all-reduce beside graph calls, a thread per rank");
-  bring_down();
-}
-
-/* A thread per rank: rank 0 posts an all-reduce and then many memsets behind it on the same
- * stream (the driver's launch queue fills while the all-reduce waits for rank 1, and an enqueue
- * then waits inside the driver for room), while rank 1 first makes graph calls (the gate's
- * exclusive side) and then posts its all-reduce. WEFT_TEST_QUEUE_OPS sets the memsets (default
- * 64; a GPU's queue holds about a thousand). The sum and the memsets' value are checked. */
-static long queue_ops(void) {
-  const char *e = getenv("WEFT_TEST_QUEUE_OPS");
-  return e && *e ? atol(e) : 64;
-}
-
-static void *min_queue_thread(void *arg) {
-  min_arg_t *a = arg;
-  const int r = a->r;
-  const unsigned v = 0;
-  const int on_comm = 1;
-#define MIN_OK(call)                                                                               \
-  do {                                                                                             \
-    weft_status_t st_ = (call);                                                                    \
-    if (st_ != WEFT_OK) {                                                                          \
-      snprintf(a->why, sizeof a->why, "rank %d v %u on_comm %d: %s: %s: %s", r, v, on_comm, #call,  \
-               weft_status_name(st_), weft_last_error());                                          \
-      return NULL;                                                                                 \
-    }                                                                                              \
-  } while (0)
   weft_block_t x, y;
   weft_stream_t *cs = weft_comm_stream(comm[r]);
   MIN_OK(weft_alloc(rt[r], M * 4, cs, "x", &x));
@@ -1057,61 +1001,47 @@ static void *min_queue_thread(void *arg) {
   MIN_OK(weft_stream_synchronize(cs));
   pthread_barrier_wait(a->bar);
   if (r != 0) {
-    struct timespec t = {0, 300 * 1000000L}; /* rank 0 has filled its queue by then */
+    struct timespec t = {0, 300 * 1000000L}; /* rank 0 is in its all-reduce (or its queue) by then */
     nanosleep(&t, NULL);
-    weft_stream_t *c = stream(r, 0);
-    weft_capture_options_t o = weft_capture_options_default();
-    o.mode = WEFT_CAPTURE_THREAD_LOCAL;
-    weft_block_t tmp;
-    weft_graph_t *g;
-    weft_exec_t *e;
-    MIN_OK(weft_capture_begin(c, &o));
-    MIN_OK(weft_alloc(rt[r], M * 4, c, "tmp", &tmp));
-    MIN_OK(weft_memset32(c, tmp, 0, 5, M * 4));
-    MIN_OK(weft_free(tmp, c));
-    MIN_OK(weft_capture_end(c, &g));
-    MIN_OK(weft_graph_instantiate(g, c, &e));
-    MIN_OK(weft_exec_launch(e, c));
-    MIN_OK(weft_exec_destroy(e));
-    MIN_OK(weft_graph_destroy(g));
+    MIN_OK(graph_calls(r));
     if (verbose) fprintf(stderr, "[rank %d] graph calls done\n", r);
   }
   MIN_OK(weft_all_reduce(comm[r], x, 0, x, 0, M, WEFT_UINT32, WEFT_SUM, cs));
-  const long n = queue_ops();
-  for (long i = 0; i < n; i++) MIN_OK(weft_memset32(cs, y, 0, (unsigned)i, M * 4));
-  if (verbose) fprintf(stderr, "[rank %d] %ld memsets posted\n", r, n);
+  for (long i = 0; i < extra; i++) MIN_OK(weft_memset32(cs, y, 0, (unsigned)i, M * 4));
   uint32_t got[M];
   MIN_OK(weft_copy_from_block(stream(r, 2), got, x, 0, sizeof got));
   const uint32_t want = (uint32_t)(NR * (NR + 1) / 2);
   if (got[0] != want || got[M - 1] != want) snprintf(a->why, sizeof a->why, "rank %d: %u, want %u", r, got[0], want);
   MIN_OK(weft_copy_from_block(stream(r, 2), got, y, 0, sizeof got));
-  if (n > 0 && got[M - 1] != (uint32_t)(n - 1)) snprintf(a->why, sizeof a->why, "rank %d: y %u, want %ld", r, got[M - 1], n - 1);
+  if (extra > 0 && got[M - 1] != (uint32_t)(extra - 1))
+    snprintf(a->why, sizeof a->why, "rank %d: y %u, want %ld", r, got[M - 1], extra - 1);
   MIN_OK(weft_free(x, stream(r, 2)));
   MIN_OK(weft_free(y, stream(r, 2)));
-#undef MIN_OK
+  if (verbose) fprintf(stderr, "[rank %d] all-reduce checked\n", r);
   return NULL;
+}
+
+/* Fresh communicators: rank 0's first all-reduce (NCCL connects the ranks inside its group end,
+ * which waits for the other ranks to connect too) meets the other ranks' graph calls. */
+static void *min_first_thread(void *arg) { return all_reduce_beside_graph_calls(arg, 0); }
+
+static void test_min_first_collective_meets_graph_calls(void **state) {
+  (void)state;
+  run_min_threads(min_first_thread, "first all-reduce beside graph calls, a thread per rank");
+}
+
+/* Rank 0's queue behind its all-reduce (WEFT_TEST_QUEUE_OPS memsets, default 64) meets the other
+ * ranks' graph calls. A GPU's queue takes about 1,021 operations a stream
+ * (tools/probes/probe_queue_depth); past that an enqueue waits for room inside weft's gate and
+ * this deadlocks (lib/core/gate.h, "Open"): 20,000 hang on 2 x H200, 500 pass. */
+static void *min_queue_thread(void *arg) {
+  const char *e = getenv("WEFT_TEST_QUEUE_OPS");
+  return all_reduce_beside_graph_calls(arg, e && *e ? atol(e) : 64);
 }
 
 static void test_min_full_launch_queue_meets_graph_calls(void **state) {
   (void)state;
-  if (NR == 0 || no_waits_control) skip();
-  if (bring_up(4) != WEFT_OK) skip();
-  pthread_barrier_t bar;
-  pthread_barrier_init(&bar, NULL, (unsigned)NR);
-  static min_arg_t a[MAXR];
-  pthread_t th[MAXR];
-  for (int r = 0; r < NR; r++) {
-    memset(&a[r], 0, sizeof a[r]);
-    a[r].r = r;
-    a[r].bar = &bar;
-    assert_int_equal(pthread_create(&th[r], NULL, min_queue_thread, &a[r]), 0);
-  }
-  for (int r = 0; r < NR; r++) assert_int_equal(pthread_join(th[r], NULL), 0);
-  pthread_barrier_destroy(&bar);
-  for (int r = 0; r < NR; r++)
-    if (a[r].why[0] != '\0') fail_msg("%s", a[r].why);
-  nothing_left("a full launch queue beside graph calls, a thread per rank");
-  bring_down();
+  run_min_threads(min_queue_thread, "a queue behind an all-reduce beside graph calls, a thread per rank");
 }
 
 int main(void) {
