@@ -478,8 +478,8 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_block_export_event(weft_block_t b, we
  * (cuMemHostAlloc, cuMemHostRegister) is copied directly and must stay valid until the copy
  * completes. Pageable `src` is first copied into page-locked buffers of the runtime, 1 MiB at a
  * time, so it may be reused as soon as the call returns (the driver's own staging of pageable
- * memory can wait for the stream inside the call, where weft holds its gate: see
- * weft_copy_from_block). Inside a capture the copy is a graph node reading `src` at each launch.
+ * memory waits for the stream inside the call for larger copies, 8 MiB on an H200, where weft
+ * holds its gate: see weft_copy_from_block). Inside a capture the copy is a graph node reading `src` at each launch.
  * Errors: as weft_use_begin; INVALID_ARGUMENT (range outside the block); CAPTURE when code outside
  * weft began capturing the (exposed) stream during the call. A driver failure part way through a
  * copy of several chunks leaves the chunks before it copied (each a use of its own).

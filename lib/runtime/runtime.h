@@ -168,7 +168,8 @@ struct weft_runtime {
  * waited there for work that could need another thread first: a graph launch of that thread
  * needs the gate's exclusive side, and one rank's NCCL kernel waits for the other rank's, which
  * its thread had not launched yet (2 GPUs, a thread per rank: tests/comm/test_comm_long.c,
- * test_min_captured_sendrecv_thread_per_rank, hung). So weft_copy_from_block and
+ * test_min_captured_sendrecv_thread_per_rank, hung). A pageable cuMemcpyHtoDAsync of 8 MiB
+ * waited for its stream too (16 B did not: 2 x H200, conformance). So weft_copy_from_block and
  * weft_copy_to_block copy pageable memory through page-locked buffers of the runtime, a chunk of
  * WEFT__STAGE_BYTES at a time: the driver call is asynchronous, and the host waits for the
  * copy's event holding no lock and no gate. Page-locked user memory is copied directly. */
