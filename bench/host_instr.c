@@ -5,12 +5,13 @@
  * here before a GPU run measures it (bench/README.md, "Instructions per operation").
  *
  *   host_instr PATH [N]      PATH: use1 use4 use16 eager1 eager16 edge launch alloc pool torch group
- *                            (and evict: HOST_INSTR_EVICT's eviction alone, for HOST_INSTR_TIME)
+ *                            ranks (and evict: HOST_INSTR_EVICT's eviction alone, for HOST_INSTR_TIME)
  *
- * Runs on the simulator (WEFT_DRIVER=sim; `group` also WEFT_NCCL=sim WEFT_SIM_DEVICES=2); the
+ * Runs on the simulator (WEFT_DRIVER=sim; `group` and `ranks` also WEFT_NCCL=sim WEFT_SIM_DEVICES=2); the
  * simulator's own instructions are left out by the script (it counts the objects of this binary
  * only). `group` is bench/bench_comm.c's one-thread group: one weft group of one all-reduce per
- * device, 1 MiB each. */
+ * device, 1 MiB each; `ranks` the same all-reduces as a thread per rank posts them (a call per
+ * device, no group: exact waits), from one thread. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,7 +147,17 @@ __attribute__((noinline)) static void path_group(unsigned n, weft_comm_t *const 
   }
 }
 
-static int group(unsigned n) {
+/* The same all-reduces as a thread per rank posts them: a call per device, no group (each
+ * makes its stream's waits exact: weft.h, "Exact waits"). */
+__attribute__((noinline)) static void path_ranks(unsigned n, weft_comm_t *const *comm, const weft_block_t *buf) {
+  for (unsigned i = 0; i < n; i++) {
+    for (int r = 0; r < 2; r++)
+      CHECK(weft_all_reduce(comm[r], buf[r], 0, buf[r], 0, 1u << 18, WEFT_FLOAT32, WEFT_SUM, NULL));
+    evict();
+  }
+}
+
+static int group(unsigned n, bool grouped) {
   weft_runtime_t *rt[2];
   weft_comm_t *comm[2];
   weft_block_t buf[2];
@@ -156,11 +167,12 @@ static int group(unsigned n) {
     CHECK(weft_alloc(rt[r], 4u << 20, weft_comm_stream(comm[r]), "instr", &buf[r]));
     CHECK(weft_memset32(weft_comm_stream(comm[r]), buf[r], 0, 0, 4u << 20));
   }
-  path_group(n / 10 ? n / 10 : 1, comm, buf); /* warm-up round */
+  void (*path)(unsigned, weft_comm_t *const *, const weft_block_t *) = grouped ? path_group : path_ranks;
+  path(n / 10 ? n / 10 : 1, comm, buf); /* warm-up round */
   for (int r = 0; r < 2; r++) CHECK(weft_stream_synchronize(weft_comm_stream(comm[r])));
   uint64_t t0 = now_ns();
-  path_group(n, comm, buf);
-  report("group", n, t0);
+  path(n, comm, buf);
+  report(grouped ? "group" : "ranks", n, t0);
   for (int r = 0; r < 2; r++) {
     CHECK(weft_stream_synchronize(weft_comm_stream(comm[r])));
     CHECK(weft_free(buf[r], weft_comm_stream(comm[r])));
@@ -186,7 +198,8 @@ int main(int argc, char **argv) {
     report(path, c.n, t0);
     return 0;
   }
-  if (strcmp(path, "group") == 0) return group(c.n);
+  if (strcmp(path, "group") == 0) return group(c.n, true);
+  if (strcmp(path, "ranks") == 0) return group(c.n, false);
   if (strcmp(path, "torch") == 0) {
     /* The adapter makes its own runtime; the stream is one PyTorch would pass (weft adopts it). */
     const weft__driver_t *d;

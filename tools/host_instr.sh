@@ -11,7 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 paths=("$@")
-[ ${#paths[@]} -gt 0 ] || paths=(use1 use4 use16 eager1 eager16 edge launch alloc pool torch group)
+[ ${#paths[@]} -gt 0 ] || paths=(use1 use4 use16 eager1 eager16 edge launch alloc pool torch group ranks)
 bazel build -c opt //bench:host_instr //sim:libweft_sim.so >/dev/null 2>&1
 # The optimised outputs' own paths (bazel-bin follows whichever configuration built last).
 out=$(bazel info -c opt bazel-bin 2>/dev/null)
@@ -24,7 +24,7 @@ printf '| path | weft instructions | lines, cold | mutex locks | cuCtxGetCurrent
 printf '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n'
 for p in "${paths[@]}"; do
   n=2000
-  [ "$p" = group ] && n=200 # each group reduces 1 MiB per rank on the simulator: slow under callgrind
+  [ "$p" = group ] || [ "$p" = ranks ] && n=200 # each reduces 1 MiB per rank on the simulator: slow under callgrind
   case $p in
     use*|eager*) fn=path_use ;;
     launch) fn=path_run ;;
