@@ -179,7 +179,7 @@ struct weft_runtime {
 typedef struct weft__stage weft__stage_t;
 /** Whether the driver knows [p, p+n) as page-locked host memory (its first and last byte). */
 bool weft__host_pinned(const weft__driver_t *d, const void *p, size_t n);
-/** A stage of rt for one copy (binds rt's context): a free one whose last copy is done, a new one,
+/** A stage of rt for one copy (binds rt's context to make one): a free one whose last copy is done, a new one,
  * or, with WEFT__STAGE_MAX in use, the oldest in flight once its copy is done (waited for holding
  * nothing). Errors: the driver's (cuMemHostAlloc), HOST_OUT_OF_MEMORY. */
 weft_status_t weft__stage_take(weft_runtime_t *rt, weft__stage_t **out);

@@ -54,8 +54,6 @@ static weft_status_t stage_new(weft_runtime_t *rt, weft__stage_t **out) {
 
 weft_status_t weft__stage_take(weft_runtime_t *rt, weft__stage_t **out) {
   const weft__driver_t *d = rt->drv;
-  weft_status_t st = weft__tracker_bind(&rt->tracker);
-  if (st != WEFT_OK) return st;
   weft__stage_t *oldest = NULL;
   unsigned count = 0;
   pthread_mutex_lock(&rt->stage_lock);
@@ -91,7 +89,9 @@ weft_status_t weft__stage_take(weft_runtime_t *rt, weft__stage_t **out) {
   }
   pthread_mutex_unlock(&rt->stage_lock);
   weft__stage_t *fresh;
-  if ((st = stage_new(rt, &fresh)) != WEFT_OK) return st;
+  weft_status_t st = weft__tracker_bind(&rt->tracker); /* (cuMemHostAlloc needs the context) */
+  if (st == WEFT_OK) st = stage_new(rt, &fresh);
+  if (st != WEFT_OK) return st;
   fresh->used = true;
   atomic_fetch_add(&rt->stage_buffers, 1);
   pthread_mutex_lock(&rt->stage_lock);

@@ -303,7 +303,8 @@ static weft_status_t block_op(weft_stream_t *s, weft_block_t b, weft_access_kind
 
 typedef struct staged {
   op_t op;             /* one chunk, to or from the stage */
-  op_t user;           /* the same chunk to or from the caller's memory */
+  void *dst;           /* the caller's memory of the chunk (the one that is not NULL) */
+  const void *src;
   weft__stage_t *stage;
   bool direct;         /* the stream captures: the copy went in as asked (a graph node) */
   bool lost;           /* the stage's copy may belong to a capture begun outside weft */
@@ -315,7 +316,10 @@ static weft_status_t do_staged(weft_stream_t *s, void *arg) {
   /* In a capture the copy is a node that runs at each launch: from the caller's memory. */
   if (atomic_load_explicit(&s->capture, memory_order_acquire) != NULL) {
     x->direct = true;
-    return do_op(s, &x->user);
+    op_t o = x->op;
+    o.host = x->dst;
+    o.chost = x->src;
+    return do_op(s, &o);
   }
   WEFT__TEST_POINT("staged copy: enqueuing", s);
   weft_status_t st = do_op(s, &x->op);
@@ -335,23 +339,20 @@ static weft_status_t do_staged(weft_stream_t *s, void *arg) {
   return WEFT_OK;
 }
 
-/* One chunk of a staged copy: [offset, offset+bytes) of block b, bytes <= WEFT__STAGE_BYTES. */
-static weft_status_t staged_chunk(weft_stream_t *s, weft_block_t b, size_t offset, size_t bytes, void *dst,
+/* One chunk of a staged copy: `bytes` (<= WEFT__STAGE_BYTES) at dptr inside block b (checked by
+ * the caller; the use checks b again). */
+static weft_status_t staged_chunk(weft_stream_t *s, weft_block_t b, CUdeviceptr dptr, size_t bytes, void *dst,
                                   const void *src, const char *fn) {
   const bool to_device = src != NULL;
-  staged_t x = {.op = {.what = to_device ? OP_HTOD : OP_DTOH, .bytes = bytes},
-                .user = {.what = to_device ? OP_HTOD : OP_DTOH, .host = dst, .chost = src, .bytes = bytes}};
-  weft_status_t st = range_of(b, offset, bytes, 1, fn, &x.op.dptr);
-  if (st != WEFT_OK) return st;
-  x.user.dptr = x.op.dptr;
   weft_runtime_t *rt = s->runtime;
-  if ((st = weft__stage_take(rt, &x.stage)) != WEFT_OK) return st;
+  staged_t x = {.op = {.what = to_device ? OP_HTOD : OP_DTOH, .dptr = dptr, .bytes = bytes}, .dst = dst, .src = src};
+  weft_status_t st = weft__stage_take(rt, &x.stage);
+  if (st != WEFT_OK) return st;
   void *host = weft__stage_host(x.stage);
   x.op.host = host;
   x.op.chost = host;
   if (to_device) memcpy(host, src, bytes);
   weft_access_t a = {b, to_device ? WEFT_WRITE : WEFT_READ};
-  x.record = CUDA_SUCCESS;
   st = weft__use_run(s, &a, 1, fn, do_staged, &x);
   if (st == WEFT_OK && x.record != CUDA_SUCCESS && !to_device) {
     /* The copy to the stage is queued and tracked, but its end cannot be known: dst untouched. */
@@ -391,8 +392,8 @@ static weft_status_t host_copy(weft_stream_t *s, weft_block_t b, size_t offset, 
   }
   for (size_t done = 0; st == WEFT_OK && done < bytes; done += WEFT__STAGE_BYTES) {
     size_t n = bytes - done < WEFT__STAGE_BYTES ? bytes - done : WEFT__STAGE_BYTES;
-    st = staged_chunk(s, b, offset + done, n, to_device ? NULL : (char *)dst + done,
-                      to_device ? (const char *)src + done : NULL, fn);
+    st = staged_chunk(s, b, p + done, n, to_device ? NULL : (char *)dst + done, to_device ? (const char *)src + done : NULL,
+                      fn);
   }
   return st;
 }

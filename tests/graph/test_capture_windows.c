@@ -127,36 +127,51 @@ static void outside_finish(outside_t *o, pthread_t t) {
     fail_msg("the outside capture ended with %s (%d): weft broke it", weft_driver_error_name(o->end_r), (int)o->end_r);
 }
 
-/* ---- a capture begun while weft_runtime_synchronize synchronises ------------------------------ */
-static weft_stream_t *sync_s;
-static outside_t *sync_o;
-static atomic_int sync_fired;
+/* ---- the window: outside code begins its capture when weft first reaches a point on a stream -- */
+static const char *at_point; /* the test point's name */
+static weft_stream_t *at_s;  /* its stream */
+static outside_t *at_o;
+static atomic_int at_fired;
 
-static void sync_hook(const char *point, void *arg) {
-  if (arg != sync_s || strcmp(point, "host_wait_stream: held") != 0 || atomic_exchange(&sync_fired, 1)) return;
-  atomic_store(&sync_o->begin, 1); /* outside code begins a capture on the stream now */
-  while (!atomic_load(&sync_o->begun)) sched_yield();
+static void begin_at_point(const char *point, void *arg) {
+  if (arg != at_s || strcmp(point, at_point) != 0 || atomic_exchange(&at_fired, 1)) return;
+  atomic_store(&at_o->begin, 1); /* outside code begins a capture on the stream now */
+  while (!atomic_load(&at_o->begun)) sched_yield();
+}
+
+/* Sets the hook: o's capture begins on s's raw stream when weft first reaches `point` there. */
+static void arm(const char *point, weft_stream_t *s, outside_t *o) {
+  at_point = point;
+  at_s = s;
+  at_o = o;
+  atomic_store(&at_fired, 0);
+  atomic_store(&weft__test_hook, begin_at_point);
+}
+
+/* Clears the hook; whether it fired. */
+static bool disarm(void) {
+  atomic_store(&weft__test_hook, NULL);
+  return atomic_load(&at_fired) != 0;
 }
 #endif
+
+/* ---- a capture begun while weft_runtime_synchronize synchronises ------------------------------ */
 
 static void test_runtime_synchronize_leaves_a_capture_begun_in_its_window(void **state) {
   (void)state;
 #if !WEFT__TEST_POINTS
   skip(); /* the test points are compiled only where WEFT_DEBUG >= 1 (dbg, asan, tsan) */
 #else
-  sync_s = tu_stream(&env, 1);
+  weft_stream_t *sync_s = tu_stream(&env, 1);
   CUstream raw = weft_stream_raw(sync_s); /* exposed: outside code may capture it now */
   weft_block_t b = tu_alloc(&env, N * 4, 1, "b");
   assert_int_equal(tu_fill(&env, sync_s, b, N, 5), WEFT_OK);
   outside_t o;
   pthread_t t;
   outside_start(&o, &t, raw, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
-  sync_o = &o;
-  atomic_store(&sync_fired, 0);
-  atomic_store(&weft__test_hook, sync_hook);
+  arm("host_wait_stream: held", sync_s, &o);
   weft_status_t st = weft_runtime_synchronize(env.rt);
-  atomic_store(&weft__test_hook, NULL);
-  assert_int_equal(atomic_load(&sync_fired), 1); /* premise: the capture began inside the call */
+  assert_true(disarm()); /* premise: the capture began inside the call */
   /* The stream captured before the call returned: CAPTURE says so (weft.h); OK would do too. */
   if (st != WEFT_OK && st != WEFT_ERR_CAPTURE) fail_msg("weft_runtime_synchronize: %s: %s", weft_status_name(st), weft_last_error());
   outside_finish(&o, t);
@@ -166,17 +181,6 @@ static void test_runtime_synchronize_leaves_a_capture_begun_in_its_window(void *
 }
 
 /* ---- a capture begun while weft records an event of the stream for the host ------------------ */
-#if WEFT__TEST_POINTS
-static weft_stream_t *rec_s;
-static outside_t *rec_o;
-static atomic_int rec_fired;
-
-static void rec_hook(const char *point, void *arg) {
-  if (arg != rec_s || strcmp(point, "clock: may record") != 0 || atomic_exchange(&rec_fired, 1)) return;
-  atomic_store(&rec_o->begin, 1);
-  while (!atomic_load(&rec_o->begun)) sched_yield();
-}
-#endif
 
 static void test_an_event_recorded_as_a_capture_begins_stays_out_of_it(void **state) {
   (void)state;
@@ -198,13 +202,9 @@ static void test_an_event_recorded_as_a_capture_begins_stays_out_of_it(void **st
   outside_t o;
   pthread_t t;
   outside_start(&o, &t, raw, CU_STREAM_CAPTURE_MODE_GLOBAL);
-  rec_s = s;
-  rec_o = &o;
-  atomic_store(&rec_fired, 0);
-  atomic_store(&weft__test_hook, rec_hook);
+  arm("clock: may record", s, &o);
   weft_status_t st = weft_stream_synchronize(s);
-  atomic_store(&weft__test_hook, NULL);
-  bool fired = atomic_load(&rec_fired) != 0;
+  bool fired = disarm();
   outside_finish(&o, t); /* the capture must end valid */
   if (!fired) fail_msg("premise: weft_stream_synchronize never recorded an event on the adopted stream");
   if (st != WEFT_OK && st != WEFT_ERR_CAPTURE) fail_msg("weft_stream_synchronize: %s: %s", weft_status_name(st), weft_last_error());
@@ -287,24 +287,13 @@ static void test_the_owner_never_sees_an_ended_capture_adopted_by_another_thread
 }
 
 /* ---- a capture begun as a staged copy is enqueued ---------------------------------------------- */
-#if WEFT__TEST_POINTS
-static weft_stream_t *stg_s;
-static outside_t *stg_o;
-static atomic_int stg_fired;
-
-static void stg_hook(const char *point, void *arg) {
-  if (arg != stg_s || strcmp(point, "staged copy: enqueuing") != 0 || atomic_exchange(&stg_fired, 1)) return;
-  atomic_store(&stg_o->begin, 1);
-  while (!atomic_load(&stg_o->begun)) sched_yield();
-}
-#endif
 
 static void test_a_staged_copy_meets_a_capture_begun_as_it_is_enqueued(void **state) {
   (void)state;
 #if !WEFT__TEST_POINTS
   skip(); /* the test points are compiled only where WEFT_DEBUG >= 1 (dbg, asan, tsan) */
 #else
-  stg_s = tu_stream(&env, 3);
+  weft_stream_t *stg_s = tu_stream(&env, 3);
   CUstream raw = weft_stream_raw(stg_s);
   weft_block_t b = tu_alloc(&env, N * 4, 3, "b");
   assert_int_equal(tu_fill(&env, stg_s, b, N, 8), WEFT_OK);
@@ -312,14 +301,11 @@ static void test_a_staged_copy_meets_a_capture_begun_as_it_is_enqueued(void **st
   outside_t o;
   pthread_t t;
   outside_start(&o, &t, raw, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
-  stg_o = &o;
-  atomic_store(&stg_fired, 0);
   unsigned host[N];
   memset(host, 0xab, sizeof host);
-  atomic_store(&weft__test_hook, stg_hook);
+  arm("staged copy: enqueuing", stg_s, &o);
   weft_status_t st = weft_copy_from_block(stg_s, host, b, 0, sizeof host); /* pageable: staged */
-  atomic_store(&weft__test_hook, NULL);
-  bool fired = atomic_load(&stg_fired) != 0;
+  bool fired = disarm();
   outside_finish(&o, t); /* the capture must end valid */
   if (!fired) fail_msg("premise: the copy was not staged on the stream");
   /* The copy is the capture's: CAPTURE, and the host buffer untouched. */
