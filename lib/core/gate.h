@@ -20,8 +20,8 @@
  * the device's launch queue is full. A thread per rank that posts an all-reduce and then 20,000
  * memsets behind it on one stream blocks in the gate's shared side while the all-reduce waits
  * for the other rank, whose thread waits for the exclusive side (a graph call) before it posts
- * its all-reduce: a deadlock (tests/comm/test_comm_long.c test_min_full_launch_queue_meets_graph_
- * calls with WEFT_TEST_QUEUE_OPS=20000; 500 memsets pass). The queue takes about 1,021
+ * its all-reduce: a deadlock (tests/comm/test_comm_long.c test_min_queue_behind_an_all_reduce_
+ * meets_graph_calls with WEFT_TEST_QUEUE_OPS=20000; 500 memsets pass, 64 by default). The queue takes about 1,021
  * operations a stream, and streams beyond the device's 8 connections share room
  * (tools/probes/probe_queue_depth), so bounding the queued work of the streams that wait for
  * other threads would not do: another stream's enqueue can wait behind theirs on a shared
