@@ -279,7 +279,7 @@ static ncclResult_t enqueue_gated(const weft__nccl_t *nl, const call_t *k) {
 
 /* Enqueues a call's NCCL operation on its stream (in the gate's shared side). */
 static ncclResult_t enqueue(const weft__nccl_t *nl, const call_t *k) {
-  weft__gate_enter();
+  weft__gate_enter(weft__driver_gate_devices(k->s->tr->ctx)); /* the device it enqueues on */
   ncclResult_t r = enqueue_gated(nl, k);
   weft__gate_leave();
   return r;
@@ -458,7 +458,10 @@ static weft_status_t run_group(weft_stream_t *s, void *arg) {
     weft_status_t st = caps_note(g->calls[i].c, g->calls[i].s, "weft_comm_group_end");
     if (st != WEFT_OK) return st;
   }
-  weft__gate_enter(); /* the whole group in the gate's shared side: NCCL enqueues at its end */
+  /* The whole group in the shared side of its devices' gates: NCCL enqueues at its end. */
+  weft__gate_devices_t devices = 0;
+  for (size_t i = 0; i < g->n; i++) devices |= weft__driver_gate_devices(g->calls[i].s->tr->ctx);
+  weft__gate_enter(devices);
   ncclResult_t r = g->nl->ncclGroupStart();
   for (size_t i = 0; r == ncclSuccess && i < g->n; i++) r = enqueue_gated(g->nl, &g->calls[i]);
   ncclResult_t e = g->nl->ncclGroupEnd();

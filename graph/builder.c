@@ -548,7 +548,7 @@ weft_status_t weft_builder_finish(weft_builder_t *b, weft_graph_t **out) {
     weft__meta_free(summary);
     weft__meta_free(outputs);
     /* A graph with memory nodes: its destroy is a graph call (lib/core/gate.h). */
-    WEFT__GRAPH_MEMORY(WEFT__RELAXED(b->rt->drv, b->rt->drv->cuGraphDestroy(b->g)));
+    WEFT__GRAPH_MEMORY(b->rt->tracker.ctx, WEFT__RELAXED(b->rt->drv, b->rt->drv->cuGraphDestroy(b->g)));
   }
   free_states(b, true);
   pthread_mutex_destroy(&b->lock); /* removed: no call is inside b */
@@ -563,7 +563,7 @@ weft_status_t weft_builder_destroy(weft_builder_t *b) {
   if (!weft__handle_remove(b, WEFT__HANDLE_BUILDER))
     return weft__error(WEFT_ERR_STALE_HANDLE, "weft_builder_destroy: the builder was destroyed already");
   weft__runtime_depend(b->rt, -1);
-  WEFT__GRAPH_MEMORY(WEFT__RELAXED(b->rt->drv, b->rt->drv->cuGraphDestroy(b->g))); /* a graph call (gate.h) */
+  WEFT__GRAPH_MEMORY(b->rt->tracker.ctx, WEFT__RELAXED(b->rt->drv, b->rt->drv->cuGraphDestroy(b->g))); /* a graph call (gate.h) */
   free_states(b, true);
   pthread_mutex_destroy(&b->lock); /* removed: no call is inside b */
   weft__meta_free(b);

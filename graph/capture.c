@@ -40,7 +40,7 @@ static weft_status_t capture_begin_checked(weft_stream_t *s, weft_capture_option
     const weft__driver_t *drv = s->tr->drv;
     /* A graph call: under the graph-memory lock, as weft_graph_destroy's (weft.h). */
     if (weft__capture_end(s, &ended, &g) == WEFT_OK && g != NULL)
-      WEFT__GRAPH_MEMORY(WEFT__RELAXED(drv, drv->cuGraphDestroy(g)));
+      WEFT__GRAPH_MEMORY(s->tr->ctx, WEFT__RELAXED(drv, drv->cuGraphDestroy(g)));
     weft__capture_free(ended);
   }
   if (st != WEFT_OK && pool != NULL && pool->implicit) (void)weft_graph_pool_destroy(pool);
@@ -154,7 +154,7 @@ weft_status_t weft_capture_end(weft_stream_t *s, weft_graph_t **out) {
   if (st != WEFT_OK && g != NULL) {
     weft__meta_free(summary);
     weft__meta_free(outputs);
-    WEFT__GRAPH_MEMORY(WEFT__RELAXED(s->tr->drv, s->tr->drv->cuGraphDestroy(g))); /* a graph call (gate.h) */
+    WEFT__GRAPH_MEMORY(s->tr->ctx, WEFT__RELAXED(s->tr->drv, s->tr->drv->cuGraphDestroy(g))); /* a graph call (gate.h) */
   }
   /* Handles of blocks allocated inside become stale: the exec's outputs replace them. */
   if (pool != NULL) weft__gpool_detach(pool, cap, st == WEFT_OK);

@@ -24,7 +24,7 @@ static weft_status_t outputs_deallocate(weft_resource_t *self, CUdeviceptr p, si
     return weft__error(WEFT_ERR_CAPTURE, "weft_free: output '%s' of a graph cannot be freed inside a capture", tag);
   if (g->memory == WEFT_GRAPH_MEMORY_NODES) {
     CUresult r;
-    WEFT__GRAPH_MEMORY(WEFT__RELAXED(drv, r = drv->cuMemFreeAsync(p, s->raw)));
+    WEFT__GRAPH_MEMORY(s->tr->ctx, WEFT__RELAXED(drv, r = drv->cuMemFreeAsync(p, s->raw)));
     if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemFreeAsync (graph output)");
     weft__tracker_touch(s);
   }
@@ -128,7 +128,7 @@ weft_status_t weft_graph_destroy(weft_graph_t *g) {
   weft_status_t st = weft__graph_remove(g, WEFT__HANDLE_GRAPH, "weft_graph_destroy", graph_busy);
   if (st != WEFT_OK) return st;
   CUresult r = CUDA_SUCCESS;
-  if (atomic_load(&g->rt->alive)) WEFT__GRAPH_MEMORY(WEFT__RELAXED(g->rt->drv, r = g->rt->drv->cuGraphDestroy(g->g)));
+  if (atomic_load(&g->rt->alive)) WEFT__GRAPH_MEMORY(g->rt->tracker.ctx, WEFT__RELAXED(g->rt->drv, r = g->rt->drv->cuGraphDestroy(g->g)));
   if (r != CUDA_SUCCESS) {
     weft__handle_restore(g, WEFT__HANDLE_GRAPH);
     return weft__driver_fail(r, "cuGraphDestroy");
@@ -207,7 +207,7 @@ weft_status_t weft_graph_instantiate(weft_graph_t *g, weft_stream_t *upload, wef
   const weft__driver_t *d = g->rt->drv;
   CUresult r;
   weft__nvtx_push("weft_graph_instantiate");
-  WEFT__GRAPH_MEMORY(WEFT__RELAXED(d, if ((r = d->cuGraphInstantiateWithFlags(&e->x, g->g, flags)) == CUDA_SUCCESS)
+  WEFT__GRAPH_MEMORY(g->rt->tracker.ctx, WEFT__RELAXED(d, if ((r = d->cuGraphInstantiateWithFlags(&e->x, g->g, flags)) == CUDA_SUCCESS)
                                     r = d->cuGraphUpload(e->x, upload->raw)));
   weft__nvtx_pop();
   if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuGraphInstantiateWithFlags / cuGraphUpload");
@@ -215,7 +215,7 @@ weft_status_t weft_graph_instantiate(weft_graph_t *g, weft_stream_t *upload, wef
     st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_graph_instantiate: no host memory for an exec handle");
   if (st != WEFT_OK) {
     /* Unclaimed: the graph is as it was. */
-    if (e->x != NULL) WEFT__GRAPH_MEMORY(WEFT__RELAXED(d, d->cuGraphExecDestroy(e->x)));
+    if (e->x != NULL) WEFT__GRAPH_MEMORY(g->rt->tracker.ctx, WEFT__RELAXED(d, d->cuGraphExecDestroy(e->x)));
     pthread_mutex_lock(&g->lock);
     g->exec = NULL;
     pthread_mutex_unlock(&g->lock);
@@ -233,7 +233,7 @@ typedef struct launch_arg {
 static weft_status_t do_launch(weft_stream_t *s, void *arg) {
   const launch_arg_t *a = arg;
   CUresult r;
-  WEFT__GRAPH_MEMORY(r = s->tr->drv->cuGraphLaunch(a->x, s->raw));
+  WEFT__GRAPH_MEMORY(s->tr->ctx, r = s->tr->drv->cuGraphLaunch(a->x, s->raw));
   return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuGraphLaunch");
 }
 
@@ -395,7 +395,7 @@ weft_status_t weft_exec_destroy(weft_exec_t *e) {
     return weft__error(WEFT_ERR_STALE_HANDLE, "weft_exec_destroy: the exec was destroyed already");
   weft_graph_t *g = e->graph;
   CUresult r = CUDA_SUCCESS;
-  if (atomic_load(&g->rt->alive)) WEFT__GRAPH_MEMORY(WEFT__RELAXED(g->rt->drv, r = g->rt->drv->cuGraphExecDestroy(e->x)));
+  if (atomic_load(&g->rt->alive)) WEFT__GRAPH_MEMORY(g->rt->tracker.ctx, WEFT__RELAXED(g->rt->drv, r = g->rt->drv->cuGraphExecDestroy(e->x)));
   if (r != CUDA_SUCCESS) {
     weft__handle_restore(e, WEFT__HANDLE_EXEC);
     return weft__driver_fail(r, "cuGraphExecDestroy");

@@ -186,6 +186,8 @@ static void config_once(void) {
   sim.oracle = !(oracle && strcmp(oracle, "0") == 0);
   const char *lazy = getenv("WEFT_SIM_LAZY");
   sim.lazy = lazy && strcmp(lazy, "1") == 0;
+  const char *depth = getenv("WEFT_SIM_QUEUE_DEPTH");
+  sim.queue_depth = depth && *depth ? strtoull(depth, NULL, 10) : 1024;
   const char *report = getenv("WEFT_SIM_REPORT");
   if (report && strcmp(report, "1") == 0) {
     sim.report_at_exit = 1;
@@ -242,36 +244,55 @@ static int enqueues(sim__fn_t fn) {
   }
 }
 
-static _Atomic unsigned g_enqueuing;        /* calls of enqueues() entered and not left, all threads */
-static _Atomic(const char *) g_enqueuing_last; /* the name of the last one entered */
+/* Per device (the current context's at entry): calls of enqueues() entered and not left, all
+ * threads, and the name of the last one entered. Graph calls on one device may overlap enqueues on
+ * another (lib/core/gate.h: the gate is per device; measured by tests/threads/test_thread_gate,
+ * THREAD_GATE_DEVICES=2). */
+static _Atomic unsigned g_enqueuing[SIM_MAX_DEVICES];
+static _Atomic(const char *) g_enqueuing_last[SIM_MAX_DEVICES];
 
+/* Graph calls checked on the current context's device; launch, upload (the stream's device) and
+ * trim (its argument) are checked in their bodies. */
 static int graph_call(sim__fn_t fn) {
   switch (fn) {
-    case SIM_FN_cuGraphLaunch: case SIM_FN_cuGraphInstantiateWithFlags: case SIM_FN_cuGraphUpload:
-    case SIM_FN_cuGraphExecDestroy: case SIM_FN_cuGraphDestroy: case SIM_FN_cuDeviceGraphMemTrim:
+    case SIM_FN_cuGraphInstantiateWithFlags: case SIM_FN_cuGraphExecDestroy: case SIM_FN_cuGraphDestroy:
       return 1;
     default: return 0;
   }
 }
 
-void sim__graph_call_check(const char *what) {
-  unsigned mine = (unsigned)__builtin_popcountll(g_self.enqueue_bits);
-  unsigned all = atomic_load(&g_enqueuing);
+void sim__graph_call_check(int dev, const char *what) {
+  if (dev < 0 || dev >= SIM_MAX_DEVICES) return;
+  unsigned mine = 0;
+  for (unsigned i = 0; i < g_self.depth && i < 64; i++)
+    if ((g_self.enqueue_bits >> (g_self.depth - 1 - i) & 1) && g_self.enqueue_dev[i] == dev) mine++;
+  unsigned all = atomic_load(&g_enqueuing[dev]);
   if (all <= mine) return;
-  const char *last = atomic_load(&g_enqueuing_last);
-  char first[96], second[96];
-  snprintf(first, sizeof first, "%u call(s) enqueueing on other threads (last: %s)", all - mine, last ? last : "?");
+  const char *last = atomic_load(&g_enqueuing_last[dev]);
+  char first[112], second[96];
+  snprintf(first, sizeof first, "%u call(s) enqueueing on device %d on other threads (last: %s)", all - mine, dev,
+           last ? last : "?");
   snprintf(second, sizeof second, "%.50s at the same time (wrong results on GPUs)", what);
   sim__hazard_report(first, second);
+}
+
+/* The device a call counts on: the current context's. */
+static int self_dev(void) {
+  int d = sim__cur_dev();
+  return d >= 0 && d < SIM_MAX_DEVICES ? d : 0;
 }
 
 CUresult sim__enter(sim__fn_t fn, int needs_init) {
   config();
   int e = enqueues(fn);
   g_self.enqueue_bits = (g_self.enqueue_bits << 1) | (uint64_t)e;
+  int dev = self_dev();
+  if (g_self.depth < 64) g_self.enqueue_dev[g_self.depth] = (uint8_t)dev;
+  g_self.depth++;
+  g_self.enqueued = NULL;
   if (e) {
-    atomic_store(&g_enqueuing_last, sim__fn_name(fn));
-    atomic_fetch_add(&g_enqueuing, 1);
+    atomic_store(&g_enqueuing_last[dev], sim__fn_name(fn));
+    atomic_fetch_add(&g_enqueuing[dev], 1);
   }
   pthread_mutex_lock(&sim.lock);
   sim.stats.api_calls++;
@@ -282,13 +303,14 @@ CUresult sim__enter(sim__fn_t fn, int needs_init) {
     return f;
   }
   if (sim.initialized) sim__progress(fn);
-  if (graph_call(fn)) sim__graph_call_check(sim__fn_name(fn));
+  if (graph_call(fn)) sim__graph_call_check(dev, sim__fn_name(fn));
   return CUDA_SUCCESS;
 }
 
 void sim__leave(void) {
   pthread_mutex_unlock(&sim.lock);
-  if (g_self.enqueue_bits & 1) atomic_fetch_sub(&g_enqueuing, 1);
+  g_self.depth--;
+  if (g_self.enqueue_bits & 1) atomic_fetch_sub(&g_enqueuing[g_self.depth < 64 ? g_self.enqueue_dev[g_self.depth] : 0], 1);
   g_self.enqueue_bits >>= 1;
 }
 

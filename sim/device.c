@@ -300,6 +300,7 @@ CUresult CUDAAPI cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attrib
 
 static CUresult graph_mem_trim(CUdevice dev) {
   if (!valid_dev(dev)) return CUDA_ERROR_INVALID_DEVICE;
+  sim__graph_call_check((int)dev, "cuDeviceGraphMemTrim");
   sim__galloc_trim();
   return CUDA_SUCCESS;
 }

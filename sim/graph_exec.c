@@ -155,7 +155,9 @@ CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph h
 
 static CUresult upload(CUgraphExec hx, CUstream hs) {
   sim__exec_t *x = exec_get(hx);
-  if (x == NULL || sim__stream_get(hs) == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  sim__stream_t *s = sim__stream_get(hs);
+  if (x == NULL || s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  sim__graph_call_check(s->dev, "cuGraphUpload");
   return map_allocations(x);
 }
 
@@ -165,6 +167,7 @@ static CUresult launch(CUgraphExec hx, CUstream hs) {
   sim__exec_t *x = exec_get(hx);
   sim__stream_t *s = sim__stream_get(hs);
   if (x == NULL || s == NULL) return CUDA_ERROR_INVALID_HANDLE;
+  sim__graph_call_check(s->dev, "cuGraphLaunch");
   CUresult li_ = sim__legacy_implicit(hs, 1);
   if (li_ != CUDA_SUCCESS) return li_;
   CUresult r = sim__need_ctx();

@@ -257,6 +257,9 @@ typedef struct sim__thread {
   CUstreamCaptureMode mode;     /* cuThreadExchangeStreamCaptureMode */
   int registered;
   uint64_t enqueue_bits;        /* per nesting level of sim__enter: 1 where that call enqueues */
+  uint8_t enqueue_dev[64];      /* per nesting level: the device it was counted on (core.c) */
+  unsigned depth;               /* nesting level of sim__enter */
+  sim__stream_t *enqueued;      /* the stream the current call last enqueued on (sim__enqueue) */
 } sim__thread_t;
 
 typedef struct sim__state {
@@ -265,6 +268,7 @@ typedef struct sim__state {
   int in_callback;              /* > 0 while a host callback runs: the scheduler does not step */
   int oracle;                   /* race oracle on */
   int lazy;                     /* WEFT_SIM_LAZY=1: work runs only when a sync or query needs it */
+  uint64_t queue_depth;         /* WEFT_SIM_QUEUE_DEPTH: an enqueue waits while its stream has more queued */
   uint64_t rng;                 /* scheduler PRNG state */
   uint64_t memory_limit;        /* bytes of memory of each device (WEFT_SIM_MEMORY) */
   uint64_t reserved;            /* bytes reserved from all devices now, all kinds */
@@ -301,13 +305,19 @@ extern sim__state_t sim;
  * CUDA_SUCCESS or the code the call must return; sim__leave() must follow either way. */
 CUresult sim__enter(sim__fn_t fn, int needs_init);
 void sim__leave(void);
-/** A graph call (`what`) is running: reports a hazard when another thread is inside a driver call
- * that enqueues work (entered, maybe still waiting for the lock). Lock held. */
-void sim__graph_call_check(const char *what);
+/** A graph call (`what`) is running on device `dev`: reports a hazard when another thread is inside
+ * a driver call that enqueues work on that device (entered with a context of `dev` current, maybe
+ * still waiting for the lock). Lock held. */
+void sim__graph_call_check(int dev, const char *what);
+/** After a call that enqueued: waits, as the driver does, until its stream has room (no more than
+ * sim.queue_depth operations queued); CUDA_ERROR_LAUNCH_TIMEOUT where it never gets room (a hang
+ * on a GPU). Lock held. */
+CUresult sim__queue_room(void);
 #define SIM_CALL(fn, expr)                                 \
   do {                                                     \
     CUresult sim_r_ = sim__enter(SIM_FN_##fn, 1);          \
     if (sim_r_ == CUDA_SUCCESS) sim_r_ = (expr);           \
+    if (sim_r_ == CUDA_SUCCESS) sim_r_ = sim__queue_room(); \
     sim__leave();                                          \
     return sim_r_;                                         \
   } while (0)

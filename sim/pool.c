@@ -263,7 +263,7 @@ static CUresult alloc_async(CUdeviceptr *out, size_t bytes, sim__pool_t *p, CUst
     return CUDA_SUCCESS;
   }
   if (s->cap != NULL) {
-    sim__graph_call_check("a graph memory allocation node (stream-ordered allocation under capture)");
+    sim__graph_call_check(s->dev, "a graph memory allocation node (stream-ordered allocation under capture)");
     if (s->cap->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     sim__alloc_t *g = sim__galloc_new(bytes, &p->props);
     if (g == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -381,7 +381,7 @@ static CUresult free_async(CUdeviceptr ptr, CUstream hs) {
     if (r != CUDA_SUCCESS) return r;
   }
   if (a->kind == SIM_ALLOC_GRAPH) {
-    sim__graph_call_check("cuMemFreeAsync of graph memory");
+    sim__graph_call_check(s->dev, "cuMemFreeAsync of graph memory");
     if (s->cap != NULL) {
       sim__action_t act = {.kind = SIM_ACT_MEM_FREE};
       act.u.mem.a = a;

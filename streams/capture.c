@@ -208,7 +208,7 @@ weft_status_t weft__capture_end(weft_stream_t *s, weft__capture_t **out, CUgraph
   /* A dropped graph may have memory nodes: its destroy is a graph call (WEFT__GRAPH_MEMORY),
    * made outside the tracker lock. */
   for (int i = 0; i < 2; i++)
-    if (dropped[i] != NULL) WEFT__GRAPH_MEMORY(WEFT__RELAXED(tr->drv, tr->drv->cuGraphDestroy(dropped[i])));
+    if (dropped[i] != NULL) WEFT__GRAPH_MEMORY(tr->ctx, WEFT__RELAXED(tr->drv, tr->drv->cuGraphDestroy(dropped[i])));
   if (st != WEFT_OK) return st;
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuStreamEndCapture");
   *graph = g;

@@ -82,6 +82,7 @@ weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv,
     st = weft__driver_fail(r, "cuDevicePrimaryCtxRetain");
     goto fail_lock;
   }
+  weft__driver_gate_context(tr->ctx, ordinal); /* the gate is per device (lib/core/gate.h) */
   if ((st = weft__tracker_bind(tr)) != WEFT_OK) goto fail_ctx;
   int least = 0, greatest = 0, ops64 = 0;
   if ((r = drv->cuCtxGetStreamPriorityRange(&least, &greatest)) != CUDA_SUCCESS) {

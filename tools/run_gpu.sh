@@ -33,6 +33,7 @@ for bin in "$here"/bin/*; do
     scale_gpu) envs=(WEFT_TEST_SEEDS=1-3 WEFT_TEST_OPS=20000 WEFT_TEST_RINGS=4,8,64 WEFT_TEST_KEEP_GOING=1) ;;
     test_torch_adapter|test_torch_threads|test_torch_pools) envs=(WEFT_TORCH_LIB="$here/torch/libweft_torch.so") ;;
     test_comm_long) envs=(WEFT_TEST_SEEDS=1-4 WEFT_TEST_OPS=300 WEFT_TEST_RINGS=4,64) ;;
+    test_thread_gate_2dev) envs=(THREAD_GATE_DEVICES=2 THREAD_GATE_ONLY=gate_) ;;
     test_comm_exact_waits_ring4) envs=(WEFT_TEST_RING=4 WEFT_TEST_LAZY=0) ;;
     test_comm_exact_waits_lazy_ring4) envs=(WEFT_TEST_RING=4 WEFT_TEST_LAZY=1) ;;
     test_torch_raise) envs=(WEFT_TORCH_LIB="$here/torch/libweft_torch.so" WEFT_C10_STUB="$here/torch/libc10_stub.so") ;;

@@ -17,7 +17,7 @@ for t in $targets; do
   cp "bazel-bin/$pkg/$name" "stage/bin/$name"
 done
 cp -L "$(ldconfig -p | awk '/libcmocka.so.0 /{print $NF; exit}')" stage/lib/libcmocka.so.0
-cp tools/run_gpu.sh tools/run_final_gpu.sh tools/run_observe_gpu.sh tools/run_thread_gate_gpu.sh tools/diag_comm_long_gpu.sh stage/
+cp tools/run_gpu.sh tools/run_final_gpu.sh tools/run_observe_gpu.sh tools/run_thread_gate_gpu.sh tools/run_gate_scope_gpu.sh tools/diag_comm_long_gpu.sh stage/
 # PyTorch's side (issue 13): the adapter, its Python helper, the example and the allocator benchmark.
 bazel build -c opt //lib/torch:libweft_torch.so //bench:libtorch_pair.so //tests/torch:libc10_stub.so
 mkdir -p stage/torch

@@ -2,6 +2,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -321,9 +322,44 @@ static weft__driver_t g_raw;
   X(cuGraphExecDestroy, (CUgraphExec e), (e))                                                         \
   X(cuGraphDestroy, (CUgraph g), (g))
 
+/* The contexts weft's runtimes made, with their devices: a gated call enters the shared side of the
+ * device whose context is current (gate.h). Entries are added once and never removed (a device's
+ * primary context is the same each time it is retained). */
+static CUcontext g_gate_ctx[64];
+static int g_gate_ordinal[64];
+static _Atomic unsigned g_gate_contexts;
+static pthread_mutex_t g_gate_register = PTHREAD_MUTEX_INITIALIZER;
+
+void weft__driver_gate_context(CUcontext ctx, int ordinal) {
+  pthread_mutex_lock(&g_gate_register);
+  unsigned n = atomic_load_explicit(&g_gate_contexts, memory_order_relaxed), i = 0;
+  while (i < n && g_gate_ctx[i] != ctx) i++;
+  if (i == n && n < 64) {
+    g_gate_ctx[n] = ctx;
+    g_gate_ordinal[n] = ordinal;
+    atomic_store_explicit(&g_gate_contexts, n + 1, memory_order_release);
+  }
+  pthread_mutex_unlock(&g_gate_register);
+}
+
+weft__gate_devices_t weft__driver_gate_devices(CUcontext ctx) {
+  unsigned n = atomic_load_explicit(&g_gate_contexts, memory_order_acquire);
+  for (unsigned i = 0; i < n; i++)
+    if (g_gate_ctx[i] == ctx) return weft__gate_device(g_gate_ordinal[i]);
+  return WEFT__GATE_ALL;
+}
+
+/* The devices a gated call enqueues on: every device while weft knows one context or none (one
+ * device: no need to ask), else the current context's. */
+static inline weft__gate_devices_t current_devices(void) {
+  if (atomic_load_explicit(&g_gate_contexts, memory_order_relaxed) < 2) return WEFT__GATE_ALL;
+  CUcontext cur = NULL;
+  return g_raw.cuCtxGetCurrent(&cur) == CUDA_SUCCESS ? weft__driver_gate_devices(cur) : WEFT__GATE_ALL;
+}
+
 #define WEFT__DRIVER_GATE_WRAPPER(name, params, args) \
   static CUresult CUDAAPI gated_##name params {       \
-    weft__gate_enter();                                \
+    weft__gate_enter(current_devices());               \
     CUresult r_ = g_raw.name args;                     \
     weft__gate_leave();                                \
     return r_;                                         \
@@ -338,13 +374,18 @@ static void load_once(void) {
     return;
   }
   g_raw = g_driver;
+  const char *gate = getenv("WEFT_GATE"); /* gate.h: "device" (default), "process", "off" */
+  if (gate != NULL && strcmp(gate, "process") == 0) weft__gate_set_scope(WEFT__GATE_PROCESS);
+  else if (gate != NULL && strcmp(gate, "off") == 0) weft__gate_set_scope(WEFT__GATE_OFF);
 #define WEFT__DRIVER_GATE_ROUTE(name, params, args) \
   if (g_driver.name != NULL) g_driver.name = gated_##name;
   WEFT__DRIVER_GATED(WEFT__DRIVER_GATE_ROUTE)
 #undef WEFT__DRIVER_GATE_ROUTE
 }
 
-void weft__driver_exclusive_begin(void) { weft__gate_lock(); }
+void weft__driver_exclusive_begin(CUcontext ctx) {
+  weft__gate_lock(ctx != NULL ? weft__driver_gate_devices(ctx) : WEFT__GATE_ALL);
+}
 void weft__driver_exclusive_end(void) { weft__gate_unlock(); }
 
 weft_status_t weft__driver_get(const weft__driver_t **out) {

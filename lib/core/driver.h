@@ -19,6 +19,7 @@
 
 #include <stdbool.h>
 
+#include "lib/core/gate.h"
 #include "weft/weft.h"
 
 /* X(name, required). `name` is the cuda.h name; the struct member and the pointer type follow
@@ -145,20 +146,27 @@ typedef struct weft__driver {
 weft_status_t weft__driver_get(const weft__driver_t **out);
 
 /** While inside, no other thread is in a call of the process's table that enqueues work, builds
- * or ends a capture, or maps graph memory; such calls wait (gate.h says why: graph calls). Not
- * nested, and not called from inside such a call. */
-void weft__driver_exclusive_begin(void);
+ * or ends a capture, or maps graph memory on the device of `ctx` (every device if NULL or a
+ * context weft did not make); such calls wait (gate.h says why: graph calls). Not nested, and not
+ * called from inside such a call. */
+void weft__driver_exclusive_begin(CUcontext ctx);
 void weft__driver_exclusive_end(void);
+/** Tells the gate that `ctx` is device `ordinal`'s context (a runtime's, at its creation): calls
+ * with it current enter that device's shared side. Thread-safe; idempotent. */
+void weft__driver_gate_context(CUcontext ctx, int ordinal);
+/** The gate's device set of `ctx` (WEFT__GATE_ALL if weft did not make it). */
+weft__gate_devices_t weft__driver_gate_devices(CUcontext ctx);
 /** The driver's graph calls run one at a time in the process, and while none of them runs no
  * other thread is inside a driver call that enqueues work (the exclusive side of the graph gate,
  * lib/core/gate.h): allocation and free nodes, instantiate with its upload, launch, the free of
  * an output, exec and graph destroy, trim. Run at once from several threads they crashed libcuda
  * (580.159.04, H200: a SIGSEGV inside cuMemFreeAsync of a graph output about once in ten runs
  * of tests/threads); run while other threads enqueued work they were followed by wrong results
- * (H200 and H100, tests/conformance/README.md "graph calls"). `stmt` holds driver calls only. */
-#define WEFT__GRAPH_MEMORY(stmt)        \
+ * (H200 and H100, tests/conformance/README.md "graph calls"). `ctx` is the context of the graph's
+ * device (the gate is per device); `stmt` holds driver calls only. */
+#define WEFT__GRAPH_MEMORY(ctx, stmt)   \
   do {                                  \
-    weft__driver_exclusive_begin();     \
+    weft__driver_exclusive_begin(ctx);  \
     stmt;                               \
     weft__driver_exclusive_end();       \
   } while (0)

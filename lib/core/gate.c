@@ -10,18 +10,28 @@
 #include "lib/core/debug.h"
 
 typedef struct slot {
-  _Atomic unsigned inside; /* the owner is in the shared side */
+  _Atomic weft__gate_devices_t inside; /* the devices whose shared side the owner is in */
   _Atomic bool owned;      /* a live thread owns the slot */
   struct slot *next;       /* immutable once published */
 } slot_t;
 
 static _Atomic(slot_t *) g_slots;
-static _Atomic unsigned g_closed; /* an exclusive holder is in, or getting in */
-static pthread_mutex_t g_exclusive = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic weft__gate_devices_t g_closed; /* devices whose exclusive holder is in, or getting in */
+static pthread_mutex_t g_exclusive[64];           /* a device's exclusive holders, one at a time */
+static pthread_once_t g_exclusive_once = PTHREAD_ONCE_INIT;
 static pthread_key_t g_key;
 static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
 static _Thread_local slot_t *tls_slot;
-static _Thread_local bool tls_exclusive; /* this thread holds the exclusive side */
+static _Thread_local weft__gate_devices_t tls_exclusive; /* the devices this thread holds exclusive */
+
+static int g_scope; /* WEFT__GATE_PER_DEVICE, _PROCESS or _OFF; set before the first call */
+
+void weft__gate_set_scope(int scope) { g_scope = scope; }
+
+static void exclusive_init(void) {
+  for (unsigned i = 0; i < 64; i++)
+    if (pthread_mutex_init(&g_exclusive[i], NULL) != 0) abort();
+}
 
 /* At thread exit: the slot is free for the next thread that needs one. */
 static void slot_release(void *p) {
@@ -59,36 +69,46 @@ static slot_t *slot_get(void) {
   return tls_slot = s;
 }
 
-void weft__gate_enter(void) {
-  if (tls_exclusive) return; /* the exclusive holder's own calls */
+void weft__gate_enter(weft__gate_devices_t devices) {
+  if (tls_exclusive != 0 || g_scope == WEFT__GATE_OFF) return; /* the exclusive holder's own calls */
+  if (g_scope == WEFT__GATE_PROCESS) devices = 1;
   slot_t *s = slot_get();
   WEFT_ASSERT_INTERNAL(atomic_load_explicit(&s->inside, memory_order_relaxed) == 0);
   for (;;) {
-    atomic_store_explicit(&s->inside, 1, memory_order_seq_cst);
-    if (atomic_load_explicit(&g_closed, memory_order_seq_cst) == 0) return;
-    /* An exclusive holder is in or waiting: step out, and wait for it to finish. */
+    atomic_store_explicit(&s->inside, devices, memory_order_seq_cst);
+    weft__gate_devices_t closed = atomic_load_explicit(&g_closed, memory_order_seq_cst) & devices;
+    if (closed == 0) return;
+    /* An exclusive holder of one of them is in or waiting: step out, and wait for it to finish. */
     atomic_store_explicit(&s->inside, 0, memory_order_seq_cst);
-    pthread_mutex_lock(&g_exclusive);
-    pthread_mutex_unlock(&g_exclusive);
+    pthread_once(&g_exclusive_once, exclusive_init);
+    pthread_mutex_t *m = &g_exclusive[__builtin_ctzll(closed)];
+    pthread_mutex_lock(m);
+    pthread_mutex_unlock(m);
   }
 }
 
 void weft__gate_leave(void) {
-  if (!tls_exclusive) atomic_store_explicit(&tls_slot->inside, 0, memory_order_release);
+  if (tls_exclusive == 0 && tls_slot != NULL) atomic_store_explicit(&tls_slot->inside, 0, memory_order_release);
 }
 
-void weft__gate_lock(void) {
+void weft__gate_lock(weft__gate_devices_t devices) {
   WEFT_ASSERT(tls_slot == NULL || atomic_load_explicit(&tls_slot->inside, memory_order_relaxed) == 0);
-  WEFT_ASSERT(!tls_exclusive); /* not nested */
-  pthread_mutex_lock(&g_exclusive);
-  tls_exclusive = true;
-  atomic_store_explicit(&g_closed, 1, memory_order_seq_cst);
+  WEFT_ASSERT(tls_exclusive == 0 && devices != 0); /* not nested */
+  if (g_scope == WEFT__GATE_OFF) return;
+  if (g_scope == WEFT__GATE_PROCESS) devices = 1;
+  pthread_once(&g_exclusive_once, exclusive_init);
+  for (unsigned i = 0; i < 64; i++) /* ascending: holders of several devices never wait in a circle */
+    if (devices >> i & 1) pthread_mutex_lock(&g_exclusive[i]);
+  tls_exclusive = devices;
+  atomic_fetch_or_explicit(&g_closed, devices, memory_order_seq_cst);
   for (slot_t *s = atomic_load_explicit(&g_slots, memory_order_acquire); s != NULL; s = s->next)
-    while (atomic_load_explicit(&s->inside, memory_order_seq_cst) != 0) sched_yield();
+    while ((atomic_load_explicit(&s->inside, memory_order_seq_cst) & devices) != 0) sched_yield();
 }
 
 void weft__gate_unlock(void) {
-  tls_exclusive = false;
-  atomic_store_explicit(&g_closed, 0, memory_order_seq_cst);
-  pthread_mutex_unlock(&g_exclusive);
+  weft__gate_devices_t devices = tls_exclusive;
+  tls_exclusive = 0;
+  atomic_fetch_and_explicit(&g_closed, ~devices, memory_order_seq_cst);
+  for (unsigned i = 64; i-- > 0;)
+    if (devices >> i & 1) pthread_mutex_unlock(&g_exclusive[i]);
 }

@@ -1,4 +1,4 @@
-/* The graph gate: a process-wide reader-writer gate whose readers never contend.
+/* The graph gate: a reader-writer gate per device whose readers never contend.
  *
  * Measured (tests/threads on an H200 and an H100, driver 580.159.04; tests/conformance/README.md,
  * "graph calls"): graph calls (launch, instantiate, upload, destroy, graph-memory allocation and
@@ -16,28 +16,54 @@
  * one driver call only and does not nest; nothing may block inside it on another thread (a
  * pageable host copy did: lib/runtime/runtime.h, "staging").
  *
- * Open (2 x H200, driver 580.159.04, 2026-11-27): an enqueue also blocks inside the driver when
- * the device's launch queue is full. A thread per rank that posts an all-reduce and then 20,000
- * memsets behind it on one stream blocks in the gate's shared side while the all-reduce waits
- * for the other rank, whose thread waits for the exclusive side (a graph call) before it posts
- * its all-reduce: a deadlock (tests/comm/test_comm_long.c test_min_queue_behind_an_all_reduce_
- * meets_graph_calls with WEFT_TEST_QUEUE_OPS=20000; 500 memsets pass, 64 by default). The queue takes about 1,021
- * operations a stream, and streams beyond the device's 8 connections share room
- * (tools/probes/probe_queue_depth), so bounding the queued work of the streams that wait for
- * other threads would not do: another stream's enqueue can wait behind theirs on a shared
- * connection. The way out is a gate a blocked enqueue does not hold, not yet designed.
+ * The gate is per device: a driver call enters the shared side of the device it enqueues on (the
+ * device of the current context: lib/core/driver.c), and a graph call locks the exclusive side of
+ * its graph's device, so graph calls on one device never wait for enqueues on another. It was
+ * process-wide until a deadlock on 2 x H200 (driver 580.159.04, 2026-11-27): an enqueue also
+ * blocks inside the driver when its stream's launch queue is full (about 1,021 operations a
+ * stream, tools/probes/probe_queue_depth). A thread per rank that posted an all-reduce and then
+ * 20,000 memsets behind it blocked in the shared side while the all-reduce waited for the other
+ * rank, whose thread waited for the exclusive side (a graph call) before posting its all-reduce
+ * (tests/comm/test_comm_long.c test_min_full_queue_behind_an_all_reduce_meets_graph_calls). The
+ * wrong results of "graph calls" were measured on one device; whether graph calls on one device
+ * may overlap enqueues on another is measured by tests/threads/test_thread_gate with
+ * THREAD_GATE_DEVICES=2 (tests/conformance/README.md, "graph calls"). A thread whose full queue
+ * waits for a thread of the SAME device that waits for that device's exclusive side still
+ * deadlocks; weft posts nothing for other threads, so that takes a program whose own threads
+ * wait for each other through the device (NCCL ranks sharing a device).
+ *
+ * Devices are bits of a 64-bit mask (ordinal % 64); WEFT__GATE_ALL covers every device (a call
+ * whose device is not known).
  */
 #ifndef WEFT_CORE_GATE_H
 #define WEFT_CORE_GATE_H
 
-/** Enters the shared side (waits while an exclusive holder is in). */
-void weft__gate_enter(void);
+#include <stdint.h>
+
+/** A set of devices: bit (ordinal % 64). */
+typedef uint64_t weft__gate_devices_t;
+#define WEFT__GATE_ALL (~(weft__gate_devices_t)0)
+/** The bit of device `ordinal`. */
+static inline weft__gate_devices_t weft__gate_device(int ordinal) {
+  return (weft__gate_devices_t)1 << ((unsigned)ordinal % 64u);
+}
+
+/** The gate's scope, from WEFT_GATE (lib/core/driver.c reads it when it loads the driver):
+ * WEFT__GATE_PER_DEVICE (the default, "device"), WEFT__GATE_PROCESS ("process": every call in
+ * one gate, as before 2026-11-27), WEFT__GATE_OFF ("off": no gate; for measurements only, it
+ * gives wrong results on GPUs). Set before any call enters the gate. */
+enum { WEFT__GATE_PER_DEVICE, WEFT__GATE_PROCESS, WEFT__GATE_OFF };
+void weft__gate_set_scope(int scope);
+
+/** Enters the shared side of `devices` (waits while an exclusive holder of one of them is in). */
+void weft__gate_enter(weft__gate_devices_t devices);
 /** Leaves the shared side. */
 void weft__gate_leave(void);
-/** Takes the exclusive side: waits until no thread is in the shared side, and keeps new ones out
- * until weft__gate_unlock(); the holder's own calls pass through the shared side. Exclusive
- * holders are serialised. Not nested, and not from inside the shared side. */
-void weft__gate_lock(void);
+/** Takes the exclusive side of `devices`: waits until no thread is in the shared side of one of
+ * them, and keeps new ones out until weft__gate_unlock(); the holder's own calls pass through the
+ * shared side. Exclusive holders of a device are serialised (several devices are taken in
+ * ascending order). Not nested, and not from inside the shared side. */
+void weft__gate_lock(weft__gate_devices_t devices);
 void weft__gate_unlock(void);
 
 #endif /* WEFT_CORE_GATE_H */

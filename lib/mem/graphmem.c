@@ -8,7 +8,7 @@
 
 weft_status_t weft__graph_memory_trim(weft__tracker_t *tr) {
   CUresult r;
-  WEFT__GRAPH_MEMORY(WEFT__RELAXED(tr->drv, r = tr->drv->cuDeviceGraphMemTrim(tr->device)));
+  WEFT__GRAPH_MEMORY(tr->ctx, WEFT__RELAXED(tr->drv, r = tr->drv->cuDeviceGraphMemTrim(tr->device)));
   return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuDeviceGraphMemTrim");
 }
 
@@ -20,7 +20,7 @@ static weft_status_t nodes_allocate(weft_resource_t *self, size_t bytes, weft_st
   if (g->tr->drv->cuMemAllocAsync == NULL)
     return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_alloc: the driver has no stream-ordered allocation (graph memory nodes)");
   CUresult r;
-  WEFT__GRAPH_MEMORY(WEFT__RELAXED(g->tr->drv, r = g->tr->drv->cuMemAllocAsync(out, bytes, s->raw)));
+  WEFT__GRAPH_MEMORY(g->tr->ctx, WEFT__RELAXED(g->tr->drv, r = g->tr->drv->cuMemAllocAsync(out, bytes, s->raw)));
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemAllocAsync (graph memory)");
   weft__tracker_touch(s);
   return WEFT_OK;
@@ -30,7 +30,7 @@ static weft_status_t nodes_deallocate(weft_resource_t *self, CUdeviceptr p, size
                                       const char *tag) {
   graph_nodes_t *g = (graph_nodes_t *)self;
   CUresult r;
-  WEFT__GRAPH_MEMORY(WEFT__RELAXED(g->tr->drv, r = g->tr->drv->cuMemFreeAsync(p, s->raw)));
+  WEFT__GRAPH_MEMORY(g->tr->ctx, WEFT__RELAXED(g->tr->drv, r = g->tr->drv->cuMemFreeAsync(p, s->raw)));
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuMemFreeAsync (graph memory)");
   weft__tracker_touch(s);
   return WEFT_OK;

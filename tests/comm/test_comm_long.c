@@ -1047,26 +1047,96 @@ static void test_min_first_collective_meets_graph_calls(void **state) {
   run_beside_graph_calls(min_first_thread, "first all-reduce beside graph calls, a thread per rank");
 }
 
-/* Rank 0's queue behind its all-reduce (WEFT_TEST_QUEUE_OPS memsets, default 64) meets the other
- * ranks' graph calls; the results are checked. The default does not fill the queue: a GPU's
- * takes about 1,021 operations a stream (tools/probes/probe_queue_depth). A full one is the open
- * deadlock of lib/core/gate.h ("Open"): an enqueue waits for room inside weft's gate, and
- * WEFT_TEST_QUEUE_OPS=20000 hangs on 2 x H200 (500 pass). */
-static void *min_queue_thread(void *arg) {
+/* Rank 0 posts its all-reduce, then WEFT_TEST_QUEUE_OPS memsets (default 2,000) behind it on the
+ * communicator's stream. Its all-reduce cannot finish before the other ranks post theirs, so its
+ * queue fills (a GPU's takes about 1,021 operations a stream, tools/probes/probe_queue_depth; the
+ * simulator's WEFT_SIM_QUEUE_DEPTH, 1,024; a memset is two, with its event record) and its next
+ * enqueue waits inside the driver. The other ranks wait until rank 0 has been inside one memset
+ * call for 20 ms, make graph calls (the exclusive side of their
+ * device's gate) and post their all-reduce; the results are checked. With a process-wide gate this
+ * deadlocked on 2 x H200 (lib/core/gate.h). The premise, checked by rank 1: rank 0 was inside one
+ * memset call from before rank 1's graph calls began until after they ended (its queue was full);
+ * else the case reports a skip. */
+static atomic_long q_started, q_returned; /* rank 0's memset calls */
+static atomic_int q_rank0_done, q_premise;
+
+static void *min_full_queue_thread(void *arg) {
+  min_arg_t *a = arg;
+  const int r = a->r;
   const char *e = getenv("WEFT_TEST_QUEUE_OPS");
-  return all_reduce_beside_graph_calls(arg, e && *e ? atol(e) : 64);
+  const long ops = e && *e ? atol(e) : 2000;
+  weft_block_t x, y;
+  weft_stream_t *cs = weft_comm_stream(comm[r]);
+  MIN_OK(weft_alloc(rt[r], M * 4, cs, "x", &x));
+  MIN_OK(weft_alloc(rt[r], M * 4, cs, "y", &y));
+  MIN_OK(weft_memset32(cs, x, 0, (unsigned)r + 1, M * 4));
+  MIN_OK(weft_stream_synchronize(cs));
+  pthread_barrier_wait(a->bar);
+  if (r == 0) {
+    weft_status_t st = weft_all_reduce(comm[r], x, 0, x, 0, M, WEFT_UINT32, WEFT_SUM, cs);
+    for (long i = 0; st == WEFT_OK && i < ops; i++) {
+      atomic_fetch_add(&q_started, 1);
+      st = weft_memset32(cs, y, 0, (unsigned)i, M * 4);
+      atomic_fetch_add(&q_returned, 1);
+    }
+    atomic_store(&q_rank0_done, 1);
+    MIN_OK(st); /* the all-reduce, or the memset of memset number q_returned */
+  } else {
+    /* Until rank 0 has been inside one memset call for 20 ms (an enqueue with room takes
+     * microseconds), or has ended. */
+    long seen = -1;
+    struct timespec since = {0, 0}, now;
+    while (!atomic_load(&q_rank0_done)) {
+      long st0 = atomic_load(&q_started), rt0 = atomic_load(&q_returned);
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      if (st0 != rt0 + 1 || st0 != seen) {
+        seen = st0 == rt0 + 1 ? st0 : -1;
+        since = now;
+      } else if ((now.tv_sec - since.tv_sec) * 1000000000L + (now.tv_nsec - since.tv_nsec) >= 20000000L) {
+        break;
+      }
+      sched_yield();
+    }
+    long s0 = atomic_load(&q_started), r0 = atomic_load(&q_returned);
+    MIN_OK(graph_calls(r));
+    long s1 = atomic_load(&q_started), r1 = atomic_load(&q_returned);
+    if (verbose) fprintf(stderr, "[rank %d] graph calls done; rank 0 memsets %ld/%ld -> %ld/%ld\n", r, r0, s0, r1, s1);
+    if (r == 1 && s0 == r0 + 1 && s1 == s0 && r1 == r0) atomic_store(&q_premise, 1);
+    MIN_OK(weft_all_reduce(comm[r], x, 0, x, 0, M, WEFT_UINT32, WEFT_SUM, cs));
+  }
+  uint32_t got[M];
+  MIN_OK(weft_copy_from_block(stream(r, 2), got, x, 0, sizeof got));
+  const uint32_t want = (uint32_t)(NR * (NR + 1) / 2);
+  if (got[0] != want || got[M - 1] != want) snprintf(a->why, sizeof a->why, "rank %d: %u, want %u", r, got[0], want);
+  if (r == 0) {
+    MIN_OK(weft_copy_from_block(stream(r, 2), got, y, 0, sizeof got));
+    if (got[0] != (uint32_t)(ops - 1) || got[M - 1] != (uint32_t)(ops - 1))
+      snprintf(a->why, sizeof a->why, "rank 0: y %u, want %ld", got[M - 1], ops - 1);
+  }
+  MIN_OK(weft_free(x, stream(r, 2)));
+  MIN_OK(weft_free(y, stream(r, 2)));
+  if (verbose) fprintf(stderr, "[rank %d] all-reduce checked\n", r);
+  return NULL;
 }
 
-static void test_min_queue_behind_an_all_reduce_meets_graph_calls(void **state) {
+static void test_min_full_queue_behind_an_all_reduce_meets_graph_calls(void **state) {
   (void)state;
-  run_beside_graph_calls(min_queue_thread, "a queue behind an all-reduce beside graph calls, a thread per rank");
+  atomic_store(&q_started, 0);
+  atomic_store(&q_returned, 0);
+  atomic_store(&q_rank0_done, 0);
+  atomic_store(&q_premise, 0);
+  run_min_threads(min_full_queue_thread, "a full queue behind an all-reduce beside graph calls, a thread per rank");
+  if (!atomic_load(&q_premise)) {
+    print_message("premise: rank 0 was not held inside one enqueue across rank 1's graph calls (its queue never filled)\n");
+    skip();
+  }
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_min_captured_sendrecv_thread_per_rank, case_setup),
       cmocka_unit_test_setup(test_min_first_collective_meets_graph_calls, case_setup),
-      cmocka_unit_test_setup(test_min_queue_behind_an_all_reduce_meets_graph_calls, case_setup),
+      cmocka_unit_test_setup(test_min_full_queue_behind_an_all_reduce_meets_graph_calls, case_setup),
       cmocka_unit_test_setup(test_random_programs_one_thread, case_setup),
       cmocka_unit_test_setup(test_random_programs_thread_per_rank, case_setup),
       cmocka_unit_test_setup(test_repro_thread_per_rank_ring4_seed3_hang, case_setup),

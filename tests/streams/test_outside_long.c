@@ -714,7 +714,7 @@ static int free_temps(world_t *w, capture_t *c, int si) {
  * not held back by weft. */
 #define GX(stmt)                     \
   do {                               \
-    weft__driver_exclusive_begin();  \
+    weft__driver_exclusive_begin(NULL); \
     stmt;                            \
     weft__driver_exclusive_end();    \
   } while (0)

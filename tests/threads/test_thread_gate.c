@@ -33,7 +33,9 @@
  * that block's last operations (trace). SIGABRT (weft assertions) and SIGSEGV in a worker print a
  * stack.
  *
- * Knobs (environment): THREAD_GATE_ITERS (iterations per thread), THREAD_GATE_SEED,
+ * Knobs (environment): THREAD_GATE_DEVICES=2 (the gate tests on two devices: thread t works on
+ * device t % 2, with a runtime, shared blocks and hand-overs of each; weft's gate is per device, so
+ * graph calls on one device overlap enqueues on the other), THREAD_GATE_ITERS (iterations per thread), THREAD_GATE_SEED,
  * THREAD_GATE_ONLY=<part of a test name>, and to isolate a failure: THREAD_GATE_HANDOFF=0 (graph
  * outputs never go to another thread), THREAD_GATE_OWN_POOL=0 (no capture with a graph pool of its
  * own), THREAD_GATE_GLOBAL=0 (no GLOBAL-mode capture). The simulator's scheduler takes
@@ -73,7 +75,14 @@
 
 enum { MODE_GATE, MODE_SHARED, MODE_CONTEND };
 
-static tu_env_t env;
+/* THREAD_GATE_DEVICES=2 (gate tests only): thread t works on device t % 2, with a runtime, shared
+ * blocks, stream gates and hand-overs of each device; the gate of lib/core/gate.h is per device, so
+ * graph calls on one device overlap enqueues on the other. */
+#define MAXDEV 2
+static unsigned ndev = 1;
+static _Thread_local unsigned tls_dev; /* the device of this thread's work */
+static tu_env_t envs[MAXDEV];
+#define env (envs[tls_dev])
 static int mode;
 static unsigned n_streams, eager_lo, eager_n; /* eager work: streams [eager_lo, eager_lo + eager_n) */
 static unsigned iters;
@@ -81,12 +90,14 @@ static uint64_t base_seed;
 static unsigned allow_handoff, allow_own_pool, allow_global; /* THREAD_GATE_HANDOFF / _OWN_POOL / _GLOBAL */
 static FILE *devnull;
 static const weft_block_t none = {0};
-static pthread_rwlock_t gate[WEFT__MAX_STREAMS];
+static pthread_rwlock_t gates[MAXDEV][WEFT__MAX_STREAMS];
+#define gate (gates[tls_dev])
 static atomic_uint loops_done;
 static pthread_barrier_t barrier;
 
 /* Read-only shared blocks: written once before the threads start. */
-static weft_block_t ro[NSH];
+static weft_block_t ros[MAXDEV][NSH];
+#define ro (ros[tls_dev])
 static unsigned ro_model[NSH][ELEMS];
 static bool ro_known = true;
 
@@ -652,7 +663,7 @@ static void replay(job_t *j, weft_graph_t *g, body_t *B) {
         break;
       }
       unsigned what = rn(j, 3);
-      if (what == 2 && allow_handoff && post((j->id + 1) % THREADS, &m)) {
+      if (what == 2 && allow_handoff && post((j->id + ndev) % THREADS, &m)) {
         j->sent++;
         handed = true;
         continue;
@@ -849,6 +860,7 @@ static void step_shared(job_t *j) {
 
 static void *worker(void *arg) {
   job_t *j = arg;
+  tls_dev = j->id % ndev;
   j->rng = base_seed * 0x2545f4914f6cdd1dull + j->id * 1000003ull + 17;
   j->host = malloc(BYTES);
   if (j->host == NULL) j->fatal = 1;
@@ -906,9 +918,17 @@ static void run(const char *name, int m, unsigned ring, unsigned default_iters) 
   allow_handoff = env_unsigned("THREAD_GATE_HANDOFF", 1);
   allow_own_pool = env_unsigned("THREAD_GATE_OWN_POOL", 1);
   allow_global = env_unsigned("THREAD_GATE_GLOBAL", 1);
+  ndev = m == MODE_GATE ? env_unsigned("THREAD_GATE_DEVICES", 1) : 1;
+  if (ndev < 1 || ndev > MAXDEV) fail_msg("THREAD_GATE_DEVICES must be 1 or %d", MAXDEV);
   weft_options_t o = weft_options_default();
   o.event_ring = ring;
-  assert_int_equal(tu_init(&env, &o), 0);
+  for (tls_dev = 0; tls_dev < ndev; tls_dev++)
+    if (tu_init_device(&env, (int)tls_dev, &o) != 0) {
+      if (tls_dev == 0) fail_msg("tu_init_device 0");
+      print_message("premise: device %u is not there\n", tls_dev);
+      skip();
+    }
+  tls_dev = 0;
   n_streams = o.stream_count;
   assert_true(n_streams == THREADS);
   eager_lo = m == MODE_CONTEND ? n_streams - o.high_priority_streams : 0;
@@ -918,7 +938,8 @@ static void run(const char *name, int m, unsigned ring, unsigned default_iters) 
   pthread_rwlockattr_t ga;
   pthread_rwlockattr_init(&ga);
   pthread_rwlockattr_setkind_np(&ga, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
-  for (unsigned i = 0; i < n_streams; i++) pthread_rwlock_init(&gate[i], &ga);
+  for (unsigned d = 0; d < ndev; d++)
+    for (unsigned i = 0; i < n_streams; i++) pthread_rwlock_init(&gates[d][i], &ga);
   pthread_rwlockattr_destroy(&ga);
   for (unsigned t = 0; t < THREADS; t++) {
     pthread_mutex_init(&boxes[t].m, NULL);
@@ -926,13 +947,15 @@ static void run(const char *name, int m, unsigned ring, unsigned default_iters) 
   }
   /* Shared blocks, written once on the main thread (no synchronisation: the threads' first
    * uses wait for these writes). */
+  for (tls_dev = 0; tls_dev < ndev; tls_dev++)
+    for (int c = 0; c < NSH; c++) {
+      weft_stream_t *s = stream((unsigned)c % n_streams);
+      assert_int_equal(weft_alloc(env.rt, BYTES, s, "ro", &ro[c]), WEFT_OK);
+      assert_int_equal(tu_fill(&env, s, ro[c], ELEMS, 1000u + (unsigned)c), WEFT_OK);
+      for (unsigned i = 0; i < ELEMS; i++) ro_model[c][i] = 1000u + (unsigned)c;
+    }
+  tls_dev = 0;
   weft_stream_t *s0 = stream(0);
-  for (int c = 0; c < NSH; c++) {
-    weft_stream_t *s = stream((unsigned)c % n_streams);
-    assert_int_equal(weft_alloc(env.rt, BYTES, s, "ro", &ro[c]), WEFT_OK);
-    assert_int_equal(tu_fill(&env, s, ro[c], ELEMS, 1000u + (unsigned)c), WEFT_OK);
-    for (unsigned i = 0; i < ELEMS; i++) ro_model[c][i] = 1000u + (unsigned)c;
-  }
   if (m == MODE_SHARED)
     for (int c = 0; c < NSW; c++) {
       pthread_mutex_init(&sw_lock[c], NULL);
@@ -974,16 +997,20 @@ static void run(const char *name, int m, unsigned ring, unsigned default_iters) 
   for (unsigned k = 0; k < n_kinds; k++) printf("  %6lu x %s\n", kinds[k].count, kinds[k].key);
   /* The shared blocks against their models, then freed. */
   unsigned got[ELEMS];
-  for (int c = 0; c < NSH; c++) {
-    assert_int_equal(tu_read(s0, ro[c], got, BYTES), WEFT_OK);
-    for (unsigned i = 0; i < ELEMS; i++)
-      if (got[i] != ro_model[c][i]) {
-        printf("  read-only shared block %d element %u: %u, model %u\n", c, i, got[i], ro_model[c][i]);
-        mismatches++;
-        break;
-      }
-    assert_int_equal(weft_free(ro[c], s0), WEFT_OK);
-  }
+  for (tls_dev = 0; tls_dev < ndev; tls_dev++)
+    for (int c = 0; c < NSH; c++) {
+      weft_stream_t *sd = stream(0);
+      assert_int_equal(tu_read(sd, ro[c], got, BYTES), WEFT_OK);
+      for (unsigned i = 0; i < ELEMS; i++)
+        if (got[i] != ro_model[c][i]) {
+          printf("  read-only shared block %d of device %u element %u: %u, model %u\n", c, tls_dev, i, got[i],
+                 ro_model[c][i]);
+          mismatches++;
+          break;
+        }
+      assert_int_equal(weft_free(ro[c], sd), WEFT_OK);
+    }
+  tls_dev = 0;
   if (m == MODE_SHARED)
     for (int c = 0; c < NSW; c++) {
       assert_int_equal(tu_read(s0, sw[c], got, BYTES), WEFT_OK);
@@ -996,20 +1023,24 @@ static void run(const char *name, int m, unsigned ring, unsigned default_iters) 
       assert_int_equal(weft_free(sw[c], s0), WEFT_OK);
       pthread_mutex_destroy(&sw_lock[c]);
     }
-  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  bool valid = true;
+  for (tls_dev = 0; tls_dev < ndev; tls_dev++) {
+    assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+    valid = valid && weft__tracker_is_valid(&env.rt->tracker);
+  }
+  tls_dev = 0;
   uint64_t races = tu_races(&env);
   fflush(stdout);
   if (races != 0) tu_print_races(&env);
-  bool valid = weft__tracker_is_valid(&env.rt->tracker);
   weft_counters_t c;
   assert_int_equal(weft_runtime_counters(env.rt, &c), WEFT_OK);
   double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
-  printf("%s: %u threads x %u iterations in %.2f s: %lu uses, %lu checks, %lu syncs (%lu refused under capture), "
+  printf("%s: %u threads on %u device(s) x %u iterations in %.2f s: %lu uses, %lu checks, %lu syncs (%lu refused under capture), "
          "%lu captures (%lu capture_run, %lu with a joined stream, %lu contended), %lu launches, %lu outputs handed "
          "over (%lu received), %lu busy relaunches, %lu blocks replaced, %lu null weft_stream_auto\n",
-         name, THREADS, iters, secs, tot.uses, tot.checks, tot.syncs, tot.refused, tot.captures, tot.capture_runs,
+         name, THREADS, ndev, iters, secs, tot.uses, tot.checks, tot.syncs, tot.refused, tot.captures, tot.capture_runs,
          tot.joins, tot.contended, tot.launches, tot.sent, tot.received, tot.busy_spins, tot.replaced, tot.auto_null);
-  printf("%s: runtime: %llu uses, %llu waits issued, %llu skipped, %llu ring evictions, %llu events, allocs %llu, "
+  printf("%s: runtime of device 0: %llu uses, %llu waits issued, %llu skipped, %llu ring evictions, %llu events, allocs %llu, "
          "frees %llu\n",
          name, (unsigned long long)c.uses, (unsigned long long)c.waits_issued, (unsigned long long)c.waits_skipped,
          (unsigned long long)c.ring_evictions, (unsigned long long)c.events_recorded, (unsigned long long)c.allocs,
@@ -1018,15 +1049,20 @@ static void run(const char *name, int m, unsigned ring, unsigned default_iters) 
          errors, mismatches, fatal, (unsigned long long)races, valid ? "valid" : "INVALID");
   fflush(stdout);
   /* Blocks the streams cached are on the live list until given back. */
-  if (weft_runtime_trim(env.rt) != WEFT_OK) printf("%s: weft_runtime_trim: %s\n", name, weft_last_error());
-  pthread_mutex_lock(&env.rt->blocks_lock);
-  size_t live = env.rt->live_count;
-  pthread_mutex_unlock(&env.rt->blocks_lock);
-  if (live != 0) printf("%s: %zu blocks still live at the end\n", name, live);
-  for (unsigned i = 0; i < n_streams; i++) pthread_rwlock_destroy(&gate[i]);
+  size_t live = 0;
+  for (tls_dev = 0; tls_dev < ndev; tls_dev++) {
+    if (weft_runtime_trim(env.rt) != WEFT_OK) printf("%s: weft_runtime_trim: %s\n", name, weft_last_error());
+    pthread_mutex_lock(&env.rt->blocks_lock);
+    size_t n = env.rt->live_count;
+    pthread_mutex_unlock(&env.rt->blocks_lock);
+    if (n != 0) printf("%s: %zu blocks of device %u still live at the end\n", name, n, tls_dev);
+    live += n;
+    for (unsigned i = 0; i < n_streams; i++) pthread_rwlock_destroy(&gate[i]);
+  }
   for (unsigned t = 0; t < THREADS; t++) pthread_mutex_destroy(&boxes[t].m);
   fclose(devnull);
-  tu_fini(&env);
+  for (tls_dev = ndev; tls_dev-- > 0;) tu_fini(&env);
+  tls_dev = 0;
   assert_int_equal(errors, 0);
   assert_int_equal(mismatches, 0);
   assert_int_equal(fatal, 0);

@@ -8,15 +8,25 @@
 #include "tests/kernels/test_kernels.h"
 #include "tests/kernels/test_kernels_sim.h"
 
-int tu_init(tu_env_t *env, const weft_options_t *opts) {
+int tu_init(tu_env_t *env, const weft_options_t *opts) { return tu_init_device(env, 0, opts); }
+
+int tu_init_device(tu_env_t *env, int ordinal, const weft_options_t *opts) {
   memset(env, 0, sizeof *env);
-  weft_status_t st = weft_runtime_get(0, opts, &env->rt);
+  weft_status_t st = weft_runtime_get(ordinal, opts, &env->rt);
   if (st != WEFT_OK) {
     fprintf(stderr, "tu_init: weft_runtime_get: %s: %s\n", weft_status_name(st), weft_last_error());
     return -1;
   }
   const weft__driver_t *drv;
   if (weft__driver_get(&drv) != WEFT_OK) return -1;
+  /* The module is loaded into the device's primary context (the runtime's, retained by it). */
+  CUdevice dev;
+  CUcontext ctx;
+  if (drv->cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS || drv->cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS)
+    return -1;
+  (void)drv->cuDevicePrimaryCtxRelease(dev);
+  if (drv->cuCtxSetCurrent(ctx) != CUDA_SUCCESS) return -1;
+  env->ctx = ctx;
   weft_test_kernels_register_sim();
   env->sim = weft_sim_api(weft_driver_symbol);
   if (drv->cuModuleLoadData(&env->module, test_kernels_fatbin) != CUDA_SUCCESS ||
@@ -33,7 +43,10 @@ int tu_init(tu_env_t *env, const weft_options_t *opts) {
 
 void tu_fini(tu_env_t *env) {
   const weft__driver_t *drv;
-  if (env->module != NULL && weft__driver_get(&drv) == WEFT_OK) drv->cuModuleUnload(env->module);
+  if (env->module != NULL && weft__driver_get(&drv) == WEFT_OK) {
+    if (env->ctx != NULL) (void)drv->cuCtxSetCurrent(env->ctx);
+    drv->cuModuleUnload(env->module);
+  }
   if (env->rt != NULL) (void)weft_runtime_release(env->rt);
   memset(env, 0, sizeof *env);
 }

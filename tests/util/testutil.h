@@ -13,11 +13,14 @@ typedef struct tu_env {
   CUfunction combine, fill;
   const weft_sim_api_t *sim; /* NULL on a GPU */
   unsigned spin_ns;          /* kernels spin this long before writing (GPU: 50 us by default) */
+  CUcontext ctx;             /* the device's primary context, where the module is loaded */
 } tu_env_t;
 
 /** Gets the runtime of device 0 with `opts` (NULL: defaults), loads the kernels. Returns 0 or
  * fails the test. WEFT_TEST_SPIN_NS overrides the spin. */
 int tu_init(tu_env_t *env, const weft_options_t *opts);
+/** tu_init on device `ordinal`: its runtime, with the test kernels loaded in its context. */
+int tu_init_device(tu_env_t *env, int ordinal, const weft_options_t *opts);
 /** Releases the runtime and unloads the module. */
 void tu_fini(tu_env_t *env);
 /** Races the simulator's oracle has reported, plus driver calls on destroyed handles (the real
