@@ -934,10 +934,11 @@ typedef struct weft_graph_memory_stats {
 WEFT_API WEFT_NODISCARD weft_status_t weft_graph_memory_stats(weft_runtime_t *rt, weft_graph_memory_stats_t *out);
 /** cuDeviceGraphMemTrim: unused graph memory goes back to the system. Like every graph call of
  * weft (instantiate, launch, the free of an output, destroy, allocations inside a capture), it
- * runs while no other thread is inside a driver call of weft that enqueues work; such calls wait
- * for it (on driver 580.159.04, H100 and H200, graph calls that overlapped them were followed by
- * wrong results: tests/conformance/README.md, "graph calls"). Work that you enqueue through the
- * driver yourself is not held back. Errors: CAPTURE (a capture that could see it is active). */
+ * runs while no other thread is inside a driver call of weft that enqueues work on the same
+ * device; such calls wait for it (on driver 580.159.04, H100 and H200, graph calls that overlapped
+ * them were followed by wrong results; across devices they did not: tests/conformance/README.md,
+ * "graph calls"; WEFT_GATE in the README). Work that you enqueue through the driver yourself is
+ * not held back. Errors: CAPTURE (a capture that could see it is active). */
 WEFT_API WEFT_NODISCARD weft_status_t weft_graph_memory_trim(weft_runtime_t *rt);
 
 /** An explicit graph under construction: nodes with declared accesses; edges come from the same
