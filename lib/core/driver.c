@@ -375,8 +375,15 @@ static void load_once(void) {
   }
   g_raw = g_driver;
   const char *gate = getenv("WEFT_GATE"); /* gate.h: "device" (default), "process", "off" */
-  if (gate != NULL && strcmp(gate, "process") == 0) weft__gate_set_scope(WEFT__GATE_PROCESS);
-  else if (gate != NULL && strcmp(gate, "off") == 0) weft__gate_set_scope(WEFT__GATE_OFF);
+  if (gate != NULL && *gate != '\0' && strcmp(gate, "device") != 0) {
+    if (strcmp(gate, "process") == 0) weft__gate_set_scope(WEFT__GATE_PROCESS);
+    else if (strcmp(gate, "off") == 0) weft__gate_set_scope(WEFT__GATE_OFF);
+    else {
+      g_status = WEFT_ERR_INVALID_ARGUMENT;
+      snprintf(g_message, sizeof g_message, "weft: WEFT_GATE='%.64s': expected device, process or off", gate);
+      return;
+    }
+  }
 #define WEFT__DRIVER_GATE_ROUTE(name, params, args) \
   if (g_driver.name != NULL) g_driver.name = gated_##name;
   WEFT__DRIVER_GATED(WEFT__DRIVER_GATE_ROUTE)

@@ -28,6 +28,8 @@ static int g_scope; /* WEFT__GATE_PER_DEVICE, _PROCESS or _OFF; set before the f
 
 void weft__gate_set_scope(int scope) { g_scope = scope; }
 
+int weft__gate_scope(void) { return g_scope; }
+
 static void exclusive_init(void) {
   for (unsigned i = 0; i < 64; i++)
     if (pthread_mutex_init(&g_exclusive[i], NULL) != 0) abort();

@@ -55,6 +55,8 @@ static inline weft__gate_devices_t weft__gate_device(int ordinal) {
  * gives wrong results on GPUs). Set before any call enters the gate. */
 enum { WEFT__GATE_PER_DEVICE, WEFT__GATE_PROCESS, WEFT__GATE_OFF };
 void weft__gate_set_scope(int scope);
+/** The scope set (WEFT__GATE_PER_DEVICE unless set). */
+int weft__gate_scope(void);
 
 /** Enters the shared side of `devices` (waits while an exclusive holder of one of them is in). */
 void weft__gate_enter(weft__gate_devices_t devices);
