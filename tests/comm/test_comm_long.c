@@ -990,19 +990,46 @@ static void test_min_captured_sendrecv_thread_per_rank(void **state) {
 }
 
 /* Ranks 1.. make graph calls 300 ms after the barrier and then post their all-reduce; rank 0
- * posts its all-reduce at once, then `extra` memsets behind it on the communicator's stream. The
- * premise, checked: rank 0 had begun its all-reduce when a rank began its graph calls (else
+ * posts its all-reduce at once. The premise, checked: rank 0 had begun its all-reduce when a rank began its graph calls (else
  * `beside_missed` is set and the case reports a skip). */
 static atomic_int rank0_began, beside_missed;
 
-static void *all_reduce_beside_graph_calls(min_arg_t *a, long extra) {
+/* Rank r's blocks x (r + 1 in every element: an all-reduce's input and output) and y, on its
+ * communicator's stream, written before the call returns. */
+static weft_status_t xy_ready(int r, weft_block_t *x, weft_block_t *y) {
+  weft_stream_t *cs = weft_comm_stream(comm[r]);
+  weft_status_t st = weft_alloc(rt[r], M * 4, cs, "x", x);
+  if (st != WEFT_OK) return st;
+  if ((st = weft_alloc(rt[r], M * 4, cs, "y", y)) != WEFT_OK) return st;
+  if ((st = weft_memset32(cs, *x, 0, (unsigned)r + 1, M * 4)) != WEFT_OK) return st;
+  return weft_stream_synchronize(cs);
+}
+
+/* Checks rank a->r's x (the sum over the ranks) and, where y_want >= 0, its y (y_want in every
+ * element), saying what differs in a->why; frees both. */
+static weft_status_t xy_check(min_arg_t *a, weft_block_t x, weft_block_t y, long y_want) {
+  const int r = a->r;
+  uint32_t got[M];
+  weft_status_t st = weft_copy_from_block(stream(r, 2), got, x, 0, sizeof got);
+  if (st != WEFT_OK) return st;
+  const uint32_t want = (uint32_t)(NR * (NR + 1) / 2);
+  if (got[0] != want || got[M - 1] != want) snprintf(a->why, sizeof a->why, "rank %d: %u, want %u", r, got[0], want);
+  if (y_want >= 0) {
+    if ((st = weft_copy_from_block(stream(r, 2), got, y, 0, sizeof got)) != WEFT_OK) return st;
+    if (got[0] != (uint32_t)y_want || got[M - 1] != (uint32_t)y_want)
+      snprintf(a->why, sizeof a->why, "rank %d: y %u, want %ld", r, got[M - 1], y_want);
+  }
+  if ((st = weft_free(x, stream(r, 2))) != WEFT_OK) return st;
+  if ((st = weft_free(y, stream(r, 2))) != WEFT_OK) return st;
+  if (verbose) fprintf(stderr, "[rank %d] all-reduce checked\n", r);
+  return WEFT_OK;
+}
+
+static void *all_reduce_beside_graph_calls(min_arg_t *a) {
   const int r = a->r;
   weft_block_t x, y;
   weft_stream_t *cs = weft_comm_stream(comm[r]);
-  MIN_OK(weft_alloc(rt[r], M * 4, cs, "x", &x));
-  MIN_OK(weft_alloc(rt[r], M * 4, cs, "y", &y));
-  MIN_OK(weft_memset32(cs, x, 0, (unsigned)r + 1, M * 4));
-  MIN_OK(weft_stream_synchronize(cs));
+  MIN_OK(xy_ready(r, &x, &y));
   pthread_barrier_wait(a->bar);
   if (r != 0) {
     struct timespec t = {0, 300 * 1000000L}; /* rank 0 is in its all-reduce (or its queue) by then */
@@ -1013,23 +1040,13 @@ static void *all_reduce_beside_graph_calls(min_arg_t *a, long extra) {
   }
   if (r == 0) atomic_store(&rank0_began, 1);
   MIN_OK(weft_all_reduce(comm[r], x, 0, x, 0, M, WEFT_UINT32, WEFT_SUM, cs));
-  for (long i = 0; i < extra; i++) MIN_OK(weft_memset32(cs, y, 0, (unsigned)i, M * 4));
-  uint32_t got[M];
-  MIN_OK(weft_copy_from_block(stream(r, 2), got, x, 0, sizeof got));
-  const uint32_t want = (uint32_t)(NR * (NR + 1) / 2);
-  if (got[0] != want || got[M - 1] != want) snprintf(a->why, sizeof a->why, "rank %d: %u, want %u", r, got[0], want);
-  MIN_OK(weft_copy_from_block(stream(r, 2), got, y, 0, sizeof got));
-  if (extra > 0 && got[M - 1] != (uint32_t)(extra - 1))
-    snprintf(a->why, sizeof a->why, "rank %d: y %u, want %ld", r, got[M - 1], extra - 1);
-  MIN_OK(weft_free(x, stream(r, 2)));
-  MIN_OK(weft_free(y, stream(r, 2)));
-  if (verbose) fprintf(stderr, "[rank %d] all-reduce checked\n", r);
+  MIN_OK(xy_check(a, x, y, -1));
   return NULL;
 }
 
 /* Fresh communicators: rank 0's first all-reduce (NCCL connects the ranks inside its group end,
  * which waits for the other ranks to connect too) meets the other ranks' graph calls. */
-static void *min_first_thread(void *arg) { return all_reduce_beside_graph_calls(arg, 0); }
+static void *min_first_thread(void *arg) { return all_reduce_beside_graph_calls(arg); }
 
 /* run_min_threads(fn) over all_reduce_beside_graph_calls, its premise checked. */
 static void run_beside_graph_calls(void *(*fn)(void *), const char *what) {
@@ -1067,10 +1084,7 @@ static void *min_full_queue_thread(void *arg) {
   const long ops = e && *e ? atol(e) : 2000;
   weft_block_t x, y;
   weft_stream_t *cs = weft_comm_stream(comm[r]);
-  MIN_OK(weft_alloc(rt[r], M * 4, cs, "x", &x));
-  MIN_OK(weft_alloc(rt[r], M * 4, cs, "y", &y));
-  MIN_OK(weft_memset32(cs, x, 0, (unsigned)r + 1, M * 4));
-  MIN_OK(weft_stream_synchronize(cs));
+  MIN_OK(xy_ready(r, &x, &y));
   pthread_barrier_wait(a->bar);
   if (r == 0) {
     weft_status_t st = weft_all_reduce(comm[r], x, 0, x, 0, M, WEFT_UINT32, WEFT_SUM, cs);
@@ -1104,18 +1118,7 @@ static void *min_full_queue_thread(void *arg) {
     if (r == 1 && s0 == r0 + 1 && s1 == s0 && r1 == r0) atomic_store(&q_premise, 1);
     MIN_OK(weft_all_reduce(comm[r], x, 0, x, 0, M, WEFT_UINT32, WEFT_SUM, cs));
   }
-  uint32_t got[M];
-  MIN_OK(weft_copy_from_block(stream(r, 2), got, x, 0, sizeof got));
-  const uint32_t want = (uint32_t)(NR * (NR + 1) / 2);
-  if (got[0] != want || got[M - 1] != want) snprintf(a->why, sizeof a->why, "rank %d: %u, want %u", r, got[0], want);
-  if (r == 0) {
-    MIN_OK(weft_copy_from_block(stream(r, 2), got, y, 0, sizeof got));
-    if (got[0] != (uint32_t)(ops - 1) || got[M - 1] != (uint32_t)(ops - 1))
-      snprintf(a->why, sizeof a->why, "rank 0: y %u, want %ld", got[M - 1], ops - 1);
-  }
-  MIN_OK(weft_free(x, stream(r, 2)));
-  MIN_OK(weft_free(y, stream(r, 2)));
-  if (verbose) fprintf(stderr, "[rank %d] all-reduce checked\n", r);
+  MIN_OK(xy_check(a, x, y, r == 0 ? ops - 1 : -1));
   return NULL;
 }
 
