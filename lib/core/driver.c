@@ -325,18 +325,19 @@ static weft__driver_t g_raw;
 /* The contexts weft's runtimes made, with their devices: a gated call enters the shared side of the
  * device whose context is current (gate.h). Entries are added once and never removed (a device's
  * primary context is the same each time it is retained). */
-static CUcontext g_gate_ctx[64];
-static int g_gate_ordinal[64];
+static struct gate_context {
+  CUcontext ctx;
+  weft__gate_devices_t devices;
+} g_gate_ctx[64]; /* a lookup reads one line for the first four (two with one device) */
 static _Atomic unsigned g_gate_contexts;
 static pthread_mutex_t g_gate_register = PTHREAD_MUTEX_INITIALIZER;
 
 void weft__driver_gate_context(CUcontext ctx, int ordinal) {
   pthread_mutex_lock(&g_gate_register);
   unsigned n = atomic_load_explicit(&g_gate_contexts, memory_order_relaxed), i = 0;
-  while (i < n && g_gate_ctx[i] != ctx) i++;
+  while (i < n && g_gate_ctx[i].ctx != ctx) i++;
   if (i == n && n < 64) {
-    g_gate_ctx[n] = ctx;
-    g_gate_ordinal[n] = ordinal;
+    g_gate_ctx[n] = (struct gate_context){ctx, weft__gate_device(ordinal)};
     atomic_store_explicit(&g_gate_contexts, n + 1, memory_order_release);
   }
   pthread_mutex_unlock(&g_gate_register);
@@ -345,7 +346,7 @@ void weft__driver_gate_context(CUcontext ctx, int ordinal) {
 weft__gate_devices_t weft__driver_gate_devices(CUcontext ctx) {
   unsigned n = atomic_load_explicit(&g_gate_contexts, memory_order_acquire);
   for (unsigned i = 0; i < n; i++)
-    if (g_gate_ctx[i] == ctx) return weft__gate_device(g_gate_ordinal[i]);
+    if (g_gate_ctx[i].ctx == ctx) return g_gate_ctx[i].devices;
   return WEFT__GATE_ALL;
 }
 

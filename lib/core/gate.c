@@ -16,7 +16,11 @@ typedef struct slot {
 } slot_t;
 
 static _Atomic(slot_t *) g_slots;
-static _Atomic weft__gate_devices_t g_closed; /* devices whose exclusive holder is in, or getting in */
+/* Read by every shared entry: one line. */
+static struct {
+  _Atomic weft__gate_devices_t closed; /* devices whose exclusive holder is in, or getting in */
+  int scope;                            /* WEFT__GATE_PER_DEVICE, _PROCESS or _OFF; set before the first call */
+} g_gate __attribute__((aligned(64)));
 static pthread_mutex_t g_exclusive[64];           /* a device's exclusive holders, one at a time */
 static pthread_once_t g_exclusive_once = PTHREAD_ONCE_INIT;
 static pthread_key_t g_key;
@@ -24,11 +28,9 @@ static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
 static _Thread_local slot_t *tls_slot;
 static _Thread_local weft__gate_devices_t tls_exclusive; /* the devices this thread holds exclusive */
 
-static int g_scope; /* WEFT__GATE_PER_DEVICE, _PROCESS or _OFF; set before the first call */
+void weft__gate_set_scope(int scope) { g_gate.scope = scope; }
 
-void weft__gate_set_scope(int scope) { g_scope = scope; }
-
-int weft__gate_scope(void) { return g_scope; }
+int weft__gate_scope(void) { return g_gate.scope; }
 
 static void exclusive_init(void) {
   for (unsigned i = 0; i < 64; i++)
@@ -72,13 +74,13 @@ static slot_t *slot_get(void) {
 }
 
 void weft__gate_enter(weft__gate_devices_t devices) {
-  if (tls_exclusive != 0 || g_scope == WEFT__GATE_OFF) return; /* the exclusive holder's own calls */
-  if (g_scope == WEFT__GATE_PROCESS) devices = 1;
+  if (tls_exclusive != 0 || g_gate.scope == WEFT__GATE_OFF) return; /* the exclusive holder's own calls */
+  if (g_gate.scope == WEFT__GATE_PROCESS) devices = 1;
   slot_t *s = slot_get();
   WEFT_ASSERT_INTERNAL(atomic_load_explicit(&s->inside, memory_order_relaxed) == 0);
   for (;;) {
     atomic_store_explicit(&s->inside, devices, memory_order_seq_cst);
-    weft__gate_devices_t closed = atomic_load_explicit(&g_closed, memory_order_seq_cst) & devices;
+    weft__gate_devices_t closed = atomic_load_explicit(&g_gate.closed, memory_order_seq_cst) & devices;
     if (closed == 0) return;
     /* An exclusive holder of one of them is in or waiting: step out, and wait for it to finish. */
     atomic_store_explicit(&s->inside, 0, memory_order_seq_cst);
@@ -96,13 +98,13 @@ void weft__gate_leave(void) {
 void weft__gate_lock(weft__gate_devices_t devices) {
   WEFT_ASSERT(tls_slot == NULL || atomic_load_explicit(&tls_slot->inside, memory_order_relaxed) == 0);
   WEFT_ASSERT(tls_exclusive == 0 && devices != 0); /* not nested */
-  if (g_scope == WEFT__GATE_OFF) return;
-  if (g_scope == WEFT__GATE_PROCESS) devices = 1;
+  if (g_gate.scope == WEFT__GATE_OFF) return;
+  if (g_gate.scope == WEFT__GATE_PROCESS) devices = 1;
   pthread_once(&g_exclusive_once, exclusive_init);
   for (unsigned i = 0; i < 64; i++) /* ascending: holders of several devices never wait in a circle */
     if (devices >> i & 1) pthread_mutex_lock(&g_exclusive[i]);
   tls_exclusive = devices;
-  atomic_fetch_or_explicit(&g_closed, devices, memory_order_seq_cst);
+  atomic_fetch_or_explicit(&g_gate.closed, devices, memory_order_seq_cst);
   for (slot_t *s = atomic_load_explicit(&g_slots, memory_order_acquire); s != NULL; s = s->next)
     while ((atomic_load_explicit(&s->inside, memory_order_seq_cst) & devices) != 0) sched_yield();
 }
@@ -110,7 +112,7 @@ void weft__gate_lock(weft__gate_devices_t devices) {
 void weft__gate_unlock(void) {
   weft__gate_devices_t devices = tls_exclusive;
   tls_exclusive = 0;
-  atomic_fetch_and_explicit(&g_closed, ~devices, memory_order_seq_cst);
+  atomic_fetch_and_explicit(&g_gate.closed, ~devices, memory_order_seq_cst);
   for (unsigned i = 64; i-- > 0;)
     if (devices >> i & 1) pthread_mutex_unlock(&g_exclusive[i]);
 }
