@@ -1,7 +1,8 @@
 /* weft_bench: every benchmark of issue 7 in one run, each weft figure next to its raw-driver
  * baseline from the same run.
  *
- *   weft_bench [--quick] [section ...]     sections: alloc tracker waits replay pipeline comm dp curves (default all)
+ *   weft_bench [--quick] [section ...]     sections: alloc tracker waits replay pipeline comm comm_procs dp curves
+ *                                          (default all)
  *
  * On a GPU (WEFT_DRIVER unset) the whole run takes well under a minute. On the simulator
  * (WEFT_DRIVER=sim) counts are scaled down and every table says the figures are not performance
@@ -28,6 +29,7 @@ static const section_t sections[] = {
     {"replay", bench_replay},
     {"pipeline", bench_pipeline},
     {"comm", bench_comm},
+    {"comm_procs", bench_comm_procs},
     {"dp", bench_dp},
     {"curves", bench_curves},
 };
@@ -80,6 +82,7 @@ static void print_header(const bench_t *b, const weft_driver_info_t *info) {
 }
 
 int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "--comm-child") == 0) return bench_comm_child(argc, argv);
   bench_t b = {0};
   int want[NSECTIONS] = {0}, any = 0;
   for (int i = 1; i < argc; i++) {

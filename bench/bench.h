@@ -98,6 +98,10 @@ void bench_sample(const bench_t *b, const char *section, const char *row, const 
 
 void bench_alloc(bench_t *b);
 void bench_comm(bench_t *b);
+/** All-reduce with a process per rank: rank 1 is this binary again, run as bench_comm_child. */
+void bench_comm_procs(bench_t *b);
+/** Rank 1 of bench_comm_procs (weft_bench --comm-child ID_FILE QUICK REPS); returns the exit code. */
+int bench_comm_child(int argc, char **argv);
 void bench_dp(bench_t *b);
 void bench_tracker(bench_t *b);
 void bench_waits(bench_t *b);

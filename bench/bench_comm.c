@@ -6,9 +6,16 @@
  * exposed stream records an event after every use. Each repetition times `iters` all-reduces ending
  * in one synchronisation of both streams, the two ways alternating repetition by repetition; the
  * medians are compared. Goal (issue 14): weft within 2% of raw NCCL at every size. Needs two
- * devices and NCCL (WEFT_NCCL); skipped otherwise. */
+ * devices and NCCL (WEFT_NCCL); skipped otherwise. Then the same with a thread per rank, and
+ * (section comm_procs) with a process per rank. */
 #include <pthread.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "bench/bench.h"
 #include "lib/core/nccl.h"
@@ -372,4 +379,168 @@ void bench_comm(bench_t *b) {
   }
   BENCH_WEFT(weft_runtime_release(p.rt[1]));
   BENCH_WEFT(weft_runtime_release(p.rt[0]));
+}
+
+/* ---- a process per rank ----
+ * The launch mode of torchrun and of several machines: each rank a process with the runtime of
+ * its one device, so weft's waits need not stay exact (one runtime in the process) and each
+ * all-reduce is one call. Rank 0 is this process; rank 1 is this binary again
+ * (/proc/self/exe --comm-child ID_FILE QUICK REPS), which runs the same sequence of all-reduces on
+ * device 1 (NCCL keeps the two in step) and records nothing. The NCCL communicator is made with
+ * ncclCommInitRank from an id passed through ID_FILE, and adopted by weft, so both paths use the
+ * same one. */
+typedef struct proc_rank {
+  bench_t *b;
+  const weft__nccl_t *nl;
+  int rank;
+  weft_runtime_t *rt;
+  ncclComm_t nc;
+  weft_comm_t *comm;
+  weft_block_t buf;
+  CUdeviceptr ptr;
+  CUstream raw;
+  CUcontext ctx;
+} proc_rank_t;
+
+/* Microseconds per all-reduce of `iters` in a row, through weft or raw NCCL; *host_us to the last
+ * call's return. */
+static double proc_run(proc_rank_t *q, size_t count, unsigned iters, int weft, double *host_us) {
+  uint64_t t0 = bench_now_ns();
+  for (unsigned i = 0; i < iters; i++) {
+    if (weft) BENCH_WEFT(weft_all_reduce(q->comm, q->buf, 0, q->buf, 0, count, WEFT_FLOAT32, WEFT_SUM, NULL));
+    else if (q->nl->ncclAllReduce((void *)q->ptr, (void *)q->ptr, count, ncclFloat32, ncclSum, q->nc,
+                                  (cudaStream_t)q->raw) != ncclSuccess)
+      bench_die("ncclAllReduce");
+  }
+  if (host_us != NULL) *host_us = (double)(bench_now_ns() - t0) / iters / 1000.0;
+  if (weft) BENCH_WEFT(weft_stream_synchronize(weft_comm_stream(q->comm)));
+  else BENCH_CU(q->b->drv->cuStreamSynchronize(q->raw));
+  return (double)(bench_now_ns() - t0) / iters / 1000.0;
+}
+
+/* Rank q->rank's part: sets up, runs every size (rank 0 records the samples), tears down. */
+static void proc_rank_run(proc_rank_t *q, const char *id_file) {
+  bench_t *b = q->b;
+  ncclUniqueId id;
+  if (q->rank == 0) {
+    if (q->nl->ncclGetUniqueId(&id) != ncclSuccess) bench_die("ncclGetUniqueId");
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.tmp", id_file);
+    FILE *f = fopen(tmp, "wb");
+    if (f == NULL || fwrite(&id, sizeof id, 1, f) != 1 || fclose(f) != 0 || rename(tmp, id_file) != 0)
+      bench_die("writing the NCCL id file");
+  } else {
+    FILE *f = NULL;
+    for (int tries = 0; tries < 6000 && (f = fopen(id_file, "rb")) == NULL; tries++) usleep(10000);
+    if (f == NULL || fread(&id, sizeof id, 1, f) != 1) bench_die("reading the NCCL id file");
+    fclose(f);
+  }
+  CUdevice dev;
+  BENCH_CU(b->drv->cuDeviceGet(&dev, q->rank));
+  BENCH_CU(b->drv->cuDevicePrimaryCtxRetain(&q->ctx, dev));
+  BENCH_CU(b->drv->cuCtxSetCurrent(q->ctx));
+  if (q->nl->ncclCommInitRank(&q->nc, 2, id, q->rank) != ncclSuccess) bench_die("ncclCommInitRank");
+  q->rt = q->rank == 0 ? bench_runtime(NULL) : NULL;
+  if (q->rt == NULL) BENCH_WEFT(weft_runtime_get(q->rank, NULL, &q->rt));
+  BENCH_WEFT(weft_comm_adopt(q->rt, q->nc, &q->comm));
+  weft_stream_t *s = weft_comm_stream(q->comm);
+  size_t max_count = (b->quick ? 1 : 64) * MIB;
+  BENCH_WEFT(weft_alloc(q->rt, max_count * 4, s, "allreduce", &q->buf));
+  BENCH_WEFT(weft_block_ptr(q->buf, &q->ptr));
+  BENCH_WEFT(weft_memset32(s, q->buf, 0, 0, max_count * 4));
+  BENCH_WEFT(weft_stream_synchronize(s));
+  int prio;
+  BENCH_WEFT(weft_stream_priority(s, &prio));
+  BENCH_CU(b->drv->cuCtxSetCurrent(q->ctx));
+  BENCH_CU(b->drv->cuStreamCreateWithPriority(&q->raw, CU_STREAM_NON_BLOCKING, prio));
+  for (size_t count = MIB / 4; count <= max_count; count *= 4) {
+    unsigned iters = comm_iters(b, count), reps = comm_reps(b);
+    double w[BENCH_MAX_REPS], raw[BENCH_MAX_REPS], ratio[BENCH_MAX_REPS], wh[BENCH_MAX_REPS], rh[BENCH_MAX_REPS],
+        evs[BENCH_MAX_REPS];
+    (void)proc_run(q, count, 2, 1, NULL); /* warm both paths */
+    (void)proc_run(q, count, 2, 0, NULL);
+    for (unsigned k = 0; k < reps; k++) {
+      if (k & 1) raw[k] = proc_run(q, count, iters, 0, &rh[k]);
+      weft_counters_t c0, c1;
+      BENCH_WEFT(weft_runtime_counters(q->rt, &c0));
+      w[k] = proc_run(q, count, iters, 1, &wh[k]);
+      BENCH_WEFT(weft_runtime_counters(q->rt, &c1));
+      evs[k] = (double)(c1.events_recorded - c0.events_recorded) / iters;
+      if (!(k & 1)) raw[k] = proc_run(q, count, iters, 0, &rh[k]);
+      ratio[k] = w[k] / raw[k];
+    }
+    if (q->rank != 0) continue;
+    double lo, hi;
+    min_max(ratio, reps, &lo, &hi);
+    char x[32];
+    snprintf(x, sizeof x, "%zu", count * 4);
+    static const char wn[] = "weft_all_reduce, a process per rank", rn[] = "raw ncclAllReduce, a process per rank";
+    for (unsigned k = 0; k < reps; k++) {
+      bench_sample(b, "comm", wn, "us per all-reduce", "us", rn, x, k, w[k]);
+      bench_sample(b, "comm", rn, "us per all-reduce", "us", NULL, x, k, raw[k]);
+      bench_sample(b, "comm", wn, "host us to enqueue", "us", rn, x, k, wh[k]);
+      bench_sample(b, "comm", rn, "host us to enqueue", "us", NULL, x, k, rh[k]);
+      bench_sample(b, "comm", wn, "events recorded per all-reduce", "events", NULL, x, k, evs[k]);
+    }
+    printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f | %.2f | %.2f | %.3f |\n", count * 4, bench_median(w, reps),
+           bench_median(raw, reps), bench_median(ratio, reps), lo, hi, bench_median(wh, reps), bench_median(rh, reps),
+           bench_median(evs, reps));
+  }
+  BENCH_WEFT(weft_free(q->buf, s));
+  BENCH_WEFT(weft_runtime_synchronize(q->rt));
+  BENCH_WEFT(weft_comm_destroy(q->comm));
+  BENCH_CU(b->drv->cuCtxSetCurrent(q->ctx));
+  BENCH_CU(b->drv->cuStreamDestroy(q->raw));
+  if (q->nl->ncclCommDestroy(q->nc) != ncclSuccess) bench_die("ncclCommDestroy");
+  BENCH_WEFT(weft_runtime_release(q->rt));
+  BENCH_CU(b->drv->cuDevicePrimaryCtxRelease(dev));
+}
+
+void bench_comm_procs(bench_t *b) {
+  printf("A process per rank (rank 1 a second process on device 1; one call per all-reduce):\n\n");
+  int ndev = 0;
+  BENCH_CU(b->drv->cuDeviceGetCount(&ndev));
+  const weft__nccl_t *nl = NULL;
+  if (ndev < 2 || weft__nccl_get(&nl) != WEFT_OK) {
+    printf("skipped: %s\n\n", ndev < 2 ? "one device" : weft_last_error());
+    return;
+  }
+  static const char *const cols[] = {"bytes",        "weft us",     "raw NCCL us", "weft / raw", "range of weft / raw",
+                                     "weft host us", "raw host us", "events per all-reduce"};
+  bench_table(cols, 8);
+  char id_file[512], quick[8], reps[16];
+  snprintf(id_file, sizeof id_file, "%s/weft_bench_comm_id.%ld", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+           (long)getpid());
+  (void)unlink(id_file);
+  snprintf(quick, sizeof quick, "%d", b->quick);
+  snprintf(reps, sizeof reps, "%u", b->reps);
+  char *args[] = {"weft_bench", "--comm-child", id_file, quick, reps, NULL};
+  pid_t child;
+  extern char **environ;
+  if (posix_spawn(&child, "/proc/self/exe", NULL, NULL, args, environ) != 0) bench_die("posix_spawn (rank 1)");
+  proc_rank_t q = {.b = b, .nl = nl, .rank = 0};
+  proc_rank_run(&q, id_file);
+  int status = 0;
+  if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    bench_die("rank 1's process failed");
+  (void)unlink(id_file);
+  BENCH_CU(b->drv->cuCtxSetCurrent(b->ctx));
+  printf("\n");
+}
+
+int bench_comm_child(int argc, char **argv) {
+  if (argc != 5) bench_die("usage: weft_bench --comm-child ID_FILE QUICK REPS");
+  (void)prctl(PR_SET_PDEATHSIG, SIGKILL); /* dies with rank 0 (else NCCL would wait for it forever) */
+  bench_t b = {0};
+  weft_driver_info_t info;
+  BENCH_WEFT(weft_driver_info(&info));
+  BENCH_WEFT(weft__driver_get(&b.drv));
+  b.sim = info.is_simulator;
+  b.quick = atoi(argv[3]);
+  b.reps = (unsigned)atoi(argv[4]);
+  const weft__nccl_t *nl;
+  BENCH_WEFT(weft__nccl_get(&nl));
+  proc_rank_t q = {.b = &b, .nl = nl, .rank = 1};
+  proc_rank_run(&q, argv[2]);
+  return 0;
 }
