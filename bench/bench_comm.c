@@ -208,6 +208,41 @@ static void min_max(const double *v, unsigned n, double *lo, double *hi) {
   }
 }
 
+/* NCCL's table where there are two devices and NCCL; else NULL, the section's skip printed. */
+static const weft__nccl_t *two_devices_and_nccl(bench_t *b) {
+  int ndev = 0;
+  BENCH_CU(b->drv->cuDeviceGetCount(&ndev));
+  const weft__nccl_t *nl = NULL;
+  if (ndev < 2 || weft__nccl_get(&nl) != WEFT_OK) {
+    printf("skipped: %s\n\n", ndev < 2 ? "one device" : weft_last_error());
+    return NULL;
+  }
+  return nl;
+}
+
+/* The samples and table row of one size of a per-rank mode (a thread or a process per rank):
+ * weft's and raw NCCL's microseconds per all-reduce (w, raw) and host microseconds to enqueue
+ * (wh, rh) over `reps` repetitions, and weft's events per all-reduce where evs is not NULL. */
+static void report_per_rank(bench_t *b, const char *wn, const char *rn, size_t count, unsigned reps, double *w,
+                            double *raw, double *wh, double *rh, double *evs) {
+  double ratio[BENCH_MAX_REPS], lo, hi;
+  for (unsigned k = 0; k < reps; k++) ratio[k] = w[k] / raw[k];
+  min_max(ratio, reps, &lo, &hi);
+  char x[32];
+  snprintf(x, sizeof x, "%zu", count * 4);
+  for (unsigned k = 0; k < reps; k++) {
+    bench_sample(b, "comm", wn, "us per all-reduce", "us", rn, x, k, w[k]);
+    bench_sample(b, "comm", rn, "us per all-reduce", "us", NULL, x, k, raw[k]);
+    bench_sample(b, "comm", wn, "host us to enqueue", "us", rn, x, k, wh[k]);
+    bench_sample(b, "comm", rn, "host us to enqueue", "us", NULL, x, k, rh[k]);
+    if (evs != NULL) bench_sample(b, "comm", wn, "events recorded per all-reduce", "events", NULL, x, k, evs[k]);
+  }
+  printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f | %.2f | %.2f |", count * 4, bench_median(w, reps),
+         bench_median(raw, reps), bench_median(ratio, reps), lo, hi, bench_median(wh, reps), bench_median(rh, reps));
+  if (evs != NULL) printf(" %.3f |", bench_median(evs, reps));
+  printf("\n");
+}
+
 /* Sizes below 16 MiB are bound by the host's enqueueing (NCCL's own is about 22 us a group on 2 x
  * H200), whose time swings from one repetition to the next (a ratio range of 0.57-1.55 over 9
  * repetitions of 200 at 1 MiB, bench/data/h200x2-ab307c2): on a GPU they take 1,000 all-reduces
@@ -227,13 +262,8 @@ void bench_comm(bench_t *b) {
                 "weft group) against ncclAllReduce (one NCCL group) on the same buffers, on streams of the same priority; "
                 "microseconds per "
                 "all-reduce, median of the repetitions, the two alternating. Goal: within 2% at every size.");
-  int ndev = 0;
-  BENCH_CU(b->drv->cuDeviceGetCount(&ndev));
-  const weft__nccl_t *nl = NULL;
-  if (ndev < 2 || weft__nccl_get(&nl) != WEFT_OK) {
-    printf("skipped: %s\n\n", ndev < 2 ? "one device" : weft_last_error());
-    return;
-  }
+  const weft__nccl_t *nl = two_devices_and_nccl(b);
+  if (nl == NULL) return;
   pair_t p = {0};
   p.rt[0] = bench_runtime(NULL);
   BENCH_WEFT(weft_runtime_get(1, NULL, &p.rt[1]));
@@ -344,28 +374,16 @@ void bench_comm(bench_t *b) {
   bench_table(tcols, 7);
   for (size_t count = MIB / 4; count <= max_count; count *= 4) {
     unsigned iters = comm_iters(b, count);
-    double w[BENCH_MAX_REPS], raw[BENCH_MAX_REPS], ratio[BENCH_MAX_REPS], wh[BENCH_MAX_REPS], rh[BENCH_MAX_REPS];
+    double w[BENCH_MAX_REPS], raw[BENCH_MAX_REPS], wh[BENCH_MAX_REPS], rh[BENCH_MAX_REPS];
     unsigned reps = comm_reps(b);
     (void)run_threads(b, nl, &p, count, 2, 1, NULL); /* warm both paths */
     (void)run_threads(b, nl, &p, count, 2, 0, NULL);
     for (unsigned k = 0; k < reps; k++) {
       w[k] = run_threads(b, nl, &p, count, iters, 1, &wh[k]);
       raw[k] = run_threads(b, nl, &p, count, iters, 0, &rh[k]);
-      ratio[k] = w[k] / raw[k];
     }
-    double lo, hi;
-    min_max(ratio, reps, &lo, &hi);
-    char x[32];
-    snprintf(x, sizeof x, "%zu", count * 4);
-    static const char wn[] = "weft_all_reduce, a thread per rank", rn[] = "raw ncclAllReduce, a thread per rank";
-    for (unsigned k = 0; k < reps; k++) {
-      bench_sample(b, "comm", wn, "us per all-reduce", "us", rn, x, k, w[k]);
-      bench_sample(b, "comm", rn, "us per all-reduce", "us", NULL, x, k, raw[k]);
-      bench_sample(b, "comm", wn, "host us to enqueue", "us", rn, x, k, wh[k]);
-      bench_sample(b, "comm", rn, "host us to enqueue", "us", NULL, x, k, rh[k]);
-    }
-    printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f | %.2f | %.2f |\n", count * 4, bench_median(w, reps),
-           bench_median(raw, reps), bench_median(ratio, reps), lo, hi, bench_median(wh, reps), bench_median(rh, reps));
+    report_per_rank(b, "weft_all_reduce, a thread per rank", "raw ncclAllReduce, a thread per rank", count, reps, w,
+                    raw, wh, rh, NULL);
   }
   printf("\n");
   for (int r = 0; r < 2; r++) {
@@ -455,8 +473,7 @@ static void proc_rank_run(proc_rank_t *q, const char *id_file) {
   BENCH_CU(b->drv->cuStreamCreateWithPriority(&q->raw, CU_STREAM_NON_BLOCKING, prio));
   for (size_t count = MIB / 4; count <= max_count; count *= 4) {
     unsigned iters = comm_iters(b, count), reps = comm_reps(b);
-    double w[BENCH_MAX_REPS], raw[BENCH_MAX_REPS], ratio[BENCH_MAX_REPS], wh[BENCH_MAX_REPS], rh[BENCH_MAX_REPS],
-        evs[BENCH_MAX_REPS];
+    double w[BENCH_MAX_REPS], raw[BENCH_MAX_REPS], wh[BENCH_MAX_REPS], rh[BENCH_MAX_REPS], evs[BENCH_MAX_REPS];
     (void)proc_run(q, count, 2, 1, NULL); /* warm both paths */
     (void)proc_run(q, count, 2, 0, NULL);
     for (unsigned k = 0; k < reps; k++) {
@@ -467,24 +484,10 @@ static void proc_rank_run(proc_rank_t *q, const char *id_file) {
       BENCH_WEFT(weft_runtime_counters(q->rt, &c1));
       evs[k] = (double)(c1.events_recorded - c0.events_recorded) / iters;
       if (!(k & 1)) raw[k] = proc_run(q, count, iters, 0, &rh[k]);
-      ratio[k] = w[k] / raw[k];
     }
-    if (q->rank != 0) continue;
-    double lo, hi;
-    min_max(ratio, reps, &lo, &hi);
-    char x[32];
-    snprintf(x, sizeof x, "%zu", count * 4);
-    static const char wn[] = "weft_all_reduce, a process per rank", rn[] = "raw ncclAllReduce, a process per rank";
-    for (unsigned k = 0; k < reps; k++) {
-      bench_sample(b, "comm", wn, "us per all-reduce", "us", rn, x, k, w[k]);
-      bench_sample(b, "comm", rn, "us per all-reduce", "us", NULL, x, k, raw[k]);
-      bench_sample(b, "comm", wn, "host us to enqueue", "us", rn, x, k, wh[k]);
-      bench_sample(b, "comm", rn, "host us to enqueue", "us", NULL, x, k, rh[k]);
-      bench_sample(b, "comm", wn, "events recorded per all-reduce", "events", NULL, x, k, evs[k]);
-    }
-    printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f | %.2f | %.2f | %.3f |\n", count * 4, bench_median(w, reps),
-           bench_median(raw, reps), bench_median(ratio, reps), lo, hi, bench_median(wh, reps), bench_median(rh, reps),
-           bench_median(evs, reps));
+    if (q->rank == 0)
+      report_per_rank(b, "weft_all_reduce, a process per rank", "raw ncclAllReduce, a process per rank", count, reps,
+                      w, raw, wh, rh, evs);
   }
   BENCH_WEFT(weft_free(q->buf, s));
   BENCH_WEFT(weft_runtime_synchronize(q->rt));
@@ -498,13 +501,8 @@ static void proc_rank_run(proc_rank_t *q, const char *id_file) {
 
 void bench_comm_procs(bench_t *b) {
   printf("A process per rank (rank 1 a second process on device 1; one call per all-reduce):\n\n");
-  int ndev = 0;
-  BENCH_CU(b->drv->cuDeviceGetCount(&ndev));
-  const weft__nccl_t *nl = NULL;
-  if (ndev < 2 || weft__nccl_get(&nl) != WEFT_OK) {
-    printf("skipped: %s\n\n", ndev < 2 ? "one device" : weft_last_error());
-    return;
-  }
+  const weft__nccl_t *nl = two_devices_and_nccl(b);
+  if (nl == NULL) return;
   static const char *const cols[] = {"bytes",        "weft us",     "raw NCCL us", "weft / raw", "range of weft / raw",
                                      "weft host us", "raw host us", "events per all-reduce"};
   bench_table(cols, 8);
