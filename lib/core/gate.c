@@ -21,8 +21,12 @@ static struct {
   _Atomic weft__gate_devices_t closed; /* devices whose exclusive holder is in, or getting in */
   int scope;                            /* WEFT__GATE_PER_DEVICE, _PROCESS or _OFF; set before the first call */
 } g_gate __attribute__((aligned(64)));
-static pthread_mutex_t g_exclusive[64];           /* a device's exclusive holders, one at a time */
-static pthread_once_t g_exclusive_once = PTHREAD_ONCE_INIT;
+/* The devices with an exclusive holder in (one holder a device): taken all at once, when all are
+ * free, so holders of several devices never wait in a circle (and no thread holds a mutex per
+ * device: tsan's deadlock detector keeps at most 64 held at once). */
+static pthread_mutex_t g_held_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_held_cond = PTHREAD_COND_INITIALIZER;
+static weft__gate_devices_t g_held; /* g_held_lock */
 static pthread_key_t g_key;
 static pthread_once_t g_key_once = PTHREAD_ONCE_INIT;
 static _Thread_local slot_t *tls_slot;
@@ -32,9 +36,10 @@ void weft__gate_set_scope(int scope) { g_gate.scope = scope; }
 
 int weft__gate_scope(void) { return g_gate.scope; }
 
-static void exclusive_init(void) {
-  for (unsigned i = 0; i < 64; i++)
-    if (pthread_mutex_init(&g_exclusive[i], NULL) != 0) abort();
+/* Waits until none of `devices` has an exclusive holder; returns with g_held_lock held. */
+static void wait_free(weft__gate_devices_t devices) {
+  pthread_mutex_lock(&g_held_lock);
+  while ((g_held & devices) != 0) pthread_cond_wait(&g_held_cond, &g_held_lock);
 }
 
 /* At thread exit: the slot is free for the next thread that needs one. */
@@ -82,12 +87,10 @@ void weft__gate_enter(weft__gate_devices_t devices) {
     atomic_store_explicit(&s->inside, devices, memory_order_seq_cst);
     weft__gate_devices_t closed = atomic_load_explicit(&g_gate.closed, memory_order_seq_cst) & devices;
     if (closed == 0) return;
-    /* An exclusive holder of one of them is in or waiting: step out, and wait for it to finish. */
+    /* An exclusive holder of one of them is in or getting in: step out, and wait for it to go. */
     atomic_store_explicit(&s->inside, 0, memory_order_seq_cst);
-    pthread_once(&g_exclusive_once, exclusive_init);
-    pthread_mutex_t *m = &g_exclusive[__builtin_ctzll(closed)];
-    pthread_mutex_lock(m);
-    pthread_mutex_unlock(m);
+    wait_free(closed);
+    pthread_mutex_unlock(&g_held_lock);
   }
 }
 
@@ -100,9 +103,9 @@ void weft__gate_lock(weft__gate_devices_t devices) {
   WEFT_ASSERT(tls_exclusive == 0 && devices != 0); /* not nested */
   if (g_gate.scope == WEFT__GATE_OFF) return;
   if (g_gate.scope == WEFT__GATE_PROCESS) devices = 1;
-  pthread_once(&g_exclusive_once, exclusive_init);
-  for (unsigned i = 0; i < 64; i++) /* ascending: holders of several devices never wait in a circle */
-    if (devices >> i & 1) pthread_mutex_lock(&g_exclusive[i]);
+  wait_free(devices);
+  g_held |= devices;
+  pthread_mutex_unlock(&g_held_lock);
   tls_exclusive = devices;
   atomic_fetch_or_explicit(&g_gate.closed, devices, memory_order_seq_cst);
   for (slot_t *s = atomic_load_explicit(&g_slots, memory_order_acquire); s != NULL; s = s->next)
@@ -113,6 +116,8 @@ void weft__gate_unlock(void) {
   weft__gate_devices_t devices = tls_exclusive;
   tls_exclusive = 0;
   atomic_fetch_and_explicit(&g_gate.closed, ~devices, memory_order_seq_cst);
-  for (unsigned i = 64; i-- > 0;)
-    if (devices >> i & 1) pthread_mutex_unlock(&g_exclusive[i]);
+  pthread_mutex_lock(&g_held_lock);
+  g_held &= ~devices;
+  pthread_cond_broadcast(&g_held_cond);
+  pthread_mutex_unlock(&g_held_lock);
 }

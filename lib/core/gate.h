@@ -64,8 +64,8 @@ void weft__gate_enter(weft__gate_devices_t devices);
 void weft__gate_leave(void);
 /** Takes the exclusive side of `devices`: waits until no thread is in the shared side of one of
  * them, and keeps new ones out until weft__gate_unlock(); the holder's own calls pass through the
- * shared side. Exclusive holders of a device are serialised (several devices are taken in
- * ascending order). Not nested, and not from inside the shared side. */
+ * shared side. Exclusive holders of a device are serialised (several devices are taken together,
+ * once all of them are free). Not nested, and not from inside the shared side. */
 void weft__gate_lock(weft__gate_devices_t devices);
 void weft__gate_unlock(void);
 
