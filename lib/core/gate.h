@@ -27,7 +27,7 @@
  * (tests/comm/test_comm_long.c test_min_full_queue_behind_an_all_reduce_meets_graph_calls). The
  * wrong results of "graph calls" were measured on one device; across devices the thread gate on
  * two devices (tests/threads/test_thread_gate, THREAD_GATE_DEVICES=2, 8 threads x 16,000
- * iterations, 2 x H100, two runs) failed 0 of 36 runs with this gate and 15 of 36 with none
+ * iterations, 2 x H100, three runs) failed 0 of 43 runs with this gate and 19 of 42 with none
  * (tools/run_gate_scope_gpu.sh; tests/conformance/README.md, "graph calls"). A thread whose full queue
  * waits for a thread of the SAME device that waits for that device's exclusive side still
  * deadlocks; weft posts nothing for other threads, so that takes a program whose own threads
