@@ -360,6 +360,8 @@ struct sim__stream {
   uint32_t lane;              /* vector-clock lane */
   sim__op_t *head, *tail;
   uint64_t issued, done;      /* ops issued, ops completed (stream order) */
+  uint64_t room_taken;        /* queued ops that take room in the launch queue (sched.c: not event
+                                 records or waits) */
   sim__vc_t vc;               /* clock of the last executed op */
   sim__snap_t *last_snap;     /* the host snapshot last joined (skip re-joining it) */
   int destroyed;              /* user destroyed it; freed once idle */

@@ -54,9 +54,20 @@ void sim__busy_remove(sim__stream_t *s) {
  * not posted yet sleeps on it (sim__run_until). */
 static pthread_cond_t g_enqueued = PTHREAD_COND_INITIALIZER;
 
+/* Whether an op takes room in its stream's launch queue: on an H100 (driver 580.159.04,
+ * tools/probes/probe_queue_depth) 200,000 event records, or waits on a completed or a pending
+ * event, went in behind a held stream without waiting, where memsets waited after 1,021 (also with
+ * an event record after each). Other work is taken to be like memsets. */
+static int takes_room(const sim__action_t *act) {
+  return act->kind != SIM_ACT_EVENT_RECORD && act->kind != SIM_ACT_EVENT_WAIT;
+}
+
 void sim__enqueue(sim__stream_t *s, sim__action_t *act) {
   pthread_cond_broadcast(&g_enqueued);
-  sim__self()->enqueued = s;
+  if (takes_room(act)) {
+    s->room_taken++;
+    sim__self()->enqueued = s;
+  }
   sim__op_t *op = sim__xcalloc(1, sizeof *op);
   op->id = sim.next_op_id++;
   op->seq = ++s->issued;
@@ -376,6 +387,7 @@ void sim__action_clone(sim__action_t *dst, const sim__action_t *src) {
 /* Pops s's head op once it finished (a plain op, or a graph launch that completed). */
 void sim__pop_head(sim__stream_t *s) {
   sim__op_t *op = s->head;
+  if (takes_room(&op->act)) s->room_taken--;
   s->head = op->next;
   if (s->head == NULL) s->tail = NULL;
   s->done = op->seq;
@@ -409,6 +421,7 @@ static void run_head(sim__stream_t *s) {
     return;
   }
   /* Pop before running: a host callback may queue more work on this stream. */
+  if (takes_room(&op->act)) s->room_taken--;
   s->head = op->next;
   if (s->head == NULL) s->tail = NULL;
   op->next = NULL;
@@ -543,12 +556,13 @@ CUresult sim__run_until(int (*done)(void *), void *arg) {
   return CUDA_SUCCESS;
 }
 
-/* A stream's launch queue is bounded: on 2 x H200 an enqueue waited for room inside the driver once
- * a held stream had about 1,021 operations queued (tools/probes/probe_queue_depth; streams beyond
- * the device's 8 connections share room, which the simulator does not model). */
+/* A stream's launch queue is bounded: on 2 x H200 and an H100 an enqueue waited for room inside the
+ * driver once a held stream had 1,021 memsets queued (tools/probes/probe_queue_depth; streams
+ * beyond the device's 8 connections share room, which the simulator does not model); event records
+ * and waits take none (takes_room). */
 static int has_room(void *arg) {
   const sim__stream_t *s = arg;
-  return s->issued - s->done <= sim.queue_depth;
+  return s->room_taken <= sim.queue_depth;
 }
 
 CUresult sim__queue_room(void) {
