@@ -200,6 +200,9 @@ struct weft_stream {
   /* The newest driver id of a foreign capture whose capture handler has returned on this stream
    * (0: none yet): until then other threads' calls on the stream wait (lib/runtime/stream.c). */
   _Atomic uint64_t handled;
+  /* Threads dropping a foreign capture of this stream its owner ended, from before they unlink it
+   * until its on_drop has run (lib/runtime/stream.c): a call that finds no capture waits for them. */
+  _Atomic unsigned dropping;
 };
 
 /** A block as a capture sees it: its history inside the capture, keyed by its live history. */

@@ -63,13 +63,28 @@ static void set_handled(weft_stream_t *s, uint64_t id) {
   }
 }
 
-/* Frees a foreign capture weft dropped from its streams (weft__capture_drop_foreign): blocks weft
- * allocated inside it belong to the owner's graph. NULL: another thread dropped it first. */
-static void forget_dropped(weft__capture_t *c) {
-  if (c == NULL) return;
-  if (c->on_drop != NULL) c->on_drop(c);
-  weft__runtime_forget_capture_blocks(c);
-  weft__capture_free(c);
+/* Drops foreign capture `id` from s (weft__capture_drop_foreign; another thread may have dropped it
+ * first) and frees it: blocks weft allocated inside it belong to the owner's graph, and its on_drop
+ * runs (a graph pool it drew from is free again). Counted in s->dropping from before the unlink
+ * until after on_drop, so that a call on another thread that finds no capture on s waits for the
+ * drop to finish (wait_dropped): once the owner's call says the capture ended, everything it held
+ * is given back (before, the owner's weft_graph_pool_destroy could say BUSY: the helper's
+ * test_outside_long; tests/graph test_capture_windows holds the window). */
+static void drop_foreign(weft_stream_t *s, uint64_t id) {
+  atomic_fetch_add_explicit(&s->dropping, 1, memory_order_acq_rel);
+  weft__capture_t *c = weft__capture_drop_foreign(s, id);
+  if (c != NULL) {
+    WEFT__TEST_POINT("sync_capture: dropping", s);
+    if (c->on_drop != NULL) c->on_drop(c);
+    weft__runtime_forget_capture_blocks(c);
+    weft__capture_free(c);
+  }
+  atomic_fetch_sub_explicit(&s->dropping, 1, memory_order_release);
+}
+
+/* Waits until no other thread is dropping a capture of s (drop_foreign). */
+static void wait_dropped(weft_stream_t *s) {
+  while (atomic_load_explicit(&s->dropping, memory_order_acquire) != 0) sched_yield();
 }
 
 /* Adopts a capture code outside weft began on s, or drops one its owner ended (blocks weft
@@ -80,7 +95,8 @@ static weft_status_t sync_capture(weft_stream_t *s) {
   /* The common case without the tracker lock: a stream no outside code has seen, taking part in
    * no capture (a foreign capture needs one or the other). */
   if (!atomic_load_explicit(&s->exposed, memory_order_relaxed) &&
-      atomic_load_explicit(&s->capture, memory_order_acquire) == NULL)
+      atomic_load_explicit(&s->capture, memory_order_acquire) == NULL &&
+      atomic_load_explicit(&s->dropping, memory_order_acquire) == 0)
     return WEFT_OK;
   uint64_t known = 0;
   bool foreign = weft__capture_foreign_of(s, &known);
@@ -89,7 +105,8 @@ static weft_status_t sync_capture(weft_stream_t *s) {
   uint64_t id;
   weft_status_t st = weft__capture_probe(s, &active, &id);
   if (st != WEFT_OK) return st;
-  if (foreign && (!active || id != known)) forget_dropped(weft__capture_drop_foreign(s, known));
+  if (foreign && (!active || id != known)) drop_foreign(s, known);
+  wait_dropped(s);
   if (!active) return WEFT_OK;
   if (weft__tracker_capture_of(s, NULL) != NULL) { /* known: weft's own, or a foreign one adopted */
     if (weft__capture_foreign_of(s, &known) && known == id) wait_handled(s, id);
@@ -117,7 +134,7 @@ static weft_status_t sync_capture(weft_stream_t *s) {
   bool still;
   uint64_t now;
   if ((st = weft__capture_probe(s, &still, &now)) != WEFT_OK || !still || now != id) {
-    forget_dropped(weft__capture_drop_foreign(s, id));
+    drop_foreign(s, id);
     set_handled(s, id); /* nobody waits for a handler */
     /* A newer capture its owner began meanwhile is met as any. */
     return st == WEFT_OK && still ? sync_capture(s) : st;

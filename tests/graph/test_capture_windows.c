@@ -286,6 +286,73 @@ static void test_the_owner_never_sees_an_ended_capture_adopted_by_another_thread
 #endif
 }
 
+/* ---- another thread drops an ended capture that drew from a graph pool ------------------------- */
+/* Outside code captures on an exposed stream into a weft graph pool (weft_capture_allocate_to)
+ * and ends the capture; thread B meets the end first (weft_stream_is_capturing) and is held after
+ * unlinking the capture, before it gives the pool back. The owner then asks weft_stream_is_capturing
+ * (0) and destroys the pool: that must succeed, not say BUSY for a capture weft already said had
+ * ended (the helper's test_outside_long, 4 threads, seed 2000: BUSY). */
+#if WEFT__TEST_POINTS
+static weft_stream_t *drop_s;
+static atomic_int drop_fired, drop_owner_done;
+static pthread_t drop_owner;
+
+static void drop_hook(const char *point, void *arg) {
+  if (arg != drop_s || strcmp(point, "sync_capture: dropping") != 0 || pthread_equal(pthread_self(), drop_owner)) return;
+  if (!atomic_exchange(&drop_fired, 1)) (void)await(&drop_owner_done, 0.3); /* the owner's calls come now */
+}
+
+static void *drop_ask(void *arg) {
+  own_ask_t *a = arg;
+  a->st = weft_stream_is_capturing(drop_s, &a->capturing);
+  return NULL;
+}
+#endif
+
+static void test_a_pool_is_free_once_the_owner_sees_its_capture_ended(void **state) {
+  (void)state;
+#if !WEFT__TEST_POINTS
+  skip(); /* the test points are compiled only where WEFT_DEBUG >= 1 (dbg, asan, tsan) */
+#else
+  drop_s = tu_stream(&env, 3);
+  CUstream raw = weft_stream_raw(drop_s);
+  weft_graph_pool_t *pool;
+  assert_int_equal(weft_graph_pool_create(env.rt, &pool), WEFT_OK);
+  atomic_store(&drop_fired, 0);
+  atomic_store(&drop_owner_done, 0);
+  drop_owner = pthread_self();
+  assert_int_equal(drv->cuStreamBeginCapture(raw, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  assert_int_equal(weft_capture_allocate_to(drop_s, pool), WEFT_OK);
+  CUgraph g = NULL;
+  assert_int_equal(drv->cuStreamEndCapture(raw, &g), CUDA_SUCCESS);
+  atomic_store(&weft__test_hook, drop_hook);
+  own_ask_t b = {-1, WEFT_OK};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, drop_ask, &b), 0);
+  bool fired = await(&drop_fired, 10.0); /* B unlinked the ended capture and is held */
+  int capturing = -1;
+  weft_status_t st = weft_stream_is_capturing(drop_s, &capturing);
+  weft_status_t destroyed = weft_graph_pool_destroy(pool);
+  char why[256] = "";
+  if (destroyed != WEFT_OK) snprintf(why, sizeof why, "%s", weft_last_error());
+  atomic_store(&drop_owner_done, 1);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  atomic_store(&weft__test_hook, NULL);
+  assert_int_equal(drv->cuGraphDestroy(g), CUDA_SUCCESS);
+  if (destroyed != WEFT_OK) assert_int_equal(weft_graph_pool_destroy(pool), WEFT_OK); /* (given back by now) */
+  assert_true(fired); /* premise: B dropped the capture and was held inside the drop */
+  assert_int_equal(st, WEFT_OK);
+  assert_int_equal(b.st, WEFT_OK);
+  assert_int_equal(capturing, 0);
+  if (destroyed != WEFT_OK)
+    fail_msg("weft_graph_pool_destroy after weft said the capture had ended: %s: %s", weft_status_name(destroyed), why);
+  /* The stream works live at once. */
+  weft_block_t x = tu_alloc(&env, N * 4, 3, "x");
+  assert_int_equal(tu_fill(&env, drop_s, x, N, 5), WEFT_OK);
+  expect_then_free(drop_s, x, 5);
+#endif
+}
+
 /* ---- a capture begun as a staged copy is enqueued ---------------------------------------------- */
 
 static void test_a_staged_copy_meets_a_capture_begun_as_it_is_enqueued(void **state) {
@@ -323,6 +390,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_the_owner_never_sees_an_ended_capture_adopted_by_another_thread, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_a_staged_copy_meets_a_capture_begun_as_it_is_enqueued, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_pool_is_free_once_the_owner_sees_its_capture_ended, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
