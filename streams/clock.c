@@ -188,7 +188,7 @@ weft_status_t weft__clock_lanes_take(weft__tracker_t *tr, unsigned n) {
     d->host_known[at] = l->tick;
     l->recorded = l->tick;
     l->dirty = l->deferred = l->eager = l->exact = false;
-    l->joined = 0;
+    l->joined = l->calm = 0;
     weft__clock_publish(d, at);
   }
   atomic_fetch_add_explicit(&g_trackers, 1, memory_order_release);
@@ -209,7 +209,7 @@ void weft__clock_lanes_give(weft__tracker_t *tr) {
     d->host_known[at] = l->tick;
     l->recorded = l->tick;
     l->dirty = l->deferred = l->eager = l->exact = false;
-    l->joined = 0;
+    l->joined = l->calm = 0;
     d->stream[at] = NULL;
     g_used[at] = false;
   }
@@ -377,13 +377,22 @@ uint64_t weft__clock_reserve(weft__domain_t *d, weft_stream_t *s, bool defer) {
 
 void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, bool newest) {
   weft__lane_t *l = &d->lane[weft__at(d, t)];
-  if (newest) return;
   /* Whether k's event covers (or, pending, will cover) several uses; an evicted slot's stand-in
    * is late anyway. */
-  bool several = k > l->recorded ? l->deferred && l->joined != 0 : (weft__clock_ring_use(l, k) & 1) != 0;
-  if (!several) return;
-  l->eager = true;
-  tr->counters.late_waits++;
+  bool several = !newest && (k > l->recorded ? l->deferred && l->joined != 0 : (weft__clock_ring_use(l, k) & 1) != 0);
+  if (several) {
+    l->eager = true;
+    l->calm = 0;
+    tr->counters.late_waits++;
+    return;
+  }
+  /* An eager lane's ticks cover one use each. A waiter needing the newest (k is the lane's last
+   * tick) would have been served exactly by a deferred tick too; WEFT__CLOCK_CALM of those in a
+   * row, and no older need between them, turn the lane lazy again. An exact lane stays eager. */
+  if (l->eager && !l->exact && d->capture == NULL) {
+    if (k < l->tick) l->calm = 0;
+    else if (++l->calm >= WEFT__CLOCK_CALM) l->eager = false, l->calm = 0;
+  }
 }
 
 weft_status_t weft__clock_record(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, uint64_t *tick) {

@@ -89,11 +89,17 @@ static inline uint64_t weft__clock_newest_use(const weft__domain_t *d, unsigned 
   return k > l->recorded ? l->last_use : weft__clock_ring_use(l, k) >> 1;
 }
 
+/** Waits in a row for an eager lane's newest tick that turn it lazy again (weft__clock_needed). */
+#define WEFT__CLOCK_CALM 16
+
 /** Another stream is about to wait for tick k of t (call it for a wait that is issued, before
  * weft__clock_wait; k pending or already recorded). With lazy records a tick may cover several
  * uses (later ones joined it); unless the waiter needs the newest of them (`newest`:
  * weft__clock_newest_use), its wait is late, for more than it needs: it is counted and t's lane
- * turns eager, so that from then on each use records its own event. */
+ * turns eager, so that from then on each use records its own event. An eager lane (not an exact
+ * one) whose waiters needed its newest tick WEFT__CLOCK_CALM times in a row, with no need of an
+ * older tick between, turns lazy again: those waiters would have been served exactly by a
+ * deferred tick, so the records after each use bought nothing. */
 void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, bool newest);
 /** A tick covering everything enqueued on s so far, recorded lazily (see tracker.h). */
 uint64_t weft__clock_point(weft__domain_t *d, const weft_stream_t *s);

@@ -120,9 +120,11 @@ typedef struct weft__lane {
    * deferred tick records its event then, exactly at that point. The first time another stream
    * needs an older use of a tick that covers several (a late wait: weft__clock_needed), the
    * lane turns `eager`: from then on each use records its event at once, so a consumer enqueued
-   * after later producer work still waits for exactly its point. */
+   * after later producer work still waits for exactly its point, until its waiters have needed
+   * only its newest point for a while (`calm`: weft__clock_needed). */
   bool deferred;        /* the pending tick was left by a use's end and may be joined */
-  bool eager;           /* a wait on one of this lane's joined ticks was late */
+  bool eager;           /* a wait on one of this lane's joined ticks was late; it turns lazy
+                           again after WEFT__CLOCK_CALM waits in a row for its newest tick */
   /* Exact waits (live domain; weft__tracker_exact): the lane carried work that waits for what
    * other streams enqueue later (collectives, send and receive, stream value waits), or waited
    * for such a lane. A wait for one of its points must then never be served by a later event:
@@ -132,6 +134,7 @@ typedef struct weft__lane {
    * oldest event and grows where that one has not completed (clock.c, keep_room). */
   bool exact;
   unsigned joined;      /* uses that joined the deferred tick after the one that took it */
+  unsigned calm;        /* eager: waits in a row that needed the lane's newest tick */
   uint64_t last_use;    /* the number (weft__domain_t.use_seq) of the newest deferred use here */
   CUevent *ring;        /* [ring_size] events, created lazily in capture domains */
   uint64_t *ring_tick;  /* [ring_size] tick recorded in each slot (0: empty) */

@@ -9,10 +9,13 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <cmocka.h>
 
+#include "lib/runtime/runtime.h" /* weft__tracker_exact */
 #include "tests/util/testutil.h"
 
 #define N 4096
@@ -348,6 +351,107 @@ static void test_a_need_implied_by_another_wait_is_not_late(void **state) {
   free_all(s0, (weft_block_t[]){a, b, c, d, e}, 5);
 }
 
+/* ---- eager lanes turn lazy again ------------------------------------------------------------
+ * A lane turned eager by one late wait used to stay eager for good: every later use recorded its
+ * own event even where every consumer needed the lane's newest use, which lazy records serve
+ * exactly (bench_replay's eager step: 111 events for 200 uses, after one late wait earlier in the
+ * run). Now an eager lane whose waiters needed its newest use several times in a row turns lazy
+ * again; a waiter needing an older use keeps it eager; an exact lane never turns lazy. */
+#define ROUNDS 64
+
+/* One round on a fresh block x: the producer p fills its scratch block, then x (the newest use);
+ * with `older`, it fills the scratch after x instead, so that x's use is no longer the newest.
+ * Then the consumer c reads x into out. Returns the events p's two fills recorded. */
+static uint64_t round_of(weft_stream_t *p, weft_stream_t *c, weft_block_t scratch, weft_block_t x, weft_block_t out,
+                         unsigned i, bool older) {
+  weft_counters_t c0 = counters();
+  assert_int_equal(tu_fill(&env, p, older ? x : scratch, N, older ? i : 1000 + i), WEFT_OK);
+  assert_int_equal(tu_fill(&env, p, older ? scratch : x, N, older ? 1000 + i : i), WEFT_OK);
+  weft_counters_t c1 = counters();
+  assert_int_equal(c1.waits_issued, c0.waits_issued); /* x is new; p's own blocks: no wait */
+  assert_int_equal(tu_combine(&env, c, out, none, x, none, none, N, i), WEFT_OK);
+  weft_counters_t c2 = counters();
+  assert_int_equal(c2.waits_issued - c1.waits_issued, 1);
+  return c1.events_recorded - c0.events_recorded;
+}
+
+typedef struct rounds {
+  weft_stream_t *p, *c;
+  weft_block_t scratch, out, x[ROUNDS];
+} rounds_t;
+
+/* s0 (producer) made eager by one late wait of s1 (consumer); the blocks of the rounds. */
+static rounds_t eager_producer(void) {
+  rounds_t r = {.p = stream(0), .c = stream(1)};
+  weft_block_t a = alloc(r.p, "a"), b = alloc(r.p, "b");
+  r.scratch = alloc(r.p, "scratch");
+  r.out = alloc(r.c, "out");
+  for (unsigned i = 0; i < ROUNDS; i++) r.x[i] = alloc(r.p, "x");
+  weft_counters_t c0 = fill_joined(r.p, a, b);
+  assert_int_equal(tu_combine(&env, r.c, r.out, none, a, none, none, N, 1), WEFT_OK); /* late */
+  weft_counters_t c1 = counters();
+  assert_int_equal(c1.late_waits - c0.late_waits, 1);
+  /* Eager: the next use records its own event. */
+  assert_int_equal(tu_fill(&env, r.p, r.scratch, N, 5), WEFT_OK);
+  assert_int_equal(counters().events_recorded - c1.events_recorded, 1);
+  free_all(r.p, (weft_block_t[]){a, b}, 2);
+  return r;
+}
+
+static void free_rounds(rounds_t *r) {
+  free_all(r->p, r->x, ROUNDS);
+  free_all(r->p, (weft_block_t[]){r->scratch, r->out}, 2);
+}
+
+static void test_an_eager_lane_whose_waiters_need_its_newest_use_turns_lazy_again(void **state) {
+  (void)state;
+  rounds_t r = eager_producer();
+  weft_counters_t c0 = counters();
+  unsigned lazy_from = ROUNDS;
+  for (unsigned i = 0; i < ROUNDS; i++) {
+    uint64_t recorded = round_of(r.p, r.c, r.scratch, r.x[i], r.out, i, false);
+    if (lazy_from == ROUNDS && recorded == 0) lazy_from = i;
+    /* Once lazy, it stays lazy: its waiters still need only its newest use. */
+    if (lazy_from < i) assert_int_equal(recorded, 0);
+    if (lazy_from > i) assert_int_equal(recorded, 2);
+  }
+  printf("lazy again from round %u of %u\n", lazy_from, ROUNDS);
+  assert_true(lazy_from < ROUNDS);
+  assert_true(lazy_from > 1); /* not at the first exact wait: one calm wait proves little */
+  assert_int_equal(counters().late_waits, c0.late_waits);
+  expect_all(r.c, r.out, combined(ROUNDS - 1, ROUNDS - 1));
+  expect_all(r.p, r.scratch, 1000 + ROUNDS - 1);
+  assert_int_equal(tu_races(&env), 0);
+  free_rounds(&r);
+}
+
+/* A waiter that needs an older use than the newest keeps the lane eager: its waits stay exact
+ * (no late wait), however many rounds. */
+static void test_an_eager_lane_whose_waiters_need_older_uses_stays_eager(void **state) {
+  (void)state;
+  rounds_t r = eager_producer();
+  weft_counters_t c0 = counters();
+  for (unsigned i = 0; i < ROUNDS; i++) assert_int_equal(round_of(r.p, r.c, r.scratch, r.x[i], r.out, i, true), 2);
+  assert_int_equal(counters().late_waits, c0.late_waits);
+  expect_all(r.c, r.out, combined(ROUNDS - 1, ROUNDS - 1));
+  assert_int_equal(tu_races(&env), 0);
+  free_rounds(&r);
+}
+
+/* A lane whose waits are exact (collectives, value waits: weft.h "Exact waits") records every
+ * use, whatever its waiters need. */
+static void test_an_exact_lane_stays_eager(void **state) {
+  (void)state;
+  rounds_t r = eager_producer();
+  assert_int_equal(weft__tracker_exact(r.p), WEFT_OK);
+  weft_counters_t c0 = counters();
+  for (unsigned i = 0; i < ROUNDS; i++) assert_int_equal(round_of(r.p, r.c, r.scratch, r.x[i], r.out, i, false), 2);
+  assert_int_equal(counters().late_waits, c0.late_waits);
+  expect_all(r.c, r.out, combined(ROUNDS - 1, ROUNDS - 1));
+  assert_int_equal(tu_races(&env), 0);
+  free_rounds(&r);
+}
+
 int main(void) {
   const struct CMUnitTest lazy[] = {
       cmocka_unit_test(test_uses_on_a_stream_nobody_waits_on_record_no_event),
@@ -362,6 +466,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_a_waiter_needing_the_newest_use_leaves_the_producer_lazy, setup, teardown),
       cmocka_unit_test_setup_teardown(test_exactness_follows_the_conflict_rule, setup, teardown),
       cmocka_unit_test_setup_teardown(test_a_need_implied_by_another_wait_is_not_late, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_an_eager_lane_whose_waiters_need_its_newest_use_turns_lazy_again, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(test_an_eager_lane_whose_waiters_need_older_uses_stays_eager, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_an_exact_lane_stays_eager, setup, teardown),
   };
   const struct CMUnitTest eager[] = {
       cmocka_unit_test(test_with_lazy_records_off_every_use_records),
