@@ -10,46 +10,51 @@
 #include "lib/core/trace.h"
 #include "lib/runtime/runtime.h"
 
-static weft_status_t resolve_slow(weft_stream_t *s, const weft_access_t *a, size_t i, const char *fn, bool *far,
-                                  struct weft__block **rec);
+static struct weft__block *resolve_slow(weft_stream_t *s, const weft_access_t *a, size_t i, const char *fn, bool *far,
+                                        weft_status_t *st);
 
 /* Checks every access (kind, handle) and resolves it into uses[i]; s is checked already
  * (weft__stream_check: its runtime is alive). Blocks of other runtimes than s's are refused
  * (WRONG_DEVICE) unless `far` is given, which then says whether there was one. With `print`,
  * *print gets weft__tracker_fingerprint(uses, n), summed in the same pass. The common case (a
- * live block of s's runtime, a valid kind) is one inline check per access. */
+ * live block of s's runtime, a valid kind) is one inline check per access; the record's address
+ * is never taken, so that the loop keeps it in a register. */
 static weft_status_t resolve(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses, const char *fn,
                              bool *far, uint64_t *print) {
   if (n > 0 && acc == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses is NULL with n = %zu", fn, n);
+  const weft_runtime_t *rt = s->runtime;
   uint64_t sum = n;
   for (size_t i = 0; i < n; i++) {
-    unsigned kind = (unsigned)acc[i].kind;
-    struct weft__block *rec = weft__block_live(acc[i].block, s->runtime);
+    const weft_access_t *a = &acc[i];
+    unsigned kind = (unsigned)a->kind;
+    struct weft__block *rec = weft__block_live(a->block, rt);
     if (__builtin_expect(rec == NULL || kind - 1u > 2u, 0)) { /* kind: WEFT_READ, _WRITE or _READ_WRITE */
-      weft_status_t st = resolve_slow(s, &acc[i], i, fn, far, &rec);
-      if (st != WEFT_OK) return st;
+      weft_status_t st;
+      if ((rec = resolve_slow(s, a, i, fn, far, &st)) == NULL) return st;
     }
-    uses[i].state = &rec->acc;
-    uses[i].kind = kind;
-    uses[i].gen = acc[i].block.gen;
-    if (print != NULL) sum += weft__tracker_print_one(&rec->acc, kind);
+    uses[i] = (weft__use_t){&rec->acc, kind, a->block.gen};
+    sum += weft__tracker_print_one(&rec->acc, kind);
   }
   if (print != NULL) *print = sum;
   return WEFT_OK;
 }
 
-/* resolve's other cases: an error, or a block of another runtime. */
-static __attribute__((noinline)) weft_status_t resolve_slow(weft_stream_t *s, const weft_access_t *a, size_t i,
-                                                            const char *fn, bool *far, struct weft__block **rec) {
-  if (a->kind != WEFT_READ && a->kind != WEFT_WRITE && a->kind != WEFT_READ_WRITE)
-    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses[%zu].kind = %d is not a weft_access_kind_t", fn, i,
-                       (int)a->kind);
-  weft_status_t st = weft__block_check(a->block, fn, rec);
-  if (st != WEFT_OK) return st;
-  if ((*rec)->rt != s->runtime && far == NULL)
-    return weft__error(WEFT_ERR_WRONG_DEVICE, "%s: accesses[%zu] is a block of another runtime", fn, i);
-  if ((*rec)->rt != s->runtime) *far = true;
-  return WEFT_OK;
+/* resolve's other cases: an error (NULL, *st says which), or a block of another runtime. */
+static __attribute__((noinline)) struct weft__block *resolve_slow(weft_stream_t *s, const weft_access_t *a, size_t i,
+                                                                  const char *fn, bool *far, weft_status_t *st) {
+  struct weft__block *rec = NULL;
+  if (a->kind != WEFT_READ && a->kind != WEFT_WRITE && a->kind != WEFT_READ_WRITE) {
+    *st = weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses[%zu].kind = %d is not a weft_access_kind_t", fn, i,
+                      (int)a->kind);
+    return NULL;
+  }
+  if ((*st = weft__block_check(a->block, fn, &rec)) != WEFT_OK) return NULL;
+  if (rec->rt != s->runtime && far == NULL) {
+    *st = weft__error(WEFT_ERR_WRONG_DEVICE, "%s: accesses[%zu] is a block of another runtime", fn, i);
+    return NULL;
+  }
+  if (rec->rt != s->runtime) *far = true;
+  return rec;
 }
 
 weft_status_t weft__uses_from_accesses(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses,
