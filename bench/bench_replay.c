@@ -67,17 +67,42 @@ static weft_status_t temporaries_step(weft_stream_t *s, void *arg) {
 typedef struct eager2 {
   step_t *st;
   weft_stream_t *s[2], *x[2]; /* x: streams 0 and 1, the first exposed by the raw graph's launches */
+  weft_stream_t *y[2];        /* streams 4 and 5, made eager before each sample (turn_eager) */
+  weft_block_t late[2];       /* turn_eager's */
+  double events[3];           /* events recorded per step in the last sample: s, x, y */
   CUstream raw[2];
   CUevent ev[2];
   CUdeviceptr ra, rc; /* the raw side's buffers */
   unsigned steps;
 } eager2_t;
 
+static void use_once(weft_stream_t *s, weft_block_t b, weft_access_kind_t kind) {
+  weft_access_t a = {b, kind};
+  BENCH_WEFT(weft_use_begin(s, &a, 1));
+  BENCH_WEFT(weft_use_end(s, &a, 1));
+}
+
+/* Untimed, before each sample of the "turned eager first" row: each of y[0], y[1] writes late[0]
+ * then late[1], and the other reads late[0], an older use than the writer's newest, so both
+ * lanes start eager (a late wait). In the step every wait needs the newest use of its stream, so
+ * weft__clock_needed turns them lazy again after WEFT__CLOCK_CALM such waits each (within the
+ * first two steps); before 2026-11-27 they stayed eager for good. */
+static void turn_eager(eager2_t *e) {
+  for (int k = 0; k < 2; k++) {
+    use_once(e->y[k], e->late[0], WEFT_WRITE);
+    use_once(e->y[k], e->late[1], WEFT_WRITE);
+    use_once(e->y[k ^ 1], e->late[0], WEFT_READ);
+  }
+}
+
 static double eager_weft_on(eager2_t *e, weft_stream_t *const *on) {
   step_t *st = e->st;
   CUdeviceptr pa, pc;
   BENCH_WEFT(weft_block_ptr(st->a, &pa));
   BENCH_WEFT(weft_block_ptr(st->c, &pc));
+  if (on == e->y) turn_eager(e);
+  weft_counters_t c0, c1;
+  BENCH_WEFT(weft_runtime_counters(weft_stream_runtime(on[0]), &c0));
   uint64_t t0 = bench_now_ns();
   for (unsigned i = 0; i < e->steps; i++)
     for (unsigned k = 0; k < KERNELS; k++) {
@@ -88,11 +113,15 @@ static double eager_weft_on(eager2_t *e, weft_stream_t *const *on) {
       BENCH_WEFT(weft_launch(on[(k / RUN) % 2], &l, acc, 2));
     }
   for (int k = 0; k < 2; k++) BENCH_WEFT(weft_stream_synchronize(on[k]));
-  return (double)(bench_now_ns() - t0) / e->steps / 1e3;
+  double us = (double)(bench_now_ns() - t0) / e->steps / 1e3;
+  BENCH_WEFT(weft_runtime_counters(weft_stream_runtime(on[0]), &c1));
+  e->events[on == e->s ? 0 : on == e->x ? 1 : 2] = (double)(c1.events_recorded - c0.events_recorded) / e->steps;
+  return us;
 }
 
 static double eager_weft(void *arg) { return eager_weft_on(arg, ((eager2_t *)arg)->s); }
 static double eager_weft_exposed(void *arg) { return eager_weft_on(arg, ((eager2_t *)arg)->x); }
+static double eager_weft_turned(void *arg) { return eager_weft_on(arg, ((eager2_t *)arg)->y); }
 
 /* The hand-placed step; `every` records an event after every kernel (the wait still only every
  * RUN kernels, on the last one): what weft's lanes do once another stream waits on them, so the
@@ -123,6 +152,8 @@ static void eager_two_streams(bench_t *b, weft_runtime_t *rt, step_t *st) {
   for (int k = 0; k < 2; k++) {
     BENCH_WEFT(weft_stream_get(rt, 2u + (unsigned)k, &e.s[k]));
     BENCH_WEFT(weft_stream_get(rt, (unsigned)k, &e.x[k]));
+    BENCH_WEFT(weft_stream_get(rt, 4u + (unsigned)k, &e.y[k]));
+    BENCH_WEFT(weft_alloc(rt, 256, e.y[0], "late", &e.late[k]));
     BENCH_CU(d->cuStreamCreateWithPriority(&e.raw[k], CU_STREAM_NON_BLOCKING, 0));
     BENCH_CU(d->cuEventCreate(&e.ev[k], CU_EVENT_DISABLE_TIMING));
   }
@@ -133,18 +164,27 @@ static void eager_two_streams(bench_t *b, weft_runtime_t *rt, step_t *st) {
   static const char wn[] = "weft eager, 2 streams (100 weft_launch)",
                     hn[] = "hand-placed events, 2 raw streams (100 cuLaunchKernel)",
                     en[] = "hand-placed events + an event record after every kernel (diagnostic)",
-                    xn[] = "weft eager, 2 streams, one exposed by weft_stream_raw (diagnostic)";
-  bench_series_t series[4] = {{wn, hn, NULL, eager_weft, &e},
+                    xn[] = "weft eager, 2 streams, one exposed by weft_stream_raw (diagnostic)",
+                    yn[] = "weft eager, 2 streams turned eager before each sample (diagnostic)";
+  bench_series_t series[5] = {{wn, hn, NULL, eager_weft, &e},
                               {hn, NULL, NULL, eager_hand, &e},
                               {en, hn, NULL, eager_hand_every, &e},
-                              {xn, hn, NULL, eager_weft_exposed, &e}};
-  double med[4];
-  bench_measure(b, "replay", "us per eager step, an edge every 10 kernels", "us", series, 4, med);
+                              {xn, hn, NULL, eager_weft_exposed, &e},
+                              {yn, hn, NULL, eager_weft_turned, &e}};
+  double med[5];
+  bench_measure(b, "replay", "us per eager step, an edge every 10 kernels", "us", series, 5, med);
+  static const char *const names[3] = {wn, xn, yn};
+  for (int i = 0; i < 3; i++)
+    bench_sample(b, "replay", names[i], "events recorded per eager step (last sample)", "events", NULL, NULL, 0,
+                 e.events[i]);
   static const char *const cols[] = {"eager step, an edge every 10 kernels", "us per step (wall)",
-                                     "vs hand-placed events"};
-  bench_table(cols, 3);
-  printf("| %s | %.2f | %.3fx |\n| %s | %.2f | baseline |\n| %s | %.2f | %.3fx |\n| %s | %.2f | %.3fx |\n\n", wn,
-         med[0], med[0] / med[1], hn, med[1], en, med[2], med[2] / med[1], xn, med[3], med[3] / med[1]);
+                                     "vs hand-placed events", "events recorded per step"};
+  bench_table(cols, 4);
+  printf("| %s | %.2f | %.3fx | %.1f |\n| %s | %.2f | baseline | 10 |\n| %s | %.2f | %.3fx | 100 |\n", wn, med[0],
+         med[0] / med[1], e.events[0], hn, med[1], en, med[2], med[2] / med[1]);
+  printf("| %s | %.2f | %.3fx | %.1f |\n| %s | %.2f | %.3fx | %.1f |\n\n", xn, med[3], med[3] / med[1], e.events[1], yn,
+         med[4], med[4] / med[1], e.events[2]);
+  for (int k = 0; k < 2; k++) BENCH_WEFT(weft_free(e.late[k], e.y[0]));
   BENCH_CU(d->cuMemFree(e.ra));
   BENCH_CU(d->cuMemFree(e.rc));
   for (int k = 0; k < 2; k++) {
