@@ -425,17 +425,23 @@ static void test_an_eager_lane_whose_waiters_need_its_newest_use_turns_lazy_agai
   free_rounds(&r);
 }
 
+/* ROUNDS rounds (round_of) on r, each recording both of the producer's uses (the lane stays
+ * eager) with no late wait; then the data, the oracle, and the blocks freed. */
+static void rounds_stay_eager(rounds_t *r, bool older) {
+  weft_counters_t c0 = counters();
+  for (unsigned i = 0; i < ROUNDS; i++) assert_int_equal(round_of(r->p, r->c, r->scratch, r->x[i], r->out, i, older), 2);
+  assert_int_equal(counters().late_waits, c0.late_waits);
+  expect_all(r->c, r->out, combined(ROUNDS - 1, ROUNDS - 1));
+  assert_int_equal(tu_races(&env), 0);
+  free_rounds(r);
+}
+
 /* A waiter that needs an older use than the newest keeps the lane eager: its waits stay exact
  * (no late wait), however many rounds. */
 static void test_an_eager_lane_whose_waiters_need_older_uses_stays_eager(void **state) {
   (void)state;
   rounds_t r = eager_producer();
-  weft_counters_t c0 = counters();
-  for (unsigned i = 0; i < ROUNDS; i++) assert_int_equal(round_of(r.p, r.c, r.scratch, r.x[i], r.out, i, true), 2);
-  assert_int_equal(counters().late_waits, c0.late_waits);
-  expect_all(r.c, r.out, combined(ROUNDS - 1, ROUNDS - 1));
-  assert_int_equal(tu_races(&env), 0);
-  free_rounds(&r);
+  rounds_stay_eager(&r, true);
 }
 
 /* A lane whose waits are exact (collectives, value waits: weft.h "Exact waits") records every
@@ -444,12 +450,7 @@ static void test_an_exact_lane_stays_eager(void **state) {
   (void)state;
   rounds_t r = eager_producer();
   assert_int_equal(weft__tracker_exact(r.p), WEFT_OK);
-  weft_counters_t c0 = counters();
-  for (unsigned i = 0; i < ROUNDS; i++) assert_int_equal(round_of(r.p, r.c, r.scratch, r.x[i], r.out, i, false), 2);
-  assert_int_equal(counters().late_waits, c0.late_waits);
-  expect_all(r.c, r.out, combined(ROUNDS - 1, ROUNDS - 1));
-  assert_int_equal(tu_races(&env), 0);
-  free_rounds(&r);
+  rounds_stay_eager(&r, false);
 }
 
 int main(void) {
