@@ -140,7 +140,8 @@ typedef enum weft_output_policy {
     "bytes of freed blocks the streams keep for their next weft_alloc of the same size (0: none)") \
   X(lazy_records, unsigned, "WEFT_LAZY_RECORDS", 1, 0, 1,                                       \
     "1: a stream's uses join one pending event, recorded only when another stream or the host needs it; " \
-    "after a late wait on it (for an older use than the newest), after each use")
+    "after a late wait on it (for an older use than the newest), after each use, until 16 waits in a row " \
+    "need only its newest use")
 
 /** Runtime options. Start from weft_options_default() (or weft_options_from_env()), change
  * fields, pass to weft_runtime_get(). Plain data: copy it freely. */
@@ -279,7 +280,8 @@ typedef struct weft_counters {
   uint64_t ring_evictions;   /**< waits on an evicted tick served by a newer event */
   uint64_t late_waits;       /**< waits for an event that covers later uses of its stream than the
                                   one needed (options.lazy_records: those uses joined one tick);
-                                  that stream records after each use from then on */
+                                  that stream then records after each use, until its waiters
+                                  have needed only its newest use 16 times in a row */
   uint64_t busy_waits;       /**< times a call waited for another thread's use to finish enqueuing
                                   its work on a stream: a use of the same stream, a use that
                                   conflicts with that work, or a host wait on it (uses enqueue
