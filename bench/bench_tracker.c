@@ -139,7 +139,35 @@ static weft_status_t no_work(weft_stream_t *s, void *arg) {
 /* ns per launch of a one-block kernel: raw (cuLaunchKernel on a raw stream), weft (weft_launch on
  * a pool stream nobody waits on, one READ_WRITE access), or weft's use alone (the same use
  * around no work: its bookkeeping, the lock taken twice as around real work). */
-enum { L_RAW, L_WEFT, L_USE, L_POOL_RAW, L_USE_THEN_RAW, L_RAW_THEN_RMW, L_RAW_THEN_LOCK };
+enum {
+  L_RAW, L_WEFT, L_USE, L_POOL_RAW, L_USE_THEN_RAW, L_RAW_THEN_RMW, L_RAW_THEN_LOCK,
+  L_SPIN, L_SPIN_THEN_RAW, L_TOUCH, L_TOUCH_THEN_RAW
+};
+
+/* What a use's host work is made of, without weft, to tell which part makes the launch after it
+ * slower than the two apart: `spin`, a chain of 100 dependent multiply-adds (registers only,
+ * about the time of weft's use); `touch`, a read and a write of 48 cache lines (about the lines a
+ * use brings back cold: bench/README.md, "Instructions per operation"), the next 48 of a 1 MiB
+ * buffer each time, so that they come from beyond the first-level cache as a use's do. */
+static void spin(void) {
+  static volatile unsigned long sink;
+  unsigned long x = sink;
+  for (int i = 0; i < 100; i++) {
+    x = x * 3 + 1;
+    __asm__ volatile("" : "+r"(x));
+  }
+  sink = x;
+}
+#define TOUCH_BYTES (1u << 20)
+static void touch(void) {
+  static unsigned char buf[TOUCH_BYTES] __attribute__((aligned(64)));
+  static size_t at;
+  for (int i = 0; i < 48; i++) {
+    buf[at] = (unsigned char)(buf[at] + 1);
+    at = (at + 64) % TOUCH_BYTES;
+  }
+}
+
 static double launches(lctx_t *l, int how) {
   unsigned elems = 256, rounds = 1;
   void *params[] = {&l->ptr, &l->ptr, &elems, &rounds};
@@ -156,6 +184,17 @@ static double launches(lctx_t *l, int how) {
         pthread_mutex_lock(&m);
         pthread_mutex_unlock(&m);
       }
+      continue;
+    }
+    if (how == L_SPIN || how == L_TOUCH) {
+      if (how == L_SPIN) spin();
+      else touch();
+      continue;
+    }
+    if (how == L_SPIN_THEN_RAW || how == L_TOUCH_THEN_RAW) {
+      if (how == L_SPIN_THEN_RAW) spin();
+      else touch();
+      BENCH_CU(l->b->drv->cuLaunchKernel(l->b->lcg, 1, 1, 1, 256, 1, 1, 0, l->raw, params, NULL));
       continue;
     }
     if (how == L_WEFT) {
@@ -180,6 +219,10 @@ static double launch_pool_raw(void *arg) { return launches(arg, L_POOL_RAW); }
 static double launch_use_then_raw(void *arg) { return launches(arg, L_USE_THEN_RAW); }
 static double launch_raw_then_rmw(void *arg) { return launches(arg, L_RAW_THEN_RMW); }
 static double launch_raw_then_lock(void *arg) { return launches(arg, L_RAW_THEN_LOCK); }
+static double launch_spin(void *arg) { return launches(arg, L_SPIN); }
+static double launch_spin_then_raw(void *arg) { return launches(arg, L_SPIN_THEN_RAW); }
+static double launch_touch(void *arg) { return launches(arg, L_TOUCH); }
+static double launch_touch_then_raw(void *arg) { return launches(arg, L_TOUCH_THEN_RAW); }
 
 static void launch_breakdown(bench_t *b, weft_runtime_t *rt, weft_stream_t *s, weft_stream_t *other, unsigned n) {
   lctx_t l = {.b = b, .s = s, .n = n, .pool_raw = weft_stream_raw(other)};
@@ -187,16 +230,21 @@ static void launch_breakdown(bench_t *b, weft_runtime_t *rt, weft_stream_t *s, w
   BENCH_WEFT(weft_alloc(rt, 1024, s, "launch", &l.blk));
   BENCH_WEFT(weft_block_ptr(l.blk, &l.ptr));
   static const char raw_name[] = "cuLaunchKernel, a raw stream";
-  enum { NL = 7 };
+  enum { NL = 11 };
   static const char *const names[NL] = {
       "weft_launch, 1 access, a stream nobody waits on", raw_name,
       "the same use around no work (weft's share, diagnostic)",
       "cuLaunchKernel on a weft pool stream's handle (diagnostic)",
       "that use around no work, then cuLaunchKernel on a raw stream (diagnostic)",
       "cuLaunchKernel, then one atomic read-modify-write (diagnostic)",
-      "cuLaunchKernel, then a mutex lock and unlock (diagnostic)"};
+      "cuLaunchKernel, then a mutex lock and unlock (diagnostic)",
+      "100 dependent multiply-adds alone (diagnostic)",
+      "100 dependent multiply-adds, then cuLaunchKernel (diagnostic)",
+      "48 cache lines touched alone (diagnostic)",
+      "48 cache lines touched, then cuLaunchKernel (diagnostic)"};
   double (*const fns[NL])(void *) = {launch_weft,         launch_raw,          launch_use,          launch_pool_raw,
-                                     launch_use_then_raw, launch_raw_then_rmw, launch_raw_then_lock};
+                                     launch_use_then_raw, launch_raw_then_rmw, launch_raw_then_lock,
+                                     launch_spin,         launch_spin_then_raw, launch_touch,       launch_touch_then_raw};
   bench_series_t series[NL];
   for (int i = 0; i < NL; i++) series[i] = (bench_series_t){names[i], i == 1 ? NULL : raw_name, NULL, fns[i], &l};
   double med[NL];
@@ -206,8 +254,9 @@ static void launch_breakdown(bench_t *b, weft_runtime_t *rt, weft_stream_t *s, w
   for (int i = 0; i < NL; i++)
     printf("| %s | %.0f | %.3fx |\n", names[i], med[i], med[i] / med[1]);
   printf("\nweft_launch - cuLaunchKernel = %.0f ns; the use alone %.0f ns; the use and a raw launch one after the "
-         "other %.0f ns over the launch alone.\n\n",
-         med[0] - med[1], med[2], med[4] - med[1]);
+         "other %.0f ns over the launch alone; the multiply-adds alone %.0f ns, before a launch %.0f ns over it; the "
+         "cache lines alone %.0f ns, before a launch %.0f ns over it.\n\n",
+         med[0] - med[1], med[2], med[4] - med[1], med[7], med[8] - med[1], med[9], med[10] - med[1]);
   BENCH_WEFT(weft_free(l.blk, s));
   BENCH_CU(b->drv->cuStreamDestroy(l.raw));
 }
