@@ -141,7 +141,7 @@ static weft_status_t no_work(weft_stream_t *s, void *arg) {
  * around no work: its bookkeeping, the lock taken twice as around real work). */
 enum {
   L_RAW, L_WEFT, L_USE, L_POOL_RAW, L_USE_THEN_RAW, L_RAW_THEN_RMW, L_RAW_THEN_LOCK,
-  L_SPIN, L_SPIN_THEN_RAW, L_TOUCH, L_TOUCH_THEN_RAW
+  L_SPIN, L_SPIN_THEN_RAW, L_TOUCH, L_TOUCH_THEN_RAW, L_CTX_THEN_RAW, L_LOCKS, L_LOCKS_THEN_RAW
 };
 
 /* What a use's host work is made of, without weft, to tell which part makes the launch after it
@@ -168,6 +168,14 @@ static void touch(void) {
   }
 }
 
+/* A use around no work takes weft's lock twice (before, and after its work). */
+static void two_locks(pthread_mutex_t *m) {
+  for (int i = 0; i < 2; i++) {
+    pthread_mutex_lock(m);
+    pthread_mutex_unlock(m);
+  }
+}
+
 static double launches(lctx_t *l, int how) {
   unsigned elems = 256, rounds = 1;
   void *params[] = {&l->ptr, &l->ptr, &elems, &rounds};
@@ -186,14 +194,18 @@ static double launches(lctx_t *l, int how) {
       }
       continue;
     }
-    if (how == L_SPIN || how == L_TOUCH) {
+    if (how == L_SPIN || how == L_TOUCH || how == L_LOCKS) {
       if (how == L_SPIN) spin();
-      else touch();
+      else if (how == L_TOUCH) touch();
+      else two_locks(&m);
       continue;
     }
-    if (how == L_SPIN_THEN_RAW || how == L_TOUCH_THEN_RAW) {
+    if (how == L_SPIN_THEN_RAW || how == L_TOUCH_THEN_RAW || how == L_CTX_THEN_RAW || how == L_LOCKS_THEN_RAW) {
+      CUcontext cur;
       if (how == L_SPIN_THEN_RAW) spin();
-      else touch();
+      else if (how == L_TOUCH_THEN_RAW) touch();
+      else if (how == L_LOCKS_THEN_RAW) two_locks(&m);
+      else BENCH_CU(l->b->drv->cuCtxGetCurrent(&cur));
       BENCH_CU(l->b->drv->cuLaunchKernel(l->b->lcg, 1, 1, 1, 256, 1, 1, 0, l->raw, params, NULL));
       continue;
     }
@@ -223,6 +235,9 @@ static double launch_spin(void *arg) { return launches(arg, L_SPIN); }
 static double launch_spin_then_raw(void *arg) { return launches(arg, L_SPIN_THEN_RAW); }
 static double launch_touch(void *arg) { return launches(arg, L_TOUCH); }
 static double launch_touch_then_raw(void *arg) { return launches(arg, L_TOUCH_THEN_RAW); }
+static double launch_ctx_then_raw(void *arg) { return launches(arg, L_CTX_THEN_RAW); }
+static double launch_locks(void *arg) { return launches(arg, L_LOCKS); }
+static double launch_locks_then_raw(void *arg) { return launches(arg, L_LOCKS_THEN_RAW); }
 
 static void launch_breakdown(bench_t *b, weft_runtime_t *rt, weft_stream_t *s, weft_stream_t *other, unsigned n) {
   lctx_t l = {.b = b, .s = s, .n = n, .pool_raw = weft_stream_raw(other)};
@@ -230,7 +245,7 @@ static void launch_breakdown(bench_t *b, weft_runtime_t *rt, weft_stream_t *s, w
   BENCH_WEFT(weft_alloc(rt, 1024, s, "launch", &l.blk));
   BENCH_WEFT(weft_block_ptr(l.blk, &l.ptr));
   static const char raw_name[] = "cuLaunchKernel, a raw stream";
-  enum { NL = 11 };
+  enum { NL = 14 };
   static const char *const names[NL] = {
       "weft_launch, 1 access, a stream nobody waits on", raw_name,
       "the same use around no work (weft's share, diagnostic)",
@@ -241,10 +256,14 @@ static void launch_breakdown(bench_t *b, weft_runtime_t *rt, weft_stream_t *s, w
       "100 dependent multiply-adds alone (diagnostic)",
       "100 dependent multiply-adds, then cuLaunchKernel (diagnostic)",
       "48 cache lines touched alone (diagnostic)",
-      "48 cache lines touched, then cuLaunchKernel (diagnostic)"};
+      "48 cache lines touched, then cuLaunchKernel (diagnostic)",
+      "cuCtxGetCurrent, then cuLaunchKernel (diagnostic)",
+      "two mutex lock-unlock pairs alone (diagnostic)",
+      "two mutex lock-unlock pairs, then cuLaunchKernel (diagnostic)"};
   double (*const fns[NL])(void *) = {launch_weft,         launch_raw,          launch_use,          launch_pool_raw,
                                      launch_use_then_raw, launch_raw_then_rmw, launch_raw_then_lock,
-                                     launch_spin,         launch_spin_then_raw, launch_touch,       launch_touch_then_raw};
+                                     launch_spin,         launch_spin_then_raw, launch_touch,       launch_touch_then_raw,
+                                     launch_ctx_then_raw, launch_locks,         launch_locks_then_raw};
   bench_series_t series[NL];
   for (int i = 0; i < NL; i++) series[i] = (bench_series_t){names[i], i == 1 ? NULL : raw_name, NULL, fns[i], &l};
   double med[NL];
