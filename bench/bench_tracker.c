@@ -141,7 +141,8 @@ static weft_status_t no_work(weft_stream_t *s, void *arg) {
  * around no work: its bookkeeping, the lock taken twice as around real work). */
 enum {
   L_RAW, L_WEFT, L_USE, L_POOL_RAW, L_USE_THEN_RAW, L_RAW_THEN_RMW, L_RAW_THEN_LOCK,
-  L_SPIN, L_SPIN_THEN_RAW, L_TOUCH, L_TOUCH_THEN_RAW, L_CTX_THEN_RAW, L_LOCKS, L_LOCKS_THEN_RAW
+  L_SPIN, L_SPIN_THEN_RAW, L_TOUCH, L_TOUCH_THEN_RAW, L_CTX_THEN_RAW, L_LOCKS, L_LOCKS_THEN_RAW, L_CODE,
+  L_CODE_THEN_RAW
 };
 
 /* What a use's host work is made of, without weft, to tell which part makes the launch after it
@@ -166,6 +167,12 @@ static void touch(void) {
     buf[at] = (unsigned char)(buf[at] + 1);
     at = (at + 64) % TOUCH_BYTES;
   }
+}
+
+/* 16 KiB of code run once (2,048 eight-byte no-ops): half the first-level instruction cache, about
+ * what a use's path through its files may take, with no data and no calls. */
+static __attribute__((noinline)) void code_walk(void) {
+  __asm__ volatile(".rept 2048\n\t.byte 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00\n\t.endr" ::: "memory");
 }
 
 /* A use around no work takes weft's lock twice (before, and after its work). */
@@ -194,15 +201,18 @@ static double launches(lctx_t *l, int how) {
       }
       continue;
     }
-    if (how == L_SPIN || how == L_TOUCH || how == L_LOCKS) {
+    if (how == L_SPIN || how == L_TOUCH || how == L_LOCKS || how == L_CODE) {
       if (how == L_SPIN) spin();
       else if (how == L_TOUCH) touch();
+      else if (how == L_CODE) code_walk();
       else two_locks(&m);
       continue;
     }
-    if (how == L_SPIN_THEN_RAW || how == L_TOUCH_THEN_RAW || how == L_CTX_THEN_RAW || how == L_LOCKS_THEN_RAW) {
+    if (how == L_SPIN_THEN_RAW || how == L_TOUCH_THEN_RAW || how == L_CTX_THEN_RAW || how == L_LOCKS_THEN_RAW ||
+        how == L_CODE_THEN_RAW) {
       CUcontext cur;
       if (how == L_SPIN_THEN_RAW) spin();
+      else if (how == L_CODE_THEN_RAW) code_walk();
       else if (how == L_TOUCH_THEN_RAW) touch();
       else if (how == L_LOCKS_THEN_RAW) two_locks(&m);
       else BENCH_CU(l->b->drv->cuCtxGetCurrent(&cur));
@@ -238,6 +248,8 @@ static double launch_touch_then_raw(void *arg) { return launches(arg, L_TOUCH_TH
 static double launch_ctx_then_raw(void *arg) { return launches(arg, L_CTX_THEN_RAW); }
 static double launch_locks(void *arg) { return launches(arg, L_LOCKS); }
 static double launch_locks_then_raw(void *arg) { return launches(arg, L_LOCKS_THEN_RAW); }
+static double launch_code(void *arg) { return launches(arg, L_CODE); }
+static double launch_code_then_raw(void *arg) { return launches(arg, L_CODE_THEN_RAW); }
 
 static void launch_breakdown(bench_t *b, weft_runtime_t *rt, weft_stream_t *s, weft_stream_t *other, unsigned n) {
   lctx_t l = {.b = b, .s = s, .n = n, .pool_raw = weft_stream_raw(other)};
@@ -245,7 +257,7 @@ static void launch_breakdown(bench_t *b, weft_runtime_t *rt, weft_stream_t *s, w
   BENCH_WEFT(weft_alloc(rt, 1024, s, "launch", &l.blk));
   BENCH_WEFT(weft_block_ptr(l.blk, &l.ptr));
   static const char raw_name[] = "cuLaunchKernel, a raw stream";
-  enum { NL = 14 };
+  enum { NL = 16 };
   static const char *const names[NL] = {
       "weft_launch, 1 access, a stream nobody waits on", raw_name,
       "the same use around no work (weft's share, diagnostic)",
@@ -259,11 +271,14 @@ static void launch_breakdown(bench_t *b, weft_runtime_t *rt, weft_stream_t *s, w
       "48 cache lines touched, then cuLaunchKernel (diagnostic)",
       "cuCtxGetCurrent, then cuLaunchKernel (diagnostic)",
       "two mutex lock-unlock pairs alone (diagnostic)",
-      "two mutex lock-unlock pairs, then cuLaunchKernel (diagnostic)"};
+      "two mutex lock-unlock pairs, then cuLaunchKernel (diagnostic)",
+      "16 KiB of code run alone (diagnostic)",
+      "16 KiB of code run, then cuLaunchKernel (diagnostic)"};
   double (*const fns[NL])(void *) = {launch_weft,         launch_raw,          launch_use,          launch_pool_raw,
                                      launch_use_then_raw, launch_raw_then_rmw, launch_raw_then_lock,
                                      launch_spin,         launch_spin_then_raw, launch_touch,       launch_touch_then_raw,
-                                     launch_ctx_then_raw, launch_locks,         launch_locks_then_raw};
+                                     launch_ctx_then_raw, launch_locks,         launch_locks_then_raw,
+                                     launch_code,         launch_code_then_raw};
   bench_series_t series[NL];
   for (int i = 0; i < NL; i++) series[i] = (bench_series_t){names[i], i == 1 ? NULL : raw_name, NULL, fns[i], &l};
   double med[NL];
