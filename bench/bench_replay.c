@@ -66,15 +66,21 @@ static weft_status_t temporaries_step(weft_stream_t *s, void *arg) {
 
 typedef struct eager2 {
   step_t *st;
-  weft_stream_t *s[2], *x[2]; /* x: streams 0 and 1, the first exposed by the raw graph's launches */
-  weft_stream_t *y[2];        /* streams 4 and 5, made eager before each sample (turn_eager) */
-  weft_block_t late[2];       /* turn_eager's */
-  double events[3];           /* events recorded per step in the last sample: s, x, y */
+  weft_block_t late[2]; /* turn_eager's */
   CUstream raw[2];
   CUevent ev[2];
   CUdeviceptr ra, rc; /* the raw side's buffers */
   unsigned steps;
 } eager2_t;
+
+/* One weft row of the eager step: its two streams, whether they are made eager before each sample
+ * (turn_eager), and the events weft recorded per step in the last sample. */
+typedef struct weft_row {
+  eager2_t *e;
+  weft_stream_t *on[2];
+  bool turn;
+  double events;
+} weft_row_t;
 
 static void use_once(weft_stream_t *s, weft_block_t b, weft_access_kind_t kind) {
   weft_access_t a = {b, kind};
@@ -82,25 +88,28 @@ static void use_once(weft_stream_t *s, weft_block_t b, weft_access_kind_t kind) 
   BENCH_WEFT(weft_use_end(s, &a, 1));
 }
 
-/* Untimed, before each sample of the "turned eager first" row: each of y[0], y[1] writes late[0]
- * then late[1], and the other reads late[0], an older use than the writer's newest, so both
- * lanes start eager (a late wait). In the step every wait needs the newest use of its stream, so
- * weft__clock_needed turns them lazy again after WEFT__CLOCK_CALM such waits each (within the
- * first two steps); before 2026-11-27 they stayed eager for good. */
-static void turn_eager(eager2_t *e) {
+/* Untimed, before each sample of the "turned eager first" row: each of on[0], on[1] writes
+ * late[0] then late[1], and the other reads late[0], an older use than the writer's newest, so
+ * both lanes start eager (a late wait). In the step every wait needs the newest use of its stream,
+ * so weft__clock_needed turns them lazy again after WEFT__CLOCK_CALM such waits each (within the
+ * first steps); before 2026-11-27 they stayed eager for good. */
+static void turn_eager(weft_stream_t *const *on, const weft_block_t *late) {
   for (int k = 0; k < 2; k++) {
-    use_once(e->y[k], e->late[0], WEFT_WRITE);
-    use_once(e->y[k], e->late[1], WEFT_WRITE);
-    use_once(e->y[k ^ 1], e->late[0], WEFT_READ);
+    use_once(on[k], late[0], WEFT_WRITE);
+    use_once(on[k], late[1], WEFT_WRITE);
+    use_once(on[k ^ 1], late[0], WEFT_READ);
   }
 }
 
-static double eager_weft_on(eager2_t *e, weft_stream_t *const *on) {
+static double eager_weft(void *arg) {
+  weft_row_t *w = arg;
+  eager2_t *e = w->e;
+  weft_stream_t *const *on = w->on;
   step_t *st = e->st;
   CUdeviceptr pa, pc;
   BENCH_WEFT(weft_block_ptr(st->a, &pa));
   BENCH_WEFT(weft_block_ptr(st->c, &pc));
-  if (on == e->y) turn_eager(e);
+  if (w->turn) turn_eager(on, e->late);
   weft_counters_t c0, c1;
   BENCH_WEFT(weft_runtime_counters(weft_stream_runtime(on[0]), &c0));
   uint64_t t0 = bench_now_ns();
@@ -115,13 +124,9 @@ static double eager_weft_on(eager2_t *e, weft_stream_t *const *on) {
   for (int k = 0; k < 2; k++) BENCH_WEFT(weft_stream_synchronize(on[k]));
   double us = (double)(bench_now_ns() - t0) / e->steps / 1e3;
   BENCH_WEFT(weft_runtime_counters(weft_stream_runtime(on[0]), &c1));
-  e->events[on == e->s ? 0 : on == e->x ? 1 : 2] = (double)(c1.events_recorded - c0.events_recorded) / e->steps;
+  w->events = (double)(c1.events_recorded - c0.events_recorded) / e->steps;
   return us;
 }
-
-static double eager_weft(void *arg) { return eager_weft_on(arg, ((eager2_t *)arg)->s); }
-static double eager_weft_exposed(void *arg) { return eager_weft_on(arg, ((eager2_t *)arg)->x); }
-static double eager_weft_turned(void *arg) { return eager_weft_on(arg, ((eager2_t *)arg)->y); }
 
 /* The hand-placed step; `every` records an event after every kernel (the wait still only every
  * RUN kernels, on the last one): what weft's lanes do once another stream waits on them, so the
@@ -149,11 +154,14 @@ static double eager_hand_every(void *arg) { return eager_hand_records(arg, 1); }
 static void eager_two_streams(bench_t *b, weft_runtime_t *rt, step_t *st) {
   const weft__driver_t *d = b->drv;
   eager2_t e = {.st = st, .steps = bench_count(b, 200, 2)};
+  /* Pool streams 2 and 3, which nothing else here touches; 0 and 1, the first exposed by the raw
+   * graph's launches; 4 and 5, made eager before each sample. */
+  weft_row_t w[3] = {{.e = &e}, {.e = &e}, {.e = &e, .turn = true}};
   for (int k = 0; k < 2; k++) {
-    BENCH_WEFT(weft_stream_get(rt, 2u + (unsigned)k, &e.s[k]));
-    BENCH_WEFT(weft_stream_get(rt, (unsigned)k, &e.x[k]));
-    BENCH_WEFT(weft_stream_get(rt, 4u + (unsigned)k, &e.y[k]));
-    BENCH_WEFT(weft_alloc(rt, 256, e.y[0], "late", &e.late[k]));
+    BENCH_WEFT(weft_stream_get(rt, 2u + (unsigned)k, &w[0].on[k]));
+    BENCH_WEFT(weft_stream_get(rt, (unsigned)k, &w[1].on[k]));
+    BENCH_WEFT(weft_stream_get(rt, 4u + (unsigned)k, &w[2].on[k]));
+    BENCH_WEFT(weft_alloc(rt, 256, w[2].on[0], "late", &e.late[k]));
     BENCH_CU(d->cuStreamCreateWithPriority(&e.raw[k], CU_STREAM_NON_BLOCKING, 0));
     BENCH_CU(d->cuEventCreate(&e.ev[k], CU_EVENT_DISABLE_TIMING));
   }
@@ -166,25 +174,25 @@ static void eager_two_streams(bench_t *b, weft_runtime_t *rt, step_t *st) {
                     en[] = "hand-placed events + an event record after every kernel (diagnostic)",
                     xn[] = "weft eager, 2 streams, one exposed by weft_stream_raw (diagnostic)",
                     yn[] = "weft eager, 2 streams turned eager before each sample (diagnostic)";
-  bench_series_t series[5] = {{wn, hn, NULL, eager_weft, &e},
+  bench_series_t series[5] = {{wn, hn, NULL, eager_weft, &w[0]},
                               {hn, NULL, NULL, eager_hand, &e},
                               {en, hn, NULL, eager_hand_every, &e},
-                              {xn, hn, NULL, eager_weft_exposed, &e},
-                              {yn, hn, NULL, eager_weft_turned, &e}};
+                              {xn, hn, NULL, eager_weft, &w[1]},
+                              {yn, hn, NULL, eager_weft, &w[2]}};
   double med[5];
   bench_measure(b, "replay", "us per eager step, an edge every 10 kernels", "us", series, 5, med);
   static const char *const names[3] = {wn, xn, yn};
   for (int i = 0; i < 3; i++)
     bench_sample(b, "replay", names[i], "events recorded per eager step (last sample)", "events", NULL, NULL, 0,
-                 e.events[i]);
+                 w[i].events);
   static const char *const cols[] = {"eager step, an edge every 10 kernels", "us per step (wall)",
                                      "vs hand-placed events", "events recorded per step"};
   bench_table(cols, 4);
   printf("| %s | %.2f | %.3fx | %.1f |\n| %s | %.2f | baseline | 10 |\n| %s | %.2f | %.3fx | 100 |\n", wn, med[0],
-         med[0] / med[1], e.events[0], hn, med[1], en, med[2], med[2] / med[1]);
-  printf("| %s | %.2f | %.3fx | %.1f |\n| %s | %.2f | %.3fx | %.1f |\n\n", xn, med[3], med[3] / med[1], e.events[1], yn,
-         med[4], med[4] / med[1], e.events[2]);
-  for (int k = 0; k < 2; k++) BENCH_WEFT(weft_free(e.late[k], e.y[0]));
+         med[0] / med[1], w[0].events, hn, med[1], en, med[2], med[2] / med[1]);
+  printf("| %s | %.2f | %.3fx | %.1f |\n| %s | %.2f | %.3fx | %.1f |\n\n", xn, med[3], med[3] / med[1], w[1].events, yn,
+         med[4], med[4] / med[1], w[2].events);
+  for (int k = 0; k < 2; k++) BENCH_WEFT(weft_free(e.late[k], w[2].on[0]));
   BENCH_CU(d->cuMemFree(e.ra));
   BENCH_CU(d->cuMemFree(e.rc));
   for (int k = 0; k < 2; k++) {

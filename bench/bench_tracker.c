@@ -136,21 +136,13 @@ static weft_status_t no_work(weft_stream_t *s, void *arg) {
   return WEFT_OK;
 }
 
-/* ns per launch of a one-block kernel: raw (cuLaunchKernel on a raw stream), weft (weft_launch on
- * a pool stream nobody waits on, one READ_WRITE access), or weft's use alone (the same use
- * around no work: its bookkeeping, the lock taken twice as around real work). */
-enum {
-  L_RAW, L_WEFT, L_USE, L_POOL_RAW, L_USE_THEN_RAW, L_RAW_THEN_RMW, L_RAW_THEN_LOCK,
-  L_SPIN, L_SPIN_THEN_RAW, L_TOUCH, L_TOUCH_THEN_RAW, L_CTX_THEN_RAW, L_LOCKS, L_LOCKS_THEN_RAW, L_CODE,
-  L_CODE_THEN_RAW
-};
-
 /* What a use's host work is made of, without weft, to tell which part makes the launch after it
  * slower than the two apart: `spin`, a chain of 100 dependent multiply-adds (registers only,
  * about the time of weft's use); `touch`, a read and a write of 48 cache lines (about the lines a
  * use brings back cold: bench/README.md, "Instructions per operation"), the next 48 of a 1 MiB
  * buffer each time, so that they come from beyond the first-level cache as a use's do. */
-static void spin(void) {
+static void spin(lctx_t *l) {
+  (void)l;
   static volatile unsigned long sink;
   unsigned long x = sink;
   for (int i = 0; i < 100; i++) {
@@ -160,7 +152,8 @@ static void spin(void) {
   sink = x;
 }
 #define TOUCH_BYTES (1u << 20)
-static void touch(void) {
+static void touch(lctx_t *l) {
+  (void)l;
   static unsigned char buf[TOUCH_BYTES] __attribute__((aligned(64)));
   static size_t at;
   for (int i = 0; i < 48; i++) {
@@ -171,62 +164,66 @@ static void touch(void) {
 
 /* 16 KiB of code run once (2,048 eight-byte no-ops): half the first-level instruction cache, about
  * what a use's path through its files may take, with no data and no calls. */
-static __attribute__((noinline)) void code_walk(void) {
+static __attribute__((noinline)) void code_walk(lctx_t *l) {
+  (void)l;
   __asm__ volatile(".rept 2048\n\t.byte 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00\n\t.endr" ::: "memory");
 }
 
+static pthread_mutex_t g_m = PTHREAD_MUTEX_INITIALIZER;
+static void one_lock(lctx_t *l) {
+  (void)l;
+  pthread_mutex_lock(&g_m);
+  pthread_mutex_unlock(&g_m);
+}
 /* A use around no work takes weft's lock twice (before, and after its work). */
-static void two_locks(pthread_mutex_t *m) {
-  for (int i = 0; i < 2; i++) {
-    pthread_mutex_lock(m);
-    pthread_mutex_unlock(m);
-  }
+static void two_locks(lctx_t *l) {
+  one_lock(l);
+  one_lock(l);
+}
+static void one_rmw(lctx_t *l) {
+  (void)l;
+  static _Atomic unsigned long word;
+  atomic_fetch_add_explicit(&word, 1, memory_order_seq_cst);
+}
+static void ctx_get(lctx_t *l) {
+  CUcontext cur;
+  BENCH_CU(l->b->drv->cuCtxGetCurrent(&cur));
+}
+/* weft's use alone: the same use as weft_launch's around no work (its bookkeeping, the lock taken
+ * twice as around real work). */
+static void use_no_work(lctx_t *l) {
+  weft_access_t acc = {l->blk, WEFT_READ_WRITE};
+  BENCH_WEFT(weft__use_run(l->s, &acc, 1, "bench", no_work, NULL));
 }
 
-static double launches(lctx_t *l, int how) {
+/* One row of the launch breakdown: host work before, the launch (of a one-block kernel), host work
+ * after. */
+enum { NO_LAUNCH, RAW, POOL_RAW, WEFT_LAUNCH };
+typedef struct lrow {
+  const char *name;
+  void (*before)(lctx_t *);
+  int launch; /* cuLaunchKernel on a raw stream, on a pool stream's handle, weft_launch on the pool
+                 stream (one READ_WRITE access), or none */
+  void (*after)(lctx_t *);
+  lctx_t *l;
+} lrow_t;
+
+/* ns per row: its host work and launch, l->n times. */
+static double launches(void *arg) {
+  const lrow_t *r = arg;
+  lctx_t *l = r->l;
   unsigned elems = 256, rounds = 1;
   void *params[] = {&l->ptr, &l->ptr, &elems, &rounds};
   weft_access_t acc = {l->blk, WEFT_READ_WRITE};
   weft_launch_t launch = {.func = l->b->lcg, .grid = {1}, .block = {256}, .params = params};
-  static _Atomic unsigned long word;
-  static pthread_mutex_t m = PTHREAD_MUTEX_INITIALIZER;
   uint64_t t0 = bench_now_ns();
   for (unsigned i = 0; i < l->n; i++) {
-    if (how == L_RAW_THEN_RMW || how == L_RAW_THEN_LOCK) {
-      BENCH_CU(l->b->drv->cuLaunchKernel(l->b->lcg, 1, 1, 1, 256, 1, 1, 0, l->raw, params, NULL));
-      if (how == L_RAW_THEN_RMW) atomic_fetch_add_explicit(&word, 1, memory_order_seq_cst);
-      else {
-        pthread_mutex_lock(&m);
-        pthread_mutex_unlock(&m);
-      }
-      continue;
-    }
-    if (how == L_SPIN || how == L_TOUCH || how == L_LOCKS || how == L_CODE) {
-      if (how == L_SPIN) spin();
-      else if (how == L_TOUCH) touch();
-      else if (how == L_CODE) code_walk();
-      else two_locks(&m);
-      continue;
-    }
-    if (how == L_SPIN_THEN_RAW || how == L_TOUCH_THEN_RAW || how == L_CTX_THEN_RAW || how == L_LOCKS_THEN_RAW ||
-        how == L_CODE_THEN_RAW) {
-      CUcontext cur;
-      if (how == L_SPIN_THEN_RAW) spin();
-      else if (how == L_CODE_THEN_RAW) code_walk();
-      else if (how == L_TOUCH_THEN_RAW) touch();
-      else if (how == L_LOCKS_THEN_RAW) two_locks(&m);
-      else BENCH_CU(l->b->drv->cuCtxGetCurrent(&cur));
-      BENCH_CU(l->b->drv->cuLaunchKernel(l->b->lcg, 1, 1, 1, 256, 1, 1, 0, l->raw, params, NULL));
-      continue;
-    }
-    if (how == L_WEFT) {
-      BENCH_WEFT(weft_launch(l->s, &launch, &acc, 1));
-      continue;
-    }
-    if (how == L_USE || how == L_USE_THEN_RAW) BENCH_WEFT(weft__use_run(l->s, &acc, 1, "bench", no_work, NULL));
-    if (how != L_USE)
-      BENCH_CU(l->b->drv->cuLaunchKernel(l->b->lcg, 1, 1, 1, 256, 1, 1, 0, how == L_POOL_RAW ? l->pool_raw : l->raw,
+    if (r->before != NULL) r->before(l);
+    if (r->launch == WEFT_LAUNCH) BENCH_WEFT(weft_launch(l->s, &launch, &acc, 1));
+    else if (r->launch != NO_LAUNCH)
+      BENCH_CU(l->b->drv->cuLaunchKernel(l->b->lcg, 1, 1, 1, 256, 1, 1, 0, r->launch == POOL_RAW ? l->pool_raw : l->raw,
                                          params, NULL));
+    if (r->after != NULL) r->after(l);
   }
   uint64_t t1 = bench_now_ns();
   BENCH_CU(l->b->drv->cuStreamSynchronize(l->raw));
@@ -234,59 +231,41 @@ static double launches(lctx_t *l, int how) {
   BENCH_WEFT(weft_stream_synchronize(l->s));
   return (double)(t1 - t0) / l->n;
 }
-static double launch_raw(void *arg) { return launches(arg, L_RAW); }
-static double launch_weft(void *arg) { return launches(arg, L_WEFT); }
-static double launch_use(void *arg) { return launches(arg, L_USE); }
-static double launch_pool_raw(void *arg) { return launches(arg, L_POOL_RAW); }
-static double launch_use_then_raw(void *arg) { return launches(arg, L_USE_THEN_RAW); }
-static double launch_raw_then_rmw(void *arg) { return launches(arg, L_RAW_THEN_RMW); }
-static double launch_raw_then_lock(void *arg) { return launches(arg, L_RAW_THEN_LOCK); }
-static double launch_spin(void *arg) { return launches(arg, L_SPIN); }
-static double launch_spin_then_raw(void *arg) { return launches(arg, L_SPIN_THEN_RAW); }
-static double launch_touch(void *arg) { return launches(arg, L_TOUCH); }
-static double launch_touch_then_raw(void *arg) { return launches(arg, L_TOUCH_THEN_RAW); }
-static double launch_ctx_then_raw(void *arg) { return launches(arg, L_CTX_THEN_RAW); }
-static double launch_locks(void *arg) { return launches(arg, L_LOCKS); }
-static double launch_locks_then_raw(void *arg) { return launches(arg, L_LOCKS_THEN_RAW); }
-static double launch_code(void *arg) { return launches(arg, L_CODE); }
-static double launch_code_then_raw(void *arg) { return launches(arg, L_CODE_THEN_RAW); }
 
 static void launch_breakdown(bench_t *b, weft_runtime_t *rt, weft_stream_t *s, weft_stream_t *other, unsigned n) {
   lctx_t l = {.b = b, .s = s, .n = n, .pool_raw = weft_stream_raw(other)};
   BENCH_CU(b->drv->cuStreamCreateWithPriority(&l.raw, CU_STREAM_NON_BLOCKING, 0));
   BENCH_WEFT(weft_alloc(rt, 1024, s, "launch", &l.blk));
   BENCH_WEFT(weft_block_ptr(l.blk, &l.ptr));
-  static const char raw_name[] = "cuLaunchKernel, a raw stream";
+  /* Row 1 is the baseline; the printed summary below names rows by index. */
   enum { NL = 16 };
-  static const char *const names[NL] = {
-      "weft_launch, 1 access, a stream nobody waits on", raw_name,
-      "the same use around no work (weft's share, diagnostic)",
-      "cuLaunchKernel on a weft pool stream's handle (diagnostic)",
-      "that use around no work, then cuLaunchKernel on a raw stream (diagnostic)",
-      "cuLaunchKernel, then one atomic read-modify-write (diagnostic)",
-      "cuLaunchKernel, then a mutex lock and unlock (diagnostic)",
-      "100 dependent multiply-adds alone (diagnostic)",
-      "100 dependent multiply-adds, then cuLaunchKernel (diagnostic)",
-      "48 cache lines touched alone (diagnostic)",
-      "48 cache lines touched, then cuLaunchKernel (diagnostic)",
-      "cuCtxGetCurrent, then cuLaunchKernel (diagnostic)",
-      "two mutex lock-unlock pairs alone (diagnostic)",
-      "two mutex lock-unlock pairs, then cuLaunchKernel (diagnostic)",
-      "16 KiB of code run alone (diagnostic)",
-      "16 KiB of code run, then cuLaunchKernel (diagnostic)"};
-  double (*const fns[NL])(void *) = {launch_weft,         launch_raw,          launch_use,          launch_pool_raw,
-                                     launch_use_then_raw, launch_raw_then_rmw, launch_raw_then_lock,
-                                     launch_spin,         launch_spin_then_raw, launch_touch,       launch_touch_then_raw,
-                                     launch_ctx_then_raw, launch_locks,         launch_locks_then_raw,
-                                     launch_code,         launch_code_then_raw};
+  lrow_t rows[NL] = {
+      {"weft_launch, 1 access, a stream nobody waits on", NULL, WEFT_LAUNCH, NULL, &l},
+      {"cuLaunchKernel, a raw stream", NULL, RAW, NULL, &l},
+      {"the same use around no work (weft's share, diagnostic)", use_no_work, NO_LAUNCH, NULL, &l},
+      {"cuLaunchKernel on a weft pool stream's handle (diagnostic)", NULL, POOL_RAW, NULL, &l},
+      {"that use around no work, then cuLaunchKernel on a raw stream (diagnostic)", use_no_work, RAW, NULL, &l},
+      {"cuLaunchKernel, then one atomic read-modify-write (diagnostic)", NULL, RAW, one_rmw, &l},
+      {"cuLaunchKernel, then a mutex lock and unlock (diagnostic)", NULL, RAW, one_lock, &l},
+      {"100 dependent multiply-adds alone (diagnostic)", spin, NO_LAUNCH, NULL, &l},
+      {"100 dependent multiply-adds, then cuLaunchKernel (diagnostic)", spin, RAW, NULL, &l},
+      {"48 cache lines touched alone (diagnostic)", touch, NO_LAUNCH, NULL, &l},
+      {"48 cache lines touched, then cuLaunchKernel (diagnostic)", touch, RAW, NULL, &l},
+      {"cuCtxGetCurrent, then cuLaunchKernel (diagnostic)", ctx_get, RAW, NULL, &l},
+      {"two mutex lock-unlock pairs alone (diagnostic)", two_locks, NO_LAUNCH, NULL, &l},
+      {"two mutex lock-unlock pairs, then cuLaunchKernel (diagnostic)", two_locks, RAW, NULL, &l},
+      {"16 KiB of code run alone (diagnostic)", code_walk, NO_LAUNCH, NULL, &l},
+      {"16 KiB of code run, then cuLaunchKernel (diagnostic)", code_walk, RAW, NULL, &l},
+  };
+  const char *raw_name = rows[1].name;
   bench_series_t series[NL];
-  for (int i = 0; i < NL; i++) series[i] = (bench_series_t){names[i], i == 1 ? NULL : raw_name, NULL, fns[i], &l};
+  for (int i = 0; i < NL; i++) series[i] = (bench_series_t){rows[i].name, i == 1 ? NULL : raw_name, NULL, launches, &rows[i]};
   double med[NL];
   bench_measure(b, "tracker", "ns per launch", "ns", series, NL, med);
   static const char *const cols[] = {"launch of a one-block kernel, one thread", "ns per launch", "vs cuLaunchKernel"};
   bench_table(cols, 3);
   for (int i = 0; i < NL; i++)
-    printf("| %s | %.0f | %.3fx |\n", names[i], med[i], med[i] / med[1]);
+    printf("| %s | %.0f | %.3fx |\n", rows[i].name, med[i], med[i] / med[1]);
   printf("\nweft_launch - cuLaunchKernel = %.0f ns; the use alone %.0f ns; the use and a raw launch one after the "
          "other %.0f ns over the launch alone; the multiply-adds alone %.0f ns, before a launch %.0f ns over it; the "
          "cache lines alone %.0f ns, before a launch %.0f ns over it.\n\n",

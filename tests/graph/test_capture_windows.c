@@ -235,14 +235,16 @@ static void own_hook(const char *point, void *arg) {
   }
 }
 
-typedef struct own_ask {
+/* Another thread's weft_stream_is_capturing(s): its answer and status. */
+typedef struct ask {
+  weft_stream_t *s;
   int capturing;
   weft_status_t st;
-} own_ask_t;
+} ask_t;
 
-static void *own_ask(void *arg) {
-  own_ask_t *a = arg;
-  a->st = weft_stream_is_capturing(own_s, &a->capturing);
+static void *ask_capturing(void *arg) {
+  ask_t *a = arg;
+  a->st = weft_stream_is_capturing(a->s, &a->capturing);
   return NULL;
 }
 #endif
@@ -261,9 +263,9 @@ static void test_the_owner_never_sees_an_ended_capture_adopted_by_another_thread
   own_owner = pthread_self();
   assert_int_equal(drv->cuStreamBeginCapture(raw, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
   atomic_store(&weft__test_hook, own_hook);
-  own_ask_t b = {-1, WEFT_OK};
+  ask_t b = {own_s, -1, WEFT_OK};
   pthread_t t;
-  assert_int_equal(pthread_create(&t, NULL, own_ask, &b), 0);
+  assert_int_equal(pthread_create(&t, NULL, ask_capturing, &b), 0);
   while (!atomic_load(&own_probed)) sched_yield(); /* B saw the capture active */
   CUgraph g = NULL;
   assert_int_equal(drv->cuStreamEndCapture(raw, &g), CUDA_SUCCESS);
@@ -302,11 +304,6 @@ static void drop_hook(const char *point, void *arg) {
   if (!atomic_exchange(&drop_fired, 1)) (void)await(&drop_owner_done, 0.3); /* the owner's calls come now */
 }
 
-static void *drop_ask(void *arg) {
-  own_ask_t *a = arg;
-  a->st = weft_stream_is_capturing(drop_s, &a->capturing);
-  return NULL;
-}
 #endif
 
 static void test_a_pool_is_free_once_the_owner_sees_its_capture_ended(void **state) {
@@ -326,9 +323,9 @@ static void test_a_pool_is_free_once_the_owner_sees_its_capture_ended(void **sta
   CUgraph g = NULL;
   assert_int_equal(drv->cuStreamEndCapture(raw, &g), CUDA_SUCCESS);
   atomic_store(&weft__test_hook, drop_hook);
-  own_ask_t b = {-1, WEFT_OK};
+  ask_t b = {drop_s, -1, WEFT_OK};
   pthread_t t;
-  assert_int_equal(pthread_create(&t, NULL, drop_ask, &b), 0);
+  assert_int_equal(pthread_create(&t, NULL, ask_capturing, &b), 0);
   bool fired = await(&drop_fired, 10.0); /* B unlinked the ended capture and is held */
   int capturing = -1;
   weft_status_t st = weft_stream_is_capturing(drop_s, &capturing);
