@@ -15,8 +15,13 @@ rows_of_interest = [
  ("comm", "weft_all_reduce, one weft group", "host us to enqueue", "1048576"),
  ("comm", "weft_all_reduce, a thread per rank", "us per all-reduce", "1048576"),
  ("tracker", "no edge, 1 access", "ns per use, begin+end", ""),
+ ("tracker", "no edge, 4 accesses", "ns per use, begin+end", ""),
  ("tracker", "no edge, 16 accesses", "ns per use, begin+end", ""),
+ ("tracker", "no edge, 1 access, a stream others wait on", "ns per use, begin+end", ""),
  ("tracker", "one edge (write after write, 2 streams)", "ns per use, begin+end", ""),
+ ("tracker", "weft_launch, 1 access, a stream nobody waits on", "ns per launch", ""),
+ ("tracker", "that use around no work, then cuLaunchKernel on a raw stream (diagnostic)", "ns per launch", ""),
+ ("replay", "weft eager, 2 streams (100 weft_launch)", "us per eager step, an edge every 10 kernels", ""),
 ]
 def load(path):
     v = collections.defaultdict(dict)
@@ -24,9 +29,14 @@ def load(path):
     for r in csv.DictReader(f):
         v[(r["section"], r["row"], r["metric"], r["x"])][int(r["rep"])] = (float(r["value"]), r["baseline"])
     return v
+rounds = sorted({int(n.split("_")[2].split(".")[0]) for n in os.listdir(d) if n.startswith("ab_new_") and ".csv" in n})
+present = set()
+for rnd in rounds:
+    for v in ("base", "new"):
+        present |= set(load(f"{d}/ab_{v}_{rnd}.csv"))
+rows_of_interest = [r for r in rows_of_interest if r in present]
 print("| round | build | " + " | ".join(f"{r[1]} ({r[2]}{', x = ' + r[3] if r[3] else ''}), ratio to its baseline" for r in rows_of_interest) + " |")
 print("| --- | --- |" + " ---: |" * len(rows_of_interest))
-rounds = sorted({int(n.split("_")[2].split(".")[0]) for n in os.listdir(d) if n.startswith("ab_new_") and ".csv" in n})
 for rnd in rounds:
     for v in ("base", "new"):
         data = load(f"{d}/ab_{v}_{rnd}.csv")

@@ -6,7 +6,9 @@
 # locks, and the driver calls a use may make beside its work. A second run per path simulates the
 # caches with the first-level data cache emptied after every operation (HOST_INSTR_EVICT: a
 # driver call beside each use, NCCL's group launch, does much the same on a GPU host) and counts
-# weft's first-level data misses: the cache lines an operation brings back ("lines, cold").
+# weft's first-level data misses: the cache lines an operation brings back ("lines, cold"). A third
+# counts the code an operation runs (tools/footprint.py): weft's distinct instructions run at least
+# once per operation and the 64-byte lines they lie in ("code lines").
 #   tools/host_instr.sh [PATH ...]     (default: every path)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,8 +22,8 @@ sim=$out/sim
 n=2000
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-printf '| path | weft instructions | lines, cold | mutex locks | cuCtxGetCurrent | cuCtxSetCurrent | capture probes | event records | stream waits |\n'
-printf '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n'
+printf '| path | weft instructions | lines, cold | code lines | mutex locks | cuCtxGetCurrent | cuCtxSetCurrent | capture probes | event records | stream waits |\n'
+printf '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n'
 for p in "${paths[@]}"; do
   n=2000
   [ "$p" = group ] || [ "$p" = ranks ] && n=200 # each reduces 1 MiB per rank on the simulator: slow under callgrind
@@ -43,11 +45,15 @@ for p in "${paths[@]}"; do
   lines=$(callgrind_annotate --threshold=100 --show=D1mr,D1mw --show-percs=no "$tmp/cgc" 2>/dev/null |
           { grep "host_instr\]" || true; } | { grep -v ":evict " || true; } |
           awk '{for (i = 1; i <= 2; i++) {gsub(",", "", $i); if ($i == ".") $i = 0}; s += $1 + $2} END {print s+0}')
+  WEFT_DRIVER=sim WEFT_NCCL=sim WEFT_SIM_DEVICES=2 LD_LIBRARY_PATH="$sim" valgrind --tool=callgrind --dump-instr=yes \
+    --compress-pos=no --compress-strings=no --dump-line=no --callgrind-out-file="$tmp/cgi" --toggle-collect="$fn*" \
+    "$bin" "$p" "$n" >/dev/null 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
+  code=$(python3 tools/footprint.py "$tmp/cgi" "$n" --object host_instr --total | cut -d' ' -f2)
   calls=$(python3 tools/callgrind_calls.py "$tmp/cg" host_instr pthread_mutex_lock cuCtxGetCurrent cuCtxSetCurrent \
           cuStreamGetCaptureInfo cuEventRecord cuStreamWaitEvent)
-  awk -v t="$total" -v l="$lines" -v c="$calls" -v n="$n" -v p="$p" 'BEGIN {
+  awk -v t="$total" -v l="$lines" -v c="$calls" -v n="$n" -v p="$p" -v code="$code" 'BEGIN {
     k = split(c, v, " "); ops = n + n / 10
-    printf "| %s | %.0f | %.1f |", p, t / ops, l / ops
+    printf "| %s | %.0f | %.1f | %d |", p, t / ops, l / ops, code
     for (i = 1; i <= k; i++) printf " %.2f |", v[i] / ops
     printf "\n" }'
 done
