@@ -415,6 +415,14 @@ static void wait_idle(weft__tracker_t *tr, weft__lanes_t lanes) {
   while ((tr->live->busy & lanes) != 0) pthread_cond_wait(&weft__clock_idle, tr->lock);
 }
 
+/* Whether a use of s in the live domain leaves its tick pending (lazy records, tracker.h): not
+ * on an eager lane, and not on an exposed stream (weft__tracker_expose): code outside weft may
+ * begin a capture on it at any moment, and a pending event recorded then would land in that
+ * capture. */
+static bool live_defers(const weft__tracker_t *tr, const weft__domain_t *d, const weft_stream_t *s) {
+  return tr->lazy && !d->lane[s->lane].eager && !atomic_load_explicit(&s->exposed, memory_order_relaxed);
+}
+
 /* A deferred use (lazy records) numbers itself in its lane (last_use) and stamps the blocks it
  * touches (weft__access_state_t.last_use), so that a consumer can tell whether it needs the
  * newest use of a joined tick. A use that records its own event needs neither: its tick covers
@@ -462,7 +470,7 @@ static bool reserve_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s
   unsigned at = s->lane;
   weft__lane_t *l = &d->lane[at];
   *was = (lane_was_t){l->tick, l->recorded, l->last_use, l->joined, l->dirty, l->deferred};
-  bool defer = tr->lazy && !l->eager && !atomic_load_explicit(&s->exposed, memory_order_relaxed);
+  bool defer = live_defers(tr, d, s);
   uint64_t k = weft__clock_reserve(d, s, defer);
   weft__clock_unpublish(d, at); /* the reserved tick is taken back if the work fails */
   uint64_t stamp = stamp_of(d, at, defer);
@@ -550,10 +558,7 @@ static weft_status_t use_unlocked(weft__tracker_t *tr, weft__domain_t *d, weft_s
 static void end_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n) {
   uint64_t k;
   unsigned at = weft__at(d, s);
-  /* Lazy records (tracker.h): live streams nobody has waited on yet leave the tick pending. Not
-   * an exposed stream (weft__tracker_expose): code outside weft may begin a capture on it at any
-   * moment, and a pending event recorded then would land in that capture. */
-  bool defer = tr->lazy && d == tr->live && !d->lane[at].eager && !atomic_load_explicit(&s->exposed, memory_order_relaxed);
+  bool defer = d == tr->live && live_defers(tr, d, s);
   uint64_t stamp = stamp_of(d, at, defer); /* before the record: its ring slot keeps the number */
   if (defer) k = weft__clock_defer(d, s);
   else (void)weft__clock_record(tr, d, s, &k);
@@ -720,9 +725,103 @@ weft_status_t weft__tracker_end(weft_stream_t *s, const weft__use_t *uses, size_
   return run_use(s, uses, n, DO_END, NULL, NULL, 0);
 }
 
+#define LIVE_USES 16
+
+/* ---- the live fast path ---------------------------------------------------------------------
+ * The common case of weft__tracker_use (every weft_launch) and of the split form's open and
+ * close, in fewer instructions than run_use's general path: what a use costs on a GPU host grows
+ * with the code it runs, more than with its data or its locks (bench/data/h100x1-bb56c9c). A
+ * plain use (live_plain) takes the same steps as run_use takes for it; any other case, and every
+ * error, is left to run_use, with nothing changed. */
+
+/* Whether a use of s may take the fast path (lock held): a live use of at most LIVE_USES
+ * accesses on a stream that takes part in no capture, is no per-thread stream and is not busy,
+ * no device timestamps, and every block of no graph with room for s's lane (admit_live's
+ * common case). */
+static bool live_plain(const weft__tracker_t *tr, const weft__domain_t *d, const weft_stream_t *s,
+                       const weft__use_t *uses, size_t n) {
+  unsigned at = s->lane;
+  if (n > LIVE_USES || tr->no_fast_path || s->capture != NULL || s->per_thread || (d->busy & weft__lane_bit(at)) != 0 ||
+      weft__trace_device_on())
+    return false;
+  for (size_t i = 0; i < n; i++)
+    if (uses[i].state->graph != NULL || at >= uses[i].state->reads_cap) return false;
+  return true;
+}
+
+/* A plain use's waits (begin_locked), into *st; false, nothing changed, when a lane it needs is
+ * busy (run_use waits for it). */
+static bool live_begin(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n,
+                       weft_status_t *st) {
+  needs_t nd;
+  weft__lanes_t busy;
+  (void)needs_locked(tr, d, s, uses, n, &nd, &busy);
+  if (busy != 0) return false;
+  /* issue_locked, which does nothing more for a deferred lane with no need: then no driver call
+   * (nor the context) is needed. */
+  *st = WEFT_OK;
+  if (nd.mask != 0 || !d->lane[s->lane].deferred) *st = weft__tracker_bind(tr);
+  if (*st == WEFT_OK && (nd.mask != 0 || !d->lane[s->lane].deferred)) *st = issue_locked(tr, d, s, &nd);
+  return true;
+}
+
+/* weft__tracker_use's fast path: false, the lock released, where run_use must take the use. */
+static bool use_live(weft_stream_t *s, const weft__use_t *uses, size_t n,
+                     weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg, weft_status_t *out) {
+  weft__tracker_t *tr = s->tr;
+  lock(tr);
+  weft__domain_t *d = tr->live;
+  weft_status_t st;
+  if (!live_plain(tr, d, s, uses, n) || !live_begin(tr, d, s, uses, n, &st)) {
+    unlock(tr);
+    return false;
+  }
+  tr->fast_uses++;
+  if (st == WEFT_OK) {
+    undo_t undo[LIVE_USES];
+    lane_was_t was;
+    bool defer = reserve_use(tr, d, s, uses, n, undo, &was);
+    st = run_busy(tr, d, weft__lane_bit(s->lane), fn, s, arg);
+    finish_use(tr, d, s, uses, n, undo, &was, defer, st == WEFT_OK);
+  }
+  WEFT_ASSERT_EXPENSIVE(lane_is_valid(d, s->lane));
+  unlock(tr);
+  *out = st;
+  return true;
+}
+
+/* The split form's fast path, open (its waits) or close (its record): false, the lock released,
+ * where run_use must take it (its errors too: a second open, a close without an open or with
+ * other accesses). */
+static bool split_live(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print, bool open,
+                       weft_status_t *out) {
+  weft__tracker_t *tr = s->tr;
+  lock(tr);
+  weft__domain_t *d = tr->live;
+  weft_status_t st = WEFT_OK;
+  if (!live_plain(tr, d, s, uses, n) || s->use_open == open || (!open && s->use_print != print) ||
+      (open && !live_begin(tr, d, s, uses, n, &st))) {
+    unlock(tr);
+    return false;
+  }
+  tr->fast_uses++;
+  /* The close records its event unless its tick stays pending (end_locked). */
+  if (st == WEFT_OK && !open && !live_defers(tr, d, s)) st = weft__tracker_bind(tr);
+  if (st == WEFT_OK && !open) end_locked(tr, d, s, uses, n);
+  if (st == WEFT_OK) {
+    s->use_open = open;
+    s->use_print = print;
+  }
+  WEFT_ASSERT_EXPENSIVE(lane_is_valid(d, s->lane));
+  unlock(tr);
+  *out = st;
+  return true;
+}
+
 weft_status_t weft__tracker_use(weft_stream_t *s, const weft__use_t *uses, size_t n,
                                 weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg) {
-  return run_use(s, uses, n, DO_BEGIN | DO_END, fn, arg, 0);
+  weft_status_t st;
+  return use_live(s, uses, n, fn, arg, &st) ? st : run_use(s, uses, n, DO_BEGIN | DO_END, fn, arg, 0);
 }
 
 weft_status_t weft__tracker_use_joint(weft_stream_t *const *s, weft__use_t *const *uses, const size_t *n, size_t k,
@@ -793,11 +892,15 @@ done:
 }
 
 weft_status_t weft__tracker_open(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print) {
-  return run_use(s, uses, n, DO_OPEN, NULL, NULL, print);
+  weft_status_t st;
+  if (split_live(s, uses, n, print, true, &st)) return st;
+  return (st = weft__tracker_bind(s->tr)) == WEFT_OK ? run_use(s, uses, n, DO_OPEN, NULL, NULL, print) : st;
 }
 
 weft_status_t weft__tracker_close(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print) {
-  return run_use(s, uses, n, DO_CLOSE, NULL, NULL, print);
+  weft_status_t st;
+  if (split_live(s, uses, n, print, false, &st)) return st;
+  return (st = weft__tracker_bind(s->tr)) == WEFT_OK ? run_use(s, uses, n, DO_CLOSE, NULL, NULL, print) : st;
 }
 
 uint64_t weft__tracker_fingerprint(const weft__use_t *uses, size_t n) {

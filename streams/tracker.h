@@ -280,6 +280,9 @@ struct weft__tracker {
   /* Active captures (any mode) on this runtime's streams. Written under the lock, read anywhere. */
   _Atomic unsigned captures;
   bool no_waits;          /* testing: issue no waits at all (positive controls) */
+  bool no_fast_path;      /* testing: every use takes run_use's general path (tracker.c, "the live
+                           * fast path"), which the fast one must match step for step */
+  uint64_t fast_uses;     /* uses and split opens / closes the fast path took (tests check it ran) */
   bool lazy;              /* options.lazy_records (set once after init) */
   bool mem_ops64;         /* CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS */
   weft_counters_t counters;
@@ -345,7 +348,8 @@ unsigned weft__tracker_runtimes(void);
 weft_status_t weft__tracker_end(weft_stream_t *s, const weft__use_t *uses, size_t n);
 /** begin; fn(s, arg) (enqueues the work; its failure aborts the use, leaving every history as
  * it was); end. A live use runs fn without the lock, s busy meanwhile ("Busy lanes" above): to
- * other threads' uses it is one step all the same. */
+ * other threads' uses it is one step all the same. tr's context must be current. A plain use
+ * takes tracker.c's live fast path, the same steps in fewer instructions. */
 weft_status_t weft__tracker_use(weft_stream_t *s, const weft__use_t *uses, size_t n,
                                 weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg);
 /** One use of each of k distinct live streams around one fn(s[0], arg) that enqueues the work
@@ -359,7 +363,8 @@ weft_status_t weft__tracker_use_joint(weft_stream_t *const *s, weft__use_t *cons
                                       weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg);
 /** The split form's bracket (weft_use_begin / weft_use_end): opens a use on s (BUSY when one is
  * open) after its waits, or closes the open one (INVALID_ARGUMENT when none is open or when
- * `print` differs from the opening accesses'). `print` is weft__tracker_fingerprint(). */
+ * `print` differs from the opening accesses'). `print` is weft__tracker_fingerprint(). Each binds
+ * tr's context itself where it makes a driver call (a plain deferred use makes none). */
 weft_status_t weft__tracker_open(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print);
 weft_status_t weft__tracker_close(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print);
 

@@ -17,7 +17,7 @@ static bool g_busy[WEFT__MAX_DEVICES];
 static pthread_mutex_t g_life = PTHREAD_MUTEX_INITIALIZER; /* rank 5 */
 static pthread_cond_t g_life_cv = PTHREAD_COND_INITIALIZER;
 
-static bool is_runtime_handle(const weft_runtime_t *rt) {
+bool weft__runtime_is_handle(const weft_runtime_t *rt) {
   uintptr_t p = (uintptr_t)rt, lo = (uintptr_t)&g_runtimes[0], hi = (uintptr_t)&g_runtimes[WEFT__MAX_DEVICES];
   return p >= lo && p < hi && (p - lo) % sizeof(weft_runtime_t) == 0;
 }
@@ -27,7 +27,7 @@ weft_runtime_t *weft__runtime_check(weft_runtime_t *rt, const char *fn) {
     weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: runtime is NULL", fn);
     return NULL;
   }
-  if (!is_runtime_handle(rt)) {
+  if (!weft__runtime_is_handle(rt)) {
     weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: %p is not a weft runtime", fn, (void *)rt);
     return NULL;
   }
@@ -39,7 +39,7 @@ weft_runtime_t *weft__runtime_check(weft_runtime_t *rt, const char *fn) {
 }
 
 weft_status_t weft__runtime_check_status(const weft_runtime_t *rt) {
-  return rt == NULL || !is_runtime_handle(rt) ? WEFT_ERR_INVALID_ARGUMENT : WEFT_ERR_STALE_HANDLE;
+  return rt == NULL || !weft__runtime_is_handle(rt) ? WEFT_ERR_INVALID_ARGUMENT : WEFT_ERR_STALE_HANDLE;
 }
 
 weft__tracker_t *weft__runtime_tracker(weft_runtime_t *rt, const char *fn, weft_status_t *st) {
@@ -435,7 +435,7 @@ weft_status_t weft_runtime_release(weft_runtime_t *rt) {
 }
 
 int weft_runtime_device(const weft_runtime_t *rt) {
-  return is_runtime_handle(rt) && atomic_load(&rt->alive) ? rt->ordinal : -1;
+  return weft__runtime_is_handle(rt) && atomic_load(&rt->alive) ? rt->ordinal : -1;
 }
 
 weft_status_t weft_runtime_options(const weft_runtime_t *rt, weft_options_t *out) {

@@ -195,6 +195,8 @@ weft_status_t weft__stages_free(weft_runtime_t *rt);
 
 /* ---- runtime.c ------------------------------------------------------------------------------ */
 
+/** Whether rt is a runtime handle, live or released (one of the process's runtimes). */
+bool weft__runtime_is_handle(const weft_runtime_t *rt);
 /** The runtime of a live handle, or NULL after recording STALE_HANDLE / INVALID_ARGUMENT. */
 weft_runtime_t *weft__runtime_check(weft_runtime_t *rt, const char *fn);
 /** The status weft__runtime_check() recorded for a handle it refused. */
@@ -235,6 +237,11 @@ void weft__runtime_flush_deferred(weft_runtime_t *rt);
 
 /** Checks a stream handle: a pool stream of a live runtime. */
 weft_status_t weft__stream_check(const weft_stream_t *s, const char *fn);
+/** Whether s (not NULL) passes weft__stream_check, is no per-thread stream and takes part in no
+ * capture weft knows of (nor drops one now): a stream of a live runtime whose capture state only
+ * code outside weft can have changed, and only if s is exposed (weft__stream_prepare asks the
+ * driver then). Records no error; false says "look closer". */
+bool weft__stream_plain(const weft_stream_t *s);
 /** Readies s for a call: binds the context and brings its capture state up to date (adopting
  * a capture that code outside weft began on it, dropping one that its owner ended). Costs one
  * driver query for streams outside code can reach, nothing otherwise. */

@@ -27,6 +27,15 @@ weft_status_t weft__stream_check(const weft_stream_t *s, const char *fn) {
   return WEFT_OK;
 }
 
+bool weft__stream_plain(const weft_stream_t *s) {
+  const weft_runtime_t *rt = s->runtime;
+  return weft__runtime_is_handle(rt) && atomic_load_explicit(&rt->alive, memory_order_acquire) &&
+         s->tr == &rt->tracker && s->index < WEFT__MAX_STREAMS && &rt->tracker.streams[s->index] == s &&
+         weft__tracker_lane_used(s->tr, s->index) && !s->per_thread &&
+         atomic_load_explicit(&s->capture, memory_order_acquire) == NULL &&
+         atomic_load_explicit(&s->dropping, memory_order_acquire) == 0;
+}
+
 /* ---- foreign captures -------------------------------------------------------------------------- */
 
 void weft__runtime_forget_capture_blocks(weft__capture_t *c) {

@@ -94,6 +94,34 @@ static weft_status_t prepare(weft_stream_t *s, const weft_access_t *acc, size_t 
   return st;
 }
 
+/* prepare's common case in few instructions (streams/tracker.c, "the live fast path", says why):
+ * a plain stream (weft__stream_plain), at most SMALL accesses, each of a live block of s's
+ * runtime with a valid kind, no trace and no NVTX tool. Resolves the accesses into uses[] with
+ * their fingerprint, then readies an exposed stream (weft__stream_prepare: a capture that code
+ * outside weft began on it is met first), into *st: prepare's checks, in its order. Another
+ * stream's context is bound only with `bind`: weft__tracker_open/close bind it themselves where
+ * the use makes a driver call. Returns false, nothing done and no error recorded, where prepare
+ * must look. */
+static bool prepare_fast(weft_stream_t *s, const weft_access_t *acc, size_t n, bool bind, weft__use_t *uses,
+                         uint64_t *print, weft_status_t *st) {
+  if (s == NULL || n > SMALL || acc == NULL || !weft__stream_plain(s) || weft__trace_on() || weft__nvtx_on())
+    return false;
+  const weft_runtime_t *rt = s->runtime;
+  uint64_t sum = n;
+  for (size_t i = 0; i < n; i++) {
+    unsigned kind = (unsigned)acc[i].kind;
+    struct weft__block *rec = weft__block_live(acc[i].block, rt);
+    if (rec == NULL || kind - 1u > 2u) return false;
+    uses[i] = (weft__use_t){&rec->acc, kind, acc[i].block.gen};
+    sum += weft__tracker_print_one(&rec->acc, kind);
+  }
+  *print = sum;
+  *st = atomic_load_explicit(&s->exposed, memory_order_relaxed) ? weft__stream_prepare(s)
+        : bind                                                     ? weft__tracker_bind(s->tr)
+                                                                   : WEFT_OK;
+  return true;
+}
+
 void weft__trace_use(weft_stream_t *s, const char *name, const weft_access_t *acc, size_t n, uint64_t t0) {
   static const char *const kinds[] = {"", "R", "W", "RW"};
   char args[1536];
@@ -123,7 +151,12 @@ static weft_status_t split(weft_stream_t *s, const weft_access_t *acc, size_t n,
   weft__use_t small[SMALL], *uses;
   const char *fn = open ? "weft_use_begin" : "weft_use_end";
   uint64_t print;
-  weft_status_t st = prepare(s, acc, n, small, &uses, fn, open, &print);
+  weft_status_t st;
+  if (prepare_fast(s, acc, n, false, small, &print, &st)) {
+    if (st != WEFT_OK) return st;
+    return open ? weft__tracker_open(s, small, n, print) : weft__tracker_close(s, small, n, print);
+  }
+  st = prepare(s, acc, n, small, &uses, fn, open, &print);
   if (st != WEFT_OK) return st;
   uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   st = open ? weft__tracker_open(s, uses, n, print) : weft__tracker_close(s, uses, n, print);
@@ -145,7 +178,10 @@ weft_status_t weft_use_end(weft_stream_t *s, const weft_access_t *accesses, size
 static weft_status_t use_run(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name, bool peer,
                              weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
   weft__use_t small[SMALL], *uses;
-  weft_status_t st = prepare(s, acc, n, small, &uses, name, peer, NULL);
+  uint64_t print;
+  weft_status_t st;
+  if (prepare_fast(s, acc, n, true, small, &print, &st)) return st == WEFT_OK ? weft__tracker_use(s, small, n, fn, arg) : st;
+  st = prepare(s, acc, n, small, &uses, name, peer, NULL);
   if (st != WEFT_OK) return st;
   uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   weft__nvtx_push(name);

@@ -70,6 +70,19 @@ static CUdeviceptr ptr_of(weft_block_t b) {
   return p;
 }
 
+/* One tracked launch: weft_launch, or (env->split) the split form around a raw launch. */
+static weft_status_t launch(const tu_env_t *env, weft_stream_t *s, const weft_launch_t *l, const weft_access_t *acc,
+                            size_t n) {
+  if (!env->split) return weft_launch(s, l, acc, n);
+  const weft__driver_t *drv;
+  weft_status_t st = weft__driver_get(&drv);
+  if (st == WEFT_OK) st = weft_use_begin(s, acc, n);
+  if (st != WEFT_OK) return st;
+  CUresult r = drv->cuLaunchKernel(l->func, l->grid[0], 1, 1, l->block[0], 1, 1, 0, weft_stream_raw(s), l->params, NULL);
+  st = weft_use_end(s, acc, n);
+  return r != CUDA_SUCCESS ? WEFT_ERR_DRIVER : st;
+}
+
 weft_status_t tu_combine(const tu_env_t *env, weft_stream_t *s, weft_block_t out0, weft_block_t out1, weft_block_t in0,
                          weft_block_t in1, weft_block_t in2, unsigned n, unsigned salt) {
   weft_block_t outs[2] = {out0, out1}, ins[3] = {in0, in1, in2};
@@ -90,7 +103,7 @@ weft_status_t tu_combine(const tu_env_t *env, weft_stream_t *s, weft_block_t out
   unsigned spin = env->spin_ns;
   void *params[8] = {&p[0], &p[1], &p[2], &p[3], &p[4], &n, &salt, &spin};
   weft_launch_t l = {.func = env->combine, .grid = {(n + 255) / 256 < 64 ? (n + 255) / 256 : 64}, .block = {256}, .params = params};
-  return weft_launch(s, &l, acc, k);
+  return launch(env, s, &l, acc, k);
 }
 
 weft_status_t tu_fill(const tu_env_t *env, weft_stream_t *s, weft_block_t dst, unsigned n, unsigned value) {
@@ -99,7 +112,7 @@ weft_status_t tu_fill(const tu_env_t *env, weft_stream_t *s, weft_block_t dst, u
   void *params[4] = {&p, &n, &value, &spin};
   weft_launch_t l = {.func = env->fill, .grid = {(n + 255) / 256 < 64 ? (n + 255) / 256 : 64}, .block = {256}, .params = params};
   weft_access_t a = {dst, WEFT_WRITE};
-  return weft_launch(s, &l, &a, 1);
+  return launch(env, s, &l, &a, 1);
 }
 
 weft_status_t tu_read(weft_stream_t *s, weft_block_t b, void *host, size_t bytes) {

@@ -14,6 +14,8 @@ typedef struct tu_env {
   const weft_sim_api_t *sim; /* NULL on a GPU */
   unsigned spin_ns;          /* kernels spin this long before writing (GPU: 50 us by default) */
   CUcontext ctx;             /* the device's primary context, where the module is loaded */
+  int split;                 /* tu_combine / tu_fill: weft_use_begin, the raw launch on
+                              * weft_stream_raw's handle, weft_use_end (else one weft_launch) */
 } tu_env_t;
 
 /** Gets the runtime of device 0 with `opts` (NULL: defaults), loads the kernels. Returns 0 or
