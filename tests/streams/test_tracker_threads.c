@@ -1,7 +1,9 @@
 /* Eight host threads share one runtime and its streams: each runs its own random program (own
  * blocks, all pool streams) and reads one shared block, while allocating and freeing. Results
  * match each thread's model, the oracle reports no race, the tracker's invariants hold. Run it
- * under --config=tsan to check the locking. */
+ * under --config=tsan to check the locking. It runs twice: with the live fast path
+ * (streams/tracker.c), which must have taken uses while other threads' uses kept lanes busy and
+ * sent the rest to the general path, and with every use on the general path (no_fast_path). */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -82,11 +84,11 @@ static void *worker(void *arg) {
   return NULL;
 }
 
-static void test_eight_threads_share_one_runtime(void **state) {
-  (void)state;
+static void eight_threads(bool fast) {
   weft_options_t o = weft_options_default();
   o.high_priority_streams = 0;
   assert_int_equal(tu_init(&env, &o), 0);
+  env.rt->tracker.no_fast_path = !fast;
   weft_stream_t *s0;
   assert_int_equal(weft_stream_get(env.rt, 0, &s0), WEFT_OK);
   assert_int_equal(weft_alloc(env.rt, ELEMS * 4, s0, "shared", &shared_block), WEFT_OK);
@@ -106,15 +108,30 @@ static void test_eight_threads_share_one_runtime(void **state) {
   assert_true(weft__tracker_is_valid(&env.rt->tracker));
   weft_counters_t c;
   assert_int_equal(weft_runtime_counters(env.rt, &c), WEFT_OK);
-  printf("8 threads: %llu uses, %llu waits issued, %llu skipped\n", (unsigned long long)c.uses,
-         (unsigned long long)c.waits_issued, (unsigned long long)c.waits_skipped);
+  uint64_t fast_uses = env.rt->tracker.fast_uses;
+  printf("8 threads: %llu uses, %llu waits issued, %llu skipped, %llu busy waits, %llu on the fast path\n",
+         (unsigned long long)c.uses, (unsigned long long)c.waits_issued, (unsigned long long)c.waits_skipped,
+         (unsigned long long)c.busy_waits, (unsigned long long)fast_uses);
+  if (fast) assert_true(fast_uses > c.uses / 2);
+  else assert_int_equal(fast_uses, 0);
   assert_int_equal(weft_free(shared_block, s0), WEFT_OK);
   tu_fini(&env);
+}
+
+static void test_eight_threads_share_one_runtime(void **state) {
+  (void)state;
+  eight_threads(true);
+}
+
+static void test_eight_threads_share_one_runtime_on_the_general_path(void **state) {
+  (void)state;
+  eight_threads(false);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_eight_threads_share_one_runtime),
+      cmocka_unit_test(test_eight_threads_share_one_runtime_on_the_general_path),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
