@@ -725,14 +725,14 @@ weft_status_t weft__tracker_end(weft_stream_t *s, const weft__use_t *uses, size_
   return run_use(s, uses, n, DO_END, NULL, NULL, 0);
 }
 
-#define LIVE_USES 16
-
 /* ---- the live fast path ---------------------------------------------------------------------
  * The common case of weft__tracker_use (every weft_launch) and of the split form's open and
  * close, in fewer instructions than run_use's general path: what a use costs on a GPU host grows
  * with the code it runs, more than with its data or its locks (bench/data/h100x1-bb56c9c). A
  * plain use (live_plain) takes the same steps as run_use takes for it; any other case, and every
- * error, is left to run_use, with nothing changed. */
+ * error, is left to run_use, with nothing changed. tests/streams/test_fast_path compares them. */
+
+#define LIVE_USES 16 /* accesses of a plain use: its undo records live on the stack */
 
 /* Whether a use of s may take the fast path (lock held): a live use of at most LIVE_USES
  * accesses on a stream that takes part in no capture, is no per-thread stream and is not busy,
@@ -757,11 +757,11 @@ static bool live_begin(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s,
   weft__lanes_t busy;
   (void)needs_locked(tr, d, s, uses, n, &nd, &busy);
   if (busy != 0) return false;
-  /* issue_locked, which does nothing more for a deferred lane with no need: then no driver call
-   * (nor the context) is needed. */
-  *st = WEFT_OK;
-  if (nd.mask != 0 || !d->lane[s->lane].deferred) *st = weft__tracker_bind(tr);
-  if (*st == WEFT_OK && (nd.mask != 0 || !d->lane[s->lane].deferred)) *st = issue_locked(tr, d, s, &nd);
+  /* issue_locked, which does nothing for a deferred lane with no need: then no driver call (nor
+   * the context) is needed. */
+  bool issues = nd.mask != 0 || !d->lane[s->lane].deferred;
+  *st = issues ? weft__tracker_bind(tr) : WEFT_OK;
+  if (*st == WEFT_OK && issues) *st = issue_locked(tr, d, s, &nd);
   return true;
 }
 
