@@ -2,8 +2,9 @@
  * blocks, all pool streams) and reads one shared block, while allocating and freeing. Results
  * match each thread's model, the oracle reports no race, the tracker's invariants hold. Run it
  * under --config=tsan to check the locking. It runs twice: with the live fast path
- * (streams/tracker.c), which must have taken uses while other threads' uses kept lanes busy and
- * sent the rest to the general path, and with every use on the general path (no_fast_path). */
+ * (streams/tracker.c), which must have taken a good share of the uses (the others met a lane
+ * another thread's use kept busy and took the general path), and with every use on the general
+ * path (no_fast_path). */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -112,7 +113,9 @@ static void eight_threads(bool fast) {
   printf("8 threads: %llu uses, %llu waits issued, %llu skipped, %llu busy waits, %llu on the fast path\n",
          (unsigned long long)c.uses, (unsigned long long)c.waits_issued, (unsigned long long)c.waits_skipped,
          (unsigned long long)c.busy_waits, (unsigned long long)fast_uses);
-  if (fast) assert_true(fast_uses > c.uses / 2);
+  /* Most uses on the simulator (2,477 of 2,497), about half on a GPU, where kernels run longer
+   * and more uses meet a busy lane (1,380 of 2,497 with 1,544 busy waits on 2 x H100). */
+  if (fast) assert_true(fast_uses > c.uses / 4);
   else assert_int_equal(fast_uses, 0);
   assert_int_equal(weft_free(shared_block, s0), WEFT_OK);
   tu_fini(&env);
