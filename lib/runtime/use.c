@@ -13,27 +13,43 @@
 static struct weft__block *resolve_slow(weft_stream_t *s, const weft_access_t *a, size_t i, const char *fn, bool *far,
                                         weft_status_t *st);
 
+/* Resolves acc[from..n) into uses[] while each is the common case: a live block of runtime rt
+ * with a valid kind, one inline check (the record's address is never taken, so that the loop
+ * keeps it in a register); adds each one's weft__tracker_print_one to *sum. Returns the index of
+ * the first access that is not (n when all are), recording nothing. */
+static inline size_t resolve_plain(const weft_runtime_t *rt, const weft_access_t *acc, size_t from, size_t n,
+                                   weft__use_t *uses, uint64_t *sum) {
+  uint64_t add = *sum; /* in a register, not through sum */
+  for (size_t i = from; i < n; i++) {
+    unsigned kind = (unsigned)acc[i].kind;
+    struct weft__block *rec = weft__block_live(acc[i].block, rt);
+    if (__builtin_expect(rec == NULL || kind - 1u > 2u, 0)) { /* kind: WEFT_READ, _WRITE or _READ_WRITE */
+      *sum = add;
+      return i;
+    }
+    uses[i] = (weft__use_t){&rec->acc, kind, acc[i].block.gen};
+    add += weft__tracker_print_one(&rec->acc, kind);
+  }
+  *sum = add;
+  return n;
+}
+
 /* Checks every access (kind, handle) and resolves it into uses[i]; s is checked already
  * (weft__stream_check: its runtime is alive). Blocks of other runtimes than s's are refused
  * (WRONG_DEVICE) unless `far` is given, which then says whether there was one. With `print`,
- * *print gets weft__tracker_fingerprint(uses, n), summed in the same pass. The common case (a
- * live block of s's runtime, a valid kind) is one inline check per access; the record's address
- * is never taken, so that the loop keeps it in a register. */
+ * *print gets weft__tracker_fingerprint(uses, n), summed in the same pass. The common case is
+ * resolve_plain's; resolve_slow takes each other access. */
 static weft_status_t resolve(weft_stream_t *s, const weft_access_t *acc, size_t n, weft__use_t *uses, const char *fn,
                              bool *far, uint64_t *print) {
   if (n > 0 && acc == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: accesses is NULL with n = %zu", fn, n);
   const weft_runtime_t *rt = s->runtime;
   uint64_t sum = n;
-  for (size_t i = 0; i < n; i++) {
-    const weft_access_t *a = &acc[i];
-    unsigned kind = (unsigned)a->kind;
-    struct weft__block *rec = weft__block_live(a->block, rt);
-    if (__builtin_expect(rec == NULL || kind - 1u > 2u, 0)) { /* kind: WEFT_READ, _WRITE or _READ_WRITE */
-      weft_status_t st;
-      if ((rec = resolve_slow(s, a, i, fn, far, &st)) == NULL) return st;
-    }
-    uses[i] = (weft__use_t){&rec->acc, kind, a->block.gen};
-    sum += weft__tracker_print_one(&rec->acc, kind);
+  for (size_t i = resolve_plain(rt, acc, 0, n, uses, &sum); i < n; i = resolve_plain(rt, acc, i + 1, n, uses, &sum)) {
+    weft_status_t st;
+    struct weft__block *rec = resolve_slow(s, &acc[i], i, fn, far, &st);
+    if (rec == NULL) return st;
+    uses[i] = (weft__use_t){&rec->acc, (unsigned)acc[i].kind, acc[i].block.gen};
+    sum += weft__tracker_print_one(&rec->acc, (unsigned)acc[i].kind);
   }
   if (print != NULL) *print = sum;
   return WEFT_OK;
@@ -106,15 +122,8 @@ static bool prepare_fast(weft_stream_t *s, const weft_access_t *acc, size_t n, b
                          uint64_t *print, weft_status_t *st) {
   if (s == NULL || n > SMALL || acc == NULL || !weft__stream_plain(s) || weft__trace_on() || weft__nvtx_on())
     return false;
-  const weft_runtime_t *rt = s->runtime;
   uint64_t sum = n;
-  for (size_t i = 0; i < n; i++) {
-    unsigned kind = (unsigned)acc[i].kind;
-    struct weft__block *rec = weft__block_live(acc[i].block, rt);
-    if (rec == NULL || kind - 1u > 2u) return false;
-    uses[i] = (weft__use_t){&rec->acc, kind, acc[i].block.gen};
-    sum += weft__tracker_print_one(&rec->acc, kind);
-  }
+  if (resolve_plain(s->runtime, acc, 0, n, uses, &sum) != n) return false;
   *print = sum;
   *st = atomic_load_explicit(&s->exposed, memory_order_relaxed) ? weft__stream_prepare(s)
         : bind                                                     ? weft__tracker_bind(s->tr)
