@@ -611,6 +611,27 @@ static uint64_t point_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream
  * recorded after the call, never an older one those kernels came after. */
 enum { DO_BEGIN = 1, DO_END = 2, DO_OPEN = 4, DO_CLOSE = 8, DO_RESTART = 16, DO_FREE = 32 };
 
+/* DO_FREE's step (lock held, live domain): on an exposed stream, a pending tick. */
+static void free_point(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s) {
+  if (!atomic_load_explicit(&s->exposed, memory_order_relaxed)) return;
+  weft__lane_t *l = &d->lane[weft__at(d, s)];
+  /* A pending tick, recorded when another stream or the host needs it (lazy records: the next
+   * free's begin does not record it; weft__clock_slot records it for others, never into an
+   * outside capture), or at the next begin on s. */
+  if (tr->lazy && !l->eager) {
+    (void)weft__clock_defer(d, s);
+  } else {
+    l->dirty = true;
+    weft__clock_publish(d, weft__at(d, s));
+  }
+}
+
+/* DO_RESTART's step (lock held, live domain): block a's history starts again at s's point. */
+static void restart_at(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, weft__access_state_t *a) {
+  weft__access_init(a, a->reads, a->reads_cap);
+  a->write = (weft__point_t){weft__at(d, s), point_locked(tr, d, s)};
+}
+
 /* The ways in: waits only, record only, both around `fn`, or the split form's open / close with
  * their checks. A live use with its work enqueues it without the lock (use_unlocked); the others
  * run under one lock hold. Inside a capture the uses act on capture-local histories (kinds go
@@ -653,23 +674,8 @@ again:
       du = uses;
       goto again;
     }
-    if (st == WEFT_OK && (what & DO_FREE) && c == NULL && atomic_load_explicit(&s->exposed, memory_order_relaxed)) {
-      weft__lane_t *l = &d->lane[weft__at(d, s)];
-      /* A pending tick, recorded when another stream or the host needs it (lazy records: the next
-       * free's begin does not record it; weft__clock_slot records it for others, never into an
-       * outside capture), or at the next begin on s. */
-      if (tr->lazy && !l->eager) {
-        (void)weft__clock_defer(d, s);
-      } else {
-        l->dirty = true;
-        weft__clock_publish(d, weft__at(d, s));
-      }
-    }
-    if (st == WEFT_OK && (what & DO_RESTART) && c == NULL) {
-      weft__access_state_t *a = du[0].state;
-      weft__access_init(a, a->reads, a->reads_cap);
-      a->write = (weft__point_t){weft__at(d, s), point_locked(tr, d, s)};
-    }
+    if (st == WEFT_OK && (what & DO_FREE) && c == NULL) free_point(tr, d, s);
+    if (st == WEFT_OK && (what & DO_RESTART) && c == NULL) restart_at(tr, d, s, du[0].state);
     /* Device timestamps (trace.h): after the waits, before the record; live streams only. */
     bool timed = st == WEFT_OK && c == NULL && weft__trace_device_on();
     bool whole = (what & (DO_BEGIN | DO_END)) == (DO_BEGIN | DO_END); /* a use with its work, not a free */
@@ -703,11 +709,6 @@ out:
 
 weft_status_t weft__tracker_free_begin(weft_stream_t *s, const weft__use_t *uses, size_t n) {
   return run_use(s, uses, n, DO_BEGIN | DO_FREE, NULL, NULL, 0);
-}
-
-weft_status_t weft__tracker_free_kept(weft_stream_t *s, weft__access_state_t *st) {
-  weft__use_t use = {st, 2u /* WEFT_WRITE */, 0};
-  return run_use(s, &use, 1, DO_BEGIN | DO_RESTART | DO_FREE, NULL, NULL, 0);
 }
 
 weft_status_t weft__tracker_exact(weft_stream_t *s) {
@@ -816,6 +817,39 @@ static bool split_live(weft_stream_t *s, const weft__use_t *uses, size_t n, uint
   unlock(tr);
   *out = st;
   return true;
+}
+
+/* weft__tracker_free_kept's fast path (weft_free's common case, a live free into s's cache): the
+ * steps of run_use's DO_BEGIN | DO_RESTART | DO_FREE, the context bound only where the waits make
+ * a driver call (weft_free's fast path did not bind it). False, the lock released, where run_use
+ * must take the free. */
+static bool free_live(weft_stream_t *s, weft__access_state_t *a, weft_status_t *out) {
+  weft__tracker_t *tr = s->tr;
+  weft__use_t use = {a, 2u /* WEFT_WRITE */, 0};
+  lock(tr);
+  weft__domain_t *d = tr->live;
+  weft_status_t st;
+  if (!live_plain(tr, d, s, &use, 1) || !live_begin(tr, d, s, &use, 1, &st)) {
+    unlock(tr);
+    return false;
+  }
+  tr->fast_frees++;
+  if (st == WEFT_OK) {
+    free_point(tr, d, s);
+    restart_at(tr, d, s, a);
+  }
+  WEFT_ASSERT_EXPENSIVE(lane_is_valid(d, s->lane));
+  unlock(tr);
+  *out = st;
+  return true;
+}
+
+weft_status_t weft__tracker_free_kept(weft_stream_t *s, weft__access_state_t *st) {
+  weft_status_t r;
+  if (free_live(s, st, &r)) return r;
+  weft__use_t use = {st, 2u /* WEFT_WRITE */, 0};
+  return (r = weft__tracker_bind(s->tr)) == WEFT_OK ? run_use(s, &use, 1, DO_BEGIN | DO_RESTART | DO_FREE, NULL, NULL, 0)
+                                                  : r;
 }
 
 weft_status_t weft__tracker_use(weft_stream_t *s, const weft__use_t *uses, size_t n,

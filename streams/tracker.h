@@ -280,9 +280,11 @@ struct weft__tracker {
   /* Active captures (any mode) on this runtime's streams. Written under the lock, read anywhere. */
   _Atomic unsigned captures;
   bool no_waits;          /* testing: issue no waits at all (positive controls) */
-  bool no_fast_path;      /* testing: every use takes run_use's general path (tracker.c, "the live
-                           * fast path"), which the fast one must match step for step */
+  bool no_fast_path;      /* testing: every use and every weft_alloc / weft_free takes its general
+                           * path (tracker.c, "the live fast path"; lib/runtime/block.c, "the
+                           * allocation fast path"), which the fast one must match step for step */
   uint64_t fast_uses;     /* uses and split opens / closes the fast path took (tests check it ran) */
+  uint64_t fast_frees;    /* frees into a stream's cache the fast path took (free_live) */
   bool lazy;              /* options.lazy_records (set once after init) */
   bool mem_ops64;         /* CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS */
   weft_counters_t counters;
@@ -331,7 +333,9 @@ weft_status_t weft__tracker_free_begin(weft_stream_t *s, const weft__use_t *uses
 /** The free of a live block that s keeps for its next allocation (the stream cache,
  * lib/runtime/cache.c): free_begin's waits (and dirty lane), then, in the same lock hold, its
  * history restarts at s's point, as a new block's on s (weft__tracker_new_block). So handing the
- * block out again needs no tracker call. Inside a capture (begun meanwhile) only the waits. */
+ * block out again needs no tracker call. Inside a capture (begun meanwhile) only the waits.
+ * Binds s's context itself, only where it makes a driver call (the live fast path, tracker.c:
+ * free_live); the caller need not have bound it. */
 weft_status_t weft__tracker_free_kept(weft_stream_t *s, weft__access_state_t *st);
 /** Makes s's live lane exact (weft__lane_t.exact) before a use whose work waits for what other
  * streams enqueue later: a collective, send or receive (comm/), a stream value wait. s's pending

@@ -313,7 +313,31 @@ static weft_status_t reuse_cached(weft_stream_t *s, struct weft__block *rec, con
   return WEFT_OK;
 }
 
+/* ---- the allocation fast path -----------------------------------------------------------------
+ * The common case of weft_alloc and weft_free, a block of the stream's cache handed out again or
+ * freed into it, without what the general path does for every other case: the stream's full
+ * check and weft__stream_prepare, which binds the context (weft__stream_ready binds it only
+ * where the driver's capture question needs it), and the tracker's general path (free_live). The
+ * same steps otherwise, in the same order; any other case, and every error, goes to the general
+ * path with nothing changed (tests/streams/test_alloc_fast_path compares the two; the tracker's
+ * no_fast_path turns this one off too). The PyTorch adapter's pair is made of these two calls
+ * (issue 17: at most a third of PyTorch's caching allocator's pair). */
+
+/* weft_alloc's fast path: true with the block in *out, or false, nothing changed: the general
+ * path takes the call (its arguments, a capture, deferred frees, a cache miss). */
+static bool alloc_fast(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, const char *tag, weft_block_t *out) {
+  if (s == NULL || out == NULL || bytes == 0 || bytes > ((size_t)1 << 48) || s->runtime != rt ||
+      !weft__stream_ready(s) || !rt->cache_on || atomic_load_explicit(&rt->n_deferred, memory_order_acquire) != 0)
+    return false;
+  weft_resource_t *r;
+  weft__tracker_capture_of(s, &r);
+  const char *itag = r == NULL ? weft__intern(tag) : NULL;
+  struct weft__block *cached = itag != NULL ? weft__cache_take(s, bytes, rt->top, true) : NULL;
+  return cached != NULL && reuse_cached(s, cached, itag, out) == WEFT_OK;
+}
+
 weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, const char *tag, weft_block_t *out) {
+  if (alloc_fast(rt, bytes, s, tag, out)) return WEFT_OK;
   if (weft__runtime_check(rt, "weft_alloc") == NULL) return weft__runtime_check_status(rt);
   weft_status_t st = weft__stream_check(s, "weft_alloc");
   if (st != WEFT_OK) return st;
@@ -331,7 +355,7 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
   weft__tracker_capture_of(s, &r);
   if (r == NULL) {
     r = rt->top;
-    struct weft__block *cached = weft__cache_take(s, bytes, r);
+    struct weft__block *cached = weft__cache_take(s, bytes, r, false);
     if (cached != NULL) return reuse_cached(s, cached, itag, out);
   }
   struct weft__block *rec = weft__block_make(rt, bytes, itag, r);
@@ -545,13 +569,18 @@ static weft_status_t free_claimed(weft_block_t b, weft_stream_t *s) {
   uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   weft_access_t traced = {b, WEFT_WRITE};
   bool keep = c == NULL && weft__cache_accepts(s, rec);
+  /* A free into the cache binds the context where it calls the driver (weft__tracker_free_kept,
+   * weft__cache_put); the rest may call it at once (weft_free's fast path did not bind it). */
+  if (!keep && (st = weft__tracker_bind(s->tr)) != WEFT_OK) return undo_free(rec, st);
   st = keep ? weft__tracker_free_kept(s, &rec->acc) : weft__tracker_free_begin(s, &use, 1);
   if (st == WEFT_OK && weft__trace_on()) weft__trace_use(s, "weft_free", &traced, 1, t0);
   if (st == WEFT_OK && keep && weft__cache_put(s, rec)) {
     free_announced(s, rec); /* the tag read atomically: another thread may hand the block out already */
     return WEFT_OK;
   }
-  /* CORRUPTED from the guard: freed, but the memory around the block was damaged. */
+  /* The cache had no room: the resource takes it, in s's context. CORRUPTED from the guard:
+   * freed, but the memory around the block was damaged. */
+  if (st == WEFT_OK && keep) st = weft__tracker_bind(s->tr);
   if (st == WEFT_OK && r != NULL) st = weft__resource_deallocate(r, rec->ptr, rec->bytes, s, rec->tag);
   if (st != WEFT_OK && st != WEFT_ERR_CORRUPTED) return undo_free(rec, st);
   if (c != NULL) weft__tracker_free_block(s, &rec->acc);
@@ -562,6 +591,10 @@ static weft_status_t free_claimed(weft_block_t b, weft_stream_t *s) {
 
 weft_status_t weft_free(weft_block_t b, weft_stream_t *s) {
   if (b.rec == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_free: the block handle is null");
+  /* The fast path (above weft_alloc): no deferred free to make first, s ready without binding. */
+  if (s != NULL && weft__stream_ready(s) &&
+      atomic_load_explicit(&((weft_runtime_t *)s->runtime)->n_deferred, memory_order_acquire) == 0)
+    return free_on_prepared(b, s);
   weft_status_t st = weft__stream_check(s, "weft_free");
   if (st != WEFT_OK) return st;
   weft__runtime_flush_deferred(s->runtime);

@@ -61,7 +61,9 @@ static struct weft__block *remove_slot(weft__stream_cache_t *c, unsigned i) {
  * of it, and ends its record. On failure the memory stays with the record (CACHED, in no lane):
  * the runtime's release frees it with the live blocks. */
 static weft_status_t give_back(weft_stream_t *s, struct weft__block *rec) {
-  weft_status_t st = weft__resource_deallocate(rec->resource, rec->ptr, rec->bytes, s, rec->tag);
+  /* The resource may call the driver; weft_free's fast path has not bound the context. */
+  weft_status_t st = weft__tracker_bind(s->tr);
+  if (st == WEFT_OK) st = weft__resource_deallocate(rec->resource, rec->ptr, rec->bytes, s, rec->tag);
   if (st != WEFT_OK && st != WEFT_ERR_CORRUPTED) return st;
   weft__block_end(rec);
   return WEFT_OK;
@@ -102,7 +104,7 @@ bool weft__cache_put(weft_stream_t *s, struct weft__block *rec) {
   return true;
 }
 
-struct weft__block *weft__cache_take(weft_stream_t *s, size_t bytes, weft_resource_t *r) {
+struct weft__block *weft__cache_take(weft_stream_t *s, size_t bytes, weft_resource_t *r, bool fast) {
   weft_runtime_t *rt = s->runtime;
   if (!rt->cache_on) return NULL;
   weft__stream_cache_t *c = &rt->cache[s->index];
@@ -112,6 +114,7 @@ struct weft__block *weft__cache_take(weft_stream_t *s, size_t bytes, weft_resour
     if (c->slot[i]->bytes == bytes && c->slot[i]->resource == r) {
       rec = remove_slot(c, i);
       count(rt, -1, -(int64_t)bytes);
+      c->fast_takes += fast;
       weft__block_set_state(rec, WEFT__BLOCK_FREEING);
       break;
     }

@@ -44,6 +44,7 @@ typedef struct weft__stream_cache {
   pthread_mutex_t lock; /* a leaf: nothing else is locked while it is held */
   struct weft__block *slot[WEFT__CACHE_SLOTS];
   unsigned n;
+  uint64_t fast_takes; /* blocks the allocation fast path took out (block.c; tests check it ran) */
 } weft__stream_cache_t;
 
 /** One allocation's record. */
@@ -242,6 +243,14 @@ weft_status_t weft__stream_check(const weft_stream_t *s, const char *fn);
  * code outside weft can have changed, and only if s is exposed (weft__stream_prepare asks the
  * driver then). Records no error; false says "look closer". */
 bool weft__stream_plain(const weft_stream_t *s);
+/** The allocation fast path's weft__stream_prepare (block.c): whether s (not NULL) is plain and
+ * takes part in no capture now, the driver asked where code outside weft may have begun one (an
+ * exposed stream). The context is bound only where that question needs it (the legacy stream's
+ * handle names the current context's); a call that then makes a driver call of its own binds it
+ * first. False, nothing changed, where the general path must ready s: the fast path is off
+ * (tracker.no_fast_path), s is not plain, a capture is running, or the driver's answer failed
+ * (the general path asks again and says why). */
+bool weft__stream_ready(weft_stream_t *s);
 /** Readies s for a call: binds the context and brings its capture state up to date (adopting
  * a capture that code outside weft began on it, dropping one that its owner ended). Costs one
  * driver query for streams outside code can reach, nothing otherwise. */
@@ -306,8 +315,8 @@ bool weft__cache_accepts(const weft_stream_t *s, const struct weft__block *rec);
 bool weft__cache_put(weft_stream_t *s, struct weft__block *rec);
 /** A block of exactly `bytes` from resource r that s cached, taken out of the cache (state
  * FREEING until the caller publishes it again), or NULL. Its history is that of a block new on
- * s (weft__cache_put). */
-struct weft__block *weft__cache_take(weft_stream_t *s, size_t bytes, weft_resource_t *r);
+ * s (weft__cache_put). `fast`: the allocation fast path asks (counted in the lane's fast_takes). */
+struct weft__block *weft__cache_take(weft_stream_t *s, size_t bytes, weft_resource_t *r, bool fast);
 /** Gives every cached block back to its resource on its stream; lanes that take part in a
  * capture (or cannot be used now) keep theirs. Returns the first failure (CAPTURE for a kept lane
  * only when `strict`). */

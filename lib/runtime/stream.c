@@ -36,6 +36,15 @@ bool weft__stream_plain(const weft_stream_t *s) {
          atomic_load_explicit(&s->dropping, memory_order_acquire) == 0;
 }
 
+bool weft__stream_ready(weft_stream_t *s) {
+  if (!weft__stream_plain(s) || s->tr->no_fast_path) return false;
+  if (!atomic_load_explicit(&s->exposed, memory_order_relaxed)) return true;
+  if ((s->raw == NULL || s->raw == CU_STREAM_LEGACY) && weft__tracker_bind(s->tr) != WEFT_OK) return false;
+  bool active;
+  uint64_t id;
+  return weft__capture_probe(s, &active, &id) == WEFT_OK && !active;
+}
+
 /* ---- foreign captures -------------------------------------------------------------------------- */
 
 void weft__runtime_forget_capture_blocks(weft__capture_t *c) {
