@@ -758,9 +758,10 @@ static bool live_begin(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s,
   weft__lanes_t busy;
   (void)needs_locked(tr, d, s, uses, n, &nd, &busy);
   if (busy != 0) return false;
-  /* issue_locked, which does nothing for a deferred lane with no need: then no driver call (nor
-   * the context) is needed. */
-  bool issues = nd.mask != 0 || !d->lane[s->lane].deferred;
+  /* issue_locked makes a driver call only for a need, or to record a tick left unrecorded on a
+   * lane that does not defer it (weft__clock_flush): else neither it nor the context is needed. */
+  const weft__lane_t *l = &d->lane[s->lane];
+  bool issues = nd.mask != 0 || (!l->deferred && l->recorded != l->tick);
   *st = issues ? weft__tracker_bind(tr) : WEFT_OK;
   if (*st == WEFT_OK && issues) *st = issue_locked(tr, d, s, &nd);
   return true;

@@ -323,24 +323,27 @@ static weft_status_t reuse_cached(weft_stream_t *s, struct weft__block *rec, con
  * no_fast_path turns this one off too). The PyTorch adapter's pair is made of these two calls
  * (issue 17: at most a third of PyTorch's caching allocator's pair). */
 
-/* weft_alloc's fast path: true with the block in *out, or false, nothing changed: the general
- * path takes the call (its arguments, a capture, deferred frees, a cache miss). */
-static bool alloc_fast(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, const char *tag, weft_block_t *out) {
-  if (s == NULL || out == NULL || bytes == 0 || bytes > ((size_t)1 << 48) || s->runtime != rt ||
-      !weft__stream_ready(s) || !rt->cache_on || atomic_load_explicit(&rt->n_deferred, memory_order_acquire) != 0)
+/* weft_alloc's fast path: true with *st (the block in *out, or the stream's failed capture
+ * question, as the general path would return it), or false, nothing changed: the general path
+ * takes the call (its arguments, a capture, deferred frees, a cache miss). */
+static bool alloc_fast(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, const char *tag, weft_block_t *out,
+                       weft_status_t *st) {
+  const char *itag;
+  if (s == NULL || out == NULL || bytes == 0 || bytes > ((size_t)1 << 48) || s->runtime != rt || !rt->cache_on ||
+      (itag = weft__intern(tag)) == NULL || !weft__stream_ready(s, st))
     return false;
+  if (*st != WEFT_OK) return true;
   weft_resource_t *r;
   weft__tracker_capture_of(s, &r);
-  const char *itag = r == NULL ? weft__intern(tag) : NULL;
-  struct weft__block *cached = itag != NULL ? weft__cache_take(s, bytes, rt->top, true) : NULL;
-  return cached != NULL && reuse_cached(s, cached, itag, out) == WEFT_OK;
+  struct weft__block *cached = r == NULL ? weft__cache_take(s, bytes, rt->top, true) : NULL;
+  return cached != NULL && (*st = reuse_cached(s, cached, itag, out)) == WEFT_OK;
 }
 
 weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, const char *tag, weft_block_t *out) {
-  if (alloc_fast(rt, bytes, s, tag, out)) return WEFT_OK;
+  weft_status_t st;
+  if (alloc_fast(rt, bytes, s, tag, out, &st)) return st;
   if (weft__runtime_check(rt, "weft_alloc") == NULL) return weft__runtime_check_status(rt);
-  weft_status_t st = weft__stream_check(s, "weft_alloc");
-  if (st != WEFT_OK) return st;
+  if ((st = weft__stream_check(s, "weft_alloc")) != WEFT_OK) return st;
   if (s->runtime != rt) return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_alloc: the stream belongs to another runtime");
   if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_alloc: out is NULL");
   if (bytes == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_alloc: bytes is 0");
@@ -591,10 +594,10 @@ static weft_status_t free_claimed(weft_block_t b, weft_stream_t *s) {
 
 weft_status_t weft_free(weft_block_t b, weft_stream_t *s) {
   if (b.rec == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_free: the block handle is null");
-  /* The fast path (above weft_alloc): no deferred free to make first, s ready without binding. */
-  if (s != NULL && weft__stream_ready(s) &&
-      atomic_load_explicit(&((weft_runtime_t *)s->runtime)->n_deferred, memory_order_acquire) == 0)
-    return free_on_prepared(b, s);
+  /* The fast path (above weft_alloc): s ready without binding, no deferred free to make first. */
+  weft_status_t prepared;
+  if (s != NULL && weft__stream_ready(s, &prepared))
+    return prepared == WEFT_OK ? free_on_prepared(b, s) : free_or_defer(b, s, prepared);
   weft_status_t st = weft__stream_check(s, "weft_free");
   if (st != WEFT_OK) return st;
   weft__runtime_flush_deferred(s->runtime);

@@ -243,14 +243,20 @@ weft_status_t weft__stream_check(const weft_stream_t *s, const char *fn);
  * code outside weft can have changed, and only if s is exposed (weft__stream_prepare asks the
  * driver then). Records no error; false says "look closer". */
 bool weft__stream_plain(const weft_stream_t *s);
-/** The allocation fast path's weft__stream_prepare (block.c): whether s (not NULL) is plain and
- * takes part in no capture now, the driver asked where code outside weft may have begun one (an
- * exposed stream). The context is bound only where that question needs it (the legacy stream's
- * handle names the current context's); a call that then makes a driver call of its own binds it
- * first. False, nothing changed, where the general path must ready s: the fast path is off
- * (tracker.no_fast_path), s is not plain, a capture is running, or the driver's answer failed
- * (the general path asks again and says why). */
-bool weft__stream_ready(weft_stream_t *s);
+/** The allocation fast path's weft__stream_prepare and weft__runtime_flush_deferred (block.c):
+ * true where s (not NULL) is plain, the runtime has no deferred free to make, and s takes part in
+ * no capture now, the driver asked where code outside weft may have begun one (an exposed
+ * stream); *st is then WEFT_OK, or the failed answer's status, which weft__stream_prepare would
+ * have returned (the caller returns it as the general path does). The context is bound only where
+ * that question needs it (the legacy stream's handle names the current context's); a call that
+ * makes a driver call of its own afterwards binds it first. False, nothing changed, where the
+ * general path must take the call: the fast path is off (tracker.no_fast_path), s is not plain,
+ * frees are deferred, or a capture runs on s (the general path adopts it). */
+bool weft__stream_ready(weft_stream_t *s, weft_status_t *st);
+/** weft__stream_ready's question alone, for a stream the caller found plain (use.c's fast path):
+ * true with *st (WEFT_OK, or the failed answer's status) where no capture runs on s now, the
+ * driver asked if s is exposed; false where weft__stream_prepare must ready s (a capture runs). */
+bool weft__stream_quiet(weft_stream_t *s, weft_status_t *st);
 /** Readies s for a call: binds the context and brings its capture state up to date (adopting
  * a capture that code outside weft began on it, dropping one that its owner ended). Costs one
  * driver query for streams outside code can reach, nothing otherwise. */

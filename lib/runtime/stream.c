@@ -36,13 +36,24 @@ bool weft__stream_plain(const weft_stream_t *s) {
          atomic_load_explicit(&s->dropping, memory_order_acquire) == 0;
 }
 
-bool weft__stream_ready(weft_stream_t *s) {
-  if (!weft__stream_plain(s) || s->tr->no_fast_path) return false;
+/* weft__stream_quiet's work, inline in weft__stream_ready. */
+static inline bool quiet(weft_stream_t *s, weft_status_t *st) {
+  *st = WEFT_OK;
   if (!atomic_load_explicit(&s->exposed, memory_order_relaxed)) return true;
-  if ((s->raw == NULL || s->raw == CU_STREAM_LEGACY) && weft__tracker_bind(s->tr) != WEFT_OK) return false;
-  bool active;
+  /* sync_capture's question, with what it returns on a failed answer. */
+  if ((s->raw == NULL || s->raw == CU_STREAM_LEGACY) && (*st = weft__tracker_bind(s->tr)) != WEFT_OK) return true;
+  bool active = false;
   uint64_t id;
-  return weft__capture_probe(s, &active, &id) == WEFT_OK && !active;
+  *st = weft__capture_probe(s, &active, &id);
+  return *st != WEFT_OK || !active;
+}
+
+bool weft__stream_quiet(weft_stream_t *s, weft_status_t *st) { return quiet(s, st); }
+
+bool weft__stream_ready(weft_stream_t *s, weft_status_t *st) {
+  return weft__stream_plain(s) && !s->tr->no_fast_path &&
+         atomic_load_explicit(&((weft_runtime_t *)s->runtime)->n_deferred, memory_order_acquire) == 0 &&
+         quiet(s, st);
 }
 
 /* ---- foreign captures -------------------------------------------------------------------------- */

@@ -113,11 +113,11 @@ static weft_status_t prepare(weft_stream_t *s, const weft_access_t *acc, size_t 
 /* prepare's common case in few instructions (streams/tracker.c, "the live fast path", says why):
  * a plain stream (weft__stream_plain), at most SMALL accesses, each of a live block of s's
  * runtime with a valid kind, no trace and no NVTX tool. Resolves the accesses into uses[] with
- * their fingerprint, then readies an exposed stream (weft__stream_prepare: a capture that code
- * outside weft began on it is met first), into *st: prepare's checks, in its order. Another
- * stream's context is bound only with `bind`: weft__tracker_open/close bind it themselves where
- * the use makes a driver call. Returns false, nothing done and no error recorded, where prepare
- * must look. */
+ * their fingerprint, then readies an exposed stream (weft__stream_quiet asks the driver; a
+ * capture that code outside weft began on it is met by weft__stream_prepare first), into *st:
+ * prepare's checks, in its order. The context is bound only with `bind` (or for the legacy
+ * stream's question): weft__tracker_open/close bind it themselves where the use makes a driver
+ * call. Returns false, nothing done and no error recorded, where prepare must look. */
 static bool prepare_fast(weft_stream_t *s, const weft_access_t *acc, size_t n, bool bind, weft__use_t *uses,
                          uint64_t *print, weft_status_t *st) {
   if (s == NULL || n > SMALL || acc == NULL || !weft__stream_plain(s) || weft__trace_on() || weft__nvtx_on())
@@ -125,9 +125,13 @@ static bool prepare_fast(weft_stream_t *s, const weft_access_t *acc, size_t n, b
   uint64_t sum = n;
   if (resolve_plain(s->runtime, acc, 0, n, uses, &sum) != n) return false;
   *print = sum;
-  *st = atomic_load_explicit(&s->exposed, memory_order_relaxed) ? weft__stream_prepare(s)
-        : bind                                                     ? weft__tracker_bind(s->tr)
-                                                                   : WEFT_OK;
+  /* An exposed stream's capture question binds the context only where it needs it; a capture
+   * met is the general prepare's. */
+  weft_status_t q = WEFT_OK;
+  if (atomic_load_explicit(&s->exposed, memory_order_relaxed) && !weft__stream_quiet(s, &q))
+    *st = weft__stream_prepare(s);
+  else
+    *st = q != WEFT_OK ? q : bind ? weft__tracker_bind(s->tr) : WEFT_OK;
   return true;
 }
 

@@ -262,7 +262,9 @@ static void still_usable(const tu_env_t *env, weft_stream_t *s) {
 }
 
 /* Every refused weft_alloc and weft_free on a fresh runtime, with the fast path on or off; out[i]
- * gets the i-th call's status and message. Returns how many calls it made. */
+ * gets the i-th call's status and message. Returns how many calls it made. On the pool stream s
+ * a failed capture question is not one (s is not exposed: no question is asked), so the calls
+ * fail on the exposed stream s1 only. */
 static size_t refusals(bool fast, refusal_t *out) {
   weft_options_t o = weft_options_default();
   o.stream_count = 2;
@@ -294,6 +296,18 @@ static size_t refusals(bool fast, refusal_t *out) {
     out[k++] = refusal(weft_free(b, NULL));
     assert_int_equal(weft_free(b, on), WEFT_OK);
     still_usable(&env, on);
+    /* The driver's capture question fails (the simulator's fault injection): the call returns
+     * what the general path returns, nothing changed, and the next works. */
+    if (env.sim != NULL && on == s1) {
+      assert_int_equal(weft_alloc(env.rt, 4096, on, "b", &b), WEFT_OK);
+      assert_int_equal((env.sim->fail)("cuStreamGetCaptureInfo:1:CUDA_ERROR_UNKNOWN"), 0);
+      out[k++] = refusal(weft_alloc(env.rt, 4096, on, "faulted", &a));
+      assert_int_equal((env.sim->fail)("cuStreamGetCaptureInfo:1:CUDA_ERROR_UNKNOWN"), 0);
+      out[k++] = refusal(weft_free(b, on));
+      assert_int_equal((env.sim->fail)(""), 0);
+      assert_int_equal(weft_free(b, on), WEFT_OK);
+      still_usable(&env, on);
+    }
   }
   assert_int_equal(weft_alloc(env.rt, 4096, s, "kept", &a), WEFT_OK);
   assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
