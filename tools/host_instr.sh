@@ -8,7 +8,9 @@
 # driver call beside each use, NCCL's group launch, does much the same on a GPU host) and counts
 # weft's first-level data misses: the cache lines an operation brings back ("lines, cold"). A third
 # counts the code an operation runs (tools/footprint.py): weft's distinct instructions run at least
-# once per operation and the 64-byte lines they lie in ("code lines").
+# once per operation and the 64-byte lines they lie in ("code lines"), and the locked
+# read-modify-writes weft's own code runs per operation (tools/locked_ops.py: atomic adds,
+# exchanges, compare-and-swaps; the mutexes' own are in the C library, counted as mutex locks).
 #   tools/host_instr.sh [PATH ...]     (default: every path)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,8 +24,8 @@ sim=$out/sim
 n=2000
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-printf '| path | weft instructions | lines, cold | code lines | mutex locks | cuCtxGetCurrent | cuCtxSetCurrent | capture probes | event records | stream waits |\n'
-printf '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n'
+printf '| path | weft instructions | lines, cold | code lines | locked RMWs | mutex locks | cuCtxGetCurrent | cuCtxSetCurrent | capture probes | event records | stream waits |\n'
+printf '| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n'
 for p in "${paths[@]}"; do
   n=2000
   [ "$p" = group ] || [ "$p" = ranks ] && n=200 # each reduces 1 MiB per rank on the simulator: slow under callgrind
@@ -49,11 +51,12 @@ for p in "${paths[@]}"; do
     --compress-pos=no --compress-strings=no --dump-line=no --callgrind-out-file="$tmp/cgi" --toggle-collect="$fn*" \
     "$bin" "$p" "$n" >/dev/null 2>"$tmp/err" || { cat "$tmp/err" >&2; exit 1; }
   code=$(python3 tools/footprint.py "$tmp/cgi" "$n" --object host_instr --total | cut -d' ' -f2)
+  rmw=$(python3 tools/locked_ops.py "$tmp/cgi" "$bin" "$((n + n / 10))")
   calls=$(python3 tools/callgrind_calls.py "$tmp/cg" host_instr pthread_mutex_lock cuCtxGetCurrent cuCtxSetCurrent \
           cuStreamGetCaptureInfo cuEventRecord cuStreamWaitEvent)
-  awk -v t="$total" -v l="$lines" -v c="$calls" -v n="$n" -v p="$p" -v code="$code" 'BEGIN {
+  awk -v t="$total" -v l="$lines" -v c="$calls" -v n="$n" -v p="$p" -v code="$code" -v rmw="$rmw" 'BEGIN {
     k = split(c, v, " "); ops = n + n / 10
-    printf "| %s | %.0f | %.1f | %d |", p, t / ops, l / ops, code
+    printf "| %s | %.0f | %.1f | %d | %s |", p, t / ops, l / ops, code, rmw
     for (i = 1; i <= k; i++) printf " %.2f |", v[i] / ops
     printf "\n" }'
 done

@@ -246,7 +246,7 @@ static weft_status_t out_of_memory(weft_runtime_t *rt, weft_resource_t *r, size_
   pthread_mutex_unlock(&rt->blocks_lock);
   if (fn != NULL && fn(rt, &info, user) != 0) {
     /* The handler's frees may have gone to the streams' caches: they go back first. */
-    if (r == rt->top && atomic_load_explicit(&rt->cached_blocks, memory_order_relaxed) != 0)
+    if (r == rt->top && atomic_load_explicit(&rt->cached, memory_order_relaxed) != 0)
       (void)weft__cache_flush(rt, false);
     weft_status_t again = weft__resource_allocate(r, bytes, s, tag, out);
     if (again == WEFT_OK || (again != WEFT_ERR_OUT_OF_MEMORY && again != WEFT_ERR_OVER_BUDGET)) return again;
@@ -281,9 +281,8 @@ static weft_status_t out_of_memory(weft_runtime_t *rt, weft_resource_t *r, size_
                      (unsigned long long)info.budget_bytes, tops[0] ? tops : "none", reason);
 }
 
-/* Counts a new block and tells the trace and NVTX of it. */
+/* Tells the trace and NVTX of a new block (a block from a stream's cache is counted there). */
 static void announce_alloc(weft_runtime_t *rt, weft_stream_t *s, const struct weft__block *rec) {
-  atomic_fetch_add_explicit(&rt->allocs, 1, memory_order_relaxed);
   if (weft__trace_on()) {
     char args[320];
     size_t at = (size_t)snprintf(args, sizeof args, "{\"bytes\": %zu, \"ptr\": \"0x%llx\", \"tag\": \"", rec->bytes,
@@ -369,7 +368,7 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
   rec->alloc_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
   st = weft__resource_allocate(r, bytes, s, itag, &rec->ptr);
   if ((st == WEFT_ERR_OUT_OF_MEMORY || st == WEFT_ERR_OVER_BUDGET) && r == rt->top &&
-      atomic_load_explicit(&rt->cached_blocks, memory_order_relaxed) != 0) {
+      atomic_load_explicit(&rt->cached, memory_order_relaxed) != 0) {
     /* The streams' cached blocks (the stack's memory) go back first, then once more. */
     (void)weft__cache_flush(rt, false);
     st = weft__resource_allocate(r, bytes, s, itag, &rec->ptr);
@@ -388,6 +387,7 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
     return weft__error(st, "%s", why);
   }
   *out = weft__block_publish(rec);
+  atomic_fetch_add_explicit(&rt->allocs, 1, memory_order_relaxed);
   announce_alloc(rt, s, rec);
   return WEFT_OK;
 }
@@ -541,14 +541,14 @@ void weft__runtime_flush_deferred(weft_runtime_t *rt) {
   weft__vec_free(&todo);
 }
 
-/* Counts a free and tells NVTX of it. */
-static void free_announced(weft_stream_t *s, const struct weft__block *rec) {
+/* Tells NVTX of a free, and counts it unless s's cache kept the block (counted there). */
+static void free_announced(weft_stream_t *s, const struct weft__block *rec, bool kept) {
   if (weft__nvtx_on()) {
     char m[160];
     snprintf(m, sizeof m, "weft_free '%s' %zu bytes on stream %u", weft__block_tag(rec), rec->bytes, s->index);
     weft__nvtx_mark(m);
   }
-  atomic_fetch_add_explicit(&((weft_runtime_t *)s->runtime)->frees, 1, memory_order_relaxed);
+  if (!kept) atomic_fetch_add_explicit(&((weft_runtime_t *)s->runtime)->frees, 1, memory_order_relaxed);
 }
 
 /* The free of a claimed block on prepared stream s. */
@@ -578,7 +578,7 @@ static weft_status_t free_claimed(weft_block_t b, weft_stream_t *s) {
   st = keep ? weft__tracker_free_kept(s, &rec->acc) : weft__tracker_free_begin(s, &use, 1);
   if (st == WEFT_OK && weft__trace_on()) weft__trace_use(s, "weft_free", &traced, 1, t0);
   if (st == WEFT_OK && keep && weft__cache_put(s, rec)) {
-    free_announced(s, rec); /* the tag read atomically: another thread may hand the block out already */
+    free_announced(s, rec, true); /* the tag read atomically: another thread may hand the block out already */
     return WEFT_OK;
   }
   /* The cache had no room: the resource takes it, in s's context. CORRUPTED from the guard:
@@ -587,7 +587,7 @@ static weft_status_t free_claimed(weft_block_t b, weft_stream_t *s) {
   if (st == WEFT_OK && r != NULL) st = weft__resource_deallocate(r, rec->ptr, rec->bytes, s, rec->tag);
   if (st != WEFT_OK && st != WEFT_ERR_CORRUPTED) return undo_free(rec, st);
   if (c != NULL) weft__tracker_free_block(s, &rec->acc);
-  free_announced(s, rec);
+  free_announced(s, rec, false);
   weft__block_end(rec);
   return st;
 }

@@ -45,8 +45,11 @@ weft_status_t weft__cache_init(weft_runtime_t *rt) {
 
 /* Bytes every lane holds now, counted on the way in and out. */
 static void count(weft_runtime_t *rt, int64_t blocks, int64_t bytes) {
-  atomic_fetch_add_explicit(&rt->cached_blocks, (uint64_t)blocks, memory_order_relaxed);
-  atomic_fetch_add_explicit(&rt->cached_bytes, (uint64_t)bytes, memory_order_relaxed);
+  atomic_fetch_add_explicit(&rt->cached, WEFT__CACHED(blocks, bytes), memory_order_relaxed);
+}
+
+static uint64_t cached_bytes(const weft_runtime_t *rt) {
+  return WEFT__CACHED_BYTES(atomic_load_explicit(&rt->cached, memory_order_relaxed));
 }
 
 /* Removes slot i of lane c (locked). */
@@ -85,19 +88,20 @@ bool weft__cache_put(weft_stream_t *s, struct weft__block *rec) {
   uint64_t mine = 0;
   for (unsigned i = 0; i < c->n; i++) mine += c->slot[i]->bytes;
   /* Room is made in this lane only (its blocks can go back on s); other lanes' bytes count. */
-  uint64_t total = atomic_load_explicit(&rt->cached_bytes, memory_order_relaxed);
+  uint64_t total = cached_bytes(rt);
   if (total - (total >= mine ? mine : total) + rec->bytes > cap) {
     pthread_mutex_unlock(&c->lock);
     return false;
   }
   while (c->n > 0 && (c->n == WEFT__CACHE_SLOTS ||
-                      atomic_load_explicit(&rt->cached_bytes, memory_order_relaxed) + rec->bytes > cap)) {
+                      cached_bytes(rt) + rec->bytes > cap)) {
     old[n_old] = remove_slot(c, 0);
     count(rt, -1, -(int64_t)old[n_old]->bytes);
     n_old++;
   }
   weft__block_set_state(rec, WEFT__BLOCK_CACHED);
   c->slot[c->n++] = rec;
+  c->puts++;
   count(rt, 1, (int64_t)rec->bytes);
   pthread_mutex_unlock(&c->lock);
   for (unsigned i = 0; i < n_old; i++) (void)give_back(s, old[i]); /* a failure keeps the memory held */
@@ -114,6 +118,7 @@ struct weft__block *weft__cache_take(weft_stream_t *s, size_t bytes, weft_resour
     if (c->slot[i]->bytes == bytes && c->slot[i]->resource == r) {
       rec = remove_slot(c, i);
       count(rt, -1, -(int64_t)bytes);
+      c->takes++;
       c->fast_takes += fast;
       weft__block_set_state(rec, WEFT__BLOCK_FREEING);
       break;
@@ -160,8 +165,22 @@ void weft__cache_forget(weft_runtime_t *rt) {
   for (unsigned i = 0; i < WEFT__MAX_STREAMS; i++) {
     pthread_mutex_lock(&rt->cache[i].lock);
     rt->cache[i].n = 0;
+    rt->cache[i].takes = rt->cache[i].puts = rt->cache[i].fast_takes = 0;
     pthread_mutex_unlock(&rt->cache[i].lock);
   }
-  atomic_store(&rt->cached_blocks, 0);
-  atomic_store(&rt->cached_bytes, 0);
+  atomic_store(&rt->cached, 0);
+}
+
+void weft__cache_counts(weft_runtime_t *rt, uint64_t *takes, uint64_t *puts, uint64_t *blocks, uint64_t *bytes) {
+  *takes = *puts = 0;
+  for (unsigned i = 0; i < WEFT__MAX_STREAMS; i++) {
+    weft__stream_cache_t *c = &rt->cache[i];
+    pthread_mutex_lock(&c->lock);
+    *takes += c->takes;
+    *puts += c->puts;
+    pthread_mutex_unlock(&c->lock);
+  }
+  uint64_t v = atomic_load_explicit(&rt->cached, memory_order_relaxed);
+  *blocks = WEFT__CACHED_BLOCKS(v);
+  *bytes = WEFT__CACHED_BYTES(v);
 }

@@ -519,10 +519,11 @@ weft_status_t weft_runtime_counters(const weft_runtime_t *rt, weft_counters_t *o
   pthread_mutex_lock(tr->lock);
   *out = tr->counters;
   pthread_mutex_unlock(tr->lock);
-  out->allocs = atomic_load(&rt->allocs);
-  out->frees = atomic_load(&rt->frees);
-  out->cached_blocks = atomic_load(&rt->cached_blocks);
-  out->cached_bytes = atomic_load(&rt->cached_bytes);
+  /* The streams' caches count their own allocations and frees (cache.c). */
+  uint64_t takes, puts;
+  weft__cache_counts((weft_runtime_t *)rt, &takes, &puts, &out->cached_blocks, &out->cached_bytes);
+  out->allocs = atomic_load(&rt->allocs) + takes;
+  out->frees = atomic_load(&rt->frees) + puts;
   out->staged_copies = atomic_load(&rt->staged_copies);
   out->stage_buffers = atomic_load(&rt->stage_buffers);
   return WEFT_OK;

@@ -44,8 +44,18 @@ typedef struct weft__stream_cache {
   pthread_mutex_t lock; /* a leaf: nothing else is locked while it is held */
   struct weft__block *slot[WEFT__CACHE_SLOTS];
   unsigned n;
-  uint64_t fast_takes; /* blocks the allocation fast path took out (block.c; tests check it ran) */
+  /* Blocks handed out again and frees kept, counted under the lock: weft_runtime_counters adds
+   * them to allocs and frees, so the common pair makes no add to a counter every thread shares. */
+  uint64_t takes, puts;
+  uint64_t fast_takes; /* of takes, the allocation fast path's (block.c; tests check it ran) */
 } weft__stream_cache_t;
+
+/* Every lane's cached blocks and bytes in one word (weft_runtime_t.cached): one atomic add per
+ * take or put. Bytes below 2^48 (more than any device), blocks below 2^16 (at most
+ * WEFT__MAX_STREAMS * WEFT__CACHE_SLOTS). */
+#define WEFT__CACHED(blocks, bytes) (((uint64_t)(int64_t)(blocks) << 48) + (uint64_t)(int64_t)(bytes))
+#define WEFT__CACHED_BLOCKS(v) ((v) >> 48)
+#define WEFT__CACHED_BYTES(v) ((v) & ((1ull << 48) - 1))
 
 /** One allocation's record. */
 struct weft__block {
@@ -148,7 +158,7 @@ struct weft_runtime {
    * no guard or log (they must see every free). cached_* count every lane's blocks. */
   weft__stream_cache_t cache[WEFT__MAX_STREAMS];
   bool cache_on;
-  _Atomic uint64_t cached_blocks, cached_bytes;
+  _Atomic uint64_t cached; /* WEFT__CACHED(blocks, bytes) of every lane */
   /* This life's number (process-wide, from 1), and for each device d the life of d's runtime
    * whose memory this runtime's device was given access to (weft_runtime_enable_peer_access;
    * 0: none). A peer's new life has new pools, so the access is granted again. */
@@ -330,6 +340,9 @@ weft_status_t weft__cache_flush(weft_runtime_t *rt, bool strict);
 /** Forgets every lane's blocks without freeing them (the runtime's release frees them as live
  * records). */
 void weft__cache_forget(weft_runtime_t *rt);
+/** Every lane's blocks handed out again (*takes) and frees kept (*puts) so far, read under each
+ * lane's lock, and the cached blocks and bytes now: weft_runtime_counters' share of the cache. */
+void weft__cache_counts(weft_runtime_t *rt, uint64_t *takes, uint64_t *puts, uint64_t *blocks, uint64_t *bytes);
 
 /* ---- use.c -------------------------------------------------------------------------------------- */
 

@@ -209,15 +209,23 @@ static CUcontext primary_of(int device) {
   return c;
 }
 
+static weft_runtime_t *runtime_make(int device);
+
 /* The runtime of `device`, made on first use (the adapter's defaults, then the environment). */
-static weft_runtime_t *runtime_of(int device) {
+static inline weft_runtime_t *runtime_of(int device) {
+  weft_runtime_t *rt = device >= 0 && device < MAX_DEVICES ? atomic_load_explicit(&devices[device].rt, memory_order_acquire)
+                                                            : NULL;
+  return rt != NULL ? rt : runtime_make(device);
+}
+
+/* runtime_of's first call for a device (or a device out of range). */
+__attribute__((noinline)) static weft_runtime_t *runtime_make(int device) {
   if (device < 0 || device >= MAX_DEVICES) {
     fail(WEFT_ERR_INVALID_ARGUMENT, "weft_torch: device %d out of range (0..%d)", device, MAX_DEVICES - 1);
     return NULL;
   }
   device_t *d = &devices[device];
-  weft_runtime_t *rt = atomic_load_explicit(&d->rt, memory_order_acquire);
-  if (rt != NULL) return rt;
+  weft_runtime_t *rt;
   pthread_mutex_lock(&d->lock);
   rt = atomic_load_explicit(&d->rt, memory_order_relaxed);
   if (rt == NULL) {
@@ -644,7 +652,16 @@ static bool keep_free(device_t *d, CUdeviceptr ptr, weft_stream_t *s, CUstream r
  * lock and the frees run without it: a free may meet a capture and call on_capture, which locks. */
 static void destroy_released(int device, device_t *d);
 
-static void flush_kept(weft_runtime_t *rt, device_t *d) {
+static void flush_kept_now(weft_runtime_t *rt, device_t *d);
+
+static inline void flush_kept(weft_runtime_t *rt, device_t *d) {
+  if (atomic_load_explicit(&d->retry_destroy, memory_order_acquire) != 0 ||
+      atomic_load_explicit(&d->pending, memory_order_acquire) != 0)
+    flush_kept_now(rt, d);
+}
+
+/* flush_kept's work, where there is some. */
+__attribute__((noinline)) static void flush_kept_now(weft_runtime_t *rt, device_t *d) {
   if (atomic_load_explicit(&d->retry_destroy, memory_order_acquire) != 0 &&
       atomic_exchange_explicit(&d->retry_destroy, 0, memory_order_acq_rel) != 0)
     destroy_released((int)(d - devices), d); /* sets it again if a destroy fails again */
