@@ -12,6 +12,8 @@ With --total, prints only "instructions lines" of all the functions counted.
 import argparse
 import collections
 
+import callgrind_instr
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -21,23 +23,7 @@ def main():
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--total", action="store_true")
     a = ap.parse_args()
-    cost = collections.defaultdict(int)  # (object, function, address) -> instructions run
-    ob = fn = ""
-    skip = False
-    with open(a.profile) as f:
-        for line in f:
-            if skip:  # the line after calls= is the call's inclusive cost
-                skip = False
-                continue
-            if line.startswith("ob="):
-                ob = line[3:].strip()
-            elif line.startswith("fn="):
-                fn = line[3:].strip()
-            elif line.startswith("calls="):
-                skip = True
-            elif line.startswith("0x"):
-                addr, n = line.split()[:2]
-                cost[(ob, fn, int(addr, 16))] += int(n)
+    cost = callgrind_instr.costs(a.profile)  # (object, function, address) -> instructions run
     per_fn = collections.defaultdict(set)
     for (o, fname, addr), n in cost.items():
         if n >= a.min and a.object in o:

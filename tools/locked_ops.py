@@ -18,6 +18,8 @@ import collections
 import re
 import subprocess
 
+import callgrind_instr
+
 
 def symbols(binary):
     out = subprocess.run(["nm", "--defined-only", binary], capture_output=True, text=True, check=True).stdout
@@ -54,24 +56,10 @@ def main():
     name = a.binary.rsplit("/", 1)[-1]
     cost = collections.defaultdict(int)  # address -> run count, BINARY's object only
     first = {}  # function -> lowest address run
-    ob = fn = ""
-    skip = False
-    with open(a.profile) as f:
-        for line in f:
-            if skip:  # the line after calls= is the call's inclusive cost
-                skip = False
-                continue
-            if line.startswith("ob="):
-                ob = line[3:].strip()
-            elif line.startswith("fn="):
-                fn = line[3:].strip()
-            elif line.startswith("calls="):
-                skip = True
-            elif line.startswith("0x") and ob.endswith("/" + name):
-                addr, n = line.split()[:2]
-                addr = int(addr, 16)
-                cost[addr] += int(n)
-                first[fn] = min(first.get(fn, addr), addr)
+    for (ob, fn, addr), n in callgrind_instr.costs(a.profile).items():
+        if ob.endswith("/" + name):
+            cost[addr] += n
+            first[fn] = min(first.get(fn, addr), addr)
     sym = symbols(a.binary)
     # The load address: the most common difference between a function's entry as run and its
     # symbol (a function run from its first instruction gives the exact one).

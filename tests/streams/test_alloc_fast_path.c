@@ -23,6 +23,7 @@
 
 #include "lib/core/driver.h"
 #include "lib/runtime/runtime.h"
+#include "tests/streams/refusals.h"
 #include "tests/util/cmocka_env.h"
 
 #define N 256        /* elements a fill writes */
@@ -48,6 +49,17 @@ typedef struct run {
   uint64_t ops_alloc, ops_free, races, wrong;
 } run_t;
 
+/* A fresh runtime of `streams` pool streams (no high-priority one), lazy records or not, with
+ * the fast paths on or off. */
+static void fresh(tu_env_t *env, unsigned streams, unsigned lazy, bool fast) {
+  weft_options_t o = weft_options_default();
+  o.stream_count = streams;
+  o.high_priority_streams = 0;
+  o.lazy_records = lazy;
+  assert_int_equal(tu_init(env, &o), 0);
+  env->rt->tracker.no_fast_path = !fast;
+}
+
 static uint64_t fast_takes(const weft_runtime_t *rt) {
   uint64_t n = 0;
   for (unsigned i = 0; i < WEFT__MAX_STREAMS; i++) n += rt->cache[i].fast_takes;
@@ -64,13 +76,8 @@ static bool holds(weft_stream_t *s, weft_block_t b, unsigned value) {
 }
 
 static run_t run_program(uint64_t seed, unsigned lazy, bool fast) {
-  weft_options_t o = weft_options_default();
-  o.stream_count = 5;
-  o.high_priority_streams = 0;
-  o.lazy_records = lazy;
   tu_env_t env;
-  assert_int_equal(tu_init(&env, &o), 0);
-  env.rt->tracker.no_fast_path = !fast;
+  fresh(&env, 5, lazy, fast);
   weft_stream_t *s[STREAMS];
   for (unsigned i = 0; i < 5; i++) s[i] = tu_stream(&env, i);
   for (unsigned i = 2; i < 5; i++) assert_non_null(weft_stream_raw(s[i])); /* exposed */
@@ -188,12 +195,8 @@ static void test_programs_take_the_same_steps_eager(void **state) {
 static void foreign_capture(bool fast) {
   const weft__driver_t *d;
   assert_int_equal(weft__driver_get(&d), WEFT_OK);
-  weft_options_t o = weft_options_default();
-  o.stream_count = 2;
-  o.high_priority_streams = 0;
   tu_env_t env;
-  assert_int_equal(tu_init(&env, &o), 0);
-  env.rt->tracker.no_fast_path = !fast;
+  fresh(&env, 2, weft_options_default().lazy_records, fast);
   weft_stream_t *s = tu_stream(&env, 0);
   CUstream raw = weft_stream_raw(s);
   weft_block_t a, g, b;
@@ -242,17 +245,6 @@ static void test_a_capture_begun_outside_weft_is_met(void **state) {
 
 /* ---- refused calls ---------------------------------------------------------------------------- */
 
-typedef struct refusal {
-  weft_status_t st;
-  char message[512];
-} refusal_t;
-
-static refusal_t refusal(weft_status_t st) {
-  refusal_t r = {st, ""};
-  snprintf(r.message, sizeof r.message, "%s", st == WEFT_OK ? "" : weft_last_error());
-  return r;
-}
-
 /* The stream still allocates from its cache and frees into it. */
 static void still_usable(const tu_env_t *env, weft_stream_t *s) {
   weft_block_t b;
@@ -266,12 +258,8 @@ static void still_usable(const tu_env_t *env, weft_stream_t *s) {
  * a failed capture question is not one (s is not exposed: no question is asked), so the calls
  * fail on the exposed stream s1 only. */
 static size_t refusals(bool fast, refusal_t *out) {
-  weft_options_t o = weft_options_default();
-  o.stream_count = 2;
-  o.high_priority_streams = 0;
   tu_env_t env;
-  assert_int_equal(tu_init(&env, &o), 0);
-  env.rt->tracker.no_fast_path = !fast;
+  fresh(&env, 2, weft_options_default().lazy_records, fast);
   weft_stream_t *s = tu_stream(&env, 0), *s1 = tu_stream(&env, 1);
   assert_non_null(weft_stream_raw(s1)); /* exposed */
   size_t k = 0;
@@ -325,12 +313,7 @@ static void test_refused_calls_are_the_general_paths(void **state) {
   refusal_t fast[32], slow[32];
   size_t n = refusals(true, fast);
   assert_int_equal(refusals(false, slow), n);
-  for (size_t i = 0; i < n; i++) {
-    printf("call %zu: %s: %s\n", i, weft_status_name(fast[i].st), fast[i].message);
-    assert_int_not_equal(fast[i].st, WEFT_OK);
-    assert_int_equal(fast[i].st, slow[i].st);
-    assert_string_equal(fast[i].message, slow[i].message);
-  }
+  same_refusals(fast, slow, n);
 }
 
 int main(void) {

@@ -20,6 +20,7 @@
 
 #include "lib/runtime/runtime.h"
 #include "tests/streams/program.h"
+#include "tests/streams/refusals.h"
 
 static unsigned seeds(void) {
   const char *e = getenv("WEFT_TEST_SEEDS");
@@ -114,17 +115,6 @@ static void test_split_uses_on_exposed_streams_take_the_same_steps_eager(void **
 
 /* ---- refused calls ---------------------------------------------------------------------------- */
 
-typedef struct refusal {
-  weft_status_t st;
-  char message[512];
-} refusal_t;
-
-static refusal_t refusal(weft_status_t st) {
-  refusal_t r = {st, ""};
-  snprintf(r.message, sizeof r.message, "%s", st == WEFT_OK ? "" : weft_last_error());
-  return r;
-}
-
 /* Every refused call of the fast path's entries, on a fresh runtime, with the fast path on or
  * off; out[i] gets the i-th call's status and message. Each refusal leaves the stream usable:
  * the use that follows it succeeds. Returns how many calls it made. */
@@ -181,12 +171,7 @@ static void test_refused_calls_are_the_general_paths(void **state) {
   refusal_t fast[16], slow[16];
   size_t n = refusals(true, fast);
   assert_int_equal(refusals(false, slow), n);
-  for (size_t i = 0; i < n; i++) {
-    printf("call %zu: %s: %s\n", i, weft_status_name(fast[i].st), fast[i].message);
-    assert_int_not_equal(fast[i].st, WEFT_OK);
-    assert_int_equal(fast[i].st, slow[i].st);
-    assert_string_equal(fast[i].message, slow[i].message);
-  }
+  same_refusals(fast, slow, n);
 }
 
 int main(void) {
