@@ -392,6 +392,14 @@ static weft__lanes_t needs_locked(weft__tracker_t *tr, const weft__domain_t *d, 
   return mask;
 }
 
+/* Whether issue_locked makes a driver call for `nd` on s (lock held, live domain): only for a
+ * need, or to record a tick left unrecorded on a lane that does not defer it (weft__clock_flush).
+ * Else neither it nor s's context is needed. */
+static bool issue_calls_driver(const weft__domain_t *d, const weft_stream_t *s, const needs_t *nd) {
+  const weft__lane_t *l = &d->lane[s->lane];
+  return nd->mask != 0 || (!l->deferred && l->recorded != l->tick);
+}
+
 /* Issues the waits needs_locked found: s's pending tick first, so that its event sits at its
  * point rather than after these waits (a deferred one, lazy records, is joined instead). */
 static weft_status_t issue_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const needs_t *nd) {
@@ -614,7 +622,8 @@ enum { DO_BEGIN = 1, DO_END = 2, DO_OPEN = 4, DO_CLOSE = 8, DO_RESTART = 16, DO_
 /* DO_FREE's step (lock held, live domain): on an exposed stream, a pending tick. */
 static void free_point(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s) {
   if (!atomic_load_explicit(&s->exposed, memory_order_relaxed)) return;
-  weft__lane_t *l = &d->lane[weft__at(d, s)];
+  unsigned at = weft__at(d, s);
+  weft__lane_t *l = &d->lane[at];
   /* A pending tick, recorded when another stream or the host needs it (lazy records: the next
    * free's begin does not record it; weft__clock_slot records it for others, never into an
    * outside capture), or at the next begin on s. */
@@ -622,7 +631,7 @@ static void free_point(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s)
     (void)weft__clock_defer(d, s);
   } else {
     l->dirty = true;
-    weft__clock_publish(d, weft__at(d, s));
+    weft__clock_publish(d, at);
   }
 }
 
@@ -758,10 +767,7 @@ static bool live_begin(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s,
   weft__lanes_t busy;
   (void)needs_locked(tr, d, s, uses, n, &nd, &busy);
   if (busy != 0) return false;
-  /* issue_locked makes a driver call only for a need, or to record a tick left unrecorded on a
-   * lane that does not defer it (weft__clock_flush): else neither it nor the context is needed. */
-  const weft__lane_t *l = &d->lane[s->lane];
-  bool issues = nd.mask != 0 || (!l->deferred && l->recorded != l->tick);
+  bool issues = issue_calls_driver(d, s, &nd);
   *st = issues ? weft__tracker_bind(tr) : WEFT_OK;
   if (*st == WEFT_OK && issues) *st = issue_locked(tr, d, s, &nd);
   return true;
@@ -824,20 +830,19 @@ static bool split_live(weft_stream_t *s, const weft__use_t *uses, size_t n, uint
  * steps of run_use's DO_BEGIN | DO_RESTART | DO_FREE, the context bound only where the waits make
  * a driver call (weft_free's fast path did not bind it). False, the lock released, where run_use
  * must take the free. */
-static bool free_live(weft_stream_t *s, weft__access_state_t *a, weft_status_t *out) {
+static bool free_live(weft_stream_t *s, const weft__use_t *use, weft_status_t *out) {
   weft__tracker_t *tr = s->tr;
-  weft__use_t use = {a, 2u /* WEFT_WRITE */, 0};
   lock(tr);
   weft__domain_t *d = tr->live;
   weft_status_t st;
-  if (!live_plain(tr, d, s, &use, 1) || !live_begin(tr, d, s, &use, 1, &st)) {
+  if (!live_plain(tr, d, s, use, 1) || !live_begin(tr, d, s, use, 1, &st)) {
     unlock(tr);
     return false;
   }
   tr->fast_frees++;
   if (st == WEFT_OK) {
     free_point(tr, d, s);
-    restart_at(tr, d, s, a);
+    restart_at(tr, d, s, use->state);
   }
   WEFT_ASSERT_EXPENSIVE(lane_is_valid(d, s->lane));
   unlock(tr);
@@ -846,9 +851,9 @@ static bool free_live(weft_stream_t *s, weft__access_state_t *a, weft_status_t *
 }
 
 weft_status_t weft__tracker_free_kept(weft_stream_t *s, weft__access_state_t *st) {
-  weft_status_t r;
-  if (free_live(s, st, &r)) return r;
   weft__use_t use = {st, 2u /* WEFT_WRITE */, 0};
+  weft_status_t r;
+  if (free_live(s, &use, &r)) return r;
   return (r = weft__tracker_bind(s->tr)) == WEFT_OK ? run_use(s, &use, 1, DO_BEGIN | DO_RESTART | DO_FREE, NULL, NULL, 0)
                                                   : r;
 }
@@ -901,8 +906,7 @@ again:
   }
   /* The waits; a stream's context is bound only when it gets a driver call. */
   for (size_t i = 0; i < k && st == WEFT_OK; i++) {
-    const weft__lane_t *l = &d->lane[s[i]->lane];
-    if ((need[i].mask != 0 || (!l->deferred && l->recorded != l->tick)) && (st = weft__tracker_bind(s[i]->tr)) != WEFT_OK) break;
+    if (issue_calls_driver(d, s[i], &need[i]) && (st = weft__tracker_bind(s[i]->tr)) != WEFT_OK) break;
     st = issue_locked(s[i]->tr, d, s[i], &need[i]);
   }
   if (st != WEFT_OK) goto out; /* waits issued stay (harmless, conservative); nothing recorded */

@@ -417,7 +417,7 @@ weft_status_t weft_block_find(weft_runtime_t *rt, CUdeviceptr ptr, weft_block_t 
 }
 
 static weft_status_t free_on_prepared(weft_block_t b, weft_stream_t *s);
-static weft_status_t free_or_defer(weft_block_t b, weft_stream_t *s, weft_status_t prepared);
+static inline weft_status_t free_or_defer(weft_block_t b, weft_stream_t *s, weft_status_t prepared);
 
 weft_status_t weft_free_ptr(weft_runtime_t *rt, CUdeviceptr ptr, weft_stream_t *s) {
   if (weft__runtime_check(rt, "weft_free_ptr") == NULL) return weft__runtime_check_status(rt);
@@ -494,7 +494,7 @@ static bool legacy_blocked(const weft_stream_t *s, weft_status_t prepared) {
 /* The free of a prepared stream, or, on the legacy stream while a blocking stream captures, the
  * claim now and the free later (weft__runtime_flush_deferred), as PyTorch's allocator defers
  * its frees during a capture. */
-static weft_status_t free_or_defer(weft_block_t b, weft_stream_t *s, weft_status_t prepared) {
+static inline weft_status_t free_or_defer(weft_block_t b, weft_stream_t *s, weft_status_t prepared) {
   if (prepared == WEFT_OK) return free_on_prepared(b, s);
   if (!legacy_blocked(s, prepared)) return prepared;
   weft_status_t st = claim_for_free(b, s);
@@ -596,8 +596,7 @@ weft_status_t weft_free(weft_block_t b, weft_stream_t *s) {
   if (b.rec == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_free: the block handle is null");
   /* The fast path (above weft_alloc): s ready without binding, no deferred free to make first. */
   weft_status_t prepared;
-  if (s != NULL && weft__stream_ready(s, &prepared))
-    return prepared == WEFT_OK ? free_on_prepared(b, s) : free_or_defer(b, s, prepared);
+  if (s != NULL && weft__stream_ready(s, &prepared)) return free_or_defer(b, s, prepared);
   weft_status_t st = weft__stream_check(s, "weft_free");
   if (st != WEFT_OK) return st;
   weft__runtime_flush_deferred(s->runtime);
