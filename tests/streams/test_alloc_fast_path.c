@@ -6,7 +6,8 @@
  *   captures begun outside weft) and one the adopted legacy stream, each run on a fresh runtime
  *   with the fast path and without it, allocate and free as often, cache as many blocks, issue
  *   the same waits, skip the same, record the same events, with no race and every block's data
- *   right; with lazy and eager records. The fast path must have taken most allocations and frees
+ *   right; with lazy and eager records, and with rings of 4 events (waits then served by newer
+ *   events: the same ring evictions either way). The fast path must have taken most allocations and frees
  *   (rt->cache[].fast_takes, tracker.fast_frees), else the comparison proves nothing;
  * - a capture begun outside weft on an exposed stream is met: the allocation inside it is not
  *   handed the stream's cached block;
@@ -49,13 +50,14 @@ typedef struct run {
   uint64_t ops_alloc, ops_free, races, wrong;
 } run_t;
 
-/* A fresh runtime of `streams` pool streams (no high-priority one), lazy records or not, with
- * the fast paths on or off. */
-static void fresh(tu_env_t *env, unsigned streams, unsigned lazy, bool fast) {
+/* A fresh runtime of `streams` pool streams (no high-priority one), lazy records or not, event
+ * rings of `ring` events (0: the default), with the fast paths on or off. */
+static void fresh(tu_env_t *env, unsigned streams, unsigned lazy, unsigned ring, bool fast) {
   weft_options_t o = weft_options_default();
   o.stream_count = streams;
   o.high_priority_streams = 0;
   o.lazy_records = lazy;
+  if (ring != 0) o.event_ring = ring;
   assert_int_equal(tu_init(env, &o), 0);
   env->rt->tracker.no_fast_path = !fast;
 }
@@ -75,9 +77,9 @@ static bool holds(weft_stream_t *s, weft_block_t b, unsigned value) {
   return true;
 }
 
-static run_t run_program(uint64_t seed, unsigned lazy, bool fast) {
+static run_t run_program(uint64_t seed, unsigned lazy, unsigned ring, bool fast) {
   tu_env_t env;
-  fresh(&env, 5, lazy, fast);
+  fresh(&env, 5, lazy, ring, fast);
   weft_stream_t *s[STREAMS];
   for (unsigned i = 0; i < 5; i++) s[i] = tu_stream(&env, i);
   for (unsigned i = 2; i < 5; i++) assert_non_null(weft_stream_raw(s[i])); /* exposed */
@@ -139,23 +141,25 @@ static run_t run_program(uint64_t seed, unsigned lazy, bool fast) {
   DELTA(waits_skipped);
   DELTA(events_recorded);
   DELTA(late_waits);
+  DELTA(ring_evictions);
 #undef DELTA
   assert_true(weft__tracker_is_valid(&env.rt->tracker));
   tu_fini(&env);
   return r;
 }
 
-static void same_steps(unsigned lazy) {
+static void same_steps(unsigned lazy, unsigned ring) {
   for (unsigned seed = 1; seed <= seeds(); seed++) {
-    run_t a = run_program(seed, lazy, true), b = run_program(seed, lazy, false);
+    run_t a = run_program(seed, lazy, ring, true), b = run_program(seed, lazy, ring, false);
     printf("%s records, seed %u: allocs %llu / %llu (fast %llu / %llu), frees %llu / %llu (fast %llu / %llu), "
-           "cached %llu / %llu, waits %llu / %llu, events %llu / %llu\n",
+           "cached %llu / %llu, waits %llu / %llu, events %llu / %llu, ring evictions %llu / %llu\n",
            lazy ? "lazy" : "eager", seed, (unsigned long long)a.c.allocs, (unsigned long long)b.c.allocs,
            (unsigned long long)a.fast_allocs, (unsigned long long)b.fast_allocs, (unsigned long long)a.c.frees,
            (unsigned long long)b.c.frees, (unsigned long long)a.fast_frees, (unsigned long long)b.fast_frees,
            (unsigned long long)a.cached, (unsigned long long)b.cached, (unsigned long long)a.c.waits_issued,
            (unsigned long long)b.c.waits_issued, (unsigned long long)a.c.events_recorded,
-           (unsigned long long)b.c.events_recorded);
+           (unsigned long long)b.c.events_recorded, (unsigned long long)a.c.ring_evictions,
+           (unsigned long long)b.c.ring_evictions);
     assert_int_equal(a.races, 0);
     assert_int_equal(b.races, 0);
     assert_int_equal(a.wrong, 0);
@@ -174,17 +178,23 @@ static void same_steps(unsigned lazy) {
     assert_int_equal(a.c.waits_skipped, b.c.waits_skipped);
     assert_int_equal(a.c.events_recorded, b.c.events_recorded);
     assert_int_equal(a.c.late_waits, b.c.late_waits);
+    assert_int_equal(a.c.ring_evictions, b.c.ring_evictions);
     assert_true(a.c.waits_issued > 0); /* frees and reads on other streams: edges to compare */
+    if (ring != 0) assert_true(a.c.ring_evictions > 0); /* small rings: waits served by newer events */
   }
 }
 
 static void test_programs_take_the_same_steps_lazy(void **state) {
   (void)state;
-  same_steps(1);
+  same_steps(1, 0);
 }
 static void test_programs_take_the_same_steps_eager(void **state) {
   (void)state;
-  same_steps(0);
+  same_steps(0, 0);
+}
+static void test_programs_take_the_same_steps_small_rings(void **state) {
+  (void)state;
+  same_steps(1, 4);
 }
 
 /* ---- a capture begun outside weft ------------------------------------------------------------- */
@@ -196,7 +206,7 @@ static void foreign_capture(bool fast) {
   const weft__driver_t *d;
   assert_int_equal(weft__driver_get(&d), WEFT_OK);
   tu_env_t env;
-  fresh(&env, 2, weft_options_default().lazy_records, fast);
+  fresh(&env, 2, weft_options_default().lazy_records, 0, fast);
   weft_stream_t *s = tu_stream(&env, 0);
   CUstream raw = weft_stream_raw(s);
   weft_block_t a, g, b;
@@ -259,7 +269,7 @@ static void still_usable(const tu_env_t *env, weft_stream_t *s) {
  * fail on the exposed stream s1 only. */
 static size_t refusals(bool fast, refusal_t *out) {
   tu_env_t env;
-  fresh(&env, 2, weft_options_default().lazy_records, fast);
+  fresh(&env, 2, weft_options_default().lazy_records, 0, fast);
   weft_stream_t *s = tu_stream(&env, 0), *s1 = tu_stream(&env, 1);
   assert_non_null(weft_stream_raw(s1)); /* exposed */
   size_t k = 0;
@@ -320,6 +330,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_programs_take_the_same_steps_lazy),
       cmocka_unit_test(test_programs_take_the_same_steps_eager),
+      cmocka_unit_test(test_programs_take_the_same_steps_small_rings),
       cmocka_unit_test(test_a_capture_begun_outside_weft_is_met),
       cmocka_unit_test(test_refused_calls_are_the_general_paths),
   };
