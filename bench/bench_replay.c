@@ -6,6 +6,9 @@
  * Wall time per step is measured over many steps ending in one synchronisation; host time per
  * launch is the launch loop alone. Goal (issue 6): weft replay within 1% of the raw graph.
  * Then the memory of the two graph memory policies for a step with temporaries. */
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bench/bench.h"
@@ -128,17 +131,70 @@ static double eager_weft(void *arg) {
   return us;
 }
 
+/* ---- the floor of a tracker (diagnostic rows) ----
+ * The least any thread-safe tracker must do for each kernel of the step, written out by hand: in
+ * one hold of a mutex, read the histories of the two blocks the kernel touches (the last write:
+ * stream and tick; the newest read of each stream), decide whether the kernel's stream must wait
+ * for the other stream (it knows what it waited for before), and write the histories back. The
+ * waits and records themselves are the hand-placed ones, and the model must find exactly their
+ * places (checked: a mismatch aborts the run). Its rows bound weft from below: what a tracker built
+ * on a lock costs beside real launches before any code of its own; "two holds" is weft's shape (a
+ * hold before the work and one after, so that no lock is held while the work is enqueued). */
+typedef struct hist {
+  unsigned wlane;
+  uint64_t wtick, rtick[2];
+} hist_t;
+typedef struct floor_model {
+  pthread_mutex_t m;
+  hist_t h[2];      /* [0]: the a buffer, [1]: the c buffer */
+  uint64_t tick[2]; /* each stream's newest tick */
+  uint64_t seen[2]; /* the other stream's tick each stream waited for */
+} floor_model_t;
+static floor_model_t g_floor = {.m = PTHREAD_MUTEX_INITIALIZER};
+
+/* One kernel's bookkeeping on stream `side`, writing block `out` and reading block `in`: returns
+ * whether it must wait for the other stream. */
+static bool floor_use(unsigned side, unsigned out, unsigned in, int holds) {
+  floor_model_t *f = &g_floor;
+  pthread_mutex_lock(&f->m);
+  uint64_t k = ++f->tick[side];
+  uint64_t need = 0;
+  const hist_t *ho = &f->h[out], *hi = &f->h[in];
+  if (ho->wlane != side && ho->wtick > need) need = ho->wtick;
+  if (ho->rtick[side ^ 1] > need) need = ho->rtick[side ^ 1];
+  if (hi->wlane != side && hi->wtick > need) need = hi->wtick;
+  bool wait = need > f->seen[side];
+  if (wait) f->seen[side] = f->tick[side ^ 1];
+  f->h[out] = (hist_t){side, k, {0, 0}};
+  f->h[in].rtick[side] = k;
+  if (holds == 2) { /* weft's shape: the work is enqueued between two holds */
+    pthread_mutex_unlock(&f->m);
+    pthread_mutex_lock(&f->m);
+  }
+  pthread_mutex_unlock(&f->m);
+  return wait;
+}
+
 /* The hand-placed step; `every` records an event after every kernel (the wait still only every
  * RUN kernels, on the last one): what weft's lanes do once another stream waits on them, so the
- * difference to the plain hand-placed step is what those records cost (a diagnostic row). */
-static double eager_hand_records(eager2_t *e, int every) {
+ * difference to the plain hand-placed step is what those records cost (a diagnostic row).
+ * `holds` (1 or 2) runs the floor model's bookkeeping before each launch (0: none). */
+static double eager_hand_records(eager2_t *e, int every, int holds) {
   step_t *st = e->st;
   const weft__driver_t *d = st->b->drv;
+  memset(g_floor.h, 0, sizeof g_floor.h);
+  memset(g_floor.tick, 0, sizeof g_floor.tick);
+  memset(g_floor.seen, 0, sizeof g_floor.seen);
   uint64_t t0 = bench_now_ns();
   for (unsigned i = 0; i < e->steps; i++)
     for (unsigned k = 0; k < KERNELS; k++) {
       unsigned side = (k / RUN) % 2;
-      if (k % RUN == 0 && (k > 0 || i > 0)) BENCH_CU(d->cuStreamWaitEvent(e->raw[side], e->ev[side ^ 1], 0));
+      bool wait = k % RUN == 0 && (k > 0 || i > 0);
+      if (holds != 0 && floor_use(side, k % 2 ? 0 : 1, k % 2 ? 1 : 0, holds) != wait) {
+        fprintf(stderr, "bench: the floor model placed a wait differently (step %u, kernel %u)\n", i, k);
+        abort();
+      }
+      if (wait) BENCH_CU(d->cuStreamWaitEvent(e->raw[side], e->ev[side ^ 1], 0));
       CUdeviceptr out = k % 2 ? e->ra : e->rc, in = k % 2 ? e->rc : e->ra;
       void *params[] = {&out, &in, &st->n, &st->iters};
       BENCH_CU(d->cuLaunchKernel(st->b->lcg, (st->n + 255) / 256, 1, 1, 256, 1, 1, 0, e->raw[side], params, NULL));
@@ -148,8 +204,10 @@ static double eager_hand_records(eager2_t *e, int every) {
   return (double)(bench_now_ns() - t0) / e->steps / 1e3;
 }
 
-static double eager_hand(void *arg) { return eager_hand_records(arg, 0); }
-static double eager_hand_every(void *arg) { return eager_hand_records(arg, 1); }
+static double eager_hand(void *arg) { return eager_hand_records(arg, 0, 0); }
+static double eager_hand_every(void *arg) { return eager_hand_records(arg, 1, 0); }
+static double eager_floor1(void *arg) { return eager_hand_records(arg, 0, 1); }
+static double eager_floor2(void *arg) { return eager_hand_records(arg, 0, 2); }
 
 static void eager_two_streams(bench_t *b, weft_runtime_t *rt, step_t *st) {
   const weft__driver_t *d = b->drv;
@@ -174,13 +232,17 @@ static void eager_two_streams(bench_t *b, weft_runtime_t *rt, step_t *st) {
                     en[] = "hand-placed events + an event record after every kernel (diagnostic)",
                     xn[] = "weft eager, 2 streams, one exposed by weft_stream_raw (diagnostic)",
                     yn[] = "weft eager, 2 streams turned eager before each sample (diagnostic)";
-  bench_series_t series[5] = {{wn, hn, NULL, eager_weft, &w[0]},
+  static const char f1[] = "hand-placed events + the floor of a tracker: one mutex hold per kernel (diagnostic)",
+                    f2[] = "hand-placed events + the floor of a tracker: two mutex holds per kernel (diagnostic)";
+  bench_series_t series[7] = {{wn, hn, NULL, eager_weft, &w[0]},
                               {hn, NULL, NULL, eager_hand, &e},
                               {en, hn, NULL, eager_hand_every, &e},
                               {xn, hn, NULL, eager_weft, &w[1]},
-                              {yn, hn, NULL, eager_weft, &w[2]}};
-  double med[5];
-  bench_measure(b, "replay", "us per eager step, an edge every 10 kernels", "us", series, 5, med);
+                              {yn, hn, NULL, eager_weft, &w[2]},
+                              {f1, hn, NULL, eager_floor1, &e},
+                              {f2, hn, NULL, eager_floor2, &e}};
+  double med[7];
+  bench_measure(b, "replay", "us per eager step, an edge every 10 kernels", "us", series, 7, med);
   static const char *const names[3] = {wn, xn, yn};
   for (int i = 0; i < 3; i++)
     bench_sample(b, "replay", names[i], "events recorded per eager step (last sample)", "events", NULL, NULL, 0,
@@ -190,8 +252,10 @@ static void eager_two_streams(bench_t *b, weft_runtime_t *rt, step_t *st) {
   bench_table(cols, 4);
   printf("| %s | %.2f | %.3fx | %.1f |\n| %s | %.2f | baseline | 10 |\n| %s | %.2f | %.3fx | 100 |\n", wn, med[0],
          med[0] / med[1], w[0].events, hn, med[1], en, med[2], med[2] / med[1]);
-  printf("| %s | %.2f | %.3fx | %.1f |\n| %s | %.2f | %.3fx | %.1f |\n\n", xn, med[3], med[3] / med[1], w[1].events, yn,
+  printf("| %s | %.2f | %.3fx | %.1f |\n| %s | %.2f | %.3fx | %.1f |\n", xn, med[3], med[3] / med[1], w[1].events, yn,
          med[4], med[4] / med[1], w[2].events);
+  printf("| %s | %.2f | %.3fx | 10 |\n| %s | %.2f | %.3fx | 10 |\n\n", f1, med[5], med[5] / med[1], f2, med[6],
+         med[6] / med[1]);
   for (int k = 0; k < 2; k++) BENCH_WEFT(weft_free(e.late[k], w[2].on[0]));
   BENCH_CU(d->cuMemFree(e.ra));
   BENCH_CU(d->cuMemFree(e.rc));

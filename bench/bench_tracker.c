@@ -180,6 +180,20 @@ static void two_locks(lctx_t *l) {
   one_lock(l);
   one_lock(l);
 }
+/* The same two holds on a bare lock word (a compare-and-swap to take it, an exchange to give it
+ * back; the futex calls of a contended lock never run here): what glibc's mutex adds to the two
+ * locked instructions every lock needs. */
+static _Atomic unsigned g_word;
+static inline void word_hold(void) {
+  unsigned z = 0;
+  while (!atomic_compare_exchange_weak_explicit(&g_word, &z, 1, memory_order_acquire, memory_order_relaxed)) z = 0;
+  (void)atomic_exchange_explicit(&g_word, 0, memory_order_release);
+}
+static void two_words(lctx_t *l) {
+  (void)l;
+  word_hold();
+  word_hold();
+}
 static void one_rmw(lctx_t *l) {
   (void)l;
   static _Atomic unsigned long word;
@@ -238,7 +252,7 @@ static void launch_breakdown(bench_t *b, weft_runtime_t *rt, weft_stream_t *s, w
   BENCH_WEFT(weft_alloc(rt, 1024, s, "launch", &l.blk));
   BENCH_WEFT(weft_block_ptr(l.blk, &l.ptr));
   /* Row 1 is the baseline; the printed summary below names rows by index. */
-  enum { NL = 16 };
+  enum { NL = 18 };
   lrow_t rows[NL] = {
       {"weft_launch, 1 access, a stream nobody waits on", NULL, WEFT_LAUNCH, NULL, &l},
       {"cuLaunchKernel, a raw stream", NULL, RAW, NULL, &l},
@@ -254,6 +268,8 @@ static void launch_breakdown(bench_t *b, weft_runtime_t *rt, weft_stream_t *s, w
       {"cuCtxGetCurrent, then cuLaunchKernel (diagnostic)", ctx_get, RAW, NULL, &l},
       {"two mutex lock-unlock pairs alone (diagnostic)", two_locks, NO_LAUNCH, NULL, &l},
       {"two mutex lock-unlock pairs, then cuLaunchKernel (diagnostic)", two_locks, RAW, NULL, &l},
+      {"two lock-word holds alone (diagnostic)", two_words, NO_LAUNCH, NULL, &l},
+      {"two lock-word holds, then cuLaunchKernel (diagnostic)", two_words, RAW, NULL, &l},
       {"16 KiB of code run alone (diagnostic)", code_walk, NO_LAUNCH, NULL, &l},
       {"16 KiB of code run, then cuLaunchKernel (diagnostic)", code_walk, RAW, NULL, &l},
   };
