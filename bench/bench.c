@@ -9,6 +9,7 @@
  * numbers: that run proves the harness works (CI runs it with --quick as //bench:bench_smoke).
  * CSV goes to $OUT/bench.csv when OUT is set (the GPU machine's result folder), else ./bench.csv.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -117,4 +118,44 @@ int main(int argc, char **argv) {
   BENCH_CU(b.drv->cuDeviceGet(&dev, 0));
   BENCH_CU(b.drv->cuDevicePrimaryCtxRelease(dev));
   return 0;
+}
+
+/* ---- the floor of a tracker (bench.h) ---- */
+
+typedef struct floor_hist {
+  unsigned wlane;
+  uint64_t wtick, rtick[2];
+} floor_hist_t;
+static struct {
+  pthread_mutex_t m;
+  floor_hist_t h[4];
+  uint64_t tick[2]; /* each stream's newest tick */
+  uint64_t seen[2]; /* the other stream's tick each stream waited for */
+} g_floor = {.m = PTHREAD_MUTEX_INITIALIZER};
+
+void bench_floor_reset(void) {
+  pthread_mutex_lock(&g_floor.m);
+  memset(g_floor.h, 0, sizeof g_floor.h);
+  memset(g_floor.tick, 0, sizeof g_floor.tick);
+  memset(g_floor.seen, 0, sizeof g_floor.seen);
+  pthread_mutex_unlock(&g_floor.m);
+}
+
+bool bench_floor_use(unsigned side, int out, int in, int holds) {
+  pthread_mutex_lock(&g_floor.m);
+  uint64_t k = ++g_floor.tick[side], need = 0;
+  const floor_hist_t *ho = &g_floor.h[out];
+  if (ho->wlane != side && ho->wtick > need) need = ho->wtick;
+  if (ho->rtick[side ^ 1] > need) need = ho->rtick[side ^ 1];
+  if (in >= 0 && g_floor.h[in].wlane != side && g_floor.h[in].wtick > need) need = g_floor.h[in].wtick;
+  bool wait = need > g_floor.seen[side];
+  if (wait) g_floor.seen[side] = g_floor.tick[side ^ 1];
+  g_floor.h[out] = (floor_hist_t){side, k, {0, 0}};
+  if (in >= 0) g_floor.h[in].rtick[side] = k;
+  if (holds == 2) { /* weft's shape: the work is enqueued between two holds */
+    pthread_mutex_unlock(&g_floor.m);
+    pthread_mutex_lock(&g_floor.m);
+  }
+  pthread_mutex_unlock(&g_floor.m);
+  return wait;
 }

@@ -11,6 +11,7 @@
 #ifndef WEFT_BENCH_BENCH_H
 #define WEFT_BENCH_BENCH_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <time.h>
@@ -66,6 +67,22 @@ _Noreturn void bench_die(const char *what);
 /** Gets device 0's runtime with `opts`; the bench holds the only reference, so releasing it
  * destroys it and the next section can create it with other options. */
 weft_runtime_t *bench_runtime(const weft_options_t *opts);
+
+/* ---- the floor of a tracker (bench.c) ----
+ * The least any thread-safe dependency tracker must do for one use, written out by hand for the
+ * diagnostic rows "the floor of a tracker": in one hold of a mutex, read the history of each block
+ * the use touches (the last write: stream and tick; the newest read of each stream), decide
+ * whether the use's stream must wait for the other stream (it remembers what it waited for), and
+ * write the histories back. Two streams (0, 1) and four blocks (0-3). The waits and records
+ * themselves are the caller's, placed by hand. Its rows bound weft from below: what a tracker
+ * built on a lock costs beside real driver calls before any code of its own. */
+
+/** Forgets every history (before each sample). */
+void bench_floor_reset(void);
+/** One use on stream `side` (0 or 1) writing block `out` and reading block `in` (-1: none), in
+ * `holds` mutex holds (1, or 2: weft's shape, a hold before the work and one after): returns
+ * whether the use must wait for the other stream. */
+bool bench_floor_use(unsigned side, int out, int in, int holds);
 
 /* ---- report.c ----------------------------------------------------------------------------- */
 

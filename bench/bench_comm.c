@@ -53,8 +53,10 @@ typedef struct pair {
  *               raw NCCL, medians, are the last two columns).
  *   RAW_JOINT   raw NCCL on weft's streams run inside weft's joint use of both ranks (the work of
  *               weft_comm_group_end's use, NCCL where weft_comm_group_end calls it), without the
- *               communicator layer's calls: weft minus this is what the layer's calls cost. */
-enum { RAW, WEFT, RAW_RECORD, RAW_SWITCH, RAW_PROBE, RAW_ON_WEFT, RAW_BOOK, RAW_BOOK_FIRST, RAW_JOINT };
+ *               communicator layer's calls: weft minus this is what the layer's calls cost;
+ *   RAW_FLOOR   raw NCCL, then the floor of a tracker (bench.h) for each rank's buffer: what the
+ *               least thread-safe tracker would add (one mutex hold and the history of each block). */
+enum { RAW, WEFT, RAW_RECORD, RAW_SWITCH, RAW_PROBE, RAW_ON_WEFT, RAW_BOOK, RAW_BOOK_FIRST, RAW_JOINT, RAW_FLOOR };
 
 static weft_status_t no_work(weft_stream_t *s, void *arg) {
   (void)s;
@@ -113,6 +115,8 @@ static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, u
       if (how == RAW_BOOK_FIRST) joint(p, no_work, NULL);
       raw_all_reduce(nl, p, count, how == RAW_ON_WEFT ? p->wraw : p->raw);
       if (how == RAW_BOOK) joint(p, no_work, NULL);
+      for (int r = 0; r < 2 && how == RAW_FLOOR; r++)
+        if (bench_floor_use((unsigned)r, r, -1, 1)) bench_die("the floor of a tracker placed a wait between ranks");
       for (int r = 0; r < 2 && how == RAW_RECORD; r++) BENCH_CU(b->drv->cuEventRecord(p->ev[r], p->raw[r]));
       for (int r = 1; r >= 0 && how == RAW_SWITCH; r--) BENCH_CU(b->drv->cuCtxSetCurrent(p->ctx[r]));
       for (int r = 0; r < 4 && how == RAW_PROBE; r++) {
@@ -295,14 +299,14 @@ void bench_comm(bench_t *b) {
                                      "raw on weft's streams host us", "raw + weft's bookkeeping host us",
                                      "raw + weft's bookkeeping first host us", "bookkeeping after - raw host us",
                                      "bookkeeping first - raw host us", "raw NCCL inside weft's joint use us",
-                                     "joint use / raw"};
-  bench_table(cols, 18);
+                                     "joint use / raw", "raw + the floor of a tracker host us"};
+  bench_table(cols, 19);
   for (size_t count = MIB / 4; count <= max_count; count *= 4) {
     unsigned iters = comm_iters(b, count);
     double w[BENCH_MAX_REPS], raw[BENCH_MAX_REPS], ratio[BENCH_MAX_REPS], rec[BENCH_MAX_REPS], wh[BENCH_MAX_REPS],
         rh[BENCH_MAX_REPS], qh[BENCH_MAX_REPS], sh[BENCH_MAX_REPS], ph[BENCH_MAX_REPS], oh[BENCH_MAX_REPS],
         kh[BENCH_MAX_REPS], fh[BENCH_MAX_REPS], dk[BENCH_MAX_REPS], df[BENCH_MAX_REPS], jw[BENCH_MAX_REPS],
-        jh[BENCH_MAX_REPS], jr[BENCH_MAX_REPS], evs[BENCH_MAX_REPS];
+        jh[BENCH_MAX_REPS], jr[BENCH_MAX_REPS], evs[BENCH_MAX_REPS], lh[BENCH_MAX_REPS];
     unsigned reps = comm_reps(b);
     (void)run(b, nl, &p, count, 2, WEFT, NULL); /* warm every path */
     (void)run(b, nl, &p, count, 2, RAW, NULL);
@@ -313,6 +317,8 @@ void bench_comm(bench_t *b) {
     (void)run(b, nl, &p, count, 2, RAW_BOOK, NULL);
     (void)run(b, nl, &p, count, 2, RAW_BOOK_FIRST, NULL);
     (void)run(b, nl, &p, count, 2, RAW_JOINT, NULL);
+    bench_floor_reset();
+    (void)run(b, nl, &p, count, 2, RAW_FLOOR, NULL);
     for (unsigned k = 0; k < reps; k++) {
       /* weft and raw alternate which runs first, so that neither always follows the other. */
       if (k & 1) raw[k] = run(b, nl, &p, count, iters, RAW, &rh[k]);
@@ -328,6 +334,7 @@ void bench_comm(bench_t *b) {
       (void)run(b, nl, &p, count, iters, RAW_ON_WEFT, &oh[k]);
       (void)run(b, nl, &p, count, iters, RAW_BOOK, &kh[k]);
       (void)run(b, nl, &p, count, iters, RAW_BOOK_FIRST, &fh[k]);
+      (void)run(b, nl, &p, count, iters, RAW_FLOOR, &lh[k]);
       ratio[k] = w[k] / raw[k];
       dk[k] = kh[k] - rh[k];
       df[k] = fh[k] - rh[k];
@@ -342,7 +349,8 @@ void bench_comm(bench_t *b) {
                       on[] = "raw ncclAllReduce on weft's streams (diagnostic)",
                       kn[] = "raw ncclAllReduce + weft's group bookkeeping around no work (diagnostic)",
                       fn[] = "weft's group bookkeeping around no work + raw ncclAllReduce (diagnostic)",
-                      jn[] = "raw ncclAllReduce inside weft's joint use (diagnostic)";
+                      jn[] = "raw ncclAllReduce inside weft's joint use (diagnostic)",
+                      ln[] = "raw ncclAllReduce + the floor of a tracker (diagnostic)";
     for (unsigned k = 0; k < reps; k++) {
       bench_sample(b, "comm", wn, "us per all-reduce", "us", rn, x, k, w[k]);
       bench_sample(b, "comm", rn, "us per all-reduce", "us", NULL, x, k, raw[k]);
@@ -358,14 +366,15 @@ void bench_comm(bench_t *b) {
       bench_sample(b, "comm", fn, "host us to enqueue", "us", rn, x, k, fh[k]);
       bench_sample(b, "comm", jn, "us per all-reduce", "us", rn, x, k, jw[k]);
       bench_sample(b, "comm", jn, "host us to enqueue", "us", rn, x, k, jh[k]);
+      bench_sample(b, "comm", ln, "host us to enqueue", "us", rn, x, k, lh[k]);
     }
     double mw = bench_median(w, reps), mr = bench_median(raw, reps), mq = bench_median(ratio, reps);
     printf("| %zu | %.1f | %.1f | %.3f | %.3f-%.3f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f "
-           "| %.1f | %.3f |\n",
+           "| %.1f | %.3f | %.2f |\n",
            count * 4, mw, mr, mq, lo, hi, bench_median(rec, reps), bench_median(wh, reps), bench_median(rh, reps),
            bench_median(qh, reps), bench_median(sh, reps), bench_median(ph, reps), bench_median(oh, reps),
            bench_median(kh, reps), bench_median(fh, reps), bench_median(dk, reps), bench_median(df, reps),
-           bench_median(jw, reps), bench_median(jr, reps));
+           bench_median(jw, reps), bench_median(jr, reps), bench_median(lh, reps));
   }
   printf("\n");
   printf("A thread per rank (each on its own device, one call per all-reduce, no group):\n\n");

@@ -6,9 +6,6 @@
  * Wall time per step is measured over many steps ending in one synchronisation; host time per
  * launch is the launch loop alone. Goal (issue 6): weft replay within 1% of the raw graph.
  * Then the memory of the two graph memory policies for a step with temporaries. */
-#include <pthread.h>
-#include <stdbool.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "bench/bench.h"
@@ -131,69 +128,22 @@ static double eager_weft(void *arg) {
   return us;
 }
 
-/* ---- the floor of a tracker (diagnostic rows) ----
- * The least any thread-safe tracker must do for each kernel of the step, written out by hand: in
- * one hold of a mutex, read the histories of the two blocks the kernel touches (the last write:
- * stream and tick; the newest read of each stream), decide whether the kernel's stream must wait
- * for the other stream (it knows what it waited for before), and write the histories back. The
- * waits and records themselves are the hand-placed ones, and the model must find exactly their
- * places (checked: a mismatch aborts the run). Its rows bound weft from below: what a tracker built
- * on a lock costs beside real launches before any code of its own; "two holds" is weft's shape (a
- * hold before the work and one after, so that no lock is held while the work is enqueued). */
-typedef struct hist {
-  unsigned wlane;
-  uint64_t wtick, rtick[2];
-} hist_t;
-typedef struct floor_model {
-  pthread_mutex_t m;
-  hist_t h[2];      /* [0]: the a buffer, [1]: the c buffer */
-  uint64_t tick[2]; /* each stream's newest tick */
-  uint64_t seen[2]; /* the other stream's tick each stream waited for */
-} floor_model_t;
-static floor_model_t g_floor = {.m = PTHREAD_MUTEX_INITIALIZER};
-
-/* One kernel's bookkeeping on stream `side`, writing block `out` and reading block `in`: returns
- * whether it must wait for the other stream. */
-static bool floor_use(unsigned side, unsigned out, unsigned in, int holds) {
-  floor_model_t *f = &g_floor;
-  pthread_mutex_lock(&f->m);
-  uint64_t k = ++f->tick[side];
-  uint64_t need = 0;
-  const hist_t *ho = &f->h[out], *hi = &f->h[in];
-  if (ho->wlane != side && ho->wtick > need) need = ho->wtick;
-  if (ho->rtick[side ^ 1] > need) need = ho->rtick[side ^ 1];
-  if (hi->wlane != side && hi->wtick > need) need = hi->wtick;
-  bool wait = need > f->seen[side];
-  if (wait) f->seen[side] = f->tick[side ^ 1];
-  f->h[out] = (hist_t){side, k, {0, 0}};
-  f->h[in].rtick[side] = k;
-  if (holds == 2) { /* weft's shape: the work is enqueued between two holds */
-    pthread_mutex_unlock(&f->m);
-    pthread_mutex_lock(&f->m);
-  }
-  pthread_mutex_unlock(&f->m);
-  return wait;
-}
-
 /* The hand-placed step; `every` records an event after every kernel (the wait still only every
  * RUN kernels, on the last one): what weft's lanes do once another stream waits on them, so the
  * difference to the plain hand-placed step is what those records cost (a diagnostic row).
- * `holds` (1 or 2) runs the floor model's bookkeeping before each launch (0: none). */
+ * `holds` (1 or 2) runs the floor of a tracker (bench.h) before each launch (0: none); it must find
+ * exactly the hand-placed waits, else the run aborts. */
 static double eager_hand_records(eager2_t *e, int every, int holds) {
   step_t *st = e->st;
   const weft__driver_t *d = st->b->drv;
-  memset(g_floor.h, 0, sizeof g_floor.h);
-  memset(g_floor.tick, 0, sizeof g_floor.tick);
-  memset(g_floor.seen, 0, sizeof g_floor.seen);
+  bench_floor_reset();
   uint64_t t0 = bench_now_ns();
   for (unsigned i = 0; i < e->steps; i++)
     for (unsigned k = 0; k < KERNELS; k++) {
       unsigned side = (k / RUN) % 2;
       bool wait = k % RUN == 0 && (k > 0 || i > 0);
-      if (holds != 0 && floor_use(side, k % 2 ? 0 : 1, k % 2 ? 1 : 0, holds) != wait) {
-        fprintf(stderr, "bench: the floor model placed a wait differently (step %u, kernel %u)\n", i, k);
-        abort();
-      }
+      if (holds != 0 && bench_floor_use(side, k % 2 ? 0 : 1, k % 2 ? 1 : 0, holds) != wait)
+        bench_die("the floor of a tracker placed a wait where the hand-placed step has none, or missed one");
       if (wait) BENCH_CU(d->cuStreamWaitEvent(e->raw[side], e->ev[side ^ 1], 0));
       CUdeviceptr out = k % 2 ? e->ra : e->rc, in = k % 2 ? e->rc : e->ra;
       void *params[] = {&out, &in, &st->n, &st->iters};

@@ -45,25 +45,34 @@ typedef struct useq {
   double records;            /* events recorded per use in the last sample */
 } useq_t;
 
-/* ns per cuEventRecord on one stream. */
-static double raw_record(void *arg) {
-  tctx_t *t = arg;
+/* ns per cuEventRecord on one stream; with `floor`, each after the floor of a tracker's
+ * bookkeeping for a write on that stream (bench.h; it never needs a wait there). */
+static double raw_record_floor(tctx_t *t, bool floor) {
+  bench_floor_reset();
   uint64_t t0 = bench_now_ns();
-  for (unsigned i = 0; i < t->n; i++) BENCH_CU(t->b->drv->cuEventRecord(t->r->ev[0][i % RING], t->r->s[0]));
+  for (unsigned i = 0; i < t->n; i++) {
+    if (floor && bench_floor_use(0, 0, -1, 1)) bench_die("the floor of a tracker placed a wait on one stream");
+    BENCH_CU(t->b->drv->cuEventRecord(t->r->ev[0][i % RING], t->r->s[0]));
+  }
   uint64_t t1 = bench_now_ns();
   BENCH_CU(t->b->drv->cuStreamSynchronize(t->r->s[0]));
   return (double)(t1 - t0) / t->n;
 }
 
+static double raw_record(void *arg) { return raw_record_floor(arg, false); }
+static double raw_record_tracked(void *arg) { return raw_record_floor(arg, true); }
+
 /* ns per operation that waits for the other stream's last event, then records its own: what a
- * hand-written ping-pong between two streams costs. */
-static double raw_wait_record(void *arg) {
-  tctx_t *t = arg;
+ * hand-written ping-pong between two streams costs; with `floor`, each after the floor of a
+ * tracker's bookkeeping for that write (bench.h), which must find the wait (from the second on). */
+static double raw_wait_record_floor(tctx_t *t, bool floor) {
   const raw_t *r = t->r;
   BENCH_CU(t->b->drv->cuEventRecord(r->ev[1][RING - 1], r->s[1]));
+  bench_floor_reset();
   uint64_t t0 = bench_now_ns();
   for (unsigned i = 0; i < t->n; i++) {
     unsigned me = i & 1, other = me ^ 1;
+    if (floor && bench_floor_use(me, 0, -1, 1) != (i > 0)) bench_die("the floor of a tracker missed a wait");
     BENCH_CU(t->b->drv->cuStreamWaitEvent(r->s[me], r->ev[other][(i + RING - 1) % RING], 0));
     BENCH_CU(t->b->drv->cuEventRecord(r->ev[me][i % RING], r->s[me]));
   }
@@ -71,6 +80,8 @@ static double raw_wait_record(void *arg) {
   for (int k = 0; k < 2; k++) BENCH_CU(t->b->drv->cuStreamSynchronize(r->s[k]));
   return (double)(t1 - t0) / t->n;
 }
+static double raw_wait_record(void *arg) { return raw_wait_record_floor(arg, false); }
+static double raw_wait_record_tracked(void *arg) { return raw_wait_record_floor(arg, true); }
 
 /* ns per cuCtxGetCurrent, the call weft's per-thread context check makes. */
 static double raw_ctx_get(void *arg) {
@@ -345,13 +356,18 @@ void bench_tracker(bench_t *b) {
     for (size_t i = 0; i < q[j].k; i++)
       q[j].acc[i] = (weft_access_t){j < 3 ? own[i] : blk[i], i < writes ? WEFT_WRITE : WEFT_READ};
   }
-  bench_series_t series[NQ + 2];
+  bench_series_t series[NQ + 4];
   for (int j = 0; j < NQ; j++)
     series[j] = (bench_series_t){names[j], j < 6 ? rec_name : pair_name, NULL, weft_uses, &q[j]};
   series[NQ] = (bench_series_t){rec_name, NULL, NULL, raw_record, &t};
   series[NQ + 1] = (bench_series_t){pair_name, NULL, NULL, raw_wait_record, &t};
-  double med[NQ + 2], ctx_get;
-  bench_measure(b, "tracker", "ns per use, begin+end", "ns", series, NQ + 2, med);
+  /* What the least thread-safe tracker would add to the raw calls (bench.h, "the floor"). */
+  series[NQ + 2] = (bench_series_t){"raw cuEventRecord + the floor of a tracker (diagnostic)", rec_name, NULL,
+                                    raw_record_tracked, &t};
+  series[NQ + 3] = (bench_series_t){"raw cuStreamWaitEvent + cuEventRecord + the floor of a tracker (diagnostic)",
+                                    pair_name, NULL, raw_wait_record_tracked, &t};
+  double med[NQ + 4], ctx_get;
+  bench_measure(b, "tracker", "ns per use, begin+end", "ns", series, NQ + 4, med);
   bench_series_t ctx_series = {"raw cuCtxGetCurrent", NULL, NULL, raw_ctx_get, &t};
   bench_measure(b, "tracker", "ns per call", "ns", &ctx_series, 1, &ctx_get);
 
@@ -376,8 +392,9 @@ void bench_tracker(bench_t *b) {
 
   printf("\nRaw driver calls in the same run, ns each (medians): `cuEventRecord` %.0f, `cuStreamWaitEvent` + "
          "`cuEventRecord` %.0f, `cuCtxGetCurrent` %.0f (weft's share includes two of these). %u uses per sample, "
-         "the series interleaved.\n\n",
-         med[NQ], med[NQ + 1], ctx_get, n);
+         "the series interleaved. The floor of a tracker (one mutex hold and the blocks' histories, bench.h) "
+         "beside them: record %.0f (%.3fx), wait + record %.0f (%.3fx).\n\n",
+         med[NQ], med[NQ + 1], ctx_get, n, med[NQ + 2], med[NQ + 2] / med[NQ], med[NQ + 3], med[NQ + 3] / med[NQ + 1]);
   for (int k = 0; k < 2; k++) {
     for (int i = 0; i < RING; i++) BENCH_CU(d->cuEventDestroy(r.ev[k][i]));
     BENCH_CU(d->cuStreamDestroy(r.s[k]));
