@@ -490,7 +490,6 @@ weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stre
       }
     WEFT_ASSERT_INTERNAL(best != UINT64_MAX);
   }
-  tr->counters.ring_evictions++;
   return WEFT_OK;
 }
 
@@ -518,6 +517,7 @@ weft_status_t weft__clock_wait(weft__tracker_t *tr, weft__domain_t *d, weft_stre
   const weft__lane_t *lt = &d->lane[at];
   CUresult r = tr->drv->cuStreamWaitEvent(s->raw, lt->ring[slot], 0);
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuStreamWaitEvent");
+  if (lt->ring_tick[slot] != k) tr->counters.ring_evictions++; /* a newer event stood in */
   uint64_t *row = WEFT__ROW(d, as);
   const uint64_t *snap = &lt->ring_clock[(size_t)slot * d->stride];
   for (unsigned u = 0; u < d->n; u++) row[u] = weft__max_u64(row[u], snap[u]);

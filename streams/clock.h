@@ -122,7 +122,9 @@ static inline void weft__clock_unpublish(const weft__domain_t *d, unsigned at) {
  * tick first. With k evicted, a newer event stands in: waiting on it is later than needed but
  * never wrong. An exposed live stream's pending tick is not recorded while code outside weft
  * captures it (the driver is asked before and after the record: a capture begun meanwhile may
- * hold the event, which is then given up): then k's event serves if it exists, else CAPTURE. */
+ * hold the event, which is then given up): then k's event serves if it exists, else CAPTURE.
+ * A lookup counts nothing: the waits served by a stand-in are counted where they are made
+ * (weft__clock_wait, weft__tracker_sync_points: counters.ring_evictions). */
 weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, unsigned *slot);
 /** Records t's pending tick as weft__clock_slot does (on an exposed live stream the driver is
  * asked before and after the record); WEFT_ERR_CAPTURE, with no message, where code outside weft
@@ -138,7 +140,7 @@ weft_status_t weft__clock_record_for_host(weft__tracker_t *tr, weft__domain_t *d
  * does not know complete. Lock held; s's lane not busy. */
 weft_status_t weft__clock_exact(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s);
 /** Makes s wait for tick k of t and merges the event's clock into s's row. A wait for an exact
- * lane makes s exact first. */
+ * lane makes s exact first. A wait on a stand-in for an evicted k counts one ring eviction. */
 weft_status_t weft__clock_wait(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, weft_stream_t *t, uint64_t k);
 
 

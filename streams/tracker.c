@@ -1231,6 +1231,7 @@ weft_status_t weft__tracker_sync_points(weft__tracker_t *tr, const weft__point_t
     unsigned n_lanes = d->n;
     memcpy(snap, &l->ring_clock[(size_t)slot * d->stride], n_lanes * sizeof(uint64_t));
     uint64_t tick = l->ring_tick[slot];
+    if (tick != p.tick) tr->counters.ring_evictions++; /* the host waits on a newer event */
     CUevent ev = l->ring[slot];
     unlock(tr);
     CUresult r;

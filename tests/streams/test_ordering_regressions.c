@@ -26,7 +26,9 @@
  *    fill on s1 first when nothing orders them.)
  *    Expected once fixed: fill(s1, X) issues >= 2 waits (no single event covers the reads on s0
  *    and s2), 0 oracle races, and with s1 synchronised first: Z == 7*3+2 = 23 (today, lazy: 37,
- *    computed from the new X), V == 7*22+13*3+4 = 197, X == 5, F == 162.
+ *    computed from the new X), V == 7*22+13*3+4 = 197, X == 5, F == 162. Premise (since
+ *    2026-11-28, when ring_evictions began to count waits only): a read of W on s6 afterwards
+ *    waits once, on a stand-in for s4's evicted tick.
  *
  * 1'. test_random_programs_ring4_match_sequential_model, ..._ring8_...: the same class in
  *    general, event_ring 4 and 8, 8 streams, seeds 1..WEFT_TEST_SEEDS (default 200; 20 on a GPU):
@@ -77,6 +79,13 @@
  *    Expected: every free returns WEFT_OK (today under WEFT_SIM_LAZY=1 many return
  *    WEFT_ERR_CORRUPTED) and the oracle reports 0 races (today 2 per round: canary memset on s0
  *    vs the host's cuMemcpyDtoH).
+ *
+ * 4'. test_ring_evictions_count_each_wait_once (event_ring 4, every use recording; 2026-11-28):
+ *    weft_counters_t.ring_evictions counts the waits a newer event served for an evicted tick.
+ *    issue_waits looked each need's slot up to prune, and weft__clock_wait again to wait: an
+ *    evicted need counted twice when waited on, once when pruned. Expected: one fill needing one
+ *    evicted tick counts 1; a use needing two counts 2; an evicted need that another need's event
+ *    implies (pruned, no wait) counts 0; data right, no race.
  *
  * 5. Misuse of weft_use_begin / weft_use_end that returns WEFT_OK today:
  *    test_use_end_without_begin_is_invalid: weft_use_end on a stream with no open use returns
@@ -178,6 +187,15 @@ static int setup_ring4(void **state) {
   (void)state;
   weft_options_t o = base_options();
   o.event_ring = 4;
+  return open_with(&o);
+}
+/* Rings of 4 events, every use recording its own (lazy_records = 0): a tick leaves the ring after
+ * four more uses of its stream. */
+static int setup_ring4_eager(void **state) {
+  (void)state;
+  weft_options_t o = base_options();
+  o.event_ring = 4;
+  o.lazy_records = 0;
   return open_with(&o);
 }
 static int setup_ring8(void **state) {
@@ -320,8 +338,17 @@ static void test_eviction_keeps_wait_on_reader_behind_standin(void **state) {
   uint64_t waits = c2.waits_issued - c1.waits_issued;
   CHECK(waits >= 2, "fill(s1, X) issued %llu wait(s); the readers on s0 and s2 need >= 2 (no event covers both)",
         (unsigned long long)waits);
-  CHECK(c2.ring_evictions > c1.ring_evictions, "premise: the fill should have hit an evicted tick (ring_evictions "
-        "did not grow)");
+  /* Premise: s4's tick of W <- X has left its ring. A read of W on s6 needs exactly that tick (a
+   * read waits for no read): its one wait must be served by a stand-in, counted as a ring
+   * eviction. (The fill above needs it too, but prunes it, so it counts none.) */
+  weft_access_t rw = {w, WEFT_READ};
+  ok(weft_use_begin(stream(6), &rw, 1), "use_begin(s6, read W)");
+  ok(weft_use_end(stream(6), &rw, 1), "use_end(s6, read W)");
+  weft_counters_t c3 = counters();
+  CHECK(c3.waits_issued - c2.waits_issued == 1 && c3.ring_evictions == c2.ring_evictions + 1,
+        "premise: s4's tick of W <- X should have left its ring (a read of W waited %llu times, ring evictions +%llu)",
+        (unsigned long long)(c3.waits_issued - c2.waits_issued),
+        (unsigned long long)(c3.ring_evictions - c2.ring_evictions));
   /* Synchronise the writer's stream first: on a lazy device this runs the fill and only what it
    * waits for, so a missing wait for the read on s0 lets Z be computed from the new X. */
   ok(weft_stream_synchronize(stream(1)), "synchronize s1");
@@ -800,6 +827,78 @@ static void test_guard_canaries_are_ordered_before_free_check(void **state) {
   report();
 }
 
+/* ---- 4'. weft_counters_t.ring_evictions counts waits (2026-11-28) ------------------------------
+ * ring_evictions is documented as "waits on an evicted tick served by a newer event". issue_waits
+ * looked up each need's ring slot to prune needs, and weft__clock_wait looked it up again to
+ * wait: an evicted need counted twice when waited on, and once when pruned (no wait at all). With
+ * rings of 4, every use recording: X written on s0, then Y on s2, then five fills of G on s0 and
+ * of H on s2 (both writes leave their rings); a fill on s1 of X, then one of Y, each need one wait
+ * on a stand-in event; then a fill of both on s3 needs two (neither event covers the other's
+ * stream). Expected: waits issued 1, 1, 2 and ring evictions 1, 1, 2; the data right and no race. */
+static void test_ring_evictions_count_each_wait_once(void **state) {
+  (void)state;
+  weft_block_t x = alloc_on(0, N * 4, "X"), y = alloc_on(0, N * 4, "Y"), g = alloc_on(0, N * 4, "G"),
+               h = alloc_on(0, N * 4, "H");
+  weft_block_t x2 = alloc_on(0, N * 4, "X2"), y2 = alloc_on(0, N * 4, "Y2");
+  ok(weft_runtime_synchronize(env.rt), "synchronize");
+  tu_reset_races(&env);
+  ok(tu_fill(&env, stream(0), x, N, 3), "fill(s0, X)");
+  ok(tu_fill(&env, stream(2), y, N, 4), "fill(s2, Y)");
+  ok(tu_fill(&env, stream(0), x2, N, 5), "fill(s0, X2)");
+  ok(tu_fill(&env, stream(2), y2, N, 6), "fill(s2, Y2)");
+  for (unsigned i = 0; i < 5; i++) {
+    ok(tu_fill(&env, stream(0), g, N, 10 + i), "fill(s0, G)");
+    ok(tu_fill(&env, stream(2), h, N, 20 + i), "fill(s2, H)");
+  }
+  weft_counters_t c0 = counters();
+  ok(tu_fill(&env, stream(1), x, N, 7), "fill(s1, X)");
+  weft_counters_t c1 = counters();
+  ok(tu_fill(&env, stream(1), y, N, 8), "fill(s1, Y)");
+  weft_counters_t c2 = counters();
+  weft_access_t both[2] = {{x2, WEFT_WRITE}, {y2, WEFT_WRITE}};
+  ok(weft_use_begin(stream(3), both, 2), "use_begin(s3, X2 and Y2)");
+  ok(weft_use_end(stream(3), both, 2), "use_end(s3, X2 and Y2)");
+  weft_counters_t c3 = counters();
+  /* Premise: nothing before c0 waited (each stream wrote only its own blocks). */
+  CHECK(c0.waits_issued == 0, "premise: %llu wait(s) before the fills on s1", (unsigned long long)c0.waits_issued);
+  CHECK(c1.waits_issued - c0.waits_issued == 1, "fill(s1, X) issued %llu waits, expected 1",
+        (unsigned long long)(c1.waits_issued - c0.waits_issued));
+  CHECK(c1.ring_evictions - c0.ring_evictions == 1, "fill(s1, X): ring evictions +%llu, expected 1 (one wait)",
+        (unsigned long long)(c1.ring_evictions - c0.ring_evictions));
+  CHECK(c2.waits_issued - c1.waits_issued == 1, "fill(s1, Y) issued %llu waits, expected 1",
+        (unsigned long long)(c2.waits_issued - c1.waits_issued));
+  CHECK(c2.ring_evictions - c1.ring_evictions == 1, "fill(s1, Y): ring evictions +%llu, expected 1 (one wait)",
+        (unsigned long long)(c2.ring_evictions - c1.ring_evictions));
+  CHECK(c3.waits_issued - c2.waits_issued == 2, "the use of X2 and Y2 on s3 issued %llu waits, expected 2",
+        (unsigned long long)(c3.waits_issued - c2.waits_issued));
+  CHECK(c3.ring_evictions - c2.ring_evictions == 2, "the use on s3: ring evictions +%llu, expected 2 (two waits)",
+        (unsigned long long)(c3.ring_evictions - c2.ring_evictions));
+  /* A need on an evicted tick that another need's event implies is pruned: no wait, no
+   * eviction counted. Z written on s0, read on s4 (one wait, s0's event still in its ring), then
+   * five fills of G on s0 (Z's write leaves the ring); a fill of Z on s5 needs s0's write and s4's
+   * read, and s4's event implies the write: one wait, on s4's event. */
+  weft_block_t z = alloc_on(0, N * 4, "Z"), r = alloc_on(4, N * 4, "R");
+  ok(tu_fill(&env, stream(0), z, N, 9), "fill(s0, Z)");
+  ok(tu_combine(&env, stream(4), r, none, z, none, none, N, 1), "combine(s4, R <- Z)");
+  for (unsigned i = 0; i < 5; i++) ok(tu_fill(&env, stream(0), g, N, 30 + i), "fill(s0, G)");
+  weft_counters_t c4 = counters();
+  ok(tu_fill(&env, stream(5), z, N, 11), "fill(s5, Z)");
+  weft_counters_t c5 = counters();
+  CHECK(c5.waits_issued - c4.waits_issued == 1, "fill(s5, Z) issued %llu waits, expected 1 (on s4's read)",
+        (unsigned long long)(c5.waits_issued - c4.waits_issued));
+  CHECK(c5.ring_evictions == c4.ring_evictions, "fill(s5, Z): ring evictions +%llu for a pruned need, expected 0",
+        (unsigned long long)(c5.ring_evictions - c4.ring_evictions));
+  expect_all(4, x, 7, "X");
+  expect_all(4, y, 8, "Y");
+  expect_all(4, x2, 5, "X2 (the use on s3 wrote nothing)");
+  expect_all(6, z, 11, "Z");
+  expect_no_races("ring evictions counted");
+  ok(weft_runtime_synchronize(env.rt), "synchronize");
+  weft_block_t all[] = {x, y, g, h, x2, y2, z, r};
+  for (unsigned i = 0; i < 8; i++) ok(weft_free(all[i], stream(0)), "free");
+  report();
+}
+
 /* ---- 5. misuse of weft_use_begin / weft_use_end ---------------------------------------------- */
 
 static void test_use_end_without_begin_is_invalid(void **state) {
@@ -894,6 +993,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_failed_completion_record_after_graph_launch_keeps_output_live, setup_none,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_guard_canaries_are_ordered_before_free_check, setup_guard, teardown),
+      cmocka_unit_test_setup_teardown(test_ring_evictions_count_each_wait_once, setup_ring4_eager, teardown),
       cmocka_unit_test_setup_teardown(test_use_end_without_begin_is_invalid, setup_default, teardown),
       cmocka_unit_test_setup_teardown(test_second_use_begin_on_stream_is_busy, setup_default, teardown),
       cmocka_unit_test_setup_teardown(test_use_end_with_other_accesses_is_invalid_and_keeps_use_open, setup_default,
