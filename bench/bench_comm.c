@@ -154,7 +154,7 @@ typedef struct ranker {
   bench_t *b;
   const weft__nccl_t *nl;
   pair_t *p;
-  int r, weft;
+  int r, weft, record; /* record: raw NCCL, then an event record after each all-reduce */
   size_t count;
   unsigned iters;
   pthread_barrier_t *start;
@@ -172,6 +172,8 @@ static void *rank_loop(void *arg) {
     else if (k->nl->ncclAllReduce((void *)p->ptr[k->r], (void *)p->ptr[k->r], k->count, ncclFloat32, ncclSum,
                                   p->nc[k->r], (cudaStream_t)p->raw[k->r]) != ncclSuccess)
       bench_die("ncclAllReduce");
+    else if (k->record) /* what an exact lane adds: its use's event (streams/README.md, "Exact lanes") */
+      BENCH_CU(k->b->drv->cuEventRecord(p->ev[k->r], p->raw[k->r]));
   }
   k->host_end = bench_now_ns();
   if (k->weft) BENCH_WEFT(weft_stream_synchronize(weft_comm_stream(p->comm[k->r])));
@@ -180,8 +182,9 @@ static void *rank_loop(void *arg) {
   return NULL;
 }
 
-/* Microseconds per all-reduce with a thread per rank (weft or raw), from the start to the later
- * rank's end; *host_us: to the later rank's last call. */
+/* Microseconds per all-reduce with a thread per rank (weft: 1 weft, 0 raw NCCL, 2 raw NCCL and an
+ * event record after each all-reduce), from the start to the later rank's end; *host_us: to the
+ * later rank's last call. */
 static double run_threads(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, unsigned iters, int weft,
                           double *host_us) {
   pthread_barrier_t start;
@@ -189,7 +192,7 @@ static double run_threads(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t 
   ranker_t k[2];
   pthread_t th[2];
   for (int r = 0; r < 2; r++) {
-    k[r] = (ranker_t){b, nl, p, r, weft, count, iters, &start, 0, 0};
+    k[r] = (ranker_t){b, nl, p, r, weft == 1, weft == 2, count, iters, &start, 0, 0};
     if (pthread_create(&th[r], NULL, rank_loop, &k[r]) != 0) bench_die("pthread_create");
   }
   pthread_barrier_wait(&start);
@@ -379,21 +382,44 @@ void bench_comm(bench_t *b) {
   printf("\n");
   printf("A thread per rank (each on its own device, one call per all-reduce, no group):\n\n");
   static const char *const tcols[] = {"bytes", "weft us", "raw NCCL us", "weft / raw", "range of weft / raw",
-                                      "weft host us", "raw host us"};
-  bench_table(tcols, 7);
+                                      "weft host us", "raw host us", "events per all-reduce"};
+  bench_table(tcols, 8);
+  /* With a thread per rank in a process of two runtimes the communicator streams are exact lanes:
+   * each all-reduce records its event (the events column), which the raw path with a record per
+   * all-reduce (a diagnostic row, printed below the table) also pays. */
+  double rec_ratio[8] = {0};
+  unsigned nsizes = 0;
   for (size_t count = MIB / 4; count <= max_count; count *= 4) {
     unsigned iters = comm_iters(b, count);
-    double w[BENCH_MAX_REPS], raw[BENCH_MAX_REPS], wh[BENCH_MAX_REPS], rh[BENCH_MAX_REPS];
+    double w[BENCH_MAX_REPS], raw[BENCH_MAX_REPS], wh[BENCH_MAX_REPS], rh[BENCH_MAX_REPS], evs[BENCH_MAX_REPS],
+        rec[BENCH_MAX_REPS], rech[BENCH_MAX_REPS], rr[BENCH_MAX_REPS];
     unsigned reps = comm_reps(b);
-    (void)run_threads(b, nl, &p, count, 2, 1, NULL); /* warm both paths */
+    (void)run_threads(b, nl, &p, count, 2, 1, NULL); /* warm the paths */
     (void)run_threads(b, nl, &p, count, 2, 0, NULL);
+    (void)run_threads(b, nl, &p, count, 2, 2, NULL);
     for (unsigned k = 0; k < reps; k++) {
+      uint64_t ev0 = events_recorded(&p);
       w[k] = run_threads(b, nl, &p, count, iters, 1, &wh[k]);
+      evs[k] = (double)(events_recorded(&p) - ev0) / iters / 2; /* per rank's all-reduce */
       raw[k] = run_threads(b, nl, &p, count, iters, 0, &rh[k]);
+      rec[k] = run_threads(b, nl, &p, count, iters, 2, &rech[k]);
+      rr[k] = rec[k] / raw[k];
     }
     report_per_rank(b, "weft_all_reduce, a thread per rank", "raw ncclAllReduce, a thread per rank", count, reps, w,
-                    raw, wh, rh, NULL);
+                    raw, wh, rh, evs);
+    char x[32];
+    snprintf(x, sizeof x, "%zu", count * 4);
+    static const char qn[] = "raw ncclAllReduce + an event record, a thread per rank (diagnostic)";
+    for (unsigned k = 0; k < reps; k++) {
+      bench_sample(b, "comm", qn, "us per all-reduce", "us", "raw ncclAllReduce, a thread per rank", x, k, rec[k]);
+      bench_sample(b, "comm", qn, "host us to enqueue", "us", "raw ncclAllReduce, a thread per rank", x, k, rech[k]);
+    }
+    if (nsizes < 8) rec_ratio[nsizes++] = bench_median(rr, reps);
   }
+  printf("\nRaw NCCL with an event record after each all-reduce, a thread per rank, against raw NCCL alone "
+         "(medians, from 1 MiB up):");
+  for (unsigned i = 0; i < nsizes; i++) printf(" %.3f", rec_ratio[i]);
+  printf("\n");
   printf("\n");
   for (int r = 0; r < 2; r++) {
     BENCH_WEFT(weft_free(p.buf[r], weft_comm_stream(p.comm[r])));
