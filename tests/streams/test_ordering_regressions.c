@@ -259,6 +259,17 @@ static weft_counters_t counters(void) {
   return c;
 }
 
+/* Notes a problem unless the calls between counters a and b issued `waits` waits, `evictions` of
+ * them on a stand-in for an evicted tick. */
+static void expect_waits(const char *what, const weft_counters_t *a, const weft_counters_t *b, uint64_t waits,
+                         uint64_t evictions) {
+  CHECK(b->waits_issued - a->waits_issued == waits && b->ring_evictions - a->ring_evictions == evictions,
+        "%s: %llu waits and %llu ring evictions, expected %llu and %llu", what,
+        (unsigned long long)(b->waits_issued - a->waits_issued),
+        (unsigned long long)(b->ring_evictions - a->ring_evictions), (unsigned long long)waits,
+        (unsigned long long)evictions);
+}
+
 static bool counters_equal(const weft_counters_t *a, const weft_counters_t *b) {
   return a->uses == b->uses && a->accesses == b->accesses && a->waits_issued == b->waits_issued &&
          a->waits_skipped == b->waits_skipped && a->waits_host_known == b->waits_host_known &&
@@ -345,10 +356,7 @@ static void test_eviction_keeps_wait_on_reader_behind_standin(void **state) {
   ok(weft_use_begin(stream(6), &rw, 1), "use_begin(s6, read W)");
   ok(weft_use_end(stream(6), &rw, 1), "use_end(s6, read W)");
   weft_counters_t c3 = counters();
-  CHECK(c3.waits_issued - c2.waits_issued == 1 && c3.ring_evictions == c2.ring_evictions + 1,
-        "premise: s4's tick of W <- X should have left its ring (a read of W waited %llu times, ring evictions +%llu)",
-        (unsigned long long)(c3.waits_issued - c2.waits_issued),
-        (unsigned long long)(c3.ring_evictions - c2.ring_evictions));
+  expect_waits("premise: s4's tick of W <- X has left its ring, so a read of W", &c2, &c3, 1, 1);
   /* Synchronise the writer's stream first: on a lazy device this runs the fill and only what it
    * waits for, so a missing wait for the read on s0 lets Z be computed from the new X. */
   ok(weft_stream_synchronize(stream(1)), "synchronize s1");
@@ -861,18 +869,9 @@ static void test_ring_evictions_count_each_wait_once(void **state) {
   weft_counters_t c3 = counters();
   /* Premise: nothing before c0 waited (each stream wrote only its own blocks). */
   CHECK(c0.waits_issued == 0, "premise: %llu wait(s) before the fills on s1", (unsigned long long)c0.waits_issued);
-  CHECK(c1.waits_issued - c0.waits_issued == 1, "fill(s1, X) issued %llu waits, expected 1",
-        (unsigned long long)(c1.waits_issued - c0.waits_issued));
-  CHECK(c1.ring_evictions - c0.ring_evictions == 1, "fill(s1, X): ring evictions +%llu, expected 1 (one wait)",
-        (unsigned long long)(c1.ring_evictions - c0.ring_evictions));
-  CHECK(c2.waits_issued - c1.waits_issued == 1, "fill(s1, Y) issued %llu waits, expected 1",
-        (unsigned long long)(c2.waits_issued - c1.waits_issued));
-  CHECK(c2.ring_evictions - c1.ring_evictions == 1, "fill(s1, Y): ring evictions +%llu, expected 1 (one wait)",
-        (unsigned long long)(c2.ring_evictions - c1.ring_evictions));
-  CHECK(c3.waits_issued - c2.waits_issued == 2, "the use of X2 and Y2 on s3 issued %llu waits, expected 2",
-        (unsigned long long)(c3.waits_issued - c2.waits_issued));
-  CHECK(c3.ring_evictions - c2.ring_evictions == 2, "the use on s3: ring evictions +%llu, expected 2 (two waits)",
-        (unsigned long long)(c3.ring_evictions - c2.ring_evictions));
+  expect_waits("fill(s1, X)", &c0, &c1, 1, 1);
+  expect_waits("fill(s1, Y)", &c1, &c2, 1, 1);
+  expect_waits("the use of X2 and Y2 on s3", &c2, &c3, 2, 2);
   /* A need on an evicted tick that another need's event implies is pruned: no wait, no
    * eviction counted. Z written on s0, read on s4 (one wait, s0's event still in its ring), then
    * five fills of G on s0 (Z's write leaves the ring); a fill of Z on s5 needs s0's write and s4's
@@ -884,10 +883,7 @@ static void test_ring_evictions_count_each_wait_once(void **state) {
   weft_counters_t c4 = counters();
   ok(tu_fill(&env, stream(5), z, N, 11), "fill(s5, Z)");
   weft_counters_t c5 = counters();
-  CHECK(c5.waits_issued - c4.waits_issued == 1, "fill(s5, Z) issued %llu waits, expected 1 (on s4's read)",
-        (unsigned long long)(c5.waits_issued - c4.waits_issued));
-  CHECK(c5.ring_evictions == c4.ring_evictions, "fill(s5, Z): ring evictions +%llu for a pruned need, expected 0",
-        (unsigned long long)(c5.ring_evictions - c4.ring_evictions));
+  expect_waits("fill(s5, Z), its need on s0 pruned", &c4, &c5, 1, 0);
   expect_all(4, x, 7, "X");
   expect_all(4, y, 8, "Y");
   expect_all(4, x2, 5, "X2 (the use on s3 wrote nothing)");
