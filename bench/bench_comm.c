@@ -154,7 +154,7 @@ typedef struct ranker {
   bench_t *b;
   const weft__nccl_t *nl;
   pair_t *p;
-  int r, weft, record; /* record: raw NCCL, then an event record after each all-reduce */
+  int r, how; /* WEFT, RAW or RAW_RECORD (the modes of the one-group table, above) */
   size_t count;
   unsigned iters;
   pthread_barrier_t *start;
@@ -167,32 +167,32 @@ static void *rank_loop(void *arg) {
   BENCH_CU(k->b->drv->cuCtxSetCurrent(p->ctx[k->r]));
   pthread_barrier_wait(k->start);
   for (unsigned i = 0; i < k->iters; i++) {
-    if (k->weft)
+    if (k->how == WEFT)
       BENCH_WEFT(weft_all_reduce(p->comm[k->r], p->buf[k->r], 0, p->buf[k->r], 0, k->count, WEFT_FLOAT32, WEFT_SUM, NULL));
     else if (k->nl->ncclAllReduce((void *)p->ptr[k->r], (void *)p->ptr[k->r], k->count, ncclFloat32, ncclSum,
                                   p->nc[k->r], (cudaStream_t)p->raw[k->r]) != ncclSuccess)
       bench_die("ncclAllReduce");
-    else if (k->record) /* what an exact lane adds: its use's event (streams/README.md, "Exact lanes") */
+    else if (k->how == RAW_RECORD) /* what an exact lane adds: its use's event (streams/README.md, "Exact lanes") */
       BENCH_CU(k->b->drv->cuEventRecord(p->ev[k->r], p->raw[k->r]));
   }
   k->host_end = bench_now_ns();
-  if (k->weft) BENCH_WEFT(weft_stream_synchronize(weft_comm_stream(p->comm[k->r])));
+  if (k->how == WEFT) BENCH_WEFT(weft_stream_synchronize(weft_comm_stream(p->comm[k->r])));
   else BENCH_CU(k->b->drv->cuStreamSynchronize(p->raw[k->r]));
   k->end = bench_now_ns();
   return NULL;
 }
 
-/* Microseconds per all-reduce with a thread per rank (weft: 1 weft, 0 raw NCCL, 2 raw NCCL and an
+/* Microseconds per all-reduce with a thread per rank (how: WEFT, RAW, or RAW_RECORD: raw NCCL and an
  * event record after each all-reduce), from the start to the later rank's end; *host_us: to the
  * later rank's last call. */
-static double run_threads(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, unsigned iters, int weft,
+static double run_threads(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, unsigned iters, int how,
                           double *host_us) {
   pthread_barrier_t start;
   pthread_barrier_init(&start, NULL, 3);
   ranker_t k[2];
   pthread_t th[2];
   for (int r = 0; r < 2; r++) {
-    k[r] = (ranker_t){b, nl, p, r, weft == 1, weft == 2, count, iters, &start, 0, 0};
+    k[r] = (ranker_t){b, nl, p, r, how, count, iters, &start, 0, 0};
     if (pthread_create(&th[r], NULL, rank_loop, &k[r]) != 0) bench_die("pthread_create");
   }
   pthread_barrier_wait(&start);
@@ -394,15 +394,15 @@ void bench_comm(bench_t *b) {
     double w[BENCH_MAX_REPS], raw[BENCH_MAX_REPS], wh[BENCH_MAX_REPS], rh[BENCH_MAX_REPS], evs[BENCH_MAX_REPS],
         rec[BENCH_MAX_REPS], rech[BENCH_MAX_REPS], rr[BENCH_MAX_REPS];
     unsigned reps = comm_reps(b);
-    (void)run_threads(b, nl, &p, count, 2, 1, NULL); /* warm the paths */
-    (void)run_threads(b, nl, &p, count, 2, 0, NULL);
-    (void)run_threads(b, nl, &p, count, 2, 2, NULL);
+    (void)run_threads(b, nl, &p, count, 2, WEFT, NULL); /* warm the paths */
+    (void)run_threads(b, nl, &p, count, 2, RAW, NULL);
+    (void)run_threads(b, nl, &p, count, 2, RAW_RECORD, NULL);
     for (unsigned k = 0; k < reps; k++) {
       uint64_t ev0 = events_recorded(&p);
-      w[k] = run_threads(b, nl, &p, count, iters, 1, &wh[k]);
+      w[k] = run_threads(b, nl, &p, count, iters, WEFT, &wh[k]);
       evs[k] = (double)(events_recorded(&p) - ev0) / iters / 2; /* per rank's all-reduce */
-      raw[k] = run_threads(b, nl, &p, count, iters, 0, &rh[k]);
-      rec[k] = run_threads(b, nl, &p, count, iters, 2, &rech[k]);
+      raw[k] = run_threads(b, nl, &p, count, iters, RAW, &rh[k]);
+      rec[k] = run_threads(b, nl, &p, count, iters, RAW_RECORD, &rech[k]);
       rr[k] = rec[k] / raw[k];
     }
     report_per_rank(b, "weft_all_reduce, a thread per rank", "raw ncclAllReduce, a thread per rank", count, reps, w,
