@@ -2,14 +2,15 @@
  * stream of its own. Each of T threads (1, then 2) loops weft_use_begin + weft_use_end of one
  * block of its own on a pool stream of its own (no edge, lazy records: no driver call in the
  * loop), on runtime 0 or, with DEVICES=2, on runtime t % 2. Prints ns per use per thread: with no
- * sharing, 2 threads on 2 cores take what 1 takes; the difference is what threads pay for weft's
- * process-wide state (its lock, the live domain's busy mask and counters, lanes sharing lines).
+ * sharing, 2 threads on 2 cores take what 1 takes; the difference is what threads pay for what
+ * they share: weft's process-wide state (its lock, the live domain's lines) or the machine's
+ * (two CPUs of one core: bench/data/h200x2-cac6634/thread_uses tells them apart).
  * With GAP_NS, each thread works that long on its own between uses (as a thread per rank spends
  * about 10 us in NCCL between all-reduces) and only the uses are timed: what a use costs when
  * the lines it shares were last written by the other thread, with the lock seldom contended.
  * PROBE_CPUS="a,b" pins thread 0 to CPU a and thread 1 to CPU b (the same socket, or two).
- * PROBE_CONTROL=1 makes thread 1 run its loop without the uses (its gaps only): what thread 0
- * then pays over one thread is the machine's (two CPUs of one core), not weft's.
+ * PROBE_CONTROL=1 makes thread 1 run its loop without the uses (its gaps only): a control, what
+ * thread 0 pays then for a second thread that shares nothing of weft's.
  *   probe_thread_uses [USES] [GAP_NS]   (WEFT_DRIVER=sim works: the loop makes no driver call) */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
