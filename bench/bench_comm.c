@@ -419,8 +419,7 @@ void bench_comm(bench_t *b) {
   printf("\nRaw NCCL with an event record after each all-reduce, a thread per rank, against raw NCCL alone "
          "(medians, from 1 MiB up):");
   for (unsigned i = 0; i < nsizes; i++) printf(" %.3f", rec_ratio[i]);
-  printf("\n");
-  printf("\n");
+  printf("\n\n");
   for (int r = 0; r < 2; r++) {
     BENCH_WEFT(weft_free(p.buf[r], weft_comm_stream(p.comm[r])));
     BENCH_WEFT(weft_runtime_synchronize(p.rt[r]));
