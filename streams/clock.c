@@ -347,38 +347,6 @@ weft_status_t weft__clock_flush(weft__tracker_t *tr, weft__domain_t *d, weft_str
   return WEFT_OK;
 }
 
-/* Lane `at`'s pending tick, a new one when it has none (its event, recorded later, lands after
- * the work enqueued meanwhile too); the lane's work is then covered by it (not dirty). */
-static uint64_t pending_tick(weft__domain_t *d, unsigned at) {
-  weft__lane_t *l = &d->lane[at];
-  if (l->tick == l->recorded) {
-    l->tick++;
-    WEFT__ROW(d, at)[at] = l->tick;
-  }
-  l->dirty = false;
-  weft__clock_publish(d, at);
-  return l->tick;
-}
-
-uint64_t weft__clock_point(weft__domain_t *d, const weft_stream_t *s) {
-  unsigned at = weft__at(d, s);
-  /* New work or waits since the newest tick: the pending tick covers them. */
-  return d->lane[at].dirty ? pending_tick(d, at) : d->lane[at].tick;
-}
-
-uint64_t weft__clock_defer(weft__domain_t *d, weft_stream_t *s) {
-  unsigned at = weft__at(d, s);
-  weft__lane_t *l = &d->lane[at];
-  if (l->tick != l->recorded && l->deferred) l->joined++; /* joins the deferred tick */
-  uint64_t k = pending_tick(d, at);
-  l->deferred = true;
-  return k;
-}
-
-uint64_t weft__clock_reserve(weft__domain_t *d, weft_stream_t *s, bool defer) {
-  return defer ? weft__clock_defer(d, s) : pending_tick(d, weft__at(d, s));
-}
-
 void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, bool newest) {
   weft__lane_t *l = &d->lane[weft__at(d, t)];
   /* Whether k's event covers (or, pending, will cover) several uses; an evicted slot's stand-in
@@ -469,12 +437,18 @@ weft_status_t weft__clock_record_for_host(weft__tracker_t *tr, weft__domain_t *d
 }
 
 weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, unsigned *slot) {
+  weft__lane_t *l = &d->lane[weft__at(d, t)];
+  /* The common case first: k recorded and still in the ring, nothing pending. */
+  unsigned mask = l->ring_size - 1;
+  if (l->recorded == l->tick && l->ring_tick != NULL && l->ring_tick[k & mask] == k) {
+    *slot = (unsigned)(k & mask);
+    return WEFT_OK;
+  }
   weft_status_t st = record_for_others(tr, d, t);
   if (st == WEFT_ERR_CAPTURE) /* k's event, where it exists, serves: only the pending tick waits */
     st = k <= d->lane[weft__at(d, t)].recorded ? WEFT_OK : refused(t);
   if (st != WEFT_OK) return st;
-  weft__lane_t *l = &d->lane[weft__at(d, t)];
-  unsigned mask = l->ring_size - 1;
+  mask = l->ring_size - 1;
   WEFT_ASSERT_INTERNAL(k >= 1 && k <= l->recorded);
   if (l->ring_tick[k & mask] == k) {
     *slot = (unsigned)(k & mask);
@@ -511,25 +485,11 @@ weft_status_t weft__clock_exact(weft__tracker_t *tr, weft__domain_t *d, weft_str
   return WEFT_OK;
 }
 
-weft_status_t weft__clock_wait(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, weft_stream_t *t, uint64_t k) {
-  unsigned slot;
-  unsigned as = weft__at(d, s), at = weft__at(d, t);
-  /* Waiting for an exact lane makes s exact too: its later work waits for that lane's. */
-  weft_status_t st = d->lane[at].exact ? weft__clock_exact(tr, d, s) : WEFT_OK;
-  if (st == WEFT_OK) st = weft__clock_slot(tr, d, t, k, &slot);
-  if (st != WEFT_OK) return st;
-  const weft__lane_t *lt = &d->lane[at];
-  CUresult r = tr->drv->cuStreamWaitEvent(s->raw, lt->ring[slot], 0);
-  if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuStreamWaitEvent");
-  if (lt->ring_tick[slot] != k) tr->counters.ring_evictions++; /* a newer event stood in */
-  uint64_t *row = WEFT__ROW(d, as);
-  const uint64_t *snap = &lt->ring_clock[(size_t)slot * d->stride];
-  for (unsigned u = 0; u < d->n; u++) row[u] = weft__max_u64(row[u], snap[u]);
-  row[at] = weft__max_u64(row[at], lt->ring_tick[slot]);
-  row[as] = d->lane[as].tick; /* own entry is always the own tick */
-  d->lane[as].dirty = true;
-  weft__clock_publish(d, as);
-  tr->counters.waits_issued++;
+/* A wait's trace slice and NVTX mark, out of the wait's own code (both are off in the common
+ * case). */
+static __attribute__((noinline, cold)) void note_wait(weft__tracker_t *tr, const weft__domain_t *d,
+                                                     const weft_stream_t *s, const weft_stream_t *t, unsigned slot) {
+  const weft__lane_t *lt = &d->lane[weft__at(d, t)];
   if (weft__trace_on()) {
     uint64_t id = d->capture != NULL ? d->capture->id : 0;
     weft__trace_wait(tr->ordinal, weft__trace_tid(t->index, id), lt->ring_us[slot], weft__trace_tid(s->index, id));
@@ -540,5 +500,37 @@ weft_status_t weft__clock_wait(weft__tracker_t *tr, weft__domain_t *d, weft_stre
              t->tr->ordinal, (unsigned long long)lt->ring_tick[slot]);
     weft__nvtx_mark(m);
   }
+}
+
+weft_status_t weft__clock_wait_at(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, weft_stream_t *t,
+                                  uint64_t k, unsigned slot) {
+  unsigned as = weft__at(d, s), at = weft__at(d, t);
+  /* Waiting for an exact lane makes s exact too: its later work waits for that lane's. */
+  if (__builtin_expect(d->lane[at].exact, 0)) {
+    weft_status_t st = weft__clock_exact(tr, d, s);
+    if (st != WEFT_OK) return st;
+  }
+  const weft__lane_t *lt = &d->lane[at];
+  CUresult r = tr->drv->cuStreamWaitEvent(s->raw, lt->ring[slot], 0);
+  if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuStreamWaitEvent");
+  if (lt->ring_tick[slot] != k) tr->counters.ring_evictions++; /* a newer event stood in */
+  uint64_t *row = WEFT__ROW(d, as);
+  const uint64_t *snap = &lt->ring_clock[(size_t)slot * d->stride];
+  /* A few lanes: a plain loop is shorter code than the vectorised one and as fast. */
+#pragma GCC unroll 1
+  for (unsigned u = 0; u < d->n; u++)
+    if (snap[u] > row[u]) row[u] = snap[u];
+  row[at] = weft__max_u64(row[at], lt->ring_tick[slot]);
+  row[as] = d->lane[as].tick; /* own entry is always the own tick */
+  d->lane[as].dirty = true;
+  weft__clock_publish(d, as);
+  tr->counters.waits_issued++;
+  if (__builtin_expect(weft__trace_on() || weft__nvtx_on(), 0)) note_wait(tr, d, s, t, slot);
   return WEFT_OK;
+}
+
+weft_status_t weft__clock_wait(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, weft_stream_t *t, uint64_t k) {
+  unsigned slot;
+  weft_status_t st = weft__clock_slot(tr, d, t, k, &slot);
+  return st == WEFT_OK ? weft__clock_wait_at(tr, d, s, t, k, slot) : st;
 }

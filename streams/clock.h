@@ -68,13 +68,6 @@ weft_status_t weft__clock_flush(weft__tracker_t *tr, weft__domain_t *d, weft_str
  * Joining is sound because nothing can know a pending tick complete: waits record it first,
  * and the host learns only recorded ticks. */
 weft_status_t weft__clock_record(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, uint64_t *tick);
-/** Gives the work of the use just enqueued on s a tick without recording its event (lazy
- * records, tracker.h): a new pending tick, or the deferred one it joins. */
-uint64_t weft__clock_defer(weft__domain_t *d, weft_stream_t *s);
-/** The tick a busy use's work will have (tracker.h, "Busy lanes"), before that work is
- * enqueued: its pending one, recorded after the work by weft__clock_flush; a new tick, or, with
- * `defer` (lazy records), the deferred tick it joins as weft__clock_defer does. */
-uint64_t weft__clock_reserve(weft__domain_t *d, weft_stream_t *s, bool defer);
 /** What the ring slot of recorded tick k of lane l kept of its uses (weft__lane_t.ring_use); 0
  * when the slot was reused since (or the lane has no ring). */
 static inline uint64_t weft__clock_ring_use(const weft__lane_t *l, uint64_t k) {
@@ -101,8 +94,6 @@ static inline uint64_t weft__clock_newest_use(const weft__domain_t *d, unsigned 
  * older tick between, turns lazy again: those waiters would have been served exactly by a
  * deferred tick, so the records after each use bought nothing. */
 void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, bool newest);
-/** A tick covering everything enqueued on s so far, recorded lazily (see tracker.h). */
-uint64_t weft__clock_point(weft__domain_t *d, const weft_stream_t *s);
 /** Publishes lane `at`'s point for lock-free readers (weft_stream_t.point): 1 + its tick while
  * it is not dirty, else 0; live domain only, never for a per-thread stream. Called wherever a live
  * lane's tick or dirtiness changes, lock held. */
@@ -117,6 +108,41 @@ static inline void weft__clock_publish(const weft__domain_t *d, unsigned at) {
 static inline void weft__clock_unpublish(const weft__domain_t *d, unsigned at) {
   weft_stream_t *s = d->capture == NULL ? d->stream[at] : NULL;
   if (s != NULL) atomic_store_explicit(&s->point, 0, memory_order_release);
+}
+/** Lane `at`'s pending tick, a new one when it has none (its event, recorded later, lands after
+ * the work enqueued meanwhile too); the lane's work is then covered by it (not dirty). Inline,
+ * as the three below: every use takes a tick. */
+static inline uint64_t weft__clock_pending_tick(weft__domain_t *d, unsigned at) {
+  weft__lane_t *l = &d->lane[at];
+  if (l->tick == l->recorded) {
+    l->tick++;
+    WEFT__ROW(d, at)[at] = l->tick;
+  }
+  l->dirty = false;
+  weft__clock_publish(d, at);
+  return l->tick;
+}
+/** Gives the work of the use just enqueued on s a tick without recording its event (lazy
+ * records, tracker.h): a new pending tick, or the deferred one it joins. */
+static inline uint64_t weft__clock_defer(weft__domain_t *d, weft_stream_t *s) {
+  unsigned at = weft__at(d, s);
+  weft__lane_t *l = &d->lane[at];
+  if (l->tick != l->recorded && l->deferred) l->joined++; /* joins the deferred tick */
+  uint64_t k = weft__clock_pending_tick(d, at);
+  l->deferred = true;
+  return k;
+}
+/** The tick a busy use's work will have (tracker.h, "Busy lanes"), before that work is
+ * enqueued: its pending one, recorded after the work by weft__clock_flush; a new tick, or, with
+ * `defer` (lazy records), the deferred tick it joins as weft__clock_defer does. */
+static inline uint64_t weft__clock_reserve(weft__domain_t *d, weft_stream_t *s, bool defer) {
+  return defer ? weft__clock_defer(d, s) : weft__clock_pending_tick(d, weft__at(d, s));
+}
+/** A tick covering everything enqueued on s so far, recorded lazily (see tracker.h). */
+static inline uint64_t weft__clock_point(weft__domain_t *d, const weft_stream_t *s) {
+  unsigned at = weft__at(d, s);
+  /* New work or waits since the newest tick: the pending tick covers them. */
+  return d->lane[at].dirty ? weft__clock_pending_tick(d, at) : d->lane[at].tick;
 }
 /** The ring slot of the oldest recorded tick >= k of stream t (k <= tick), flushing t's pending
  * tick first. With k evicted, a newer event stands in: waiting on it is later than needed but
@@ -142,6 +168,9 @@ weft_status_t weft__clock_exact(weft__tracker_t *tr, weft__domain_t *d, weft_str
 /** Makes s wait for tick k of t and merges the event's clock into s's row. A wait for an exact
  * lane makes s exact first. A wait on a stand-in for an evicted k counts one ring eviction. */
 weft_status_t weft__clock_wait(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, weft_stream_t *t, uint64_t k);
+/** weft__clock_wait with k's slot already looked up (weft__clock_slot, in the same lock hold). */
+weft_status_t weft__clock_wait_at(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, weft_stream_t *t,
+                                  uint64_t k, unsigned slot);
 
 
 

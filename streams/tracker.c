@@ -298,7 +298,7 @@ typedef struct needs {
 
 /* One conflicting point (t, tick) of a use on s, with block st's write there (`write`) or a read:
  * a need unless s already implies it. */
-static inline void consider(weft__tracker_t *tr, const weft__domain_t *d, unsigned s, unsigned t, uint64_t tick,
+static __attribute__((noinline)) void consider(weft__tracker_t *tr, const weft__domain_t *d, unsigned s, unsigned t, uint64_t tick,
                             needs_t *nd, const weft__access_state_t *st, bool write) {
   if (!weft__clock_implied(d, s, t, tick)) {
     weft__lanes_t bit = weft__lane_bit(t);
@@ -347,23 +347,36 @@ static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_st
   weft__lanes_t mask = nd->mask;
   const uint64_t *need = nd->tick;
   if (mask == 0 || tr->no_waits) return WEFT_OK;
-  const uint64_t *implies[WEFT__MAX_LANES];
-  for (weft__lanes_t m = mask; m != 0; m &= m - 1) {
-    unsigned t = weft__lanes_first(m), slot;
-    weft_status_t st = weft__clock_slot(tr, d, d->stream[t], need[t], &slot);
+  if ((mask & (mask - 1)) == 0) { /* one need (the common edge): nothing to prune */
+    unsigned t = weft__lanes_first(mask), one;
+    weft_status_t st = weft__clock_slot(tr, d, d->stream[t], need[t], &one);
     if (st != WEFT_OK) return st;
-    const weft__lane_t *l = &d->lane[t];
-    implies[t] = l->ring_tick[slot] == need[t] ? &l->ring_clock[(size_t)slot * d->stride] : NULL;
+    weft__clock_needed(tr, d, d->stream[t], need[t], nd->newest != 0);
+    return weft__clock_wait_at(tr, d, s, d->stream[t], need[t], one);
   }
-  weft__lanes_t kept = mask;
+  unsigned slot[WEFT__MAX_LANES];
   for (weft__lanes_t m = mask; m != 0; m &= m - 1) {
     unsigned t = weft__lanes_first(m);
-    for (weft__lanes_t o = kept & ~weft__lane_bit(t); o != 0; o &= o - 1) {
-      unsigned u = weft__lanes_first(o);
-      if (implies[u] != NULL && implies[u][t] >= need[t]) {
-        kept &= ~weft__lane_bit(t);
-        tr->counters.waits_skipped++;
-        break;
+    weft_status_t st = weft__clock_slot(tr, d, d->stream[t], need[t], &slot[t]);
+    if (st != WEFT_OK) return st;
+  }
+  weft__lanes_t kept = mask;
+  if ((mask & (mask - 1)) != 0) { /* several needs: prune (one, the common edge, has nothing to) */
+    const uint64_t *implies[WEFT__MAX_LANES];
+    for (weft__lanes_t m = mask; m != 0; m &= m - 1) {
+      unsigned t = weft__lanes_first(m);
+      const weft__lane_t *l = &d->lane[t];
+      implies[t] = l->ring_tick[slot[t]] == need[t] ? &l->ring_clock[(size_t)slot[t] * d->stride] : NULL;
+    }
+    for (weft__lanes_t m = mask; m != 0; m &= m - 1) {
+      unsigned t = weft__lanes_first(m);
+      for (weft__lanes_t o = kept & ~weft__lane_bit(t); o != 0; o &= o - 1) {
+        unsigned u = weft__lanes_first(o);
+        if (implies[u] != NULL && implies[u][t] >= need[t]) {
+          kept &= ~weft__lane_bit(t);
+          tr->counters.waits_skipped++;
+          break;
+        }
       }
     }
   }
@@ -371,7 +384,7 @@ static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_st
     unsigned t = weft__lanes_first(m);
     /* Only a wait issued can be late: a need another kept one implies costs nothing more. */
     weft__clock_needed(tr, d, d->stream[t], need[t], (nd->newest & weft__lane_bit(t)) != 0);
-    weft_status_t st = weft__clock_wait(tr, d, s, d->stream[t], need[t]);
+    weft_status_t st = weft__clock_wait_at(tr, d, s, d->stream[t], need[t], slot[t]);
     if (st != WEFT_OK) return st;
   }
   return WEFT_OK;
@@ -380,7 +393,7 @@ static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_st
 /* What a use on s must wait for (*nd; returns nd->mask). When one of those lanes is busy
  * (tracker.h), *busy gets them and the counters are as they were (the caller waits until they
  * are idle, then looks again). */
-static weft__lanes_t needs_locked(weft__tracker_t *tr, const weft__domain_t *d, const weft_stream_t *s,
+static inline __attribute__((always_inline)) weft__lanes_t needs_locked(weft__tracker_t *tr, const weft__domain_t *d, const weft_stream_t *s,
                                   const weft__use_t *uses, size_t n, needs_t *nd, weft__lanes_t *busy) {
   uint64_t skipped = tr->counters.waits_skipped, host = tr->counters.waits_host_known;
   weft__lanes_t mask = collect_needs(tr, d, weft__at(d, s), uses, n, nd);
@@ -395,14 +408,14 @@ static weft__lanes_t needs_locked(weft__tracker_t *tr, const weft__domain_t *d, 
 /* Whether issue_locked makes a driver call for `nd` on s (lock held, live domain): only for a
  * need, or to record a tick left unrecorded on a lane that does not defer it (weft__clock_flush).
  * Else neither it nor s's context is needed. */
-static bool issue_calls_driver(const weft__domain_t *d, const weft_stream_t *s, const needs_t *nd) {
+static inline __attribute__((always_inline)) bool issue_calls_driver(const weft__domain_t *d, const weft_stream_t *s, const needs_t *nd) {
   const weft__lane_t *l = &d->lane[s->lane];
   return nd->mask != 0 || (!l->deferred && l->recorded != l->tick);
 }
 
 /* Issues the waits needs_locked found: s's pending tick first, so that its event sits at its
  * point rather than after these waits (a deferred one, lazy records, is joined instead). */
-static weft_status_t issue_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const needs_t *nd) {
+static inline __attribute__((always_inline)) weft_status_t issue_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const needs_t *nd) {
   weft_status_t st = d->lane[weft__at(d, s)].deferred ? WEFT_OK : weft__clock_flush(tr, d, s);
   return st == WEFT_OK ? issue_waits(tr, d, s, nd) : st;
 }
@@ -748,7 +761,7 @@ weft_status_t weft__tracker_end(weft_stream_t *s, const weft__use_t *uses, size_
  * accesses on a stream that takes part in no capture, is no per-thread stream and is not busy,
  * no device timestamps, and every block of no graph with room for s's lane (admit_live's
  * common case). */
-static bool live_plain(const weft__tracker_t *tr, const weft__domain_t *d, const weft_stream_t *s,
+static inline __attribute__((always_inline)) bool live_plain(const weft__tracker_t *tr, const weft__domain_t *d, const weft_stream_t *s,
                        const weft__use_t *uses, size_t n) {
   unsigned at = s->lane;
   if (n > LIVE_USES || tr->no_fast_path || s->capture != NULL || s->per_thread || (d->busy & weft__lane_bit(at)) != 0 ||
@@ -761,7 +774,7 @@ static bool live_plain(const weft__tracker_t *tr, const weft__domain_t *d, const
 
 /* A plain use's waits (begin_locked), into *st; false, nothing changed, when a lane it needs is
  * busy (run_use waits for it). */
-static bool live_begin(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n,
+static inline __attribute__((always_inline)) bool live_begin(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n,
                        weft_status_t *st) {
   needs_t nd;
   weft__lanes_t busy;
@@ -774,7 +787,7 @@ static bool live_begin(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s,
 }
 
 /* weft__tracker_use's fast path: false, the lock released, where run_use must take the use. */
-static bool use_live(weft_stream_t *s, const weft__use_t *uses, size_t n,
+static inline __attribute__((always_inline)) bool use_live(weft_stream_t *s, const weft__use_t *uses, size_t n,
                      weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg, weft_status_t *out) {
   weft__tracker_t *tr = s->tr;
   lock(tr);
@@ -801,7 +814,7 @@ static bool use_live(weft_stream_t *s, const weft__use_t *uses, size_t n,
 /* The split form's fast path, open (its waits) or close (its record): false, the lock released,
  * where run_use must take it (its errors too: a second open, a close without an open or with
  * other accesses). */
-static bool split_live(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print, bool open,
+static inline __attribute__((always_inline)) bool split_live(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print, bool open,
                        weft_status_t *out) {
   weft__tracker_t *tr = s->tr;
   lock(tr);
@@ -930,16 +943,11 @@ done:
   return st;
 }
 
-weft_status_t weft__tracker_open(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print) {
+weft_status_t weft__tracker_bracket(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print, bool open) {
   weft_status_t st;
-  if (split_live(s, uses, n, print, true, &st)) return st;
-  return (st = weft__tracker_bind(s->tr)) == WEFT_OK ? run_use(s, uses, n, DO_OPEN, NULL, NULL, print) : st;
-}
-
-weft_status_t weft__tracker_close(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print) {
-  weft_status_t st;
-  if (split_live(s, uses, n, print, false, &st)) return st;
-  return (st = weft__tracker_bind(s->tr)) == WEFT_OK ? run_use(s, uses, n, DO_CLOSE, NULL, NULL, print) : st;
+  if (split_live(s, uses, n, print, open, &st)) return st;
+  return (st = weft__tracker_bind(s->tr)) == WEFT_OK ? run_use(s, uses, n, open ? DO_OPEN : DO_CLOSE, NULL, NULL, print)
+                                                   : st;
 }
 
 uint64_t weft__tracker_fingerprint(const weft__use_t *uses, size_t n) {

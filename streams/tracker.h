@@ -368,9 +368,15 @@ weft_status_t weft__tracker_use_joint(weft_stream_t *const *s, weft__use_t *cons
 /** The split form's bracket (weft_use_begin / weft_use_end): opens a use on s (BUSY when one is
  * open) after its waits, or closes the open one (INVALID_ARGUMENT when none is open or when
  * `print` differs from the opening accesses'). `print` is weft__tracker_fingerprint(). Each binds
- * tr's context itself where it makes a driver call (a plain deferred use makes none). */
-weft_status_t weft__tracker_open(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print);
-weft_status_t weft__tracker_close(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print);
+ * tr's context itself where it makes a driver call (a plain deferred use makes none). Both are
+ * weft__tracker_bracket, one function: a use's begin and end then run the same code. */
+weft_status_t weft__tracker_bracket(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print, bool open);
+static inline weft_status_t weft__tracker_open(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print) {
+  return weft__tracker_bracket(s, uses, n, print, true);
+}
+static inline weft_status_t weft__tracker_close(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print) {
+  return weft__tracker_bracket(s, uses, n, print, false);
+}
 
 /** Zeroes a new block's history (live memory); `reads` has room for `cap` ticks (cap >=
  * weft__tracker_lanes() for live memory; the tracker grows it when a later lane reads). */

@@ -31,18 +31,14 @@ static nvtxEventAttributes_t attributes(const char *message) {
   return a;
 }
 
-void weft__nvtx_mark(const char *message) {
-  if (!weft__nvtx_on()) return;
+void weft__nvtx_mark_on(const char *message) {
   nvtxEventAttributes_t a = attributes(message);
   nvtxDomainMarkEx(domain, &a);
 }
 
-void weft__nvtx_push(const char *message) {
-  if (!weft__nvtx_on()) return;
+void weft__nvtx_push_on(const char *message) {
   nvtxEventAttributes_t a = attributes(message);
   nvtxDomainRangePushEx(domain, &a);
 }
 
-void weft__nvtx_pop(void) {
-  if (weft__nvtx_on()) nvtxDomainRangePop(domain);
-}
+void weft__nvtx_pop_on(void) { nvtxDomainRangePop(domain); }

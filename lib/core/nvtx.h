@@ -18,9 +18,19 @@ static inline bool weft__nvtx_on(void) {
   int s = atomic_load_explicit(&weft__nvtx_state, memory_order_acquire);
   return s == 0 ? weft__nvtx_init() : s == 2;
 }
-/** A mark / a range pushed / the innermost range popped, in the weft domain (no-ops without a tool). */
-void weft__nvtx_mark(const char *message);
-void weft__nvtx_push(const char *message);
-void weft__nvtx_pop(void);
+/** A mark / a range pushed / the innermost range popped, in the weft domain (no-ops without a
+ * tool: the check is inline, the call out of line). */
+void weft__nvtx_mark_on(const char *message);
+void weft__nvtx_push_on(const char *message);
+void weft__nvtx_pop_on(void);
+static inline void weft__nvtx_mark(const char *message) {
+  if (weft__nvtx_on()) weft__nvtx_mark_on(message);
+}
+static inline void weft__nvtx_push(const char *message) {
+  if (weft__nvtx_on()) weft__nvtx_push_on(message);
+}
+static inline void weft__nvtx_pop(void) {
+  if (weft__nvtx_on()) weft__nvtx_pop_on();
+}
 
 #endif /* WEFT_CORE_NVTX_H */

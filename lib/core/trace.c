@@ -164,17 +164,13 @@ static struct {
 } dev[DEVICES];
 static weft__trace_span_t *pending[SPANS]; /* ended and named, not written yet */
 static size_t npending;
-static _Atomic bool device_wanted;          /* WEFT_TRACE_DEVICE=1 when the trace started */
+_Atomic bool weft__trace_device_wanted; /* WEFT_TRACE_DEVICE=1 when the trace started (trace.h) */
 static _Thread_local weft__trace_span_t *tls_ended; /* ended by this thread, waiting for its name */
 /* tls_ended, as a thread-specific value too: a thread that ends before naming its span gives it
  * back (ended_release), instead of leaving it and its two events behind. */
 static pthread_key_t ended_key;
 static pthread_once_t ended_once = PTHREAD_ONCE_INIT;
 static bool ended_keyed;
-
-bool weft__trace_device_on(void) {
-  return weft__trace_on() && atomic_load_explicit(&device_wanted, memory_order_relaxed);
-}
 
 /* Back on its device's free list (trace_lock held). */
 static void recycle(weft__trace_span_t *sp) {
@@ -380,7 +376,7 @@ weft_status_t weft_trace_start(const char *path) {
     trace_first = true;
     memset(named, 0, sizeof named);
     const char *want = getenv("WEFT_TRACE_DEVICE");
-    atomic_store_explicit(&device_wanted, want != NULL && strcmp(want, "1") == 0, memory_order_relaxed);
+    atomic_store_explicit(&weft__trace_device_wanted, want != NULL && strcmp(want, "1") == 0, memory_order_relaxed);
     atomic_store(&weft__trace_active, 1);
   }
   pthread_mutex_unlock(&trace_lock);

@@ -41,8 +41,11 @@ unsigned weft__trace_tid(unsigned stream, uint64_t capture_id);
  * flushes: a debugging mode. */
 typedef struct weft__trace_span weft__trace_span_t;
 struct weft__driver;
+extern _Atomic bool weft__trace_device_wanted;
 /** Whether device timestamps are wanted (a trace is open and WEFT_TRACE_DEVICE=1). */
-bool weft__trace_device_on(void);
+static inline bool weft__trace_device_on(void) {
+  return weft__trace_on() && atomic_load_explicit(&weft__trace_device_wanted, memory_order_relaxed);
+}
 /** Records a span's start on `raw` (a live stream, current context); NULL if no span could be
  * made (the trace then has no device slice for this use). */
 weft__trace_span_t *weft__trace_device_begin(const struct weft__driver *drv, int device, unsigned stream, void *raw);

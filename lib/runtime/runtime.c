@@ -12,17 +12,12 @@
 
 /* The registry. g_life guards refs and `busy` of every slot; it is never held across a driver
  * call: a slot being created or torn down is `busy`, and weft_runtime_get waits for it. */
-static weft_runtime_t g_runtimes[WEFT__MAX_DEVICES];
+weft_runtime_t weft__runtimes[WEFT__MAX_DEVICES]; /* runtime.h */
 static bool g_busy[WEFT__MAX_DEVICES];
 static pthread_mutex_t g_life = PTHREAD_MUTEX_INITIALIZER; /* rank 5 */
 static pthread_cond_t g_life_cv = PTHREAD_COND_INITIALIZER;
 
-bool weft__runtime_is_handle(const weft_runtime_t *rt) {
-  uintptr_t p = (uintptr_t)rt, lo = (uintptr_t)&g_runtimes[0], hi = (uintptr_t)&g_runtimes[WEFT__MAX_DEVICES];
-  return p >= lo && p < hi && (p - lo) % sizeof(weft_runtime_t) == 0;
-}
-
-weft_runtime_t *weft__runtime_check(weft_runtime_t *rt, const char *fn) {
+weft_runtime_t *weft__runtime_refuse(weft_runtime_t *rt, const char *fn) {
   if (rt == NULL) {
     weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: runtime is NULL", fn);
     return NULL;
@@ -32,7 +27,7 @@ weft_runtime_t *weft__runtime_check(weft_runtime_t *rt, const char *fn) {
     return NULL;
   }
   if (!atomic_load_explicit(&rt->alive, memory_order_acquire)) {
-    weft__error(WEFT_ERR_STALE_HANDLE, "%s: the runtime of device %d was released", fn, (int)(rt - g_runtimes));
+    weft__error(WEFT_ERR_STALE_HANDLE, "%s: the runtime of device %d was released", fn, (int)(rt - weft__runtimes));
     return NULL;
   }
   return rt;
@@ -353,7 +348,7 @@ weft_status_t weft_runtime_get(int device, const weft_options_t *opts, weft_runt
   if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_runtime_get: out is NULL");
   if (device < 0 || device >= WEFT__MAX_DEVICES)
     return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_runtime_get: device %d is out of range", device);
-  weft_runtime_t *rt = &g_runtimes[device];
+  weft_runtime_t *rt = &weft__runtimes[device];
   weft_status_t st = WEFT_OK;
   pthread_mutex_lock(&g_life);
   wait_idle(device);
@@ -404,7 +399,7 @@ static weft_status_t teardown(weft_runtime_t *rt) {
 weft_status_t weft_runtime_release(weft_runtime_t *rt) {
   if (weft__runtime_check(rt, "weft_runtime_release") == NULL) return weft__runtime_check_status(rt);
   weft__runtime_refresh_captures(rt);
-  int d = (int)(rt - g_runtimes);
+  int d = (int)(rt - weft__runtimes);
   pthread_mutex_lock(&g_life);
   weft_status_t st = WEFT_OK;
   if (!atomic_load(&rt->alive)) {

@@ -206,10 +206,21 @@ weft_status_t weft__stages_free(weft_runtime_t *rt);
 
 /* ---- runtime.c ------------------------------------------------------------------------------ */
 
+/** The process's runtimes, one slot per device (runtime.c's registry owns them). */
+extern weft_runtime_t weft__runtimes[WEFT__MAX_DEVICES];
 /** Whether rt is a runtime handle, live or released (one of the process's runtimes). */
-bool weft__runtime_is_handle(const weft_runtime_t *rt);
-/** The runtime of a live handle, or NULL after recording STALE_HANDLE / INVALID_ARGUMENT. */
-weft_runtime_t *weft__runtime_check(weft_runtime_t *rt, const char *fn);
+static inline bool weft__runtime_is_handle(const weft_runtime_t *rt) {
+  uintptr_t p = (uintptr_t)rt, lo = (uintptr_t)&weft__runtimes[0], hi = (uintptr_t)&weft__runtimes[WEFT__MAX_DEVICES];
+  return p >= lo && p < hi && (p - lo) % sizeof(weft_runtime_t) == 0;
+}
+/** The runtime of a live handle, or NULL after recording STALE_HANDLE / INVALID_ARGUMENT. The
+ * check is inline; weft__runtime_refuse records why a handle fails it. */
+weft_runtime_t *weft__runtime_refuse(weft_runtime_t *rt, const char *fn);
+static inline weft_runtime_t *weft__runtime_check(weft_runtime_t *rt, const char *fn) {
+  if (__builtin_expect(weft__runtime_is_handle(rt) && atomic_load_explicit(&rt->alive, memory_order_acquire), 1))
+    return rt;
+  return weft__runtime_refuse(rt, fn);
+}
 /** The status weft__runtime_check() recorded for a handle it refused. */
 weft_status_t weft__runtime_check_status(const weft_runtime_t *rt);
 /** The tracker of a live runtime handle, or NULL with STALE_HANDLE / INVALID_ARGUMENT recorded
@@ -246,13 +257,31 @@ void weft__runtime_flush_deferred(weft_runtime_t *rt);
 
 /* ---- stream.c ----------------------------------------------------------------------------------- */
 
-/** Checks a stream handle: a pool stream of a live runtime. */
-weft_status_t weft__stream_check(const weft_stream_t *s, const char *fn);
+/** Checks a stream handle: a pool stream of a live runtime (a per-thread stream: of the calling
+ * thread). The common case is inline; weft__stream_refuse looks closer and records why. */
+weft_status_t weft__stream_refuse(const weft_stream_t *s, const char *fn);
+static inline weft_status_t weft__stream_check(const weft_stream_t *s, const char *fn) {
+  if (__builtin_expect(s != NULL && !s->per_thread, 1)) {
+    const weft_runtime_t *rt = s->runtime;
+    if (weft__runtime_is_handle(rt) && atomic_load_explicit(&rt->alive, memory_order_acquire) &&
+        s->tr == &rt->tracker && s->index < WEFT__MAX_STREAMS && &rt->tracker.streams[s->index] == s &&
+        weft__tracker_lane_used(s->tr, s->index))
+      return WEFT_OK;
+  }
+  return weft__stream_refuse(s, fn);
+}
 /** Whether s (not NULL) passes weft__stream_check, is no per-thread stream and takes part in no
  * capture weft knows of (nor drops one now): a stream of a live runtime whose capture state only
  * code outside weft can have changed, and only if s is exposed (weft__stream_prepare asks the
- * driver then). Records no error; false says "look closer". */
-bool weft__stream_plain(const weft_stream_t *s);
+ * driver then). Records no error; false says "look closer". Inline: every use's fast path asks. */
+static inline bool weft__stream_plain(const weft_stream_t *s) {
+  const weft_runtime_t *rt = s->runtime;
+  return weft__runtime_is_handle(rt) && atomic_load_explicit(&rt->alive, memory_order_acquire) &&
+         s->tr == &rt->tracker && s->index < WEFT__MAX_STREAMS && &rt->tracker.streams[s->index] == s &&
+         weft__tracker_lane_used(s->tr, s->index) && !s->per_thread &&
+         atomic_load_explicit(&s->capture, memory_order_acquire) == NULL &&
+         atomic_load_explicit(&s->dropping, memory_order_acquire) == 0;
+}
 /** The allocation fast path's weft__stream_prepare and weft__runtime_flush_deferred (block.c):
  * true where s (not NULL) is plain, the runtime has no deferred free to make, and s takes part in
  * no capture now, the driver asked where code outside weft may have begun one (an exposed
@@ -272,8 +301,16 @@ bool weft__stream_quiet(weft_stream_t *s, weft_status_t *st);
  * driver query for streams outside code can reach, nothing otherwise. */
 weft_status_t weft__stream_prepare(weft_stream_t *s);
 /** weft__stream_prepare without binding the context: for calls whose driver work binds it
- * itself (weft__tracker_use_joint). */
-weft_status_t weft__stream_sync_capture(weft_stream_t *s);
+ * itself (weft__tracker_use_joint). Its common case (a stream no outside code has seen, in no
+ * capture) is inline; weft__stream_sync_capture_slow looks closer. */
+weft_status_t weft__stream_sync_capture_slow(weft_stream_t *s);
+static inline weft_status_t weft__stream_sync_capture(weft_stream_t *s) {
+  if (!atomic_load_explicit(&s->exposed, memory_order_relaxed) &&
+      atomic_load_explicit(&s->capture, memory_order_acquire) == NULL &&
+      atomic_load_explicit(&s->dropping, memory_order_acquire) == 0)
+    return WEFT_OK;
+  return weft__stream_sync_capture_slow(s);
+}
 /** Ends the records of the blocks allocated inside capture c and not freed there: their memory
  * went with c's graph (or with its owner's). Their handles become stale; their resource stops
  * counting them. */

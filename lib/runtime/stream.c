@@ -11,7 +11,7 @@
 #include "lib/core/meta.h"
 #include "lib/runtime/runtime.h"
 
-weft_status_t weft__stream_check(const weft_stream_t *s, const char *fn) {
+weft_status_t weft__stream_refuse(const weft_stream_t *s, const char *fn) {
   if (s == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: stream is NULL", fn);
   weft_runtime_t *rt = s->runtime;
   if (weft__runtime_check(rt, fn) == NULL)
@@ -25,15 +25,6 @@ weft_status_t weft__stream_check(const weft_stream_t *s, const char *fn) {
                        "%s: stream %u is another thread's per-thread default stream (adopt CU_STREAM_PER_THREAD on "
                        "each thread that uses it)", fn, s->index);
   return WEFT_OK;
-}
-
-bool weft__stream_plain(const weft_stream_t *s) {
-  const weft_runtime_t *rt = s->runtime;
-  return weft__runtime_is_handle(rt) && atomic_load_explicit(&rt->alive, memory_order_acquire) &&
-         s->tr == &rt->tracker && s->index < WEFT__MAX_STREAMS && &rt->tracker.streams[s->index] == s &&
-         weft__tracker_lane_used(s->tr, s->index) && !s->per_thread &&
-         atomic_load_explicit(&s->capture, memory_order_acquire) == NULL &&
-         atomic_load_explicit(&s->dropping, memory_order_acquire) == 0;
 }
 
 /* weft__stream_quiet's work, inline in weft__stream_ready. */
@@ -206,7 +197,7 @@ weft_status_t weft__stream_prepare(weft_stream_t *s) {
   return st == WEFT_OK ? sync_capture(s) : st;
 }
 
-weft_status_t weft__stream_sync_capture(weft_stream_t *s) { return sync_capture(s); }
+weft_status_t weft__stream_sync_capture_slow(weft_stream_t *s) { return sync_capture(s); }
 
 void weft__runtime_refresh_captures(weft_runtime_t *rt) {
   /* Every exposed stream: a capture begun outside weft is unknown until asked about. */

@@ -118,7 +118,7 @@ static weft_status_t prepare(weft_stream_t *s, const weft_access_t *acc, size_t 
  * prepare's checks, in its order. The context is bound only with `bind` (or for the legacy
  * stream's question): weft__tracker_open/close bind it themselves where the use makes a driver
  * call. Returns false, nothing done and no error recorded, where prepare must look. */
-static bool prepare_fast(weft_stream_t *s, const weft_access_t *acc, size_t n, bool bind, weft__use_t *uses,
+static inline __attribute__((always_inline)) bool prepare_fast(weft_stream_t *s, const weft_access_t *acc, size_t n, bool bind, weft__use_t *uses,
                          uint64_t *print, weft_status_t *st) {
   if (s == NULL || n > SMALL || acc == NULL || !weft__stream_plain(s) || weft__trace_on() || weft__nvtx_on())
     return false;
@@ -167,7 +167,7 @@ static weft_status_t split(weft_stream_t *s, const weft_access_t *acc, size_t n,
   weft_status_t st;
   if (prepare_fast(s, acc, n, false, small, &print, &st)) {
     if (st != WEFT_OK) return st;
-    return open ? weft__tracker_open(s, small, n, print) : weft__tracker_close(s, small, n, print);
+    return weft__tracker_bracket(s, small, n, print, open);
   }
   st = prepare(s, acc, n, small, &uses, fn, open, &print);
   if (st != WEFT_OK) return st;
@@ -276,7 +276,7 @@ static weft_status_t do_launch(weft_stream_t *s, void *arg) {
 weft_status_t weft_launch(weft_stream_t *s, const weft_launch_t *launch, const weft_access_t *accesses, size_t n) {
   if (launch == NULL || launch->func == NULL)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_launch: launch or its function is NULL");
-  return weft__use_run(s, accesses, n, "weft_launch", do_launch, (void *)launch);
+  return use_run(s, accesses, n, "weft_launch", true, do_launch, (void *)launch);
 }
 
 /* ---- tracked stream operations -------------------------------------------------------------- */
