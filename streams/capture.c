@@ -44,7 +44,7 @@ static void unlock(weft__tracker_t *tr) { pthread_mutex_unlock(tr->lock); }
 static void wait_free(weft__tracker_t *tr, weft_stream_t *s) {
   for (;;) {
     if (s->holds != 0) pthread_cond_wait(&tr->unheld, tr->lock);
-    else if ((tr->live->busy & weft__lane_bit(s->lane)) != 0) pthread_cond_wait(&weft__clock_idle, tr->lock);
+    else if ((tr->live->busy & weft__lane_bit(s->lane)) != 0) weft__clock_idle_wait(tr->lock);
     else return;
   }
 }

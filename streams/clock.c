@@ -15,6 +15,7 @@
  * with this one (tools/probes/probe_thread_uses, bench/data/cpu-sim-b14fcb4). */
 pthread_mutex_t weft__clock_lock = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
 pthread_cond_t weft__clock_idle = PTHREAD_COND_INITIALIZER;
+unsigned weft__clock_idle_waiters;
 
 /* The process's live domain: created with the first runtime, kept for the process (its lanes'
  * events go with their runtimes). `used` marks lanes some runtime holds. */

@@ -433,7 +433,7 @@ static weft_status_t begin_locked(weft__tracker_t *tr, weft__domain_t *d, weft_s
 static void wait_idle(weft__tracker_t *tr, weft__lanes_t lanes) {
   if ((tr->live->busy & lanes) == 0) return;
   tr->counters.busy_waits++;
-  while ((tr->live->busy & lanes) != 0) pthread_cond_wait(&weft__clock_idle, tr->lock);
+  while ((tr->live->busy & lanes) != 0) weft__clock_idle_wait(tr->lock);
 }
 
 /* Whether a use of s in the live domain leaves its tick pending (lazy records, tracker.h): not
@@ -486,7 +486,7 @@ typedef struct undo {
 /* Records a busy use's accesses at the pending tick of s that its work will have (tracker.h,
  * "Busy lanes"), saving in undo[0..n) and *was what putting them back needs. Returns whether
  * the tick stays deferred after the work (lazy records); lock held. */
-static bool reserve_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n,
+static inline __attribute__((always_inline)) bool reserve_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n,
                         undo_t *undo, lane_was_t *was) {
   unsigned at = s->lane;
   weft__lane_t *l = &d->lane[at];
@@ -506,7 +506,7 @@ static bool reserve_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s
 /* Ends a busy use of s once its work was enqueued (ok) or failed (lock held): records the tick's
  * event unless it stays deferred (the use is recorded whatever happens to its event, as in
  * end_locked), or puts the histories and the lane back: nobody saw the tick, its lane was busy. */
-static void finish_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n,
+static inline __attribute__((always_inline)) void finish_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n,
                        const undo_t *undo, const lane_was_t *was, bool defer, bool ok) {
   unsigned at = s->lane;
   if (ok) {
@@ -555,7 +555,7 @@ static weft_status_t run_busy(weft__tracker_t *tr, weft__domain_t *d, weft__lane
   weft_status_t st = fn(s, arg);
   lock(tr);
   d->busy &= ~busy;
-  pthread_cond_broadcast(&weft__clock_idle);
+  weft__clock_idle_signal();
   return st;
 }
 
