@@ -298,8 +298,9 @@ typedef struct needs {
 
 /* One conflicting point (t, tick) of a use on s, with block st's write there (`write`) or a read:
  * a need unless s already implies it. */
-static __attribute__((noinline)) void consider(weft__tracker_t *tr, const weft__domain_t *d, unsigned s, unsigned t, uint64_t tick,
-                            needs_t *nd, const weft__access_state_t *st, bool write) {
+static __attribute__((noinline)) void consider(weft__tracker_t *tr, const weft__domain_t *d, unsigned s, unsigned t,
+                                               uint64_t tick, needs_t *nd, const weft__access_state_t *st,
+                                               bool write) {
   if (!weft__clock_implied(d, s, t, tick)) {
     weft__lanes_t bit = weft__lane_bit(t);
     /* The block's newest (stamped) use: the write's if it wrote, one of the reads' if it read. */
@@ -393,8 +394,10 @@ static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_st
 /* What a use on s must wait for (*nd; returns nd->mask). When one of those lanes is busy
  * (tracker.h), *busy gets them and the counters are as they were (the caller waits until they
  * are idle, then looks again). */
-static inline __attribute__((always_inline)) weft__lanes_t needs_locked(weft__tracker_t *tr, const weft__domain_t *d, const weft_stream_t *s,
-                                  const weft__use_t *uses, size_t n, needs_t *nd, weft__lanes_t *busy) {
+static inline __attribute__((always_inline)) weft__lanes_t needs_locked(weft__tracker_t *tr, const weft__domain_t *d,
+                                                                        const weft_stream_t *s,
+                                                                        const weft__use_t *uses, size_t n,
+                                                                        needs_t *nd, weft__lanes_t *busy) {
   uint64_t skipped = tr->counters.waits_skipped, host = tr->counters.waits_host_known;
   weft__lanes_t mask = collect_needs(tr, d, weft__at(d, s), uses, n, nd);
   *busy = d == tr->live ? mask & d->busy : 0;
@@ -408,14 +411,16 @@ static inline __attribute__((always_inline)) weft__lanes_t needs_locked(weft__tr
 /* Whether issue_locked makes a driver call for `nd` on s (lock held, live domain): only for a
  * need, or to record a tick left unrecorded on a lane that does not defer it (weft__clock_flush).
  * Else neither it nor s's context is needed. */
-static inline __attribute__((always_inline)) bool issue_calls_driver(const weft__domain_t *d, const weft_stream_t *s, const needs_t *nd) {
+static inline __attribute__((always_inline)) bool issue_calls_driver(const weft__domain_t *d, const weft_stream_t *s,
+                                                                     const needs_t *nd) {
   const weft__lane_t *l = &d->lane[s->lane];
   return nd->mask != 0 || (!l->deferred && l->recorded != l->tick);
 }
 
 /* Issues the waits needs_locked found: s's pending tick first, so that its event sits at its
  * point rather than after these waits (a deferred one, lazy records, is joined instead). */
-static inline __attribute__((always_inline)) weft_status_t issue_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const needs_t *nd) {
+static inline __attribute__((always_inline)) weft_status_t issue_locked(weft__tracker_t *tr, weft__domain_t *d,
+                                                                        weft_stream_t *s, const needs_t *nd) {
   weft_status_t st = d->lane[weft__at(d, s)].deferred ? WEFT_OK : weft__clock_flush(tr, d, s);
   return st == WEFT_OK ? issue_waits(tr, d, s, nd) : st;
 }
@@ -486,8 +491,9 @@ typedef struct undo {
 /* Records a busy use's accesses at the pending tick of s that its work will have (tracker.h,
  * "Busy lanes"), saving in undo[0..n) and *was what putting them back needs. Returns whether
  * the tick stays deferred after the work (lazy records); lock held. */
-static inline __attribute__((always_inline)) bool reserve_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n,
-                        undo_t *undo, lane_was_t *was) {
+static inline __attribute__((always_inline)) bool reserve_use(weft__tracker_t *tr, weft__domain_t *d,
+                                                              weft_stream_t *s, const weft__use_t *uses, size_t n,
+                                                              undo_t *undo, lane_was_t *was) {
   unsigned at = s->lane;
   weft__lane_t *l = &d->lane[at];
   *was = (lane_was_t){l->tick, l->recorded, l->last_use, l->joined, l->dirty, l->deferred};
@@ -506,8 +512,10 @@ static inline __attribute__((always_inline)) bool reserve_use(weft__tracker_t *t
 /* Ends a busy use of s once its work was enqueued (ok) or failed (lock held): records the tick's
  * event unless it stays deferred (the use is recorded whatever happens to its event, as in
  * end_locked), or puts the histories and the lane back: nobody saw the tick, its lane was busy. */
-static inline __attribute__((always_inline)) void finish_use(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n,
-                       const undo_t *undo, const lane_was_t *was, bool defer, bool ok) {
+static inline __attribute__((always_inline)) void finish_use(weft__tracker_t *tr, weft__domain_t *d,
+                                                             weft_stream_t *s, const weft__use_t *uses, size_t n,
+                                                             const undo_t *undo, const lane_was_t *was, bool defer,
+                                                             bool ok) {
   unsigned at = s->lane;
   if (ok) {
     if (!defer) (void)weft__clock_flush(tr, d, s);
@@ -753,7 +761,10 @@ weft_status_t weft__tracker_end(weft_stream_t *s, const weft__use_t *uses, size_
  * close, in fewer instructions than run_use's general path: what a use costs on a GPU host grows
  * with the code it runs, more than with its data or its locks (bench/data/h100x1-bb56c9c). A
  * plain use (live_plain) takes the same steps as run_use takes for it; any other case, and every
- * error, is left to run_use, with nothing changed. tests/streams/test_fast_path compares them. */
+ * error, is left to run_use, with nothing changed. tests/streams/test_fast_path compares them.
+ * The helpers the fast path shares with run_use (needs_locked, issue_locked, reserve_use,
+ * finish_use, ...) are always inline: GCC would keep them out of line, used from several places,
+ * and each call adds code the use runs (bench/data/h200x2-ab81606/trim_ab). */
 
 #define LIVE_USES 16 /* accesses of a plain use: its undo records live on the stack */
 
@@ -761,8 +772,9 @@ weft_status_t weft__tracker_end(weft_stream_t *s, const weft__use_t *uses, size_
  * accesses on a stream that takes part in no capture, is no per-thread stream and is not busy,
  * no device timestamps, and every block of no graph with room for s's lane (admit_live's
  * common case). */
-static inline __attribute__((always_inline)) bool live_plain(const weft__tracker_t *tr, const weft__domain_t *d, const weft_stream_t *s,
-                       const weft__use_t *uses, size_t n) {
+static inline __attribute__((always_inline)) bool live_plain(const weft__tracker_t *tr, const weft__domain_t *d,
+                                                             const weft_stream_t *s, const weft__use_t *uses,
+                                                             size_t n) {
   unsigned at = s->lane;
   if (n > LIVE_USES || tr->no_fast_path || s->capture != NULL || s->per_thread || (d->busy & weft__lane_bit(at)) != 0 ||
       weft__trace_device_on())
@@ -774,8 +786,9 @@ static inline __attribute__((always_inline)) bool live_plain(const weft__tracker
 
 /* A plain use's waits (begin_locked), into *st; false, nothing changed, when a lane it needs is
  * busy (run_use waits for it). */
-static inline __attribute__((always_inline)) bool live_begin(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n,
-                       weft_status_t *st) {
+static inline __attribute__((always_inline)) bool live_begin(weft__tracker_t *tr, weft__domain_t *d,
+                                                             weft_stream_t *s, const weft__use_t *uses, size_t n,
+                                                             weft_status_t *st) {
   needs_t nd;
   weft__lanes_t busy;
   (void)needs_locked(tr, d, s, uses, n, &nd, &busy);
@@ -814,8 +827,8 @@ static inline __attribute__((always_inline)) bool use_live(weft_stream_t *s, con
 /* The split form's fast path, open (its waits) or close (its record): false, the lock released,
  * where run_use must take it (its errors too: a second open, a close without an open or with
  * other accesses). */
-static inline __attribute__((always_inline)) bool split_live(weft_stream_t *s, const weft__use_t *uses, size_t n, uint64_t print, bool open,
-                       weft_status_t *out) {
+static inline __attribute__((always_inline)) bool split_live(weft_stream_t *s, const weft__use_t *uses, size_t n,
+                                                             uint64_t print, bool open, weft_status_t *out) {
   weft__tracker_t *tr = s->tr;
   lock(tr);
   weft__domain_t *d = tr->live;

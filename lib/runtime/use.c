@@ -118,8 +118,9 @@ static weft_status_t prepare(weft_stream_t *s, const weft_access_t *acc, size_t 
  * prepare's checks, in its order. The context is bound only with `bind` (or for the legacy
  * stream's question): weft__tracker_open/close bind it themselves where the use makes a driver
  * call. Returns false, nothing done and no error recorded, where prepare must look. */
-static inline __attribute__((always_inline)) bool prepare_fast(weft_stream_t *s, const weft_access_t *acc, size_t n, bool bind, weft__use_t *uses,
-                         uint64_t *print, weft_status_t *st) {
+static inline __attribute__((always_inline)) bool prepare_fast(weft_stream_t *s, const weft_access_t *acc, size_t n,
+                                                               bool bind, weft__use_t *uses, uint64_t *print,
+                                                               weft_status_t *st) {
   if (s == NULL || n > SMALL || acc == NULL || !weft__stream_plain(s) || weft__trace_on() || weft__nvtx_on())
     return false;
   uint64_t sum = n;
