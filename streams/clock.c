@@ -439,17 +439,13 @@ weft_status_t weft__clock_record_for_host(weft__tracker_t *tr, weft__domain_t *d
 
 weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, unsigned *slot) {
   weft__lane_t *l = &d->lane[weft__at(d, t)];
-  /* The common case first: k recorded and still in the ring, nothing pending. */
-  unsigned mask = l->ring_size - 1;
-  if (l->recorded == l->tick && l->ring_tick != NULL && l->ring_tick[k & mask] == k) {
-    *slot = (unsigned)(k & mask);
-    return WEFT_OK;
+  if (l->recorded != l->tick) { /* (record_for_others' own first test, without its call) */
+    weft_status_t st = record_for_others(tr, d, t);
+    if (st == WEFT_ERR_CAPTURE) /* k's event, where it exists, serves: only the pending tick waits */
+      st = k <= l->recorded ? WEFT_OK : refused(t);
+    if (st != WEFT_OK) return st;
   }
-  weft_status_t st = record_for_others(tr, d, t);
-  if (st == WEFT_ERR_CAPTURE) /* k's event, where it exists, serves: only the pending tick waits */
-    st = k <= d->lane[weft__at(d, t)].recorded ? WEFT_OK : refused(t);
-  if (st != WEFT_OK) return st;
-  mask = l->ring_size - 1;
+  unsigned mask = l->ring_size - 1;
   WEFT_ASSERT_INTERNAL(k >= 1 && k <= l->recorded);
   if (l->ring_tick[k & mask] == k) {
     *slot = (unsigned)(k & mask);

@@ -298,6 +298,7 @@ typedef struct needs {
 
 /* One conflicting point (t, tick) of a use on s, with block st's write there (`write`) or a read:
  * a need unless s already implies it. */
+/* (Out of line: one copy serves the write and the reads, shorter code than two inline.) */
 static __attribute__((noinline)) void consider(weft__tracker_t *tr, const weft__domain_t *d, unsigned s, unsigned t,
                                                uint64_t tick, needs_t *nd, const weft__access_state_t *st,
                                                bool write) {
@@ -344,16 +345,22 @@ static weft__lanes_t collect_needs(weft__tracker_t *tr, const weft__domain_t *d,
  * implies more; but if u is then pruned in favour of w, which knows u only at need[u], whatever
  * only the newer event implied is lost. So an evicted need prunes nothing (it still waits on the
  * stand-in, which is conservative). Without evictions this is the transitive reduction. */
+/* issue_waits' wait for nd's need on lane t, whose event is in ring slot `slot`. */
+static inline weft_status_t wait_need(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const needs_t *nd,
+                                      unsigned t, unsigned slot) {
+  /* Only a wait issued can be late: a need another kept one implies costs nothing more. */
+  weft__clock_needed(tr, d, d->stream[t], nd->tick[t], (nd->newest & weft__lane_bit(t)) != 0);
+  return weft__clock_wait_at(tr, d, s, d->stream[t], nd->tick[t], slot);
+}
+
 static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const needs_t *nd) {
   weft__lanes_t mask = nd->mask;
   const uint64_t *need = nd->tick;
   if (mask == 0 || tr->no_waits) return WEFT_OK;
-  if ((mask & (mask - 1)) == 0) { /* one need (the common edge): nothing to prune */
+  if ((mask & (mask - 1)) == 0) { /* one need (the common edge): no slots to keep, nothing to prune */
     unsigned t = weft__lanes_first(mask), one;
     weft_status_t st = weft__clock_slot(tr, d, d->stream[t], need[t], &one);
-    if (st != WEFT_OK) return st;
-    weft__clock_needed(tr, d, d->stream[t], need[t], nd->newest != 0);
-    return weft__clock_wait_at(tr, d, s, d->stream[t], need[t], one);
+    return st == WEFT_OK ? wait_need(tr, d, s, nd, t, one) : st;
   }
   unsigned slot[WEFT__MAX_LANES];
   for (weft__lanes_t m = mask; m != 0; m &= m - 1) {
@@ -361,31 +368,27 @@ static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_st
     weft_status_t st = weft__clock_slot(tr, d, d->stream[t], need[t], &slot[t]);
     if (st != WEFT_OK) return st;
   }
+  const uint64_t *implies[WEFT__MAX_LANES];
+  for (weft__lanes_t m = mask; m != 0; m &= m - 1) {
+    unsigned t = weft__lanes_first(m);
+    const weft__lane_t *l = &d->lane[t];
+    implies[t] = l->ring_tick[slot[t]] == need[t] ? &l->ring_clock[(size_t)slot[t] * d->stride] : NULL;
+  }
   weft__lanes_t kept = mask;
-  if ((mask & (mask - 1)) != 0) { /* several needs: prune (one, the common edge, has nothing to) */
-    const uint64_t *implies[WEFT__MAX_LANES];
-    for (weft__lanes_t m = mask; m != 0; m &= m - 1) {
-      unsigned t = weft__lanes_first(m);
-      const weft__lane_t *l = &d->lane[t];
-      implies[t] = l->ring_tick[slot[t]] == need[t] ? &l->ring_clock[(size_t)slot[t] * d->stride] : NULL;
-    }
-    for (weft__lanes_t m = mask; m != 0; m &= m - 1) {
-      unsigned t = weft__lanes_first(m);
-      for (weft__lanes_t o = kept & ~weft__lane_bit(t); o != 0; o &= o - 1) {
-        unsigned u = weft__lanes_first(o);
-        if (implies[u] != NULL && implies[u][t] >= need[t]) {
-          kept &= ~weft__lane_bit(t);
-          tr->counters.waits_skipped++;
-          break;
-        }
+  for (weft__lanes_t m = mask; m != 0; m &= m - 1) {
+    unsigned t = weft__lanes_first(m);
+    for (weft__lanes_t o = kept & ~weft__lane_bit(t); o != 0; o &= o - 1) {
+      unsigned u = weft__lanes_first(o);
+      if (implies[u] != NULL && implies[u][t] >= need[t]) {
+        kept &= ~weft__lane_bit(t);
+        tr->counters.waits_skipped++;
+        break;
       }
     }
   }
   for (weft__lanes_t m = kept; m != 0; m &= m - 1) {
     unsigned t = weft__lanes_first(m);
-    /* Only a wait issued can be late: a need another kept one implies costs nothing more. */
-    weft__clock_needed(tr, d, d->stream[t], need[t], (nd->newest & weft__lane_bit(t)) != 0);
-    weft_status_t st = weft__clock_wait_at(tr, d, s, d->stream[t], need[t], slot[t]);
+    weft_status_t st = wait_need(tr, d, s, nd, t, slot[t]);
     if (st != WEFT_OK) return st;
   }
   return WEFT_OK;

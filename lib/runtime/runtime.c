@@ -430,7 +430,7 @@ weft_status_t weft_runtime_release(weft_runtime_t *rt) {
 }
 
 int weft_runtime_device(const weft_runtime_t *rt) {
-  return weft__runtime_is_handle(rt) && atomic_load(&rt->alive) ? rt->ordinal : -1;
+  return weft__runtime_live(rt) ? rt->ordinal : -1;
 }
 
 weft_status_t weft_runtime_options(const weft_runtime_t *rt, weft_options_t *out) {

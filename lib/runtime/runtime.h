@@ -213,13 +213,15 @@ static inline bool weft__runtime_is_handle(const weft_runtime_t *rt) {
   uintptr_t p = (uintptr_t)rt, lo = (uintptr_t)&weft__runtimes[0], hi = (uintptr_t)&weft__runtimes[WEFT__MAX_DEVICES];
   return p >= lo && p < hi && (p - lo) % sizeof(weft_runtime_t) == 0;
 }
+/** Whether rt is a live runtime handle (weft__runtime_check's test, recording nothing). */
+static inline bool weft__runtime_live(const weft_runtime_t *rt) {
+  return weft__runtime_is_handle(rt) && atomic_load_explicit(&rt->alive, memory_order_acquire);
+}
 /** The runtime of a live handle, or NULL after recording STALE_HANDLE / INVALID_ARGUMENT. The
  * check is inline; weft__runtime_refuse records why a handle fails it. */
 weft_runtime_t *weft__runtime_refuse(weft_runtime_t *rt, const char *fn);
 static inline weft_runtime_t *weft__runtime_check(weft_runtime_t *rt, const char *fn) {
-  if (__builtin_expect(weft__runtime_is_handle(rt) && atomic_load_explicit(&rt->alive, memory_order_acquire), 1))
-    return rt;
-  return weft__runtime_refuse(rt, fn);
+  return __builtin_expect(weft__runtime_live(rt), 1) ? rt : weft__runtime_refuse(rt, fn);
 }
 /** The status weft__runtime_check() recorded for a handle it refused. */
 weft_status_t weft__runtime_check_status(const weft_runtime_t *rt);
@@ -257,29 +259,26 @@ void weft__runtime_flush_deferred(weft_runtime_t *rt);
 
 /* ---- stream.c ----------------------------------------------------------------------------------- */
 
+/** Whether s (not NULL) is a stream in use of a live runtime, whoever's thread it belongs to
+ * (weft__stream_check and weft__stream_plain share it; it records nothing). */
+static inline bool weft__stream_live(const weft_stream_t *s) {
+  const weft_runtime_t *rt = s->runtime;
+  return weft__runtime_live(rt) && s->tr == &rt->tracker && s->index < WEFT__MAX_STREAMS &&
+         &rt->tracker.streams[s->index] == s && weft__tracker_lane_used(s->tr, s->index);
+}
 /** Checks a stream handle: a pool stream of a live runtime (a per-thread stream: of the calling
  * thread). The common case is inline; weft__stream_refuse looks closer and records why. */
 weft_status_t weft__stream_refuse(const weft_stream_t *s, const char *fn);
 static inline weft_status_t weft__stream_check(const weft_stream_t *s, const char *fn) {
-  if (__builtin_expect(s != NULL && !s->per_thread, 1)) {
-    const weft_runtime_t *rt = s->runtime;
-    if (weft__runtime_is_handle(rt) && atomic_load_explicit(&rt->alive, memory_order_acquire) &&
-        s->tr == &rt->tracker && s->index < WEFT__MAX_STREAMS && &rt->tracker.streams[s->index] == s &&
-        weft__tracker_lane_used(s->tr, s->index))
-      return WEFT_OK;
-  }
-  return weft__stream_refuse(s, fn);
+  return __builtin_expect(s != NULL && !s->per_thread && weft__stream_live(s), 1) ? WEFT_OK
+                                                                                   : weft__stream_refuse(s, fn);
 }
 /** Whether s (not NULL) passes weft__stream_check, is no per-thread stream and takes part in no
  * capture weft knows of (nor drops one now): a stream of a live runtime whose capture state only
  * code outside weft can have changed, and only if s is exposed (weft__stream_prepare asks the
  * driver then). Records no error; false says "look closer". Inline: every use's fast path asks. */
 static inline bool weft__stream_plain(const weft_stream_t *s) {
-  const weft_runtime_t *rt = s->runtime;
-  return weft__runtime_is_handle(rt) && atomic_load_explicit(&rt->alive, memory_order_acquire) &&
-         s->tr == &rt->tracker && s->index < WEFT__MAX_STREAMS && &rt->tracker.streams[s->index] == s &&
-         weft__tracker_lane_used(s->tr, s->index) && !s->per_thread &&
-         atomic_load_explicit(&s->capture, memory_order_acquire) == NULL &&
+  return weft__stream_live(s) && !s->per_thread && atomic_load_explicit(&s->capture, memory_order_acquire) == NULL &&
          atomic_load_explicit(&s->dropping, memory_order_acquire) == 0;
 }
 /** The allocation fast path's weft__stream_prepare and weft__runtime_flush_deferred (block.c):
@@ -300,16 +299,20 @@ bool weft__stream_quiet(weft_stream_t *s, weft_status_t *st);
  * a capture that code outside weft began on it, dropping one that its owner ended). Costs one
  * driver query for streams outside code can reach, nothing otherwise. */
 weft_status_t weft__stream_prepare(weft_stream_t *s);
+/** Whether no capture can concern s now: no outside code has seen it, and it takes part in no
+ * capture (nor drops one). A foreign capture needs one or the other, so weft__stream_sync_capture
+ * then has nothing to do; it asks the tracker and the driver only otherwise. */
+static inline bool weft__stream_unseen(const weft_stream_t *s) {
+  return !atomic_load_explicit(&s->exposed, memory_order_relaxed) &&
+         atomic_load_explicit(&s->capture, memory_order_acquire) == NULL &&
+         atomic_load_explicit(&s->dropping, memory_order_acquire) == 0;
+}
 /** weft__stream_prepare without binding the context: for calls whose driver work binds it
- * itself (weft__tracker_use_joint). Its common case (a stream no outside code has seen, in no
- * capture) is inline; weft__stream_sync_capture_slow looks closer. */
+ * itself (weft__tracker_use_joint). Its common case (weft__stream_unseen) is inline;
+ * weft__stream_sync_capture_slow looks closer. */
 weft_status_t weft__stream_sync_capture_slow(weft_stream_t *s);
 static inline weft_status_t weft__stream_sync_capture(weft_stream_t *s) {
-  if (!atomic_load_explicit(&s->exposed, memory_order_relaxed) &&
-      atomic_load_explicit(&s->capture, memory_order_acquire) == NULL &&
-      atomic_load_explicit(&s->dropping, memory_order_acquire) == 0)
-    return WEFT_OK;
-  return weft__stream_sync_capture_slow(s);
+  return weft__stream_unseen(s) ? WEFT_OK : weft__stream_sync_capture_slow(s);
 }
 /** Ends the records of the blocks allocated inside capture c and not freed there: their memory
  * went with c's graph (or with its owner's). Their handles become stale; their resource stops

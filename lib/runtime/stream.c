@@ -112,12 +112,7 @@ static void wait_dropped(weft_stream_t *s) {
  * begun a capture on it or forked it into one: other streams cost nothing here. The thread that
  * adopts it runs the capture handler; others meeting the capture meanwhile wait for it. */
 static weft_status_t sync_capture(weft_stream_t *s) {
-  /* The common case without the tracker lock: a stream no outside code has seen, taking part in
-   * no capture (a foreign capture needs one or the other). */
-  if (!atomic_load_explicit(&s->exposed, memory_order_relaxed) &&
-      atomic_load_explicit(&s->capture, memory_order_acquire) == NULL &&
-      atomic_load_explicit(&s->dropping, memory_order_acquire) == 0)
-    return WEFT_OK;
+  if (weft__stream_unseen(s)) return WEFT_OK; /* the common case, without the tracker lock */
   uint64_t known = 0;
   bool foreign = weft__capture_foreign_of(s, &known);
   if (!foreign && !atomic_load_explicit(&s->exposed, memory_order_relaxed)) return WEFT_OK;
