@@ -6,7 +6,7 @@
  *
  * Groups: between weft_comm_group_begin and _end this thread's calls are only checked and
  * recorded. At the end, per stream, the union of the recorded accesses is one use, and the uses
- * of all the group's streams are one joint use (weft__use_joint) around the NCCL group: each
+ * of all the group's streams are one joint use (weft__use_joint_uses) around the NCCL group: each
  * stream waits for what its accesses need, NCCL enqueues the whole group, and the collectives
  * are recorded as the blocks' newest uses. When NCCL refuses the group, nothing is recorded. */
 #include <pthread.h>
@@ -318,30 +318,21 @@ static weft_status_t note_posting(weft_stream_t *const *s, size_t n, size_t devi
   return WEFT_OK;
 }
 
-/* A checked call: run now as one use, or recorded for the group's end. */
-static weft_status_t submit(weft_status_t st, const call_t *k) {
-  if (g_depth > 0) {
-    if (st != WEFT_OK) {
-      if (g_group_error == WEFT_OK) {
-        g_group_error = st;
-        snprintf(g_group_message, sizeof g_group_message, "%s", weft_last_error());
-      }
-      return st;
-    }
-    if ((st = calls_room(kind_name[k->kind])) != WEFT_OK) {
-      if (g_group_error == WEFT_OK) {
-        g_group_error = st;
-        snprintf(g_group_message, sizeof g_group_message, "%s", weft_last_error());
-      }
-      return st;
-    }
-    g_calls[g_ncalls++] = *k;
-    return WEFT_OK;
+/* A refused call inside a group: the group's end refuses the whole group with the first one. */
+static weft_status_t group_refuse(weft_status_t st) {
+  if (g_group_error == WEFT_OK) {
+    g_group_error = st;
+    snprintf(g_group_message, sizeof g_group_message, "%s", weft_last_error());
   }
-  if (st != WEFT_OK) return st;
+  return st;
+}
+
+/* A checked call: run now as one use of its stream. */
+static weft_status_t post_one(const call_t *k) {
   const weft__nccl_t *nl;
-  if ((st = weft__nccl_get(&nl)) != WEFT_OK) return st;
-  if ((st = note_posting(&k->s, 1, 1)) != WEFT_OK) return st;
+  weft_status_t st = weft__nccl_get(&nl);
+  if (st == WEFT_OK) st = note_posting(&k->s, 1, 1);
+  if (st != WEFT_OK) return st;
   weft_access_t acc[3];
   size_t n = accesses(k, acc);
   return weft__use_run(k->s, acc, n, kind_name[k->kind], run_one, (void *)k);
@@ -354,10 +345,13 @@ static weft_status_t submit(weft_status_t st, const call_t *k) {
 static weft_status_t collective(call_t *k, weft_comm_t *c, weft_stream_t *s, weft_block_t send, size_t send_offset,
                                 weft_block_t recv, size_t recv_offset, size_t count, weft_dtype_t dt) {
   weft_status_t st = comm_enter(c, kind_name[k->kind]);
-  if (st != WEFT_OK) return submit(st, k);
-  st = submit(prepare(k, c, s, send, send_offset, recv, recv_offset, count, dt), k);
-  weft__handle_leave();
-  return st;
+  if (st == WEFT_OK) {
+    st = prepare(k, c, s, send, send_offset, recv, recv_offset, count, dt);
+    if (st == WEFT_OK && g_depth > 0 && (st = calls_room(kind_name[k->kind])) == WEFT_OK) g_calls[g_ncalls++] = *k;
+    else if (st == WEFT_OK) st = post_one(k);
+    weft__handle_leave();
+  }
+  return st != WEFT_OK && g_depth > 0 ? group_refuse(st) : st;
 }
 
 weft_status_t weft_all_reduce(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv,
@@ -407,41 +401,85 @@ weft_status_t weft_comm_group_begin(void) {
   return WEFT_OK;
 }
 
-/* A stream of a group: its calls' accesses, one per block with the kinds merged, are
- * acc[first .. first + n) of the group's access array. */
-typedef struct group_stream {
-  weft_stream_t *s;
-  size_t first, n;
-} group_stream_t;
-
 /* Groups of at most SMALL_GROUP calls, the common case, need no heap memory at their end (with
  * no thread cache in weft's arena, an allocation and free per group end cost microseconds). */
 #define SMALL_GROUP 16
 
-/* The group's streams, each once in call order, into gs (room for ncalls) and their accesses into
- * acc (room for 3 * ncalls); returns the number of streams. */
-static size_t group_streams(const call_t *calls, size_t ncalls, group_stream_t *gs, weft_access_t *acc) {
-  size_t ns = 0, m = 0;
+/* The joint use of a group's streams (weft__use_joint_uses' arguments): per stream, once in call
+ * order, s[j] and its calls' accesses, one use per block with the kinds merged, in
+ * per[j][0..n[j]) of `uses`. Room for one stream per call and three accesses per call: in `small`
+ * for up to SMALL_GROUP calls, else in one block of metadata memory (`heap`). */
+typedef struct group_uses {
+  weft_stream_t **s;
+  weft__use_t **per;
+  size_t *n;
+  weft__use_t *uses;
+  size_t k; /* streams */
+  void *heap;
+  struct {
+    weft_stream_t *s[SMALL_GROUP];
+    weft__use_t *per[SMALL_GROUP];
+    size_t n[SMALL_GROUP];
+    weft__use_t uses[3 * SMALL_GROUP];
+  } small;
+} group_uses_t;
+
+static weft_status_t group_room(group_uses_t *g, size_t ncalls) {
+  g->k = 0;
+  g->heap = NULL;
+  if (ncalls <= SMALL_GROUP) {
+    g->s = g->small.s;
+    g->per = g->small.per;
+    g->n = g->small.n;
+    g->uses = g->small.uses;
+    return WEFT_OK;
+  }
+  /* (Every part is an array of 8-byte words: carved from one block, each stays aligned.) */
+  size_t one = sizeof *g->s + sizeof *g->per + sizeof *g->n + 3 * sizeof *g->uses;
+  char *p = ncalls <= SIZE_MAX / one ? weft__meta_alloc(ncalls * one) : NULL;
+  if (p == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm_group_end: no host memory");
+  g->heap = p;
+  g->uses = (weft__use_t *)(void *)p;
+  g->s = (weft_stream_t **)(void *)(p + 3 * ncalls * sizeof *g->uses);
+  g->per = (weft__use_t **)(void *)(p + ncalls * (3 * sizeof *g->uses + sizeof *g->s));
+  g->n = (size_t *)(void *)(p + ncalls * (3 * sizeof *g->uses + sizeof *g->s + sizeof *g->per));
+  return WEFT_OK;
+}
+
+/* Fills g (room for ncalls) with the group's streams and their calls' accesses (accesses()),
+ * one use per block per stream with the kinds merged. Each block is resolved again: one freed
+ * since its call is refused (STALE_HANDLE, from weft__block_check). */
+static weft_status_t group_uses(group_uses_t *g, const call_t *calls, size_t ncalls) {
+  size_t m = 0;
   for (size_t i = 0; i < ncalls; i++) {
+    weft_stream_t *s = calls[i].s;
     size_t j = 0;
-    while (j < ns && gs[j].s != calls[i].s) j++;
-    if (j < ns) continue;
-    gs[ns] = (group_stream_t){calls[i].s, m, 0};
+    while (j < g->k && g->s[j] != s) j++;
+    if (j < g->k) continue; /* taken with its stream's first call */
+    size_t first = m;
     for (size_t c = i; c < ncalls; c++) {
-      if (calls[c].s != calls[i].s) continue;
+      if (calls[c].s != s) continue;
       weft_access_t a[3];
-      size_t k = accesses(&calls[c], a);
-      for (size_t x = 0; x < k; x++) {
-        size_t t = gs[ns].first;
-        while (t < m && acc[t].block.rec != a[x].block.rec) t++;
-        if (t < m) acc[t].kind = (weft_access_kind_t)(acc[t].kind | a[x].kind);
-        else acc[m++] = a[x];
+      size_t n = accesses(&calls[c], a);
+      for (size_t x = 0; x < n; x++) {
+        struct weft__block *rec = weft__block_live(a[x].block, calls[c].c->rt); /* the common case, inline */
+        if (rec == NULL) {
+          weft_status_t st = weft__block_check(a[x].block, "weft_comm_group_end", &rec);
+          if (st != WEFT_OK) return st;
+          /* (A live block is of the runtime its call found: a record stays with its runtime.) */
+        }
+        size_t t = first;
+        while (t < m && g->uses[t].state != &rec->acc) t++;
+        if (t < m) g->uses[t].kind |= (unsigned)a[x].kind;
+        else g->uses[m++] = (weft__use_t){&rec->acc, (unsigned)a[x].kind, a[x].block.gen};
       }
     }
-    gs[ns].n = m - gs[ns].first;
-    ns++;
+    g->s[j] = s;
+    g->per[j] = g->uses + first;
+    g->n[j] = m - first;
+    g->k++;
   }
-  return ns;
+  return WEFT_OK;
 }
 
 /* The group's NCCL calls, one NCCL group (fn of the group's joint use). */
@@ -498,43 +536,22 @@ weft_status_t weft_comm_group_end(void) {
   }
   const weft__nccl_t *nl;
   weft_status_t st = weft__nccl_get(&nl);
-  group_stream_t gs_small[SMALL_GROUP], *gs = NULL;
-  weft_access_t acc_small[3 * SMALL_GROUP], *acc = NULL;
-  weft_stream_t *s_small[SMALL_GROUP], **streams = NULL;
-  const weft_access_t *a_small[SMALL_GROUP], **accs = NULL;
-  size_t n_small[SMALL_GROUP], *ns = NULL;
-  if (st == WEFT_OK) {
-    gs = weft__small_alloc(gs_small, SMALL_GROUP, ncalls, sizeof *gs);
-    acc = weft__small_alloc(acc_small, SMALL_GROUP, ncalls, 3 * sizeof *acc);
-    streams = weft__small_alloc(s_small, SMALL_GROUP, ncalls, sizeof *streams);
-    accs = weft__small_alloc(a_small, SMALL_GROUP, ncalls, sizeof *accs);
-    ns = weft__small_alloc(n_small, SMALL_GROUP, ncalls, sizeof *ns);
-    if (gs == NULL || acc == NULL || streams == NULL || accs == NULL || ns == NULL)
-      st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm_group_end: no host memory");
-  }
+  group_uses_t g;
+  if (st == WEFT_OK) st = group_room(&g, ncalls);
   if (st == WEFT_OK) {
     /* One use per stream (the union of its calls' accesses), all around the one NCCL group. */
-    size_t k = group_streams(g_calls, ncalls, gs, acc);
-    for (size_t j = 0; j < k; j++) {
-      streams[j] = gs[j].s;
-      accs[j] = acc + gs[j].first;
-      ns[j] = gs[j].n;
-    }
-    group_run_t run = {nl, g_calls, ncalls};
+    st = group_uses(&g, g_calls, ncalls);
     size_t devices = 0; /* the group's distinct runtimes */
-    for (size_t j = 0; j < k; j++) {
+    for (size_t j = 0; st == WEFT_OK && j < g.k; j++) {
       size_t i = 0;
-      while (i < j && streams[i]->runtime != streams[j]->runtime) i++;
+      while (i < j && g.s[i]->runtime != g.s[j]->runtime) i++;
       devices += i == j;
     }
-    st = note_posting(streams, k, devices);
-    if (st == WEFT_OK) st = weft__use_joint(streams, accs, ns, k, "weft_comm_group_end", run_group, &run);
+    if (st == WEFT_OK) st = note_posting(g.s, g.k, devices);
+    group_run_t run = {nl, g_calls, ncalls};
+    if (st == WEFT_OK) st = weft__use_joint_uses(g.s, g.per, g.n, g.k, "weft_comm_group_end", run_group, &run);
+    if (g.heap != NULL) weft__meta_free(g.heap);
   }
-  if (gs != NULL) weft__small_free(gs_small, gs);
-  if (acc != NULL) weft__small_free(acc_small, acc);
-  if (streams != NULL) weft__small_free(s_small, streams);
-  if (accs != NULL) weft__small_free(a_small, (void *)accs);
-  if (ns != NULL) weft__small_free(n_small, ns);
   while (entered-- > 0) weft__handle_leave();
   return st;
 }

@@ -1,6 +1,7 @@
 /* Uses: the public face of the tracker (weft_use_begin/end, weft_launch), the tracked stream
  * operations, and imports of work weft does not see. Each operation is one tracker use whose
  * enqueue step is a small function run between the waits and the record. */
+#include <stddef.h>
 #include <string.h>
 
 #include "lib/core/debug.h"
@@ -136,18 +137,29 @@ static inline __attribute__((always_inline)) bool prepare_fast(weft_stream_t *s,
   return true;
 }
 
-void weft__trace_use(weft_stream_t *s, const char *name, const weft_access_t *acc, size_t n, uint64_t t0) {
+/* The trace's slice of a use of s: its accesses' tags and kinds, from acc[0..n) or, where acc is
+ * NULL, from resolved uses[0..n) (each the history of a block record). */
+static void trace_accesses(weft_stream_t *s, const char *name, const weft_access_t *acc, const weft__use_t *uses,
+                           size_t n, uint64_t t0) {
   static const char *const kinds[] = {"", "R", "W", "RW"};
   char args[1536];
   size_t at = (size_t)snprintf(args, sizeof args, "{\"accesses\": [");
   for (size_t i = 0; i < n && at + 64 < sizeof args; i++) {
-    const struct weft__block *rec = acc[i].block.rec;
+    const struct weft__block *rec =
+        acc != NULL ? acc[i].block.rec
+                    : (const struct weft__block *)(const void *)((const char *)uses[i].state -
+                                                                 offsetof(struct weft__block, acc));
+    unsigned kind = acc != NULL ? (unsigned)acc[i].kind : uses[i].kind;
     at += (size_t)snprintf(args + at, sizeof args - at, "%s{\"tag\": \"", i ? ", " : "");
     (void)weft__json_escape(args, &at, sizeof args - 40, rec && rec->tag ? rec->tag : "");
-    at += (size_t)snprintf(args + at, sizeof args - at, "\", \"kind\": \"%s\"}", kinds[acc[i].kind & 3]);
+    at += (size_t)snprintf(args + at, sizeof args - at, "\", \"kind\": \"%s\"}", kinds[kind & 3]);
   }
   snprintf(args + at, sizeof args - at, "]}");
   weft__trace_slice(s->tr->ordinal, weft__tracker_trace_tid(s), name, t0, weft__trace_now_us() - t0, args);
+}
+
+void weft__trace_use(weft_stream_t *s, const char *name, const weft_access_t *acc, size_t n, uint64_t t0) {
+  trace_accesses(s, name, acc, NULL, n, t0);
 }
 
 /* ---- blocks of other devices ----------------------------------------------------------------
@@ -235,6 +247,26 @@ static weft_status_t joint_split(weft_stream_t *const *s, weft__use_t *const *us
   return st == WEFT_OK || why[0] == 0 ? st : weft__error(st, "%s", why);
 }
 
+weft_status_t weft__use_joint_uses(weft_stream_t *const *s, weft__use_t *const *uses, const size_t *n, size_t k,
+                                   const char *name, weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
+  /* Live streams enqueue through one joint tracker use; a capture (or device timestamps, which
+   * need a span per stream) takes the split form. */
+  bool joint = !weft__trace_device_on() && k <= 64;
+  weft_status_t st = WEFT_OK;
+  for (size_t i = 0; st == WEFT_OK && i < k; i++) {
+    st = weft__stream_check(s[i], name);
+    if (st == WEFT_OK) st = weft__stream_sync_capture(s[i]);
+    if (st == WEFT_OK && atomic_load_explicit(&s[i]->capture, memory_order_acquire) != NULL) joint = false;
+  }
+  if (st != WEFT_OK) return st;
+  uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
+  weft__nvtx_push(name);
+  st = joint ? weft__tracker_use_joint(s, uses, n, k, fn, arg) : joint_split(s, uses, n, k, fn, arg);
+  weft__nvtx_pop();
+  for (size_t i = 0; st == WEFT_OK && weft__trace_on() && i < k; i++) trace_accesses(s[i], name, NULL, uses[i], n[i], t0);
+  return st;
+}
+
 weft_status_t weft__use_joint(weft_stream_t *const *s, const weft_access_t *const *acc, const size_t *n, size_t k,
                               const char *name, weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
   size_t total = 0;
@@ -243,23 +275,11 @@ weft_status_t weft__use_joint(weft_stream_t *const *s, const weft_access_t *cons
   weft__use_t *small_per[8], **per = weft__small_alloc(small_per, 8, k, sizeof *per);
   weft_status_t st = all != NULL && per != NULL ? WEFT_OK
                                                 : weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "%s: no host memory", name);
-  /* Live streams enqueue through one joint tracker use; a capture (or device timestamps, which
-   * need a span per stream) takes the split form. */
-  bool joint = !weft__trace_device_on() && k <= 64;
   for (size_t i = 0, off = 0; st == WEFT_OK && i < k; off += n[i], i++) {
     per[i] = all + off;
     st = check_accesses(s[i], acc[i], n[i], per[i], name, true, NULL);
-    if (st == WEFT_OK) st = weft__stream_sync_capture(s[i]);
-    if (st == WEFT_OK && (atomic_load_explicit(&s[i]->capture, memory_order_acquire) != NULL || s[i]->per_thread))
-      joint = false;
   }
-  uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
-  if (st == WEFT_OK) {
-    weft__nvtx_push(name);
-    st = joint ? weft__tracker_use_joint(s, per, n, k, fn, arg) : joint_split(s, per, n, k, fn, arg);
-    weft__nvtx_pop();
-  }
-  for (size_t i = 0; st == WEFT_OK && weft__trace_on() && i < k; i++) weft__trace_use(s[i], name, acc[i], n[i], t0);
+  if (st == WEFT_OK) st = weft__use_joint_uses(s, per, n, k, name, fn, arg);
   if (all != NULL) weft__small_free(small, all);
   if (per != NULL) weft__small_free(small_per, per);
   return st;

@@ -322,6 +322,61 @@ static void test_a_large_group_over_two_streams_per_rank(void **state) {
     for (int k = 0; k < BLOCKS; k++) assert_int_equal(weft_free(b[r][k], stream(r, 0)), WEFT_OK);
 }
 
+/* A group's uses are the trace's slices (weft_comm_group_end, one per stream), each naming its
+ * blocks and kinds: the communicator's order block READ_WRITE, the send range READ, the receive
+ * range WRITE; in place, one READ_WRITE. (The group's end traces the uses it resolved itself.) */
+static void test_a_groups_uses_are_traced_with_their_blocks(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  const char *dir = getenv("TEST_TMPDIR");
+  char path[512];
+  snprintf(path, sizeof path, "%s/group_trace.json", dir ? dir : "/tmp");
+  weft_block_t src[2], dst[2], inplace[2];
+  static const char *const src_tag[2] = {"src0", "src1"}, *const dst_tag[2] = {"dst0", "dst1"},
+                           *const in_tag[2] = {"inplace0", "inplace1"};
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(weft_alloc(rt[r], N * 4, stream(r, 0), src_tag[r], &src[r]), WEFT_OK);
+    assert_int_equal(weft_alloc(rt[r], N * 4, stream(r, 0), dst_tag[r], &dst[r]), WEFT_OK);
+    assert_int_equal(weft_alloc(rt[r], N * 4, stream(r, 0), in_tag[r], &inplace[r]), WEFT_OK);
+    assert_int_equal(weft_memset32(stream(r, 0), src[r], 0, 0, N * 4), WEFT_OK);
+    assert_int_equal(weft_memset32(stream(r, 0), inplace[r], 0, 0, N * 4), WEFT_OK);
+  }
+  assert_int_equal(weft_trace_start(path), WEFT_OK);
+  assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(weft_all_reduce(comm[r], src[r], 0, dst[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_OK);
+    assert_int_equal(weft_all_reduce(comm[r], inplace[r], 0, inplace[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_OK);
+  }
+  assert_int_equal(weft_comm_group_end(), WEFT_OK);
+  assert_int_equal(weft_trace_stop(), WEFT_OK);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char line[8192];
+  int slices[2] = {0, 0};
+  while (fgets(line, sizeof line, f) != NULL) {
+    if (strstr(line, "\"weft_comm_group_end\"") == NULL) continue;
+    char want[4][96];
+    int r = strstr(line, "\"src0\"") != NULL ? 0 : 1;
+    snprintf(want[0], sizeof want[0], "{\"tag\": \"weft.comm.order\", \"kind\": \"RW\"}");
+    snprintf(want[1], sizeof want[1], "{\"tag\": \"%s\", \"kind\": \"R\"}", src_tag[r]);
+    snprintf(want[2], sizeof want[2], "{\"tag\": \"%s\", \"kind\": \"W\"}", dst_tag[r]);
+    snprintf(want[3], sizeof want[3], "{\"tag\": \"%s\", \"kind\": \"RW\"}", in_tag[r]);
+    for (int i = 0; i < 4; i++)
+      if (strstr(line, want[i]) == NULL) fail_msg("rank %d's slice lacks %s: %s", r, want[i], line);
+    assert_null(strstr(line, src_tag[1 - r])); /* one stream's use per slice */
+    slices[r]++;
+  }
+  fclose(f);
+  assert_int_equal(slices[0], 1);
+  assert_int_equal(slices[1], 1);
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(weft_free(src[r], stream(r, 0)), WEFT_OK);
+    assert_int_equal(weft_free(dst[r], stream(r, 0)), WEFT_OK);
+    assert_int_equal(weft_free(inplace[r], stream(r, 0)), WEFT_OK);
+  }
+  assert_int_equal(races(), 0);
+}
+
 static void test_bad_calls_and_nccl_failures_change_nothing(void **state) {
   (void)state;
   if (!g_two) skip();
@@ -971,6 +1026,7 @@ int main(void) {
       cmocka_unit_test(test_without_waits_the_oracle_sees_the_races),
       cmocka_unit_test(test_every_collective_at_offsets),
       cmocka_unit_test(test_a_large_group_over_two_streams_per_rank),
+      cmocka_unit_test(test_a_groups_uses_are_traced_with_their_blocks),
       cmocka_unit_test(test_bad_calls_and_nccl_failures_change_nothing),
       cmocka_unit_test(test_a_communicator_destroyed_inside_a_group_fails_its_end),
       cmocka_unit_test(test_a_communicator_destroyed_while_a_thread_runs_groups_on_it),
