@@ -466,7 +466,9 @@ static weft_status_t group_uses(group_uses_t *g, const call_t *calls, size_t nca
         if (rec == NULL) {
           weft_status_t st = weft__block_check(a[x].block, "weft_comm_group_end", &rec);
           if (st != WEFT_OK) return st;
-          /* (A live block is of the runtime its call found: a record stays with its runtime.) */
+          if (rec->rt != calls[c].c->rt) /* (the call checked it: one life of a record has one runtime) */
+            return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_comm_group_end: call %zu's block belongs to another runtime",
+                               c + 1);
         }
         size_t t = first;
         while (t < m && g->uses[t].state != &rec->acc) t++;
