@@ -158,7 +158,7 @@ typedef struct ranker {
   size_t count;
   unsigned iters;
   pthread_barrier_t *start;
-  uint64_t host_end, end; /* when the last call returned; when its stream finished */
+  uint64_t begin, host_end, end; /* when its first call began; its last returned; its stream finished */
 } ranker_t;
 
 static void *rank_loop(void *arg) {
@@ -166,6 +166,7 @@ static void *rank_loop(void *arg) {
   pair_t *p = k->p;
   BENCH_CU(k->b->drv->cuCtxSetCurrent(p->ctx[k->r]));
   pthread_barrier_wait(k->start);
+  k->begin = bench_now_ns();
   for (unsigned i = 0; i < k->iters; i++) {
     if (k->how == WEFT)
       BENCH_WEFT(weft_all_reduce(p->comm[k->r], p->buf[k->r], 0, p->buf[k->r], 0, k->count, WEFT_FLOAT32, WEFT_SUM, NULL));
@@ -183,23 +184,24 @@ static void *rank_loop(void *arg) {
 }
 
 /* Microseconds per all-reduce with a thread per rank (how: WEFT, RAW, or RAW_RECORD: raw NCCL and an
- * event record after each all-reduce), from the start to the later rank's end; *host_us: to the
- * later rank's last call. */
+ * event record after each all-reduce), from the earlier rank's start to the later rank's end;
+ * *host_us: to the later rank's last call. The start is the ranks' own clock reading after their
+ * barrier: a reading by this thread could come after a rank's last call (it happened at 256 MiB,
+ * 20 all-reduces: an underflow, 9.2e14 us in bench/data/h200x2-4a4327b). */
 static double run_threads(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, unsigned iters, int how,
                           double *host_us) {
   pthread_barrier_t start;
-  pthread_barrier_init(&start, NULL, 3);
+  pthread_barrier_init(&start, NULL, 2);
   ranker_t k[2];
   pthread_t th[2];
   for (int r = 0; r < 2; r++) {
-    k[r] = (ranker_t){b, nl, p, r, how, count, iters, &start, 0, 0};
+    k[r] = (ranker_t){b, nl, p, r, how, count, iters, &start, 0, 0, 0};
     if (pthread_create(&th[r], NULL, rank_loop, &k[r]) != 0) bench_die("pthread_create");
   }
-  pthread_barrier_wait(&start);
-  uint64_t t0 = bench_now_ns();
   for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
   pthread_barrier_destroy(&start);
   BENCH_CU(b->drv->cuCtxSetCurrent(p->ctx[0]));
+  uint64_t t0 = k[0].begin < k[1].begin ? k[0].begin : k[1].begin;
   uint64_t host = k[0].host_end > k[1].host_end ? k[0].host_end : k[1].host_end;
   uint64_t end = k[0].end > k[1].end ? k[0].end : k[1].end;
   if (host_us != NULL) *host_us = (double)(host - t0) / iters / 1000.0;

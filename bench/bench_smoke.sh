@@ -22,3 +22,26 @@ for shape in "264 \| 4" "4224 \| 16"; do
   grep -qE "^\| $shape \| [0-9]" "$OUT/comm.md" ||
     { echo "bench_smoke: the data-parallel section measured nothing for $shape" >&2; exit 1; }
 done
+# Every collectives sample is a positive, finite time, and no rank's host time to enqueue passes
+# its all-reduces' whole time (the same row, size and repetition): an enqueue cannot end after its
+# work. (A start read by the wrong thread once gave 9.2e14 us: bench_comm.c, run_threads.)
+python3 - "$OUT/bench.csv" <<'PY'
+import csv, math, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["section"] == "comm"]
+assert rows, "bench_smoke: no collectives samples in the CSV"
+total = {}
+for r in rows:
+    v = float(r["value"])
+    if r["unit"] == "us" and not (math.isfinite(v) and v > 0):
+        sys.exit("bench_smoke: %s, %s, x = %s, repetition %s: %r us" % (r["row"], r["metric"], r["x"], r["rep"], v))
+    if r["metric"] == "us per all-reduce":
+        total[(r["row"], r["x"], r["rep"])] = v
+checked = 0
+for r in rows:
+    key = (r["row"], r["x"], r["rep"])
+    if r["metric"] == "host us to enqueue" and key in total:
+        checked += 1
+        if float(r["value"]) > total[key] * 1.000001:
+            sys.exit("bench_smoke: %s, x = %s, repetition %s: host %s us > whole %s us" % (r["row"], r["x"], r["rep"], r["value"], total[key]))
+assert checked > 0, "bench_smoke: no host time beside a whole time"
+PY
