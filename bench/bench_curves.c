@@ -354,6 +354,7 @@ typedef struct launcher {
   unsigned n;
   int weft;
   pthread_barrier_t *start;
+  uint64_t begin; /* its clock reading after the barrier */
 } launcher_t;
 
 static void *launch_loop(void *arg) {
@@ -364,6 +365,7 @@ static void *launch_loop(void *arg) {
   weft_access_t acc = {l->blk, WEFT_READ_WRITE};
   weft_launch_t launch = {.func = l->b->lcg, .grid = {1}, .block = {256}, .params = params};
   pthread_barrier_wait(l->start);
+  l->begin = bench_now_ns();
   for (unsigned i = 0; i < l->n; i++) {
     if (l->weft) BENCH_WEFT(weft_launch(l->s, &launch, &acc, 1));
     else BENCH_CU(l->b->drv->cuLaunchKernel(l->b->lcg, 1, 1, 1, 256, 1, 1, 0, l->raw, params, NULL));
@@ -377,20 +379,21 @@ typedef struct threads_point {
   weft_runtime_t *rt;
 } threads_point_t;
 
-/* ns per launch over all threads: their wall time from a common start / every launch. */
+/* ns per launch over all threads: their wall time from the first thread's start (its own reading:
+ * this thread's could come late) to the last one's join / every launch. */
 static double threads_sample(void *arg) {
   threads_point_t *q = arg;
   pthread_barrier_t start;
-  pthread_barrier_init(&start, NULL, q->t + 1);
+  pthread_barrier_init(&start, NULL, q->t);
   pthread_t th[MAX_THREADS];
   for (unsigned i = 0; i < q->t; i++) {
     q->l[i].start = &start;
     if (pthread_create(&th[i], NULL, launch_loop, &q->l[i]) != 0) bench_die("pthread_create");
   }
-  pthread_barrier_wait(&start);
-  uint64_t t0 = bench_now_ns();
   for (unsigned i = 0; i < q->t; i++) pthread_join(th[i], NULL);
-  uint64_t t1 = bench_now_ns();
+  uint64_t t1 = bench_now_ns(), t0 = t1;
+  for (unsigned i = 0; i < q->t; i++)
+    if (q->l[i].begin < t0) t0 = q->l[i].begin;
   pthread_barrier_destroy(&start);
   /* Untimed: the launches drain before the next sample. */
   for (unsigned i = 0; i < q->t; i++) BENCH_CU(q->l[0].b->drv->cuStreamSynchronize(q->l[i].raw));
@@ -404,7 +407,7 @@ static void curve_threads(const bench_t *b, unsigned n) {
   static const unsigned xs[] = {1, 2, 4, 8};
   size_t np = points(b, 4, 4, 2);
   curve_heading(sec, "Launches from several threads",
-                "Host ns per kernel launch, over all T threads together (their wall time from a common start, "
+                "Host ns per kernel launch, over all T threads together (their wall time from the first thread's start, "
                 "divided by every launch): each thread launches a one-block kernel over a block of its own on a "
                 "stream of its own, `weft_launch` on a pool stream (a tracked use) or `cuLaunchKernel` on a raw "
                 "stream; 128 launches a thread a sample, so that at most about 1,000 are in flight and the driver's "
@@ -428,8 +431,8 @@ static void curve_threads(const bench_t *b, unsigned n) {
     BENCH_WEFT(weft_block_ptr(blk, &ptr));
     CUstream raw;
     BENCH_CU(b->drv->cuStreamCreateWithPriority(&raw, CU_STREAM_NON_BLOCKING, 0));
-    w->l[i] = (launcher_t){b, s, raw, blk, ptr, n, 1, NULL};
-    r->l[i] = (launcher_t){b, s, raw, blk, ptr, n, 0, NULL};
+    w->l[i] = (launcher_t){b, s, raw, blk, ptr, n, 1, NULL, 0};
+    r->l[i] = (launcher_t){b, s, raw, blk, ptr, n, 0, NULL, 0};
   }
   w->rt = r->rt = rt;
   BENCH_WEFT(weft_runtime_synchronize(rt));
