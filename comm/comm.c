@@ -216,7 +216,8 @@ static weft_status_t prepare(call_t *k, weft_comm_t *c, weft_stream_t *s, weft_b
   weft_status_t st;
   size_t e = dt_size(dt);
   if (e == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: %d is not a weft_dtype_t", fn, (int)dt);
-  if (count == 0 || count > SIZE_MAX / e / (size_t)c->nranks)
+  size_t all; /* count * e * nranks must fit (checked without a division: tens of cycles each) */
+  if (count == 0 || __builtin_mul_overflow(count, e, &all) || __builtin_mul_overflow(all, (size_t)c->nranks, &all))
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: count %zu is 0 or too large", fn, count);
   /* The communicator's own stream is a stream of its runtime, which comm_check found alive. */
   if (s != NULL && s != c->stream) {

@@ -391,6 +391,12 @@ static void test_bad_calls_and_nccl_failures_change_nothing(void **state) {
   assert_int_equal(weft_broadcast(comm[0], a0, 0, a0, 0, N, WEFT_FLOAT32, 2, NULL), WEFT_ERR_INVALID_ARGUMENT);
   assert_int_equal(weft_all_reduce(comm[0], a0, 0, a0, 0, N, (weft_dtype_t)42, WEFT_SUM, NULL), WEFT_ERR_INVALID_ARGUMENT);
   assert_int_equal(weft_all_reduce(comm[0], a0, 0, a0, 0, N, WEFT_FLOAT32, (weft_redop_t)9, NULL), WEFT_ERR_INVALID_ARGUMENT);
+  /* Counts whose bytes overflow: count x 4 itself, and count x 4 x 2 ranks (an all-gather's receive). */
+  assert_int_equal(weft_all_reduce(comm[0], a0, 0, a0, 0, SIZE_MAX / 2, WEFT_FLOAT32, WEFT_SUM, NULL),
+                   WEFT_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(weft_last_error(), "too large"));
+  assert_int_equal(weft_all_gather(comm[0], a0, 0, a0, 0, SIZE_MAX / 8 + 1, WEFT_FLOAT32, NULL), WEFT_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(weft_last_error(), "too large"));
   assert_int_equal(weft_all_reduce(NULL, a0, 0, a0, 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_ERR_INVALID_ARGUMENT);
   assert_int_equal(weft_comm_group_end(), WEFT_ERR_INVALID_ARGUMENT);
   /* A refused call in a group fails the group's end, which enqueues nothing. */

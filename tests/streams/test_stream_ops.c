@@ -49,6 +49,8 @@ static void test_copies_and_memsets_across_streams(void **state) {
   /* Ranges are checked. */
   assert_int_equal(weft_copy_to_block(tu_stream(&env, 1), a, N * 4 - 2, src, 4), WEFT_ERR_INVALID_ARGUMENT);
   assert_int_equal(weft_memset32(tu_stream(&env, 1), a, 2, 0, 4), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_memset32(tu_stream(&env, 1), a, 0, 0, 6), WEFT_ERR_INVALID_ARGUMENT); /* a size of 1.5 words */
+  assert_non_null(strstr(weft_last_error(), "multiples of 4"));
   assert_int_equal(weft_copy_from_block(tu_stream(&env, 1), NULL, a, 0, 4), WEFT_ERR_INVALID_ARGUMENT);
   assert_int_equal(weft_free(a, tu_stream(&env, 0)), WEFT_OK);
   assert_int_equal(weft_free(b, tu_stream(&env, 0)), WEFT_OK);
