@@ -435,7 +435,9 @@ static weft_status_t group_room(group_uses_t *g, size_t ncalls) {
     g->uses = g->small.uses;
     return WEFT_OK;
   }
-  /* (Every part is an array of 8-byte words: carved from one block, each stays aligned.) */
+  /* Carved from one block: uses, then s, per and n, each a whole number of pointer-aligned words. */
+  _Static_assert(sizeof(weft__use_t) % _Alignof(void *) == 0 && sizeof(size_t) == sizeof(void *),
+                 "group_room carves pointer-aligned arrays");
   size_t one = sizeof *g->s + sizeof *g->per + sizeof *g->n + 3 * sizeof *g->uses;
   char *p = ncalls <= SIZE_MAX / one ? weft__meta_alloc(ncalls * one) : NULL;
   if (p == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm_group_end: no host memory");
@@ -518,10 +520,10 @@ weft_status_t weft_comm_group_end(void) {
   g_ncalls = 0;
   if (g_group_error != WEFT_OK) return weft__error(g_group_error, "weft_comm_group_end: %s", g_group_message);
   if (ncalls == 0) return WEFT_OK;
-  /* A call's communicator may have been destroyed since the call (its blocks and streams are
-   * checked again by the joint use): the group then enqueues nothing. Each communicator is
-   * entered (weft__handle_enter) until the group is enqueued: a concurrent weft_comm_destroy
-   * waits for it. */
+  /* A call's communicator may have been destroyed since the call (its blocks are resolved again
+   * by group_uses, its streams checked again by weft__use_joint_uses): the group then enqueues
+   * nothing. Each communicator is entered (weft__handle_enter) until the group is enqueued: a
+   * concurrent weft_comm_destroy waits for it. */
   size_t entered = 0;
   for (size_t i = 0; i < ncalls; i++) {
     weft_comm_t *c = g_calls[i].c;

@@ -401,13 +401,15 @@ weft_status_t weft__use_run(weft_stream_t *s, const weft_access_t *acc, size_t n
  * weft__use_joint_uses runs the use. */
 weft_status_t weft__use_joint(weft_stream_t *const *s, const weft_access_t *const *acc, const size_t *n, size_t k,
                               const char *name, weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg);
-/** weft__use_joint with the accesses resolved by the caller: uses[i][0..n[i]) of live blocks
- * (weft__uses_from_accesses; a block of another runtime than s[i]'s only where s[i]'s device can
- * access its memory). Checks each stream and meets captures code outside weft began on it
- * (weft__stream_sync_capture). Up to 64 live streams go through weft__tracker_use_joint (no
- * context bound unless a stream gets a wait or a record); when one takes part in a capture (or
- * there are more), every stream's use opens, fn runs and the uses close, as weft_use_begin /
- * weft_use_end do. With the trace's slices and an NVTX range named `name`. */
+/** weft__use_joint with the accesses resolved by the caller: uses[i][0..n[i]) of live blocks,
+ * each use's state a block record's history (&rec->acc: the trace finds the record from it), as
+ * weft__uses_from_accesses gives them; a block of another runtime than s[i]'s only where s[i]'s
+ * device can access its memory. Checks each stream and meets captures code outside weft began on
+ * it (weft__stream_sync_capture). Up to 64 live streams go through weft__tracker_use_joint (no
+ * context bound unless a stream gets a wait or a record); when one takes part in a capture or is
+ * the calling thread's per-thread stream (or there are more), every stream's use opens, fn runs
+ * and the uses close, as weft_use_begin / weft_use_end do. With the trace's slices and an NVTX
+ * range named `name`. */
 weft_status_t weft__use_joint_uses(weft_stream_t *const *s, weft__use_t *const *uses, const size_t *n, size_t k,
                                    const char *name, weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg);
 /** Resolves accesses to tracker uses; checks every block belongs to s's runtime.

@@ -249,14 +249,16 @@ static weft_status_t joint_split(weft_stream_t *const *s, weft__use_t *const *us
 
 weft_status_t weft__use_joint_uses(weft_stream_t *const *s, weft__use_t *const *uses, const size_t *n, size_t k,
                                    const char *name, weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
-  /* Live streams enqueue through one joint tracker use; a capture (or device timestamps, which
-   * need a span per stream) takes the split form. */
+  /* Live streams enqueue through one joint tracker use; a capture, the calling thread's
+   * per-thread stream (weft__stream_check lets its owner through) or device timestamps (a span
+   * per stream) take the split form. */
   bool joint = !weft__trace_device_on() && k <= 64;
   weft_status_t st = WEFT_OK;
   for (size_t i = 0; st == WEFT_OK && i < k; i++) {
     st = weft__stream_check(s[i], name);
     if (st == WEFT_OK) st = weft__stream_sync_capture(s[i]);
-    if (st == WEFT_OK && atomic_load_explicit(&s[i]->capture, memory_order_acquire) != NULL) joint = false;
+    if (st == WEFT_OK && (atomic_load_explicit(&s[i]->capture, memory_order_acquire) != NULL || s[i]->per_thread))
+      joint = false;
   }
   if (st != WEFT_OK) return st;
   uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;

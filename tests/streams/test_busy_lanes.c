@@ -457,6 +457,48 @@ static void test_a_failed_joint_use_on_one_block_puts_it_back(void **state) {
   assert_int_equal(weft_free(y, stream(3)), WEFT_OK);
 }
 
+/* The work of a joint use of two streams: block x set to 7 on the first, y to 9 on the second. */
+typedef struct set_two {
+  weft_block_t x, y;
+  weft_stream_t *s1;
+} set_two_t;
+
+static weft_status_t set_two(weft_stream_t *s0, void *arg) {
+  const set_two_t *t = arg;
+  CUdeviceptr x, y;
+  if (weft_block_ptr(t->x, &x) != WEFT_OK || weft_block_ptr(t->y, &y) != WEFT_OK)
+    return weft__error(WEFT_ERR_INVALID_ARGUMENT, "test: a block went");
+  CUresult r = drv->cuMemsetD32Async(x, 7, N, s0->raw);
+  if (r == CUDA_SUCCESS) r = drv->cuMemsetD32Async(y, 9, N, t->s1->raw);
+  return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "joint work");
+}
+
+/* A joint use with the calling thread's per-thread stream (adopted CU_STREAM_PER_THREAD, which
+ * the tracker's joint use does not take) takes the split form, as a capture does: it runs, and
+ * readers on another stream wait for both writes. (It was refused as "began capturing meanwhile"
+ * after the joint use's checks moved into weft__use_joint_uses and lost the per-thread case.) */
+static void test_a_joint_use_with_a_per_thread_stream_runs_split(void **state) {
+  (void)state;
+  weft_stream_t *pt;
+  assert_int_equal(weft_stream_adopt(env.rt, CU_STREAM_PER_THREAD, &pt), WEFT_OK);
+  set_two_t t = {alloc(stream(3)), alloc(stream(3)), stream(1)};
+  assert_int_equal(tu_fill(&env, stream(3), t.x, N, 5), WEFT_OK);
+  assert_int_equal(tu_fill(&env, stream(3), t.y, N, 5), WEFT_OK);
+  weft_stream_t *s[2] = {pt, stream(1)};
+  weft_access_t a0[1] = {{t.x, WEFT_WRITE}}, a1[1] = {{t.y, WEFT_WRITE}};
+  const weft_access_t *acc[2] = {a0, a1};
+  size_t n[2] = {1, 1};
+  weft_counters_t c0 = counters();
+  weft_status_t st = weft__use_joint(s, acc, n, 2, "joint", set_two, &t);
+  if (st != WEFT_OK) fail_msg("the joint use: %s: %s", weft_status_name(st), weft_last_error());
+  assert_int_equal(counters().uses, c0.uses + 2);
+  expect_all(stream(0), t.x, 7);
+  expect_all(stream(0), t.y, 9);
+  assert_int_equal(tu_races(&env), 0);
+  assert_int_equal(weft_free(t.x, stream(0)), WEFT_OK);
+  assert_int_equal(weft_free(t.y, stream(0)), WEFT_OK);
+}
+
 /* What weft__tracker_point would give under the lock, published: 1 + tick while the lane is
  * not dirty, else 0 (take the lock). */
 static void expect_published(weft_stream_t *s) {
@@ -527,6 +569,7 @@ int main(void) {
       cmocka_unit_test(test_a_failed_joint_use_records_nothing),
       cmocka_unit_test(test_a_failed_busy_read_keeps_another_streams_read),
       cmocka_unit_test(test_a_failed_joint_use_on_one_block_puts_it_back),
+      cmocka_unit_test(test_a_joint_use_with_a_per_thread_stream_runs_split),
       cmocka_unit_test(test_the_published_point_is_the_locked_one),
   };
   int failed = cmocka_run_group_tests_name("lazy records", lazy, setup_lazy, teardown);
