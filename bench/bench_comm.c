@@ -44,8 +44,9 @@ typedef struct pair {
  *               the capture probe of an exposed stream, at the use's begin and end);
  *   RAW_ON_WEFT raw NCCL on the weft streams' own handles (is it the streams?);
  *   RAW_BOOK    raw NCCL, then weft's bookkeeping of the group without NCCL: the joint use of
- *               both ranks' streams and buffers (weft__use_joint, as weft_comm_group_end makes it)
- *               around no work (is it weft's own host work, among NCCL's?);
+ *               both ranks' streams and buffers (weft__use_joint: the buffers resolved, then
+ *               weft__use_joint_uses, which weft_comm_group_end runs) around no work (is it
+ *               weft's own host work, among NCCL's?);
  *   RAW_BOOK_FIRST  the same bookkeeping before raw NCCL rather than after: NCCL's group launch
  *               empties the host's caches, so the bookkeeping after it finds its data cold, the
  *               bookkeeping before it warm (from the previous iteration's). The difference between
@@ -64,8 +65,9 @@ static weft_status_t no_work(weft_stream_t *s, void *arg) {
   return WEFT_OK;
 }
 
-/* weft's joint use of both ranks' communicator streams and buffers, as weft_comm_group_end
- * makes it, around fn: no work (RAW_BOOK, RAW_BOOK_FIRST) or a raw NCCL group (RAW_JOINT). */
+/* weft's joint use of both ranks' communicator streams and buffers (weft__use_joint_uses, as
+ * weft_comm_group_end runs it, after weft__use_joint resolves the buffers) around fn: no work
+ * (RAW_BOOK, RAW_BOOK_FIRST) or a raw NCCL group (RAW_JOINT). */
 static void joint(pair_t *p, weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
   weft_stream_t *s[2] = {weft_comm_stream(p->comm[0]), weft_comm_stream(p->comm[1])};
   weft_access_t a0[1] = {{p->buf[0], WEFT_READ_WRITE}}, a1[1] = {{p->buf[1], WEFT_READ_WRITE}};

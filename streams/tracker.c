@@ -337,14 +337,6 @@ static weft__lanes_t collect_needs(weft__tracker_t *tr, const weft__domain_t *d,
   return nd->mask;
 }
 
-/* Issues the waits for `nd`, dropping every need that another kept one implies: what is
- * left is the set of maximal conflicting points, one wait each.
- *
- * Pruning may use only what reaching need[u] itself implies: the snapshot of exactly that tick's
- * event, while it is in the ring. When the tick was evicted, the wait goes to a newer event that
- * implies more; but if u is then pruned in favour of w, which knows u only at need[u], whatever
- * only the newer event implied is lost. So an evicted need prunes nothing (it still waits on the
- * stand-in, which is conservative). Without evictions this is the transitive reduction. */
 /* issue_waits' wait for nd's need on lane t, whose event is in ring slot `slot`. */
 static inline weft_status_t wait_need(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const needs_t *nd,
                                       unsigned t, unsigned slot) {
@@ -353,6 +345,14 @@ static inline weft_status_t wait_need(weft__tracker_t *tr, weft__domain_t *d, we
   return weft__clock_wait_at(tr, d, s, d->stream[t], nd->tick[t], slot);
 }
 
+/* Issues the waits for `nd`, dropping every need that another kept one implies: what is
+ * left is the set of maximal conflicting points, one wait each.
+ *
+ * Pruning may use only what reaching need[u] itself implies: the snapshot of exactly that tick's
+ * event, while it is in the ring. When the tick was evicted, the wait goes to a newer event that
+ * implies more; but if u is then pruned in favour of w, which knows u only at need[u], whatever
+ * only the newer event implied is lost. So an evicted need prunes nothing (it still waits on the
+ * stand-in, which is conservative). Without evictions this is the transitive reduction. */
 static weft_status_t issue_waits(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const needs_t *nd) {
   weft__lanes_t mask = nd->mask;
   const uint64_t *need = nd->tick;

@@ -266,6 +266,12 @@ static inline bool weft__stream_live(const weft_stream_t *s) {
   return weft__runtime_live(rt) && s->tr == &rt->tracker && s->index < WEFT__MAX_STREAMS &&
          &rt->tracker.streams[s->index] == s && weft__tracker_lane_used(s->tr, s->index);
 }
+/** Whether s takes part in no capture weft knows of, nor drops one now (weft__stream_plain and
+ * weft__stream_unseen share it; it records nothing). */
+static inline bool weft__stream_uncaptured(const weft_stream_t *s) {
+  return atomic_load_explicit(&s->capture, memory_order_acquire) == NULL &&
+         atomic_load_explicit(&s->dropping, memory_order_acquire) == 0;
+}
 /** Checks a stream handle: a pool stream of a live runtime (a per-thread stream: of the calling
  * thread). The common case is inline; weft__stream_refuse looks closer and records why. */
 weft_status_t weft__stream_refuse(const weft_stream_t *s, const char *fn);
@@ -278,8 +284,7 @@ static inline weft_status_t weft__stream_check(const weft_stream_t *s, const cha
  * code outside weft can have changed, and only if s is exposed (weft__stream_prepare asks the
  * driver then). Records no error; false says "look closer". Inline: every use's fast path asks. */
 static inline bool weft__stream_plain(const weft_stream_t *s) {
-  return weft__stream_live(s) && !s->per_thread && atomic_load_explicit(&s->capture, memory_order_acquire) == NULL &&
-         atomic_load_explicit(&s->dropping, memory_order_acquire) == 0;
+  return weft__stream_live(s) && !s->per_thread && weft__stream_uncaptured(s);
 }
 /** The allocation fast path's weft__stream_prepare and weft__runtime_flush_deferred (block.c):
  * true where s (not NULL) is plain, the runtime has no deferred free to make, and s takes part in
@@ -303,9 +308,7 @@ weft_status_t weft__stream_prepare(weft_stream_t *s);
  * capture (nor drops one). A foreign capture needs one or the other, so weft__stream_sync_capture
  * then has nothing to do; it asks the tracker and the driver only otherwise. */
 static inline bool weft__stream_unseen(const weft_stream_t *s) {
-  return !atomic_load_explicit(&s->exposed, memory_order_relaxed) &&
-         atomic_load_explicit(&s->capture, memory_order_acquire) == NULL &&
-         atomic_load_explicit(&s->dropping, memory_order_acquire) == 0;
+  return !atomic_load_explicit(&s->exposed, memory_order_relaxed) && weft__stream_uncaptured(s);
 }
 /** weft__stream_prepare without binding the context: for calls whose driver work binds it
  * itself (weft__tracker_use_joint). Its common case (weft__stream_unseen) is inline;
