@@ -322,6 +322,43 @@ static void test_a_large_group_over_two_streams_per_rank(void **state) {
     for (int k = 0; k < BLOCKS; k++) assert_int_equal(weft_free(b[r][k], stream(r, 0)), WEFT_OK);
 }
 
+/* Collectives on the calling thread's per-thread streams (adopted CU_STREAM_PER_THREAD, one per
+ * rank's runtime), in a group over both devices, alone or beside a communicator's own stream: the data is right and
+ * a reader on another stream waits for each (no race). NCCL uses a call's stream with the
+ * communicator's device current, so each rank's handle names that device's per-thread stream,
+ * whichever device the thread had current when it called. */
+static void test_collectives_on_per_thread_streams(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  weft_stream_t *pt[2];
+  weft_block_t b[2];
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(weft_stream_adopt(rt[r], CU_STREAM_PER_THREAD, &pt[r]), WEFT_OK);
+    b[r] = alloc(r, N * 4);
+    float h[N];
+    for (int i = 0; i < N; i++) h[i] = (float)(i + 1000 * r);
+    assert_int_equal(weft_copy_to_block(stream(r, 0), b[r], 0, h, sizeof h), WEFT_OK);
+  }
+  /* Round 0: both ranks on their per-thread streams; round 1: rank 1 first, on its communicator's
+   * stream, then rank 0 on its per-thread stream. */
+  for (int round = 0; round < 2; round++) {
+    assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+    for (int k = 0; k < 2; k++) {
+      int r = round == 0 ? k : 1 - k;
+      weft_stream_t *on = round == 0 || r == 0 ? pt[r] : NULL;
+      weft_status_t st = weft_all_reduce(comm[r], b[r], 0, b[r], 0, N, WEFT_FLOAT32, WEFT_SUM, on);
+      if (st != WEFT_OK) fail_msg("weft_all_reduce, rank %d: %s: %s", r, weft_status_name(st), weft_last_error());
+    }
+    weft_status_t st = weft_comm_group_end();
+    if (st != WEFT_OK) fail_msg("weft_comm_group_end, round %d: %s: %s", round, weft_status_name(st), weft_last_error());
+    float want[N];
+    for (int i = 0; i < N; i++) want[i] = (float)((2 * i + 1000) << round);
+    for (int r = 0; r < 2; r++) expect(r, b[r], 0, want, N);
+  }
+  assert_int_equal(races(), 0);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_free(b[r], stream(r, 0)), WEFT_OK);
+}
+
 /* A group's uses are the trace's slices (weft_comm_group_end, one per stream), each naming its
  * blocks and kinds: the communicator's order block READ_WRITE, the send range READ, the receive
  * range WRITE; in place, one READ_WRITE. (The group's end traces the uses it resolved itself.) */
@@ -1033,6 +1070,7 @@ int main(void) {
       cmocka_unit_test(test_every_collective_at_offsets),
       cmocka_unit_test(test_a_large_group_over_two_streams_per_rank),
       cmocka_unit_test(test_a_groups_uses_are_traced_with_their_blocks),
+      cmocka_unit_test(test_collectives_on_per_thread_streams),
       cmocka_unit_test(test_bad_calls_and_nccl_failures_change_nothing),
       cmocka_unit_test(test_a_communicator_destroyed_inside_a_group_fails_its_end),
       cmocka_unit_test(test_a_communicator_destroyed_while_a_thread_runs_groups_on_it),

@@ -276,6 +276,28 @@ static void test_all_reduce_in_place(void **state) {
   printf("conformance-nccl: all-reduce in place, one thread, one group ok\n");
 }
 
+/* A call's stream given as cudaStreamPerThread (CU_STREAM_PER_THREAD), device 0 current for both
+ * ranks' calls: NCCL uses the stream with the communicator's device current, so each rank's work
+ * runs on its own device's per-thread stream and the sums come out (the simulator's post resolves
+ * a default handle against the communicator's device). */
+static void test_all_reduce_on_per_thread_streams(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  static float h[2][N];
+  put_inputs(h);
+  on(0);
+  NOK(NCCL(ncclGroupStart)());
+  for (int r = 0; r < 2; r++)
+    NOK(NCCL(ncclAllReduce)((void *)buf[r], (void *)buf[r], N, ncclFloat32, ncclSum, comm[r], cudaStreamPerThread));
+  NOK(NCCL(ncclGroupEnd)());
+  for (int r = 0; r < 2; r++) {
+    on(r);
+    OK(d->cuStreamSynchronize(CU_STREAM_PER_THREAD));
+  }
+  expect_sums();
+  printf("conformance-nccl: nccl per-thread stream, device 0 current for both ranks ok\n");
+}
+
 static void test_collectives(void **state) {
   (void)state;
   if (!g_two) skip();
@@ -563,6 +585,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_first_collectives_under_capture), /* first: no devices connected yet */
       cmocka_unit_test(test_communicators),
       cmocka_unit_test(test_all_reduce_in_place),
+      cmocka_unit_test(test_all_reduce_on_per_thread_streams),
       cmocka_unit_test(test_collectives),
       cmocka_unit_test(test_send_receive),
       cmocka_unit_test(test_captured_all_reduce),
