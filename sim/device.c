@@ -149,6 +149,7 @@ static CUresult primary_release(CUdevice dev) {
     /* The context goes, and the streams made in it with it: later calls on them fail (H100,
      * driver 580.159.04: cuStreamDestroy gives INVALID_HANDLE; tests/conformance). */
     sim__streams_destroy_all(dev);
+    sim.ctx_gen[dev]++; /* every thread's per-thread stream of dev went too */
   }
   return CUDA_SUCCESS;
 }

@@ -260,6 +260,9 @@ typedef struct sim__thread {
   uint8_t enqueue_dev[64];      /* per nesting level: the device it was counted on (core.c) */
   unsigned depth;               /* nesting level of sim__enter */
   sim__stream_t *enqueued;      /* the stream the current call last enqueued on (sim__enqueue) */
+  sim__stream_t *per_thread[SIM_MAX_DEVICES]; /* this thread's per-thread stream of each device
+                                                 (CU_STREAM_PER_THREAD), made at first use */
+  uint64_t per_thread_gen[SIM_MAX_DEVICES];   /* the device's context generation it was made in */
 } sim__thread_t;
 
 typedef struct sim__state {
@@ -284,6 +287,8 @@ typedef struct sim__state {
   sim__snap_t *host_snap;       /* cached snapshot of host_vc, or NULL when stale */
   sim__vc_t retired_vc;         /* clocks of destroyed streams that finished */
   sim__stream_t *null_streams[SIM_MAX_DEVICES]; /* each device's legacy stream (handle 0) */
+  uint64_t ctx_gen[SIM_MAX_DEVICES]; /* each device's primary context's generation: a thread's
+                                        per-thread stream of an older one went with it */
   sim__stream_t **busy;         /* streams with queued ops */
   size_t nbusy, capbusy;
   sim__stream_t **streams;      /* every stream alive (for cuCtxSynchronize) */
@@ -377,9 +382,14 @@ struct sim__stream {
   int has_apw;
 };
 
-/** The stream behind a handle (0, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are the legacy
- * stream), or NULL. */
+/** The stream behind a handle, or NULL: 0 and CU_STREAM_LEGACY are the current device's legacy
+ * stream, CU_STREAM_PER_THREAD the calling thread's per-thread stream of it (sim__stream_default). */
 sim__stream_t *sim__stream_get(CUstream h);
+/** A default handle (0, CU_STREAM_LEGACY or CU_STREAM_PER_THREAD) as device dev's: its legacy
+ * stream, or the calling thread's per-thread stream of dev, made at first use: a blocking stream
+ * of its own (it can be captured, unlike the legacy stream), destroyed with dev's primary context.
+ * Any other handle: NULL. */
+sim__stream_t *sim__stream_default(CUstream h, int dev);
 /** Frees a destroyed stream once idle. */
 void sim__stream_maybe_free(sim__stream_t *s);
 /** Submits act to s: a graph node when s captures, else a queued op. Takes ownership of act's

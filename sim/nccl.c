@@ -629,7 +629,7 @@ static ncclResult_t post(ncclComm_t h, cudaStream_t hs, part_t p) {
    * before it launches), so a default handle (0, legacy, per-thread) names that device's stream,
    * whichever device the caller had current (conformance: "nccl per-thread stream"). */
   CUstream raw = (CUstream)hs;
-  sim__stream_t *s = raw == NULL || raw == CU_STREAM_LEGACY || raw == CU_STREAM_PER_THREAD ? sim__null_stream(c->dev)
+  sim__stream_t *s = raw == NULL || raw == CU_STREAM_LEGACY || raw == CU_STREAM_PER_THREAD ? sim__stream_default(raw, c->dev)
                                                                                       : sim__stream_get(raw);
   if (s == NULL) return fail(ncclInvalidArgument, "not a stream");
   if (s->dev != c->dev) return fail(ncclInvalidArgument, "the stream is not on the communicator's device");

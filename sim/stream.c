@@ -1,19 +1,34 @@
 /* Streams: FIFO queues of ops, their flags, priorities, ids, queries and synchronisation, and the
  * stream-ordered host function and memory operations (write/wait value).
  *
- * The legacy stream (handle 0, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD) is an ordinary queue here:
- * the simulator does not model its implicit synchronisation with blocking streams, except that
- * work on handle 0 or CU_STREAM_LEGACY while a blocking stream captures fails with
- * STREAM_CAPTURE_IMPLICIT and invalidates that capture (sim__legacy_implicit). It can never be
- * captured. A destroyed stream's queued work still runs; the object is freed once idle.
+ * The legacy stream (handle 0, CU_STREAM_LEGACY) is an ordinary queue here: the simulator does
+ * not model its implicit synchronisation with blocking streams, except that work on handle 0 or
+ * CU_STREAM_LEGACY while a blocking stream captures fails with STREAM_CAPTURE_IMPLICIT and
+ * invalidates that capture (sim__legacy_implicit). It can never be captured. CU_STREAM_PER_THREAD
+ * is each thread's own blocking stream of each device (sim__stream_default), which can be
+ * captured, as on the GPU (conformance: "per-thread stream"). A destroyed stream's queued work
+ * still runs; the object is freed once idle.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "sim/internal.h"
 
+static sim__stream_t *stream_new(int dev, unsigned flags, int priority);
+
+sim__stream_t *sim__stream_default(CUstream h, int dev) {
+  if (h == NULL || h == CU_STREAM_LEGACY) return sim__null_stream(dev);
+  if (h != CU_STREAM_PER_THREAD) return NULL;
+  sim__thread_t *t = sim__self();
+  if (t->per_thread[dev] == NULL || t->per_thread_gen[dev] != sim.ctx_gen[dev]) {
+    t->per_thread[dev] = stream_new(dev, 0, 0);
+    t->per_thread_gen[dev] = sim.ctx_gen[dev];
+  }
+  return t->per_thread[dev];
+}
+
 sim__stream_t *sim__stream_get(CUstream h) {
-  if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) return sim__null_stream(sim__cur_dev());
+  if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) return sim__stream_default(h, sim__cur_dev());
   return sim__handle_get(h, SIM_MAGIC_STREAM);
 }
 
@@ -45,10 +60,17 @@ static CUresult stream_create(CUstream *out, unsigned flags, int priority) {
   /* Priorities outside [greatest, least] = [-5, 0] are clamped, as the driver does. */
   if (priority > 0) priority = 0;
   if (priority < -5) priority = -5;
+  *out = (CUstream)stream_new(sim__cur_dev(), flags, priority);
+  return CUDA_SUCCESS;
+}
+
+/* A new stream of device dev, in sim.streams and the handle table (a per-thread stream too, whose
+ * handle nobody is given: sim__streams_destroy_all finds it there). */
+static sim__stream_t *stream_new(int dev, unsigned flags, int priority) {
   sim__stream_t *s = sim__xcalloc(1, sizeof *s);
   s->magic = SIM_MAGIC_STREAM;
   s->id = sim.next_stream_id++;
-  s->dev = sim__cur_dev();
+  s->dev = dev;
   s->flags = flags;
   s->priority = priority;
   s->lane = sim.next_lane++;
@@ -57,8 +79,7 @@ static CUresult stream_create(CUstream *out, unsigned flags, int priority) {
   s->all_index = sim.nstreams;
   sim.streams[sim.nstreams++] = s;
   sim__handle_add(s);
-  *out = (CUstream)s;
-  return CUDA_SUCCESS;
+  return s;
 }
 
 CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority) {

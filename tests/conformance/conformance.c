@@ -539,6 +539,56 @@ static void test_legacy_stream_during_a_blocking_capture(void **state) {
   PASS("the legacy stream during a blocking stream's capture: queries IMPLICIT, work IMPLICIT and invalidates");
 }
 
+/* The per-thread stream (CU_STREAM_PER_THREAD) can be captured, unlike the legacy stream: it is
+ * the calling thread's own blocking stream. Another thread's per-thread stream is another stream
+ * (not capturing), and, a blocking stream, its capture makes the legacy stream IMPLICIT
+ * meanwhile. The graph replays on it. */
+typedef struct pt_probe {
+  CUresult q;
+  CUstreamCaptureStatus st;
+} pt_probe_t;
+
+static void *other_per_thread(void *arg) {
+  pt_probe_t *p = arg;
+  d->cuCtxSetCurrent(g_ctx);
+  p->q = d->cuStreamIsCapturing(CU_STREAM_PER_THREAD, &p->st);
+  return NULL;
+}
+
+static void test_per_thread_stream_can_be_captured(void **state) {
+  (void)state;
+  CUdeviceptr a;
+  OK(d->cuMemAlloc(&a, 4096));
+  OK(fill(CU_STREAM_PER_THREAD, a, 1024, 5));
+  OK(d->cuStreamBeginCapture(CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  OK(d->cuStreamIsCapturing(CU_STREAM_PER_THREAD, &st));
+  assert_int_equal(st, CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  pt_probe_t p = {CUDA_ERROR_UNKNOWN, CU_STREAM_CAPTURE_STATUS_ACTIVE};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, other_per_thread, &p), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  OK(p.q);
+  assert_int_equal(p.st, CU_STREAM_CAPTURE_STATUS_NONE);
+  IS(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, d->cuStreamIsCapturing(CU_STREAM_LEGACY, &st));
+  OK(fill(CU_STREAM_PER_THREAD, a, 1024, 6));
+  CUgraph g;
+  OK(d->cuStreamEndCapture(CU_STREAM_PER_THREAD, &g));
+  assert_int_equal(count_type(g, CU_GRAPH_NODE_TYPE_KERNEL), 1);
+  OK(d->cuStreamSynchronize(CU_STREAM_PER_THREAD));
+  assert_int_equal(read_at(a, 1000), 5); /* captured, not run */
+  CUgraphExec x;
+  OK(d->cuGraphInstantiateWithFlags(&x, g, 0));
+  OK(d->cuGraphLaunch(x, CU_STREAM_PER_THREAD));
+  OK(d->cuStreamSynchronize(CU_STREAM_PER_THREAD));
+  assert_int_equal(read_at(a, 1000), 6);
+  OK(d->cuGraphExecDestroy(x));
+  OK(d->cuGraphDestroy(g));
+  OK(d->cuMemFree(a));
+  PASS("per-thread stream: it can be captured (the legacy stream not); another thread's is another stream; its "
+       "capture makes the legacy stream IMPLICIT; the graph replays on it");
+}
+
 static void test_capture_info_and_dependency_updates(void **state) {
   (void)state;
   CUstream s = new_stream();
@@ -1325,6 +1375,7 @@ int main(void) {
       CASE(test_non_relaxed_capture_must_end_on_its_thread),
       CASE(test_legacy_stream_cannot_be_captured),
       CASE(test_legacy_stream_during_a_blocking_capture),
+      CASE(test_per_thread_stream_can_be_captured),
       CASE(test_capture_info_and_dependency_updates),
       CASE(test_captured_work_is_not_in_the_stream),
       CASE(test_alloc_in_capture_becomes_a_mem_alloc_node),
