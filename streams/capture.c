@@ -285,6 +285,7 @@ CUresult weft__capture_status(const weft_stream_t *s, CUstreamCaptureStatus *cs,
 }
 
 weft_status_t weft__capture_probe(weft_stream_t *s, bool *active, uint64_t *id) {
+  WEFT_ASSERT_INTERNAL(weft__tracker_owns(s));
   CUstreamCaptureStatus cs;
   CUresult r = weft__capture_status(s, &cs, id);
   if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuStreamGetCaptureInfo");

@@ -107,13 +107,14 @@ static inline uint64_t weft__clock_newest_use(const weft__domain_t *d, unsigned 
  * deferred tick, so the records after each use bought nothing. */
 void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, bool newest);
 /** Publishes lane `at`'s point for lock-free readers (weft_stream_t.point): 1 + its tick while
- * it is not dirty, else 0; live domain only, never for a per-thread stream. Called wherever a live
- * lane's tick or dirtiness changes, lock held. */
+ * it is not dirty, else 0; always 0 for a per-thread stream, whose point is taken under the lock
+ * (point_locked records it at once: only its owner can). Live domain only. Called wherever a live
+ * lane's tick or dirtiness changes, and when a stream is adopted; lock held. */
 static inline void weft__clock_publish(const weft__domain_t *d, unsigned at) {
   weft_stream_t *s = d->capture == NULL ? d->stream[at] : NULL;
-  if (s == NULL || s->per_thread) return;
+  if (s == NULL) return;
   const weft__lane_t *l = &d->lane[at];
-  atomic_store_explicit(&s->point, l->dirty ? 0 : l->tick + 1, memory_order_release);
+  atomic_store_explicit(&s->point, l->dirty || s->per_thread ? 0 : l->tick + 1, memory_order_release);
 }
 /** Withdraws lane `at`'s published point (readers take the lock): for a busy use's reserved tick,
  * which a failure takes back. */

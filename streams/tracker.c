@@ -153,10 +153,54 @@ uint64_t weft__tracker_thread_serial(void) {
   return tls_thread_serial;
 }
 
+/* The serials of ended threads that had adopted a per-thread stream: only its owner can ask the
+ * driver about a per-thread stream, so a capture weft knows on it is dropped by other threads
+ * once its owner has ended (weft__tracker_owner_ended). One entry per such thread; a failed
+ * growth leaves the thread counted alive (its capture then stays known: conservative). */
+static pthread_mutex_t g_ended_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t *g_ended;
+static size_t g_n_ended, g_cap_ended;
+static pthread_key_t g_owner_key;
+static pthread_once_t g_owner_once = PTHREAD_ONCE_INIT;
+static bool g_owner_keyed;
+
+static void owner_ended(void *serial) {
+  pthread_mutex_lock(&g_ended_lock);
+  if (g_n_ended == g_cap_ended) {
+    size_t cap = g_cap_ended ? 2 * g_cap_ended : 16;
+    uint64_t *grown = weft__meta_realloc(g_ended, cap * sizeof *grown);
+    if (grown != NULL) {
+      g_ended = grown;
+      g_cap_ended = cap;
+    }
+  }
+  if (g_n_ended < g_cap_ended) g_ended[g_n_ended++] = (uint64_t)(uintptr_t)serial;
+  pthread_mutex_unlock(&g_ended_lock);
+}
+
+static void owner_key_create(void) { g_owner_keyed = pthread_key_create(&g_owner_key, owner_ended) == 0; }
+
+/* The calling thread owns a per-thread stream: its end is noted (owner_ended). */
+static void note_owner(uint64_t serial) {
+  pthread_once(&g_owner_once, owner_key_create);
+  if (g_owner_keyed && pthread_getspecific(g_owner_key) == NULL)
+    (void)pthread_setspecific(g_owner_key, (void *)(uintptr_t)serial);
+}
+
+bool weft__tracker_owner_ended(const weft_stream_t *s) {
+  if (!s->per_thread) return false;
+  bool ended = false;
+  pthread_mutex_lock(&g_ended_lock);
+  for (size_t i = 0; i < g_n_ended && !ended; i++) ended = g_ended[i] == s->owner;
+  pthread_mutex_unlock(&g_ended_lock);
+  return ended;
+}
+
 weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream_t **out) {
   if (raw == CU_STREAM_LEGACY) raw = NULL; /* two names of one stream */
   bool per_thread = raw == CU_STREAM_PER_THREAD;
   uint64_t self = per_thread ? weft__tracker_thread_serial() : 0;
+  if (per_thread) note_owner(self);
   for (unsigned i = 0; i < tr->n_pool; i++)
     if (raw != NULL && tr->streams[i].raw == raw)
       return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_adopt: the stream is weft's pool stream %u (use it as it is)", i);
@@ -183,6 +227,9 @@ weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream
       s->high = false;
       s->priority = tr->drv->cuStreamGetPriority(raw, &prio) == CUDA_SUCCESS ? prio : 0;
       atomic_store_explicit(&s->exposed, true, memory_order_relaxed); /* outside code owns it */
+      /* The slot's point was published when the lane was claimed; a per-thread stream has none
+       * (its lock-free point had stayed tick 0: the pool stamped its chunks and frees complete). */
+      weft__clock_publish(tr->live, s->lane);
       atomic_store_explicit(&tr->n_adopted, n + 1, memory_order_release);
     }
   }
@@ -1335,8 +1382,8 @@ static bool lane_is_valid(const weft__domain_t *d, unsigned s) {
   if (l->recorded > l->tick) return weft__debug_report("tracker", "recorded tick beyond tick");
   if (l->tick - l->recorded > 1) return weft__debug_report("tracker", "more than one pending tick");
   const weft_stream_t *st = d->capture == NULL ? d->stream[s] : NULL;
-  if (st != NULL && !st->per_thread && (d->busy & weft__lane_bit(s)) == 0 &&
-      atomic_load_explicit(&st->point, memory_order_relaxed) != (l->dirty ? 0 : l->tick + 1))
+  if (st != NULL && (d->busy & weft__lane_bit(s)) == 0 &&
+      atomic_load_explicit(&st->point, memory_order_relaxed) != (l->dirty || st->per_thread ? 0 : l->tick + 1))
     return weft__debug_report("tracker", "published point differs from the lane's");
   for (unsigned t = 0; t < d->n; t++) {
     if (row[t] > d->lane[t].tick) return weft__debug_report("tracker", "known beyond the other stream's tick");

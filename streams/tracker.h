@@ -311,6 +311,9 @@ uint64_t weft__tracker_thread_serial(void);
 static inline bool weft__tracker_owns(const weft_stream_t *s) {
   return !s->per_thread || s->owner == weft__tracker_thread_serial();
 }
+/** Whether s is a per-thread stream whose owner thread has ended (it can never be asked about
+ * again: a capture weft knows on it is over for weft). */
+bool weft__tracker_owner_ended(const weft_stream_t *s);
 /** Whether lane i holds a stream (a pool stream, or an adopted one). */
 static inline bool weft__tracker_lane_used(weft__tracker_t *tr, unsigned i) {
   return i < tr->n_pool + atomic_load_explicit(&tr->n_adopted, memory_order_acquire);
@@ -522,7 +525,8 @@ void weft__capture_free(weft__capture_t *c);
 /** The driver's word on s's capture state (cuStreamGetCaptureInfo, else cuStreamIsCapturing,
  * which gives no id: *id 0), raw: the one place weft asks it. id may be NULL. */
 CUresult weft__capture_status(const weft_stream_t *s, CUstreamCaptureStatus *cs, uint64_t *id);
-/** What the driver says of s: whether a capture is active on it, and its id. */
+/** What the driver says of s: whether a capture is active on it, and its id. s is the calling
+ * thread's (weft__tracker_owns): another thread's per-thread stream cannot be named. */
 weft_status_t weft__capture_probe(weft_stream_t *s, bool *active, uint64_t *id);
 
 #endif /* WEFT_STREAMS_TRACKER_H */

@@ -113,6 +113,15 @@ static void wait_dropped(weft_stream_t *s) {
  * adopts it runs the capture handler; others meeting the capture meanwhile wait for it. */
 static weft_status_t sync_capture(weft_stream_t *s) {
   if (weft__stream_unseen(s)) return WEFT_OK; /* the common case, without the tracker lock */
+  /* Another thread's per-thread stream: CU_STREAM_PER_THREAD would name this thread's, so only
+   * its owner asks the driver about it and meets or drops its captures; once the owner has ended,
+   * a capture weft knows there is dropped by whoever looks. */
+  if (!weft__tracker_owns(s)) {
+    uint64_t known = 0;
+    if (weft__capture_foreign_of(s, &known) && weft__tracker_owner_ended(s)) drop_foreign(s, known);
+    wait_dropped(s);
+    return WEFT_OK;
+  }
   uint64_t known = 0;
   bool foreign = weft__capture_foreign_of(s, &known);
   if (!foreign && !atomic_load_explicit(&s->exposed, memory_order_relaxed)) return WEFT_OK;

@@ -3,6 +3,7 @@
  * device pointer, and a capture that outside code begins on an adopted stream. Every data check
  * reads values back; on the simulator the race oracle must stay at 0. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -259,9 +260,7 @@ static void test_per_thread_stream_belongs_to_its_thread(void **state) {
 
 /* Code outside weft captures an adopted stream (GLOBAL, as torch.cuda.graph does): weft's
  * allocations, uses and frees on it go into that capture, which ends valid and replays. */
-static void test_outside_capture_on_adopted_stream(void **state) {
-  tu_env_t *env = *state;
-  CUstream raw = raw_stream();
+static void outside_capture(tu_env_t *env, CUstream raw) {
   weft_stream_t *s;
   assert_int_equal(weft_stream_adopt(env->rt, raw, &s), WEFT_OK);
   weft_block_t in = tu_alloc(env, N * 4, 0, "in"), out = tu_alloc(env, N * 4, 0, "out");
@@ -290,6 +289,15 @@ static void test_outside_capture_on_adopted_stream(void **state) {
   assert_int_equal(drv->cuGraphExecDestroy(x), CUDA_SUCCESS);
   assert_int_equal(drv->cuGraphDestroy(g), CUDA_SUCCESS);
   assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+}
+
+static void test_outside_capture_on_adopted_stream(void **state) { outside_capture(*state, raw_stream()); }
+
+/* The same on the calling thread's per-thread stream (CU_STREAM_PER_THREAD can be captured, the
+ * legacy stream cannot: conformance, "per-thread stream"), as code built with
+ * --default-stream per-thread captures it. */
+static void test_outside_capture_on_the_adopted_per_thread_stream(void **state) {
+  outside_capture(*state, CU_STREAM_PER_THREAD);
 }
 
 /* ---- work outside weft before a free on an adopted stream --------------------------------------
@@ -696,6 +704,123 @@ static void test_a_new_thread_with_an_ended_threads_id_gets_its_own_stream(void 
   assert_ptr_not_equal(a.s, c.s);
 }
 
+/* The adopted per-thread stream's points are real ones. A chunk the pool grows on it (a
+ * stream-ordered allocation there) is ordered before another stream's block in it, and a block
+ * freed on it is reused by another stream only after the work before the free. (Its lock-free
+ * point stayed the one published when its slot was claimed, tick 0: the pool took the chunk and
+ * the freed range as complete, with no wait; the oracle saw both races.) */
+static void test_the_per_thread_streams_points_order_the_pool(void **state) {
+  tu_env_t *env = *state;
+  weft_stream_t *pt, *other = tu_stream(env, 1);
+  assert_int_equal(weft_stream_adopt(env->rt, CU_STREAM_PER_THREAD, &pt), WEFT_OK);
+  weft_block_t a, b, c;
+  assert_int_equal(weft_alloc(env->rt, N * 4, pt, "a", &a), WEFT_OK); /* the pool's first chunk, on pt */
+  assert_int_equal(weft_alloc(env->rt, N * 4, other, "b", &b), WEFT_OK);
+  assert_int_equal(tu_fill(env, other, b, N, 5), WEFT_OK);
+  assert_int_equal(tu_fill(env, pt, a, N, 6), WEFT_OK);
+  assert_int_equal(weft_free(a, pt), WEFT_OK);
+  assert_int_equal(weft_alloc(env->rt, N * 4, other, "c", &c), WEFT_OK);
+  assert_int_equal(tu_fill(env, other, c, N, 7), WEFT_OK);
+  expect_all(other, b, 5);
+  expect_all(other, c, 7);
+  if (env->sim != NULL) assert_int_equal(tu_races(env), 0); /* the oracle's: both races before */
+  assert_int_equal(weft_free(b, other), WEFT_OK);
+  assert_int_equal(weft_free(c, other), WEFT_OK);
+}
+
+/* A thread's capture on its own per-thread stream, begun by code outside weft, stays weft's
+ * knowledge while another thread synchronises the runtime (which says CAPTURE): only the owner can
+ * ask the driver about its per-thread stream (CU_STREAM_PER_THREAD names the caller's); once the
+ * owner has ended, the capture is dropped by whoever looks. (weft_runtime_synchronize asked
+ * about every stream from the calling thread, heard "not capturing" of its own per-thread stream,
+ * and dropped the capture, with what weft knew inside it; the owner's next call met it again and
+ * ran the capture handler a second time. In random programs of 8 threads the owner's
+ * weft_stream_is_capturing right after its cuStreamBeginCapture could say 0.) */
+typedef struct pt_cap {
+  tu_env_t *env;
+  weft_block_t b;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int phase; /* 1: capturing, the main thread may synchronise; 2: it did */
+  int capturing_after;
+  atomic_int handled; /* capture handler calls */
+  weft_status_t use_st;
+  CUresult end;
+  size_t nodes;
+} pt_cap_t;
+
+static void pt_cap_set(pt_cap_t *c, int phase) {
+  pthread_mutex_lock(&c->mu);
+  c->phase = phase;
+  pthread_cond_broadcast(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+}
+
+static void pt_cap_wait(pt_cap_t *c, int phase) {
+  pthread_mutex_lock(&c->mu);
+  while (c->phase < phase) pthread_cond_wait(&c->cv, &c->mu);
+  pthread_mutex_unlock(&c->mu);
+}
+
+static weft_status_t pt_cap_handler(weft_stream_t *s, uint64_t id, void *user) {
+  (void)s;
+  (void)id;
+  atomic_fetch_add(&((pt_cap_t *)user)->handled, 1);
+  return WEFT_OK;
+}
+
+static void *pt_cap_body(void *arg) {
+  pt_cap_t *c = arg;
+  weft_stream_t *pt;
+  c->use_st = weft_stream_adopt(c->env->rt, CU_STREAM_PER_THREAD, &pt);
+  CUresult begin = c->use_st == WEFT_OK ? drv->cuStreamBeginCapture(CU_STREAM_PER_THREAD, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+                                        : CUDA_ERROR_UNKNOWN;
+  if (begin != CUDA_SUCCESS && c->use_st == WEFT_OK) c->use_st = WEFT_ERR_DRIVER;
+  if (c->use_st == WEFT_OK) c->use_st = tu_fill(c->env, pt, c->b, N, 4); /* weft meets the capture */
+  pt_cap_set(c, 1);
+  pt_cap_wait(c, 2);
+  int on = 0;
+  if (c->use_st == WEFT_OK && weft_stream_is_capturing(pt, &on) == WEFT_OK) c->capturing_after = on;
+  if (c->use_st == WEFT_OK) c->use_st = tu_fill(c->env, pt, c->b, N, 9);
+  CUgraph g = NULL;
+  if (begin == CUDA_SUCCESS) c->end = drv->cuStreamEndCapture(CU_STREAM_PER_THREAD, &g);
+  if (g != NULL) {
+    drv->cuGraphGetNodes(g, NULL, &c->nodes);
+    drv->cuGraphDestroy(g);
+  }
+  return NULL;
+}
+
+static void test_another_thread_keeps_its_per_thread_capture_while_the_runtime_syncs(void **state) {
+  tu_env_t *env = *state;
+  pt_cap_t c = {.env = env, .b = tu_alloc(env, N * 4, 0, "b"), .end = CUDA_ERROR_UNKNOWN};
+  assert_int_equal(tu_fill(env, tu_stream(env, 0), c.b, N, 1), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+  pthread_mutex_init(&c.mu, NULL);
+  pthread_cond_init(&c.cv, NULL);
+  assert_int_equal(weft_set_capture_handler(env->rt, pt_cap_handler, &c), WEFT_OK);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, pt_cap_body, &c), 0);
+  pt_cap_wait(&c, 1);
+  weft_status_t sync = weft_runtime_synchronize(env->rt); /* CAPTURE: a stream is capturing */
+  pt_cap_set(&c, 2);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_int_equal(weft_set_capture_handler(env->rt, NULL, NULL), WEFT_OK);
+  assert_int_equal(sync, WEFT_ERR_CAPTURE);
+  if (c.use_st != WEFT_OK) fail_msg("the capturing thread: %s", weft_status_name(c.use_st));
+  assert_int_equal(c.capturing_after, 1);
+  assert_int_equal(atomic_load(&c.handled), 1); /* met once: never dropped and met again */
+  assert_int_equal(c.end, CUDA_SUCCESS);
+  assert_true(c.nodes >= 2); /* both fills captured */
+  expect_all(tu_stream(env, 0), c.b, 1); /* neither ran */
+  /* The owner ended the capture outside weft and has ended itself: nobody can ask about its
+   * per-thread stream again, so the capture is over for weft too. */
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+  assert_int_equal(weft_free(c.b, tu_stream(env, 0)), WEFT_OK);
+  pthread_cond_destroy(&c.cv);
+  pthread_mutex_destroy(&c.mu);
+}
+
 /* Each adopting thread keeps its slot: threads that come and go exhaust options.adopt_streams,
  * and the refusal says why (BUSY, naming CU_STREAM_PER_THREAD), with nothing of the runtime
  * changed: the streams adopted before still work. */
@@ -739,7 +864,11 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_per_thread_stream_belongs_to_its_thread, setup, teardown),
       cmocka_unit_test_setup_teardown(test_a_new_thread_with_an_ended_threads_id_gets_its_own_stream, setup, teardown),
       cmocka_unit_test_setup_teardown(test_threads_that_adopt_per_thread_streams_run_out_of_slots_clearly, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_the_per_thread_streams_points_order_the_pool, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_another_thread_keeps_its_per_thread_capture_while_the_runtime_syncs, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_outside_capture_on_adopted_stream, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_outside_capture_on_the_adopted_per_thread_stream, setup, teardown),
       cmocka_unit_test_setup_teardown(test_outside_capture_allocates_to_graph_pool, setup, teardown),
       cmocka_unit_test_setup_teardown(test_legacy_free_waits_for_a_blocking_capture, setup, teardown),
       cmocka_unit_test_setup_teardown(test_capture_handler_chooses_where_an_outside_capture_allocates, setup, teardown),

@@ -1,10 +1,11 @@
 /* Long random programs that mix weft's calls with code outside weft on the same streams: adopted
- * raw streams (and the legacy stream), pool streams whose handle was exposed (weft_stream_raw),
- * raw driver work enqueued there (declared inside weft_use_begin/end, or undeclared: ordered with
- * weft_block_export_event before and weft_stream_import_event / import_stream after, as weft.h
- * asks), captures that outside code begins (cuStreamBeginCapture in every mode, forked onto a
- * second stream with a raw event record + wait as PyTorch does, weft calls inside, joined back,
- * ended, instantiated and launched as a declared use), weft's own captures, trims and host reads.
+ * raw streams (the legacy stream and the calling thread's per-thread stream too), pool streams
+ * whose handle was exposed (weft_stream_raw), raw driver work enqueued there (declared inside
+ * weft_use_begin/end, or undeclared: ordered with weft_block_export_event before and
+ * weft_stream_import_event / import_stream after, as weft.h asks), captures that outside code
+ * begins (cuStreamBeginCapture in every mode, forked onto a second stream with a raw event record
+ * + wait as PyTorch does, weft calls inside, joined back, ended, instantiated and launched as a
+ * declared use), weft's own captures, trims and host reads.
  *
  * Every program is checked against a host model (values read back), the simulator's race oracle
  * (zero races), every capture must end valid (weft never invalidates it), and at the end device
@@ -103,6 +104,8 @@ typedef struct strm {
   bool rawok;   /* outside code may enqueue on it (adopted or exposed) */
   bool pool;    /* a pool stream (weft_capture_begin, weft_exec_launch) */
   bool legacy;  /* the adopted legacy stream: never captured */
+  bool blocking; /* the per-thread stream: while it captures, the legacy stream is unusable
+                    (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), as with any blocking stream */
   bool forkable; /* outside code may fork a capture onto it (no other thread uses it) */
   char name[16];
 } strm_t;
@@ -214,13 +217,21 @@ static int pick_free_slot(world_t *w) {
     if (!w->b[k].live) cand[n++] = k;
   return n == 0 ? -1 : cand[rn(&w->r, (unsigned)n)];
 }
+/* Whether a blocking stream takes part in the capture being recorded (the legacy stream is then
+ * unusable). */
+static bool capture_blocks_legacy(const world_t *w) {
+  for (unsigned i = 0; i < w->ncap_streams; i++)
+    if (w->st[w->cap_streams[i]].blocking) return true;
+  return false;
+}
+
 /* A stream not taking part in the capture being recorded. */
 static int pick_stream(world_t *w, bool need_raw, bool allow_legacy) {
   for (int tries = 0; tries < 100; tries++) {
     int si = (int)rn(&w->r, w->ns);
     if (in_capture(w, si)) continue;
     if (need_raw && !w->st[si].rawok) continue;
-    if (!allow_legacy && w->st[si].legacy) continue;
+    if ((!allow_legacy || capture_blocks_legacy(w)) && w->st[si].legacy) continue;
     return si;
   }
   return -1;
@@ -1022,7 +1033,8 @@ static int settle(world_t *w) {
   return 0;
 }
 
-/* Sets up streams: 8 pool streams (0 and 1 exposed), 3 adopted raw streams and the legacy one. */
+/* Sets up streams: 8 pool streams (0 and 1 exposed), 3 adopted raw streams, the legacy one and the
+ * calling thread's per-thread stream. */
 static void world_streams(world_t *w, prog_env_t *pe) {
   w->ns = 0;
   for (unsigned i = 0; i < 8; i++) {
@@ -1048,6 +1060,14 @@ static void world_streams(world_t *w, prog_env_t *pe) {
   t->rawok = true;
   t->legacy = true;
   snprintf(t->name, sizeof t->name, "legacy");
+  /* The calling thread's per-thread stream: outside code may capture it (the legacy one not). */
+  t = &w->st[w->ns++];
+  assert_int_equal(weft_stream_adopt(w->env->rt, CU_STREAM_PER_THREAD, &t->s), WEFT_OK);
+  t->raw = CU_STREAM_PER_THREAD;
+  t->rawok = true;
+  t->forkable = true;
+  t->blocking = true;
+  snprintf(t->name, sizeof t->name, "perthread");
 }
 
 /* Runs one program; returns 0, or -1 with w->err set. */
@@ -1262,6 +1282,19 @@ static int take(tctx_t *t) {
 static void *thread_main(void *arg) {
   tctx_t *t = arg;
   world_t *w = t->w;
+  /* This thread's per-thread stream, adopted here: only its owner may use it (blocks it touched
+   * still go to other threads through the shelf). */
+  strm_t *pt = &w->st[w->ns];
+  weft_status_t ast = weft_stream_adopt(w->env->rt, CU_STREAM_PER_THREAD, &pt->s);
+  if (ast != WEFT_OK) {
+    wfail(w, "weft_stream_adopt(CU_STREAM_PER_THREAD): %s", weft_last_error());
+    atomic_store(&t->sh->stop, true);
+    return NULL;
+  }
+  w->ns++;
+  pt->raw = CU_STREAM_PER_THREAD;
+  pt->rawok = pt->forkable = pt->blocking = true;
+  snprintf(pt->name, sizeof pt->name, "%.8s.pt", w->st[0].name);
   for (w->step = 0; w->step < t->sh->ops && !w->failed && !atomic_load(&t->sh->stop); w->step++) {
     unsigned x = rn(&w->r, 100);
     int rc;
@@ -1280,6 +1313,7 @@ static void *thread_main(void *arg) {
       }
   }
   if (w->failed) atomic_store(&t->sh->stop, true);
+  w->ns--; /* its per-thread stream goes with the thread (the main thread's final reads use w) */
   return NULL;
 }
 
@@ -1287,7 +1321,7 @@ static void run_threads(prog_env_t *pe, unsigned seed, unsigned nth, unsigned op
   tu_env_t *env = &pe->env;
   weft_options_t o = weft_options_default();
   assert_int_equal(weft_options_from_env(&o), WEFT_OK);
-  o.adopt_streams = 2 * MAXTH + 2;
+  o.adopt_streams = 3 * MAXTH + 2; /* per thread: two raw streams and its per-thread stream */
   if (tu_init(env, &o) != 0) fail_msg("tu_init");
   if (env->sim) env->sim->seed(seed);
   tu_reset_races(env);
