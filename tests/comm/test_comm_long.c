@@ -3,10 +3,10 @@
  * host read and at the end, and against the simulator's race oracle after every step.
  *
  * Each step is, at random: an all-reduce / broadcast / all-gather / reduce-scatter of every rank
- * (per-rank streams, NULL for the comm stream), a grouped send+recv ring shift, a memset or copy
- * on a pool stream, a peer copy between devices, a free + alloc of a block on arbitrary streams
- * (the free on a stream other than the block's last user, the new block first written on a third
- * stream), an all-reduce followed at once by the free of its send or receive block, a host read
+ * (per-rank streams: a pool stream, NULL for the comm stream, or the calling thread's per-thread
+ * stream), a grouped send+recv ring shift, a memset or copy on a pool stream, a peer copy between
+ * devices, a free + alloc of a block on arbitrary streams (the free on a stream other than the
+ * block's last user, the new block first written on a third stream), an all-reduce followed at once by the free of its send or receive block, a host read
  * that checks values, a stream query, weft_runtime_trim, weft_runtime_synchronize, and a weft
  * capture of every rank holding a collective (temporaries allocated and freed inside), then
  * instantiated and replayed several times with new inputs written eagerly before each replay and
@@ -331,8 +331,8 @@ static step_t *make_program(uint64_t seed, long steps, uint32_t final[MAXR][K][M
     t->k = (int)(rng_next(&x) % K);
     t->k2 = (int)(rng_next(&x) % K);
     for (int r = 0; r < NR; r++) {
-      int s = (int)(rng_next(&x) % (S_POOL + 1));
-      t->s[r] = s == S_POOL ? -1 : s;
+      int s = (int)(rng_next(&x) % (S_POOL + 2));
+      t->s[r] = s == S_POOL ? -1 : s == S_POOL + 1 ? -2 : s; /* the communicator's, the per-thread stream */
       t->s2[r] = (int)(rng_next(&x) % S_POOL);
       t->fs[r] = (int)(rng_next(&x) % S_POOL);
       t->as[r] = (int)(rng_next(&x) % S_POOL);
@@ -437,8 +437,36 @@ typedef struct run {
   _Atomic int *stop;   /* some thread failed: the others stop at their next step */
 } run_t;
 
-static weft_stream_t *pick(int r, int s) { return s < 0 ? NULL : stream(r, (unsigned)s); }
-static weft_stream_t *pick_nn(int r, int s) { return s < 0 ? weft_comm_stream(comm[r]) : stream(r, (unsigned)s); }
+/* The calling thread's per-thread stream of each rank's runtime (adopt_per_thread), where it has
+ * one: the one-thread programs' thread has every rank's, a rank's thread its own rank's. */
+static _Thread_local weft_stream_t *tl_pt[MAXR];
+
+/* Adopts the calling thread's CU_STREAM_PER_THREAD in the runtime of rank r (r < 0: every rank);
+ * false, with why, where weft refuses. */
+static bool adopt_per_thread(int only, char *why, size_t why_n) {
+  for (int r = 0; r < NR; r++) {
+    tl_pt[r] = NULL;
+    if (only >= 0 && r != only) continue;
+    weft_status_t st = weft_stream_adopt(rt[r], CU_STREAM_PER_THREAD, &tl_pt[r]);
+    if (st != WEFT_OK) {
+      snprintf(why, why_n, "weft_stream_adopt(CU_STREAM_PER_THREAD), rank %d: %s", r, weft_last_error());
+      return false;
+    }
+  }
+  return true;
+}
+
+/* A step's stream s of rank r: a pool stream (s >= 0), the communicator's (-1: NULL to a
+ * collective), or the calling thread's per-thread stream of r (-2; the communicator's where the
+ * thread has none). */
+static weft_stream_t *pick(int r, int s) {
+  if (s == -2 && tl_pt[r] != NULL) return tl_pt[r];
+  return s < 0 ? NULL : stream(r, (unsigned)s);
+}
+static weft_stream_t *pick_nn(int r, int s) {
+  weft_stream_t *x = pick(r, s);
+  return x != NULL ? x : weft_comm_stream(comm[r]);
+}
 
 #define FAILR(...)                                                                                 \
   do {                                                                                             \
@@ -705,6 +733,7 @@ typedef struct rank_arg {
 static void *rank_thread(void *arg) {
   rank_arg_t *a = arg;
   run_t *ru = &a->ru;
+  if (!adopt_per_thread(ru->only, ru->why, ru->why_n)) atomic_store(ru->stop, 1);
   for (long i = 0; i < ru->steps; i++) {
     if (atomic_load(ru->stop)) {
       /* keep meeting the others at peer copies so that none waits forever */
@@ -752,6 +781,7 @@ static uint64_t run_program(uint64_t seed, long steps, bool threads) {
     ru.only = -1;
     ru.why = why;
     ru.why_n = sizeof why;
+    if (!adopt_per_thread(-1, why, sizeof why)) fail_msg("%s: %s", what, why);
     for (long i = 0; i < steps; i++) {
       if (!run_step(&ru, i)) {
         if (races() != 0) sim->print_report();
