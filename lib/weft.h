@@ -362,8 +362,11 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_stream_query(weft_stream_t *s);
  * elsewhere only once the capture has ended, and a use elsewhere of a block allocated there
  * since its last use fails with CAPTURE (nothing changed) until then. Before beginning a capture
  * on it, call weft_runtime_record_pending (the PyTorch adapter does, in its capture hook) and
- * neither happens. weft_stream_index gives
- * stream_count and above for adopted streams; weft_stream_raw gives `raw` back.
+ * neither happens. A per-thread stream differs in two ways, as only its own thread can name it:
+ * every point there is recorded at once (a free's and an allocation's too), and only that thread
+ * asks the driver about its captures (other threads go by what weft last learnt, until that
+ * thread's next call on it, or its end). weft_stream_index gives stream_count and above for
+ * adopted streams; weft_stream_raw gives `raw` back.
  * Errors: STALE_HANDLE, INVALID_ARGUMENT (NULL out, or one of weft's own pool streams), BUSY
  * (every slot is taken), DRIVER. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_stream_adopt(weft_runtime_t *rt, CUstream raw, weft_stream_t **out);
