@@ -347,9 +347,10 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_stream_query(weft_stream_t *s);
  * wait (stream order), as a framework's caching allocator does. Adopting the same handle again
  * gives the same weft stream; an adoption lasts as long as the runtime and takes one of
  * options.adopt_streams slots (each thread's CU_STREAM_PER_THREAD is a stream of its own, also
- * after another thread that ended had the same pthread_t: each adopting thread keeps its slot
- * until the runtime is released); weft never destroys the stream (keep it alive while weft may use
- * it: until the runtime is released). Code outside weft may enqueue on it and capture it:
+ * after another thread that ended had the same pthread_t: a thread keeps its slot while it lives;
+ * once every slot is taken, an ended thread's slot is taken back for the next adopting thread,
+ * after a wait for the ended thread's work there); weft never destroys the stream (keep it alive
+ * while weft may use it: until the runtime is released). Code outside weft may enqueue on it and capture it:
  * weft asks the driver about its capture state before each call on it, and a free there is
  * ordered after everything enqueued on it before the free, weft's or not (as cuMemFreeAsync):
  * another stream reuses the memory only after that work. weft never records an event into a
@@ -368,7 +369,7 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_stream_query(weft_stream_t *s);
  * thread's next call on it, or its end). weft_stream_index gives stream_count and above for
  * adopted streams; weft_stream_raw gives `raw` back.
  * Errors: STALE_HANDLE, INVALID_ARGUMENT (NULL out, or one of weft's own pool streams), BUSY
- * (every slot is taken), DRIVER. */
+ * (every slot is taken, by other libraries' streams and live threads), DRIVER. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_stream_adopt(weft_runtime_t *rt, CUstream raw, weft_stream_t **out);
 /** Whether work enqueued on s now would be captured: *out is 1 while s takes part in a capture,
  * weft's or one begun by code outside weft (asked of the driver for streams outside code can

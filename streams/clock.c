@@ -163,6 +163,22 @@ static weft_status_t live_restride(weft__domain_t *d, unsigned need) {
   return WEFT_OK;
 }
 
+void weft__clock_renew(weft__domain_t *d, unsigned at) {
+  weft__lane_t *l = &d->lane[at];
+  memset(WEFT__ROW(d, at), 0, d->stride * sizeof(uint64_t));
+  if (l->ring != NULL) { /* a lane taken back with its events: what they implied is known now */
+    memset(l->ring_tick, 0, l->ring_size * sizeof *l->ring_tick);
+    memset(l->ring_clock, 0, (size_t)l->ring_size * d->stride * sizeof *l->ring_clock);
+    memset(l->ring_use, 0, l->ring_size * sizeof *l->ring_use);
+  }
+  WEFT__ROW(d, at)[at] = l->tick;
+  d->host_known[at] = l->tick;
+  l->recorded = l->tick;
+  l->dirty = l->deferred = l->eager = l->exact = false;
+  l->joined = l->calm = 0;
+  weft__clock_publish(d, at);
+}
+
 weft_status_t weft__clock_lanes_take(weft__tracker_t *tr, unsigned n) {
   weft__domain_t *d = &g_live;
   if (d->lane == NULL && !domain_alloc(d, WEFT__MAX_LANES, 0))
@@ -183,18 +199,9 @@ weft_status_t weft__clock_lanes_take(weft__tracker_t *tr, unsigned n) {
   if (st != WEFT_OK) return st;
   for (unsigned i = 0; i < n; i++) {
     unsigned at = base + i;
-    weft__lane_t *l = &d->lane[at];
     g_used[at] = true;
     d->stream[at] = &tr->streams[i];
-    /* A new stream is ordered after nothing; every earlier tick of the lane is complete (its last
-     * owner synchronised it), and the tick counter goes on. */
-    memset(WEFT__ROW(d, at), 0, d->stride * sizeof(uint64_t));
-    WEFT__ROW(d, at)[at] = l->tick;
-    d->host_known[at] = l->tick;
-    l->recorded = l->tick;
-    l->dirty = l->deferred = l->eager = l->exact = false;
-    l->joined = l->calm = 0;
-    weft__clock_publish(d, at);
+    weft__clock_renew(d, at); /* its last owner synchronised it */
   }
   atomic_fetch_add_explicit(&g_trackers, 1, memory_order_release);
   if (base + n > d->n) {

@@ -54,6 +54,11 @@ static inline void weft__clock_idle_signal(void) {
  * tr->base. Lock held. BUSY when the process has no n consecutive lanes free (WEFT__MAX_LANES
  * over all runtimes), HOST_OUT_OF_MEMORY. */
 weft_status_t weft__clock_lanes_take(weft__tracker_t *tr, unsigned n);
+/** Lane `at` of d starts again as a new stream's (lock held): ordered after nothing, every tick so
+ * far complete (the host knows it: the caller made sure), nothing pending; its tick counter and
+ * its ring's events go on. Lanes taken (weft__clock_lanes_take) and per-thread slots taken back
+ * (weft__tracker_reclaim) start so. */
+void weft__clock_renew(weft__domain_t *d, unsigned at);
 /** Gives tr's lanes back (lock held): their work is complete (the host knows every tick), their
  * events were freed; their tick counters go on with the next owner. */
 void weft__clock_lanes_give(weft__tracker_t *tr);

@@ -191,7 +191,8 @@ bool weft__tracker_owner_ended(const weft_stream_t *s) {
   if (!s->per_thread) return false;
   bool ended = false;
   pthread_mutex_lock(&g_ended_lock);
-  for (size_t i = 0; i < g_n_ended && !ended; i++) ended = g_ended[i] == s->owner;
+  uint64_t owner = atomic_load_explicit(&((weft_stream_t *)s)->owner, memory_order_relaxed);
+  for (size_t i = 0; i < g_n_ended && !ended; i++) ended = g_ended[i] == owner;
   pthread_mutex_unlock(&g_ended_lock);
   return ended;
 }
@@ -209,13 +210,14 @@ weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream
   unsigned n = atomic_load_explicit(&tr->n_adopted, memory_order_relaxed), i = tr->n_pool;
   for (; i < tr->n_pool + n; i++) {
     weft_stream_t *s = &tr->streams[i];
-    if (s->raw == raw && (!per_thread || s->owner == self)) break;
+    if (s->raw == raw && (!per_thread || atomic_load_explicit(&s->owner, memory_order_relaxed) == self)) break;
   }
   if (i == tr->n_pool + n) {
     if (i == tr->n) {
       st = weft__error(WEFT_ERR_BUSY,
-                       "weft_stream_adopt: all %u adoption slots are taken (options.adopt_streams; every thread that "
-                       "adopted CU_STREAM_PER_THREAD keeps one until the runtime is released)",
+                       "weft_stream_adopt: all %u adoption slots are taken (options.adopt_streams; a thread that "
+                       "adopted CU_STREAM_PER_THREAD keeps its slot while it lives, a stream of another library until "
+                       "the runtime is released)",
                        tr->n - tr->n_pool);
     } else if ((st = weft__lane_init(tr, tr->live, &tr->live->lane[tr->base + i])) == WEFT_OK) {
       weft_stream_t *s = &tr->streams[i];
@@ -223,7 +225,7 @@ weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream
       s->raw = raw;
       s->adopted = true;
       s->per_thread = per_thread;
-      s->owner = self;
+      atomic_store_explicit(&s->owner, self, memory_order_relaxed);
       s->high = false;
       s->priority = tr->drv->cuStreamGetPriority(raw, &prio) == CUDA_SUCCESS ? prio : 0;
       atomic_store_explicit(&s->exposed, true, memory_order_relaxed); /* outside code owns it */
@@ -236,6 +238,51 @@ weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream
   unlock(tr);
   if (st == WEFT_OK) *out = &tr->streams[i];
   return st;
+}
+
+weft_status_t weft__tracker_reclaim(weft__tracker_t *tr, weft_stream_t **out) {
+  uint64_t self = weft__tracker_thread_serial();
+  note_owner(self);
+  weft__domain_t *d = tr->live;
+  weft_stream_t *s = NULL;
+  uint64_t was = 0;
+  CUevent ev = NULL;
+  lock(tr);
+  unsigned n = atomic_load_explicit(&tr->n_adopted, memory_order_relaxed);
+  for (unsigned i = tr->n_pool; i < tr->n_pool + n && s == NULL; i++) {
+    weft_stream_t *c = &tr->streams[i];
+    const weft__lane_t *l = &d->lane[c->lane];
+    if (!c->per_thread || c->capture != NULL || c->holds != 0 || (d->busy & weft__lane_bit(c->lane)) != 0 ||
+        l->recorded != l->tick || !weft__tracker_owner_ended(c))
+      continue;
+    uint64_t k = l->recorded;
+    bool done = d->host_known[c->lane] >= k; /* the host knows all its work complete */
+    unsigned slot = l->ring != NULL ? (unsigned)(k & (l->ring_size - 1)) : 0;
+    if (!done && (l->ring == NULL || l->ring_tick[slot] != k)) continue; /* no event covers its work */
+    ev = done ? NULL : l->ring[slot];
+    s = c;
+    /* The caller's from now on: nobody else may use it, or choose it here. */
+    was = atomic_load_explicit(&c->owner, memory_order_relaxed);
+    atomic_store_explicit(&c->owner, self, memory_order_relaxed);
+  }
+  unlock(tr);
+  if (s == NULL) return WEFT_ERR_BUSY;
+  /* Its newest event covers all its work (nothing is pending on it): once it completes, the host
+   * knows every tick of the lane (no wait where it knows so already). */
+  CUresult r = CUDA_SUCCESS;
+  if (ev != NULL) WEFT__RELAXED(tr->drv, r = tr->drv->cuEventSynchronize(ev));
+  lock(tr);
+  if (r != CUDA_SUCCESS) {
+    atomic_store_explicit(&s->owner, was, memory_order_relaxed); /* as it was: an ended owner's */
+  } else {
+    weft__clock_renew(d, s->lane);
+    s->use_open = false; /* a use its owner opened and never closed */
+    s->use_print = 0;
+  }
+  unlock(tr);
+  if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuEventSynchronize (taking back an ended thread's stream)");
+  *out = s;
+  return WEFT_OK;
 }
 
 weft_status_t weft__tracker_destroy(weft__tracker_t *tr) {

@@ -178,9 +178,10 @@ struct weft_stream {
   bool adopted;
   /* CU_STREAM_PER_THREAD names a different stream on each thread: adopted, it is the adopting
    * thread's (`owner`, that thread's serial: weft__tracker_owns), usable only there, and its
-   * ticks are recorded at once (nobody else may record on it). */
+   * ticks are recorded at once (nobody else may record on it). `owner` changes, under the lock,
+   * only when an ended owner's slot is taken back (weft__tracker_reclaim); read without it. */
   bool per_thread;
-  uint64_t owner;
+  _Atomic uint64_t owner;
   uint64_t last_used;    /* tracker-wide use sequence at the last use here (LRU) */
   /* The capture this stream takes part in, or NULL. Written under the tracker lock; read without
    * it (acquire) only by the thread that may begin or end that capture. */
@@ -309,11 +310,20 @@ uint64_t weft__tracker_thread_serial(void);
 /** True unless s is a per-thread stream that another thread adopted (a new thread with an ended
  * thread's pthread_t has another per-thread stream, so threads are told apart by serial). */
 static inline bool weft__tracker_owns(const weft_stream_t *s) {
-  return !s->per_thread || s->owner == weft__tracker_thread_serial();
+  return !s->per_thread ||
+         atomic_load_explicit(&((weft_stream_t *)s)->owner, memory_order_relaxed) == weft__tracker_thread_serial();
 }
 /** Whether s is a per-thread stream whose owner thread has ended (it can never be asked about
  * again: a capture weft knows on it is over for weft). */
 bool weft__tracker_owner_ended(const weft_stream_t *s);
+/** Takes back, for the calling thread's CU_STREAM_PER_THREAD, the slot of a per-thread stream
+ * whose owner has ended (weft__tracker_adopt found every slot taken): one in no capture, with no
+ * host wait in progress, no busy use and no pending tick. Its newest event is waited for (the
+ * lock released meanwhile; the slot is the caller's from the moment it is chosen), then its lane
+ * starts again (weft__clock_renew) and *out is the caller's stream. BUSY (nothing recorded) when
+ * no slot qualifies; DRIVER when the wait fails (the slot stays the caller's, renewed: its old
+ * work counts as complete only if it is). */
+weft_status_t weft__tracker_reclaim(weft__tracker_t *tr, weft_stream_t **out);
 /** Whether lane i holds a stream (a pool stream, or an adopted one). */
 static inline bool weft__tracker_lane_used(weft__tracker_t *tr, unsigned i) {
   return i < tr->n_pool + atomic_load_explicit(&tr->n_adopted, memory_order_acquire);

@@ -226,7 +226,14 @@ weft_status_t weft_stream_adopt(weft_runtime_t *rt, CUstream raw, weft_stream_t 
   if (tr == NULL) return st;
   if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_adopt: out is NULL");
   if ((st = weft__tracker_bind(tr)) != WEFT_OK) return st;
-  return weft__tracker_adopt(tr, raw, out);
+  st = weft__tracker_adopt(tr, raw, out);
+  if (st != WEFT_ERR_BUSY || raw != CU_STREAM_PER_THREAD) return st;
+  /* Every slot is taken: the per-thread stream of a thread that has ended is taken back, its
+   * captures dropped first (sync_capture). Its cached blocks stay with the slot: their last use
+   * is complete once it is taken back. */
+  weft__runtime_refresh_captures(rt);
+  st = weft__tracker_reclaim(tr, out);
+  return st == WEFT_ERR_BUSY ? weft__tracker_adopt(tr, raw, out) : st; /* BUSY says why */
 }
 
 weft_status_t weft_stream_next(weft_runtime_t *rt, weft_priority_t prio, weft_stream_t **out) {
