@@ -293,6 +293,53 @@ static void outside_capture(tu_env_t *env, CUstream raw) {
 
 static void test_outside_capture_on_adopted_stream(void **state) { outside_capture(*state, raw_stream()); }
 
+/* weft's own capture on the adopted per-thread stream: a use and an allocation inside, a pool
+ * stream joined; the graph replays on it with the data right. */
+static void test_weft_capture_on_the_adopted_per_thread_stream(void **state) {
+  tu_env_t *env = *state;
+  weft_stream_t *pt, *other = tu_stream(env, 2);
+  assert_int_equal(weft_stream_adopt(env->rt, CU_STREAM_PER_THREAD, &pt), WEFT_OK);
+  weft_block_t in = tu_alloc(env, N * 4, 0, "in"), out = tu_alloc(env, N * 4, 0, "out");
+  assert_int_equal(tu_fill(env, tu_stream(env, 0), in, N, 3), WEFT_OK);
+  weft_status_t st = weft_capture_begin(pt, NULL);
+  if (st != WEFT_OK) fail_msg("weft_capture_begin on the per-thread stream: %s: %s", weft_status_name(st), weft_last_error());
+  weft_block_t tmp;
+  assert_int_equal(weft_alloc(env->rt, N * 4, pt, "tmp", &tmp), WEFT_OK);
+  assert_int_equal(tu_combine(env, pt, tmp, (weft_block_t){0}, in, (weft_block_t){0}, (weft_block_t){0}, N, 2), WEFT_OK);
+  assert_int_equal(weft_capture_join(pt, other), WEFT_OK);
+  assert_int_equal(tu_combine(env, other, out, (weft_block_t){0}, tmp, (weft_block_t){0}, (weft_block_t){0}, N, 4), WEFT_OK);
+  assert_int_equal(weft_free(tmp, other), WEFT_OK);
+  weft_graph_t *g;
+  st = weft_capture_end(pt, &g);
+  if (st != WEFT_OK) fail_msg("weft_capture_end: %s: %s", weft_status_name(st), weft_last_error());
+  weft_exec_t *x;
+  assert_int_equal(weft_graph_instantiate(g, pt, &x), WEFT_OK);
+  for (int i = 0; i < 3; i++) assert_int_equal(weft_exec_launch(x, pt), WEFT_OK);
+  weft_block_t after = tu_alloc(env, N * 4, 0, "after");
+  assert_int_equal(tu_combine(env, tu_stream(env, 1), after, (weft_block_t){0}, out, (weft_block_t){0}, (weft_block_t){0}, N, 1), WEFT_OK);
+  assert_int_equal(weft_exec_destroy(x), WEFT_OK);
+  assert_int_equal(weft_graph_destroy(g), WEFT_OK);
+  /* The same three steps eagerly, on a pool stream: the reference. */
+  weft_block_t r1 = tu_alloc(env, N * 4, 0, "r1"), r2 = tu_alloc(env, N * 4, 0, "r2"), r3 = tu_alloc(env, N * 4, 0, "r3");
+  weft_stream_t *s3 = tu_stream(env, 3);
+  assert_int_equal(tu_combine(env, s3, r1, (weft_block_t){0}, in, (weft_block_t){0}, (weft_block_t){0}, N, 2), WEFT_OK);
+  assert_int_equal(tu_combine(env, s3, r2, (weft_block_t){0}, r1, (weft_block_t){0}, (weft_block_t){0}, N, 4), WEFT_OK);
+  assert_int_equal(tu_combine(env, s3, r3, (weft_block_t){0}, r2, (weft_block_t){0}, (weft_block_t){0}, N, 1), WEFT_OK);
+  static uint32_t h[N], want[N];
+  assert_int_equal(weft_copy_from_block(tu_stream(env, 1), h, after, 0, sizeof h), WEFT_OK);
+  assert_int_equal(weft_copy_from_block(s3, want, r3, 0, sizeof want), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+  for (int i = 0; i < N; i++)
+    if (h[i] != want[i]) fail_msg("element %d: %u, the eager steps give %u", i, h[i], want[i]);
+  assert_int_equal(weft_free(r1, s3), WEFT_OK);
+  assert_int_equal(weft_free(r2, s3), WEFT_OK);
+  assert_int_equal(weft_free(r3, s3), WEFT_OK);
+  assert_int_equal(weft_free(in, pt), WEFT_OK);
+  assert_int_equal(weft_free(out, pt), WEFT_OK);
+  assert_int_equal(weft_free(after, pt), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+}
+
 /* The same on the calling thread's per-thread stream (CU_STREAM_PER_THREAD can be captured, the
  * legacy stream cannot: conformance, "per-thread stream"), as code built with
  * --default-stream per-thread captures it. */
@@ -923,6 +970,7 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(test_outside_capture_on_adopted_stream, setup, teardown),
       cmocka_unit_test_setup_teardown(test_outside_capture_on_the_adopted_per_thread_stream, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_weft_capture_on_the_adopted_per_thread_stream, setup, teardown),
       cmocka_unit_test_setup_teardown(test_outside_capture_allocates_to_graph_pool, setup, teardown),
       cmocka_unit_test_setup_teardown(test_legacy_free_waits_for_a_blocking_capture, setup, teardown),
       cmocka_unit_test_setup_teardown(test_capture_handler_chooses_where_an_outside_capture_allocates, setup, teardown),
