@@ -38,7 +38,10 @@ weft_status_t weft__tracker_bind(weft__tracker_t *tr) {
 
 /* Clears everything but the embedded streams' identities (tr, runtime, index): a handle of a
  * released runtime is then recognised as stale. */
+static void owner_unref(struct weft__owner *o);
+
 static void reset(weft__tracker_t *tr) {
+  for (unsigned i = 0; i < WEFT__MAX_STREAMS; i++) owner_unref(tr->streams[i].owner_of);
   weft_stream_t keep[WEFT__MAX_STREAMS];
   memcpy(keep, tr->streams, sizeof keep);
   memset(tr, 0, sizeof *tr);
@@ -153,47 +156,58 @@ uint64_t weft__tracker_thread_serial(void) {
   return tls_thread_serial;
 }
 
-/* The serials of ended threads that had adopted a per-thread stream: only its owner can ask the
+/* A thread that adopted a per-thread stream: whether it has ended. Only its owner can ask the
  * driver about a per-thread stream, so a capture weft knows on it is dropped by other threads
- * once its owner has ended (weft__tracker_owner_ended). One entry per such thread; a failed
- * growth leaves the thread counted alive (its capture then stays known: conservative). */
-static pthread_mutex_t g_ended_lock = PTHREAD_MUTEX_INITIALIZER;
-static uint64_t *g_ended;
-static size_t g_n_ended, g_cap_ended;
+ * once its owner has ended, and its slot may be taken back (weft__tracker_reclaim). Shared by the
+ * thread (until it ends) and the slots it owns (until taken back or their runtime goes). */
+struct weft__owner {
+  _Atomic bool ended;
+  _Atomic unsigned refs;
+};
+
+static _Thread_local struct weft__owner *tls_owner;
 static pthread_key_t g_owner_key;
 static pthread_once_t g_owner_once = PTHREAD_ONCE_INIT;
 static bool g_owner_keyed;
 
-static void owner_ended(void *serial) {
-  pthread_mutex_lock(&g_ended_lock);
-  if (g_n_ended == g_cap_ended) {
-    size_t cap = g_cap_ended ? 2 * g_cap_ended : 16;
-    uint64_t *grown = weft__meta_realloc(g_ended, cap * sizeof *grown);
-    if (grown != NULL) {
-      g_ended = grown;
-      g_cap_ended = cap;
-    }
-  }
-  if (g_n_ended < g_cap_ended) g_ended[g_n_ended++] = (uint64_t)(uintptr_t)serial;
-  pthread_mutex_unlock(&g_ended_lock);
+static void owner_unref(struct weft__owner *o) {
+  if (o != NULL && atomic_fetch_sub_explicit(&o->refs, 1, memory_order_acq_rel) == 1) weft__meta_free(o);
+}
+
+static void owner_ended(void *o) {
+  atomic_store_explicit(&((struct weft__owner *)o)->ended, true, memory_order_release);
+  owner_unref(o);
 }
 
 static void owner_key_create(void) { g_owner_keyed = pthread_key_create(&g_owner_key, owner_ended) == 0; }
 
-/* The calling thread owns a per-thread stream: its end is noted (owner_ended). */
-static void note_owner(uint64_t serial) {
-  pthread_once(&g_owner_once, owner_key_create);
-  if (g_owner_keyed && pthread_getspecific(g_owner_key) == NULL)
-    (void)pthread_setspecific(g_owner_key, (void *)(uintptr_t)serial);
+/* The calling thread's record, a reference taken for a slot; NULL without memory (or a thread
+ * key): the slot then counts its owner alive for good (conservative). */
+static struct weft__owner *owner_self(void) {
+  if (tls_owner == NULL) {
+    pthread_once(&g_owner_once, owner_key_create);
+    struct weft__owner *o = g_owner_keyed ? weft__meta_calloc(1, sizeof *o) : NULL;
+    if (o == NULL) return NULL;
+    atomic_init(&o->refs, 1); /* the thread's */
+    if (pthread_setspecific(g_owner_key, o) != 0) {
+      weft__meta_free(o);
+      return NULL;
+    }
+    tls_owner = o;
+  }
+  atomic_fetch_add_explicit(&tls_owner->refs, 1, memory_order_relaxed);
+  return tls_owner;
 }
 
-bool weft__tracker_owner_ended(const weft_stream_t *s) {
-  if (!s->per_thread) return false;
-  bool ended = false;
-  pthread_mutex_lock(&g_ended_lock);
-  uint64_t owner = atomic_load_explicit(&((weft_stream_t *)s)->owner, memory_order_relaxed);
-  for (size_t i = 0; i < g_n_ended && !ended; i++) ended = g_ended[i] == owner;
-  pthread_mutex_unlock(&g_ended_lock);
+/* Whether s is a per-thread stream whose owner has ended; lock held. */
+static bool owner_ended_locked(const weft_stream_t *s) {
+  return s->per_thread && s->owner_of != NULL && atomic_load_explicit(&s->owner_of->ended, memory_order_acquire);
+}
+
+bool weft__tracker_owner_ended(weft_stream_t *s) {
+  lock(s->tr);
+  bool ended = owner_ended_locked(s);
+  unlock(s->tr);
   return ended;
 }
 
@@ -201,7 +215,6 @@ weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream
   if (raw == CU_STREAM_LEGACY) raw = NULL; /* two names of one stream */
   bool per_thread = raw == CU_STREAM_PER_THREAD;
   uint64_t self = per_thread ? weft__tracker_thread_serial() : 0;
-  if (per_thread) note_owner(self);
   for (unsigned i = 0; i < tr->n_pool; i++)
     if (raw != NULL && tr->streams[i].raw == raw)
       return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_adopt: the stream is weft's pool stream %u (use it as it is)", i);
@@ -226,6 +239,7 @@ weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream
       s->adopted = true;
       s->per_thread = per_thread;
       atomic_store_explicit(&s->owner, self, memory_order_relaxed);
+      s->owner_of = per_thread ? owner_self() : NULL;
       s->high = false;
       s->priority = tr->drv->cuStreamGetPriority(raw, &prio) == CUDA_SUCCESS ? prio : 0;
       atomic_store_explicit(&s->exposed, true, memory_order_relaxed); /* outside code owns it */
@@ -242,7 +256,7 @@ weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream
 
 weft_status_t weft__tracker_reclaim(weft__tracker_t *tr, weft_stream_t **out) {
   uint64_t self = weft__tracker_thread_serial();
-  note_owner(self);
+  struct weft__owner *me = owner_self();
   weft__domain_t *d = tr->live;
   weft_stream_t *s = NULL;
   uint64_t was = 0;
@@ -253,7 +267,7 @@ weft_status_t weft__tracker_reclaim(weft__tracker_t *tr, weft_stream_t **out) {
     weft_stream_t *c = &tr->streams[i];
     const weft__lane_t *l = &d->lane[c->lane];
     if (!c->per_thread || c->capture != NULL || c->holds != 0 || (d->busy & weft__lane_bit(c->lane)) != 0 ||
-        l->recorded != l->tick || !weft__tracker_owner_ended(c))
+        l->recorded != l->tick || !owner_ended_locked(c))
       continue;
     uint64_t k = l->recorded;
     bool done = d->host_known[c->lane] >= k; /* the host knows all its work complete */
@@ -266,7 +280,10 @@ weft_status_t weft__tracker_reclaim(weft__tracker_t *tr, weft_stream_t **out) {
     atomic_store_explicit(&c->owner, self, memory_order_relaxed);
   }
   unlock(tr);
-  if (s == NULL) return WEFT_ERR_BUSY;
+  if (s == NULL) {
+    owner_unref(me);
+    return WEFT_ERR_BUSY;
+  }
   /* Its newest event covers all its work (nothing is pending on it): once it completes, the host
    * knows every tick of the lane (no wait where it knows so already). */
   CUresult r = CUDA_SUCCESS;
@@ -274,7 +291,10 @@ weft_status_t weft__tracker_reclaim(weft__tracker_t *tr, weft_stream_t **out) {
   lock(tr);
   if (r != CUDA_SUCCESS) {
     atomic_store_explicit(&s->owner, was, memory_order_relaxed); /* as it was: an ended owner's */
+    owner_unref(me);
   } else {
+    owner_unref(s->owner_of);
+    s->owner_of = me;
     weft__clock_renew(d, s->lane);
     s->use_open = false; /* a use its owner opened and never closed */
     s->use_print = 0;

@@ -182,6 +182,7 @@ struct weft_stream {
    * only when an ended owner's slot is taken back (weft__tracker_reclaim); read without it. */
   bool per_thread;
   _Atomic uint64_t owner;
+  struct weft__owner *owner_of; /* the owner thread's record: whether it has ended (tracker.c) */
   uint64_t last_used;    /* tracker-wide use sequence at the last use here (LRU) */
   /* The capture this stream takes part in, or NULL. Written under the tracker lock; read without
    * it (acquire) only by the thread that may begin or end that capture. */
@@ -315,7 +316,7 @@ static inline bool weft__tracker_owns(const weft_stream_t *s) {
 }
 /** Whether s is a per-thread stream whose owner thread has ended (it can never be asked about
  * again: a capture weft knows on it is over for weft). */
-bool weft__tracker_owner_ended(const weft_stream_t *s);
+bool weft__tracker_owner_ended(weft_stream_t *s);
 /** Takes back, for the calling thread's CU_STREAM_PER_THREAD, the slot of a per-thread stream
  * whose owner has ended (weft__tracker_adopt found every slot taken): one in no capture, with no
  * host wait in progress, no busy use and no pending tick. Its newest event is waited for (the
