@@ -446,7 +446,10 @@ weft_status_t weft__clock_record_for_host(weft__tracker_t *tr, weft__domain_t *d
 
 weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, unsigned *slot) {
   weft__lane_t *l = &d->lane[weft__at(d, t)];
-  if (l->recorded != l->tick) { /* (record_for_others' own first test, without its call) */
+  /* A busy lane's pending tick is its busy use's (tracker.h): nobody records it but that use,
+   * and only an older tick is asked for here. */
+  bool busy = d->capture == NULL && (d->busy & weft__lane_bit(weft__at(d, t))) != 0;
+  if (l->recorded != l->tick && !busy) { /* (record_for_others' own first test, without its call) */
     weft_status_t st = record_for_others(tr, d, t);
     if (st == WEFT_ERR_CAPTURE) /* k's event, where it exists, serves: only the pending tick waits */
       st = k <= l->recorded ? WEFT_OK : refused(t);

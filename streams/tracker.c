@@ -517,7 +517,14 @@ static inline __attribute__((always_inline)) weft__lanes_t needs_locked(weft__tr
                                                                         needs_t *nd, weft__lanes_t *busy) {
   uint64_t skipped = tr->counters.waits_skipped, host = tr->counters.waits_host_known;
   weft__lanes_t mask = collect_needs(tr, d, weft__at(d, s), uses, n, nd);
-  *busy = d == tr->live ? mask & d->busy : 0;
+  /* Only a need of a busy lane's pending tick waits for the lane (its event is not recorded, and
+   * may never be); an older tick's event serves as it is. */
+  *busy = 0;
+  if (d == tr->live)
+    for (weft__lanes_t m = mask & d->busy; m != 0; m &= m - 1) {
+      unsigned t = weft__lanes_first(m);
+      if (nd->tick[t] > d->lane[t].recorded) *busy |= weft__lane_bit(t);
+    }
   if (*busy != 0) {
     tr->counters.waits_skipped = skipped; /* counted again when it looks again */
     tr->counters.waits_host_known = host;

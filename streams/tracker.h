@@ -36,10 +36,13 @@
  * and marks the stream's lane busy; it enqueues the work unlocked; under the lock again it
  * records the tick's event (or leaves it deferred) and clears the lane, or, if the work failed,
  * puts the histories and the lane back as they were. While a lane is busy nobody else enqueues
- * on its stream, records on it, or waits for its ticks: whoever must (a use of the same stream,
- * a use that conflicts with the busy use's accesses, a host wait) first waits until the lane is
- * idle (weft__clock_idle), then looks again. Nothing else observes a busy use's pending tick,
- * which is why putting it back is sound.
+ * on its stream, records on it, or waits for its pending tick: whoever must (a use of the same
+ * stream, a use that conflicts with the busy use's accesses, a host wait) first waits until the
+ * lane is idle (weft__clock_idle), then looks again. Nothing else observes a busy use's pending
+ * tick, which is why putting it back is sound. A need of an older tick of a busy lane, whose
+ * event is recorded, is waited for as it is: a thread stopped inside a busy use (an enqueue
+ * waiting for room in a full queue) holds back nobody who needs only its earlier work (another
+ * rank's thread, whose collectives that queue waits for).
  */
 #ifndef WEFT_STREAMS_TRACKER_H
 #define WEFT_STREAMS_TRACKER_H
