@@ -126,8 +126,10 @@ static weft_status_t comm_enter(const weft_comm_t *c, const char *fn) {
 static bool cap_active(weft_stream_t *s, uint64_t id) {
   bool active = true;
   uint64_t now = 0;
-  /* Another thread's per-thread stream cannot be asked about from here: counts as active. */
-  if (!weft__tracker_owns(s) || weft__capture_probe(s, &active, &now) != WEFT_OK) return true;
+  /* Another thread's per-thread stream cannot be asked about from here: its capture counts as
+   * active while that thread lives, over once it has ended. */
+  if (!weft__tracker_owns(s)) return !weft__tracker_owner_ended(s);
+  if (weft__capture_probe(s, &active, &now) != WEFT_OK) return true;
   return active && now == id;
 }
 

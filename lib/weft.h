@@ -345,8 +345,8 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_stream_query(weft_stream_t *s);
  * on a pool stream: uses there wait for, and are waited for by, conflicting uses on other streams
  * with the same minimal-wait rules, and weft_alloc on it hands out memory usable there with no
  * wait (stream order), as a framework's caching allocator does. Adopting the same handle again
- * gives the same weft stream; an adoption lasts as long as the runtime and takes one of
- * options.adopt_streams slots (each thread's CU_STREAM_PER_THREAD is a stream of its own, also
+ * gives the same weft stream; an adoption lasts as long as the runtime (a per-thread stream's, as
+ * long as its thread, below) and takes one of options.adopt_streams slots (each thread's CU_STREAM_PER_THREAD is a stream of its own, also
  * after another thread that ended had the same pthread_t: a thread keeps its slot while it lives;
  * once every slot is taken, an ended thread's slot is taken back for the next adopting thread,
  * after a wait for the ended thread's work there); weft never destroys the stream (keep it alive
@@ -369,7 +369,9 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_stream_query(weft_stream_t *s);
  * thread's next call on it, or its end). weft_stream_index gives stream_count and above for
  * adopted streams; weft_stream_raw gives `raw` back.
  * Errors: STALE_HANDLE, INVALID_ARGUMENT (NULL out, or one of weft's own pool streams), BUSY
- * (every slot is taken, by other libraries' streams and live threads), DRIVER. */
+ * (every slot is taken: by other libraries' streams, live threads, or ended threads whose slot
+ * cannot be taken back now, as one in a capture weft knows or with a host wait in progress),
+ * DRIVER. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_stream_adopt(weft_runtime_t *rt, CUstream raw, weft_stream_t **out);
 /** Whether work enqueued on s now would be captured: *out is 1 while s takes part in a capture,
  * weft's or one begun by code outside weft (asked of the driver for streams outside code can

@@ -163,7 +163,8 @@ static inline uint64_t weft__clock_point(weft__domain_t *d, const weft_stream_t 
   return d->lane[at].dirty ? weft__clock_pending_tick(d, at) : d->lane[at].tick;
 }
 /** The ring slot of the oldest recorded tick >= k of stream t (k <= tick), flushing t's pending
- * tick first. With k evicted, a newer event stands in: waiting on it is later than needed but
+ * tick first, unless t's lane is busy (tracker.h: then k is an older, recorded tick, and the
+ * pending one is the busy use's). With k evicted, a newer event stands in: waiting on it is later than needed but
  * never wrong. An exposed live stream's pending tick is not recorded while code outside weft
  * captures it (the driver is asked before and after the record: a capture begun meanwhile may
  * hold the event, which is then given up): then k's event serves if it exists, else CAPTURE.

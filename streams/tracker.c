@@ -39,9 +39,10 @@ weft_status_t weft__tracker_bind(weft__tracker_t *tr) {
 /* Clears everything but the embedded streams' identities (tr, runtime, index): a handle of a
  * released runtime is then recognised as stale. */
 static void owner_unref(struct weft__owner *o);
+static struct weft__owner *owner_swap(weft_stream_t *s, struct weft__owner *o);
 
 static void reset(weft__tracker_t *tr) {
-  for (unsigned i = 0; i < WEFT__MAX_STREAMS; i++) owner_unref(tr->streams[i].owner_of);
+  for (unsigned i = 0; i < WEFT__MAX_STREAMS; i++) owner_unref(owner_swap(&tr->streams[i], NULL));
   weft_stream_t keep[WEFT__MAX_STREAMS];
   memcpy(keep, tr->streams, sizeof keep);
   memset(tr, 0, sizeof *tr);
@@ -176,6 +177,7 @@ static void owner_unref(struct weft__owner *o) {
 
 static void owner_ended(void *o) {
   atomic_store_explicit(&((struct weft__owner *)o)->ended, true, memory_order_release);
+  tls_owner = NULL; /* (runs on the ending thread: a later destructor's adoption gets a new one) */
   owner_unref(o);
 }
 
@@ -199,15 +201,25 @@ static struct weft__owner *owner_self(void) {
   return tls_owner;
 }
 
-/* Whether s is a per-thread stream whose owner has ended; lock held. */
-static bool owner_ended_locked(const weft_stream_t *s) {
-  return s->per_thread && s->owner_of != NULL && atomic_load_explicit(&s->owner_of->ended, memory_order_acquire);
+/* Guards every stream's owner_of against its swap (a slot taken back, a runtime released): a
+ * leaf lock, taken inside the tracker lock or a communicator's, never around another. A record
+ * is read only under it and freed only once no stream holds it. */
+static pthread_mutex_t g_owner_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Makes o s's owner record and returns the one it had (whose reference the caller drops). */
+static struct weft__owner *owner_swap(weft_stream_t *s, struct weft__owner *o) {
+  pthread_mutex_lock(&g_owner_lock);
+  struct weft__owner *was = s->owner_of;
+  s->owner_of = o;
+  pthread_mutex_unlock(&g_owner_lock);
+  return was;
 }
 
 bool weft__tracker_owner_ended(weft_stream_t *s) {
-  lock(s->tr);
-  bool ended = owner_ended_locked(s);
-  unlock(s->tr);
+  if (!s->per_thread) return false;
+  pthread_mutex_lock(&g_owner_lock);
+  bool ended = s->owner_of != NULL && atomic_load_explicit(&s->owner_of->ended, memory_order_acquire);
+  pthread_mutex_unlock(&g_owner_lock);
   return ended;
 }
 
@@ -239,7 +251,7 @@ weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream
       s->adopted = true;
       s->per_thread = per_thread;
       atomic_store_explicit(&s->owner, self, memory_order_relaxed);
-      s->owner_of = per_thread ? owner_self() : NULL;
+      owner_unref(owner_swap(s, per_thread ? owner_self() : NULL)); /* (none before: a new slot) */
       s->high = false;
       s->priority = tr->drv->cuStreamGetPriority(raw, &prio) == CUDA_SUCCESS ? prio : 0;
       atomic_store_explicit(&s->exposed, true, memory_order_relaxed); /* outside code owns it */
@@ -260,6 +272,7 @@ weft_status_t weft__tracker_reclaim(weft__tracker_t *tr, weft_stream_t **out) {
   weft__domain_t *d = tr->live;
   weft_stream_t *s = NULL;
   uint64_t was = 0;
+  struct weft__owner *was_of = NULL;
   CUevent ev = NULL;
   lock(tr);
   unsigned n = atomic_load_explicit(&tr->n_adopted, memory_order_relaxed);
@@ -267,7 +280,7 @@ weft_status_t weft__tracker_reclaim(weft__tracker_t *tr, weft_stream_t **out) {
     weft_stream_t *c = &tr->streams[i];
     const weft__lane_t *l = &d->lane[c->lane];
     if (!c->per_thread || c->capture != NULL || c->holds != 0 || (d->busy & weft__lane_bit(c->lane)) != 0 ||
-        l->recorded != l->tick || !owner_ended_locked(c))
+        l->recorded != l->tick || !weft__tracker_owner_ended(c))
       continue;
     uint64_t k = l->recorded;
     bool done = d->host_known[c->lane] >= k; /* the host knows all its work complete */
@@ -275,8 +288,10 @@ weft_status_t weft__tracker_reclaim(weft__tracker_t *tr, weft_stream_t **out) {
     if (!done && (l->ring == NULL || l->ring_tick[slot] != k)) continue; /* no event covers its work */
     ev = done ? NULL : l->ring[slot];
     s = c;
-    /* The caller's from now on: nobody else may use it, or choose it here. */
+    /* The caller's from now on: nobody else may use it, or choose it here (its owner record is
+     * the caller's, not an ended one). */
     was = atomic_load_explicit(&c->owner, memory_order_relaxed);
+    was_of = owner_swap(c, me);
     atomic_store_explicit(&c->owner, self, memory_order_relaxed);
   }
   unlock(tr);
@@ -291,10 +306,10 @@ weft_status_t weft__tracker_reclaim(weft__tracker_t *tr, weft_stream_t **out) {
   lock(tr);
   if (r != CUDA_SUCCESS) {
     atomic_store_explicit(&s->owner, was, memory_order_relaxed); /* as it was: an ended owner's */
-    owner_unref(me);
+    owner_unref(owner_swap(s, was_of));
   } else {
-    owner_unref(s->owner_of);
-    s->owner_of = me;
+    owner_unref(was_of);
+    atomic_store_explicit(&s->exact, false, memory_order_relaxed); /* weft__clock_renew clears the lane's */
     weft__clock_renew(d, s->lane);
     s->use_open = false; /* a use its owner opened and never closed */
     s->use_print = 0;
@@ -866,7 +881,9 @@ weft_status_t weft__tracker_free_begin(weft_stream_t *s, const weft__use_t *uses
 }
 
 weft_status_t weft__tracker_exact(weft_stream_t *s) {
-  if (atomic_load_explicit(&s->exact, memory_order_acquire) || s->per_thread) return WEFT_OK;
+  /* (A per-thread stream too: it has no pending tick to record, and its exactness is its ring's,
+   * whose events any thread may query.) */
+  if (atomic_load_explicit(&s->exact, memory_order_acquire)) return WEFT_OK;
   weft__tracker_t *tr = s->tr;
   lock_idle(s, NULL);
   /* The pending tick's record runs in s's context. */

@@ -185,7 +185,8 @@ struct weft_stream {
    * only when an ended owner's slot is taken back (weft__tracker_reclaim); read without it. */
   bool per_thread;
   _Atomic uint64_t owner;
-  struct weft__owner *owner_of; /* the owner thread's record: whether it has ended (tracker.c) */
+  struct weft__owner *owner_of; /* the owner thread's record: whether it has ended (tracker.c;
+                                   read and swapped under its own lock, g_owner_lock) */
   uint64_t last_used;    /* tracker-wide use sequence at the last use here (LRU) */
   /* The capture this stream takes part in, or NULL. Written under the tracker lock; read without
    * it (acquire) only by the thread that may begin or end that capture. */
@@ -194,7 +195,8 @@ struct weft_stream {
    * it waited on an outside event): only then can a capture weft did not begin reach it, so only
    * then does the runtime ask the driver about it before each call. */
   _Atomic bool exposed;
-  /* Its live lane is exact (weft__lane_t.exact), readable without the lock: set once, under it. */
+  /* Its live lane is exact (weft__lane_t.exact), readable without the lock: set under it, once
+   * (cleared only when an ended thread's per-thread slot is taken back: weft__tracker_reclaim). */
   _Atomic bool exact;
   /* 1 + the tick weft__tracker_point would give now in the live domain, published under the
    * lock whenever the lane changes (weft__clock_publish), or 0: take it under the lock (the lane
@@ -305,8 +307,9 @@ weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv,
 /** The tracked stream for `raw`, a stream weft did not create (any stream of the tracker's
  * context, the legacy NULL stream, CU_STREAM_PER_THREAD): the one adopted before for the same
  * handle (and, for CU_STREAM_PER_THREAD, the same thread), else a new lane with its own event
- * ring. Adoption lasts as long as the tracker. Errors: INVALID_ARGUMENT (one of weft's own pool
- * streams), BUSY (every adoption slot taken: options.adopt_streams), DRIVER. */
+ * ring. Adoption lasts as long as the tracker, but for a per-thread stream whose thread has ended,
+ * whose slot weft__tracker_reclaim may give to another thread. Errors: INVALID_ARGUMENT (one of
+ * weft's own pool streams), BUSY (every adoption slot taken: options.adopt_streams), DRIVER. */
 weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream_t **out);
 /** The calling thread's serial number: 1, 2, ... in the order threads first ask; no other thread
  * of the process gets it (a pthread_t is given again to a new thread once the old one ended). */
@@ -325,8 +328,8 @@ bool weft__tracker_owner_ended(weft_stream_t *s);
  * host wait in progress, no busy use and no pending tick. Its newest event is waited for (the
  * lock released meanwhile; the slot is the caller's from the moment it is chosen), then its lane
  * starts again (weft__clock_renew) and *out is the caller's stream. BUSY (nothing recorded) when
- * no slot qualifies; DRIVER when the wait fails (the slot stays the caller's, renewed: its old
- * work counts as complete only if it is). */
+ * no slot qualifies; DRIVER when the wait fails (the slot is given back as it was, an ended
+ * owner's). */
 weft_status_t weft__tracker_reclaim(weft__tracker_t *tr, weft_stream_t **out);
 /** Whether lane i holds a stream (a pool stream, or an adopted one). */
 static inline bool weft__tracker_lane_used(weft__tracker_t *tr, unsigned i) {

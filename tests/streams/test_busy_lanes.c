@@ -282,6 +282,39 @@ static void test_an_older_tick_of_a_busy_lane_needs_no_wait_for_the_lane(void **
   assert_int_equal(weft_free(z, stream(1)), WEFT_OK);
 }
 
+/* The same, the busy use's work failing: the reader's wait on the older tick stands, the failed
+ * use leaves y and the lane as they were, and a later reader of y on another stream waits for
+ * y's own write, not for anything of the failed use. */
+static void test_an_older_ticks_reader_goes_on_when_the_busy_use_fails(void **state) {
+  (void)state;
+  weft_block_t x = alloc(stream(0)), y = alloc(stream(0)), z = alloc(stream(2));
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  assert_int_equal(tu_fill(&env, stream(0), x, N, 1), WEFT_OK);
+  assert_int_equal(tu_fill(&env, stream(0), y, N, 2), WEFT_OK);
+  assert_int_equal(tu_combine(&env, stream(2), z, (weft_block_t){0}, x, (weft_block_t){0}, (weft_block_t){0}, N, 1),
+                   WEFT_OK);
+  weft_counters_t c0 = counters();
+  stopped_t w;
+  stop(&w, stream(0), y, 5, 1); /* busy, and its work will fail */
+  call_t *reader = call_start(READ_BLOCK, stream(1), x, 0);
+  while (!atomic_load(&reader->done) && counters().busy_waits == c0.busy_waits) sched_yield();
+  bool waited = counters().busy_waits != c0.busy_waits;
+  release(&w);
+  assert_int_equal(call_join(reader), WEFT_OK);
+  if (waited) fail_msg("the reader of x waited for stream 0's busy use of y");
+  assert_int_equal(w.st, WEFT_ERR_INVALID_ARGUMENT); /* the work's refusal */
+  for (unsigned i = 0; i < N; i++)
+    if (reader->host[i] != 1) fail_msg("element %u: %u, want 1", i, reader->host[i]);
+  expect_all(stream(3), y, 2); /* y as the earlier fill left it */
+  assert_int_equal(tu_fill(&env, stream(0), y, N, 6), WEFT_OK); /* the lane goes on */
+  expect_all(stream(1), y, 6);
+  assert_int_equal(tu_races(&env), 0);
+  test_free(reader);
+  assert_int_equal(weft_free(x, stream(1)), WEFT_OK);
+  assert_int_equal(weft_free(y, stream(1)), WEFT_OK);
+  assert_int_equal(weft_free(z, stream(1)), WEFT_OK);
+}
+
 static void test_the_same_stream_waits_for_its_use(void **state) {
   (void)state;
   weft_block_t x = alloc(stream(0)), y = alloc(stream(0));
@@ -603,6 +636,7 @@ int main(void) {
       cmocka_unit_test(test_other_streams_go_on_while_a_use_enqueues),
       cmocka_unit_test(test_a_conflicting_use_waits_for_the_enqueue),
       cmocka_unit_test(test_an_older_tick_of_a_busy_lane_needs_no_wait_for_the_lane),
+      cmocka_unit_test(test_an_older_ticks_reader_goes_on_when_the_busy_use_fails),
       cmocka_unit_test(test_the_same_stream_waits_for_its_use),
       cmocka_unit_test(test_a_host_wait_waits_for_the_enqueue),
       cmocka_unit_test(test_a_failed_enqueue_leaves_the_histories_as_they_were),
