@@ -628,9 +628,8 @@ static ncclResult_t post(ncclComm_t h, cudaStream_t hs, part_t p) {
   /* NCCL uses a call's stream with the communicator's device current (cudaSetDevice(comm->cudaDev)
    * before it launches), so a default handle (0, legacy, per-thread) names that device's stream,
    * whichever device the caller had current (conformance: "nccl per-thread stream"). */
-  CUstream raw = (CUstream)hs;
-  sim__stream_t *s = raw == NULL || raw == CU_STREAM_LEGACY || raw == CU_STREAM_PER_THREAD ? sim__stream_default(raw, c->dev)
-                                                                                      : sim__stream_get(raw);
+  sim__stream_t *s = sim__stream_default((CUstream)hs, c->dev);
+  if (s == NULL) s = sim__stream_get((CUstream)hs);
   if (s == NULL) return fail(ncclInvalidArgument, "not a stream");
   if (s->dev != c->dev) return fail(ncclInvalidArgument, "the stream is not on the communicator's device");
   if (dt_size(p.dt) == 0) {

@@ -28,8 +28,8 @@ sim__stream_t *sim__stream_default(CUstream h, int dev) {
 }
 
 sim__stream_t *sim__stream_get(CUstream h) {
-  if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) return sim__stream_default(h, sim__cur_dev());
-  return sim__handle_get(h, SIM_MAGIC_STREAM);
+  sim__stream_t *s = sim__stream_default(h, sim__cur_dev());
+  return s != NULL ? s : sim__handle_get(h, SIM_MAGIC_STREAM);
 }
 
 void sim__stream_maybe_free(sim__stream_t *s) {
