@@ -188,6 +188,7 @@ static void config_once(void) {
   sim.lazy = lazy && strcmp(lazy, "1") == 0;
   const char *depth = getenv("WEFT_SIM_QUEUE_DEPTH");
   sim.queue_depth = depth && *depth ? strtoull(depth, NULL, 10) : 1024;
+  sim__thread_end_key();
   const char *report = getenv("WEFT_SIM_REPORT");
   if (report && strcmp(report, "1") == 0) {
     sim.report_at_exit = 1;
@@ -294,6 +295,7 @@ CUresult sim__enter(sim__fn_t fn, int needs_init) {
     atomic_store(&g_enqueuing_last[dev], sim__fn_name(fn));
     atomic_fetch_add(&g_enqueuing[dev], 1);
   }
+  if (g_self.registered == 0) sim__thread_watch();
   pthread_mutex_lock(&sim.lock);
   sim.stats.api_calls++;
   if (needs_init && !sim.initialized) return CUDA_ERROR_NOT_INITIALIZED;

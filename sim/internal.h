@@ -255,7 +255,7 @@ void sim__busy_remove(sim__stream_t *s);
 typedef struct sim__thread {
   CUcontext ctx;                /* current context */
   CUstreamCaptureMode mode;     /* cuThreadExchangeStreamCaptureMode */
-  int registered;
+  int registered;               /* 1 once its end is watched (sim__thread_watch), 2 once it ended */
   uint64_t enqueue_bits;        /* per nesting level of sim__enter: 1 where that call enqueues */
   uint8_t enqueue_dev[64];      /* per nesting level: the device it was counted on (core.c) */
   unsigned depth;               /* nesting level of sim__enter */
@@ -390,6 +390,11 @@ sim__stream_t *sim__stream_get(CUstream h);
  * of its own (it can be captured, unlike the legacy stream), destroyed with dev's primary context.
  * Any other handle: NULL. */
 sim__stream_t *sim__stream_default(CUstream h, int dev);
+/** Made once, at the first driver call: the key whose destructor ends a thread's driver state
+ * (sim__thread_end). */
+void sim__thread_end_key(void);
+/** At a thread's first driver call: its end is seen (sim__thread_end runs then). */
+void sim__thread_watch(void);
 /** Frees a destroyed stream once idle. */
 void sim__stream_maybe_free(sim__stream_t *s);
 /** Submits act to s: a graph node when s captures, else a queued op. Takes ownership of act's
@@ -520,6 +525,8 @@ int sim__nccl_ready(const sim__action_t *act);
 void sim__nccl_run(sim__stream_t *s);
 void sim__nccl_release(sim__action_t *act);
 /** Whether any NCCL operation is queued (waiting for partners, or not yet run). */
+/** Whether the queued NCCL action `act` names a buffer for which in(ptr) holds. */
+int sim__nccl_names(const sim__action_t *act, int (*in)(CUdeviceptr));
 int sim__nccl_pending(void);
 /** Whether a queued NCCL operation may wait for a rank of another process (whose posts only a
  * look at the board sees: the scheduler polls). */

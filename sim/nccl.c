@@ -1192,6 +1192,15 @@ void sim__nccl_run_node(sim__exec_t *x, size_t node) {
   if (x->nodes[node].nccl != NULL) run_set(x->nodes[node].nccl);
 }
 
+int sim__nccl_names(const sim__action_t *act, int (*in)(CUdeviceptr)) {
+  const fused_t *f = act->u.nccl.fused;
+  for (size_t i = 0; i < f->n; i++)
+    if ((f->parts[i].send != NULL && in((CUdeviceptr)f->parts[i].send)) ||
+        (f->parts[i].recv != NULL && in((CUdeviceptr)f->parts[i].recv)))
+      return 1;
+  return 0;
+}
+
 int sim__nccl_pending(void) {
   for (sim__clique_t *q = g_cliques; q != NULL; q = q->next)
     if (q->queued != NULL) return 1;

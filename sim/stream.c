@@ -9,6 +9,8 @@
  * captured, as on the GPU (conformance: "per-thread stream"). A destroyed stream's queued work
  * still runs; the object is freed once idle.
  */
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -27,7 +29,14 @@ sim__stream_t *sim__stream_default(CUstream h, int dev) {
   return t->per_thread[dev];
 }
 
+/* A default handle names the current context's stream: none without one (a thread's driver state
+ * ended: INVALID_CONTEXT for the synchronisation and query, INVALID_HANDLE for the rest here). */
+static int default_without_ctx(CUstream h) {
+  return (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) && sim__need_ctx() != CUDA_SUCCESS;
+}
+
 sim__stream_t *sim__stream_get(CUstream h) {
+  if (default_without_ctx(h)) return NULL;
   sim__stream_t *s = sim__stream_default(h, sim__cur_dev());
   return s != NULL ? s : sim__handle_get(h, SIM_MAGIC_STREAM);
 }
@@ -100,6 +109,81 @@ static CUresult stream_destroy(CUstream h) {
 }
 
 CUresult CUDAAPI cuStreamDestroy(CUstream hStream) { SIM_CALL(cuStreamDestroy, stream_destroy(hStream)); }
+
+/* ---- a thread's end ----
+ * The driver ends a thread's state when the thread ends: after the thread-exit handlers of
+ * __cxa_thread_atexit_impl, before the destructors of pthread keys made after cuInit (a driver
+ * call there finds no current context: INVALID_CONTEXT). Its per-thread streams go then. Where one
+ * still has queued work that touches memory of a stream-ordered pool (cuMemAllocAsync,
+ * cuMemAllocFromPoolAsync), that teardown spins for ever on the GPU: the thread never ends
+ * (measured on H200s, driver 580.159.04; a synchronisation of the stream before, e.g. in such an
+ * exit handler, avoids it). The simulator reports that as a hazard, for the race count, and goes
+ * on. Conformance: "per-thread stream at a thread's end". */
+static pthread_key_t g_end_key;
+static int g_end_keyed;
+
+static int in_pool(CUdeviceptr p) {
+  const sim__alloc_t *a = sim__addr_owner(p, 1);
+  return a != NULL && a->kind == SIM_ALLOC_POOL;
+}
+
+/* Whether queued action act touches memory of a stream-ordered pool. */
+static int touches_pool(const sim__action_t *act) {
+  switch (act->kind) {
+    case SIM_ACT_MEMSET: return in_pool(act->u.set.dst);
+    case SIM_ACT_MEMCPY:
+      return ((act->u.copy.dir == SIM_DTOD || act->u.copy.dir == SIM_DTOH) && in_pool(act->u.copy.src_dev)) ||
+             ((act->u.copy.dir == SIM_DTOD || act->u.copy.dir == SIM_HTOD) && in_pool(act->u.copy.dst_dev));
+    case SIM_ACT_KERNEL: {
+      const sim__kernel_t *k = act->u.kernel.k;
+      if (k->ranges == NULL || !act->u.kernel.owned) return 0; /* (passed-through arguments may be gone) */
+      weft_sim_range_t local[16], *r = local;
+      size_t n = k->ranges(&act->u.kernel.cfg, act->u.kernel.params, local, 16);
+      if (n > 16) {
+        r = sim__xmalloc(n * sizeof *r);
+        n = k->ranges(&act->u.kernel.cfg, act->u.kernel.params, r, n);
+      }
+      int hit = 0;
+      for (size_t i = 0; i < n && !hit; i++) hit = r[i].bytes != 0 && in_pool(r[i].ptr);
+      if (r != local) free(r);
+      return hit;
+    }
+    case SIM_ACT_NCCL: return sim__nccl_names(act, in_pool);
+    default: return 0;
+  }
+}
+
+static void thread_end(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&sim.lock);
+  sim__thread_t *t = sim__self();
+  for (int dev = 0; dev < sim.ndev; dev++) {
+    sim__stream_t *s = t->per_thread[dev];
+    if (s == NULL || t->per_thread_gen[dev] != sim.ctx_gen[dev]) continue;
+    for (const sim__op_t *op = s->head; op != NULL; op = op->next) {
+      if (!touches_pool(&op->act)) continue;
+      char first[96], second[96];
+      snprintf(first, sizeof first, "a thread's per-thread stream %d of device %d, with queued %s on pool memory", s->id,
+               dev, sim__action_what(&op->act));
+      snprintf(second, sizeof second, "the thread's end (on a GPU its exit never returns)");
+      sim__hazard_report(first, second);
+      fprintf(stderr, "weft-sim: %s: %s\n", first, second);
+      break;
+    }
+    (void)stream_destroy((CUstream)s);
+    t->per_thread[dev] = NULL;
+  }
+  t->ctx = NULL;
+  t->registered = 2;
+  pthread_mutex_unlock(&sim.lock);
+}
+
+void sim__thread_end_key(void) { g_end_keyed = pthread_key_create(&g_end_key, thread_end) == 0; }
+
+void sim__thread_watch(void) {
+  sim__self()->registered = 1;
+  if (g_end_keyed) (void)pthread_setspecific(g_end_key, &g_end_key);
+}
 
 void sim__streams_destroy_all(int dev) {
   /* stream_destroy may free a stream and shrink the list: collect the live ones first. */
@@ -183,6 +267,7 @@ static int stream_reached(void *arg) {
 }
 
 static CUresult stream_query(CUstream h) {
+  if (default_without_ctx(h)) return CUDA_ERROR_INVALID_CONTEXT;
   sim__stream_t *s = sim__stream_get(h);
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
   if (s->cap != NULL) {
@@ -199,6 +284,7 @@ static CUresult stream_query(CUstream h) {
 CUresult CUDAAPI cuStreamQuery(CUstream hStream) { SIM_CALL(cuStreamQuery, stream_query(hStream)); }
 
 static CUresult stream_sync(CUstream h) {
+  if (default_without_ctx(h)) return CUDA_ERROR_INVALID_CONTEXT;
   sim__stream_t *s = sim__stream_get(h);
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
   if (s->cap != NULL) {

@@ -157,6 +157,8 @@ uint64_t weft__tracker_thread_serial(void) {
   return tls_thread_serial;
 }
 
+#define OWNER_DEVICES 64 /* a process's devices (lib/runtime's WEFT__MAX_DEVICES) */
+
 /* A thread that adopted a per-thread stream: whether it has ended. Only its owner can ask the
  * driver about a per-thread stream, so a capture weft knows on it is dropped by other threads
  * once its owner has ended, and its slot may be taken back (weft__tracker_reclaim). Shared by the
@@ -164,6 +166,14 @@ uint64_t weft__tracker_thread_serial(void) {
 struct weft__owner {
   _Atomic bool ended;
   _Atomic unsigned refs;
+  /* The devices whose per-thread stream it holds slots of (per device, how many runtimes' slots),
+   * for owner_exit; guarded by g_owner_lock. */
+  const weft__driver_t *drv;
+  unsigned n_held;
+  struct {
+    CUdevice device;
+    unsigned slots;
+  } held[OWNER_DEVICES];
 };
 
 static _Thread_local struct weft__owner *tls_owner;
@@ -183,6 +193,49 @@ static void owner_ended(void *o) {
 
 static void owner_key_create(void) { g_owner_keyed = pthread_key_create(&g_owner_key, owner_ended) == 0; }
 
+/* Guards every stream's owner_of against its swap (a slot taken back, a runtime released): a
+ * leaf lock, taken inside the tracker lock or a communicator's, never around another. A record
+ * is read only under it and freed only once no stream holds it. */
+static pthread_mutex_t g_owner_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* glibc's registration of a thread-exit handler (C++'s thread_local destructors use it); weak: where
+ * the C library has none, no handler (below). */
+extern int __cxa_thread_atexit_impl(void (*fn)(void *), void *arg, void *dso) __attribute__((weak));
+extern void *__dso_handle;
+
+/* The thread-exit handler of a thread that adopted its per-thread stream: synchronises that stream
+ * of every device where it still holds a slot, before the driver ends the thread's state. On the
+ * GPU, that teardown of a per-thread stream with work still queued on memory of a stream-ordered
+ * pool (weft's pool grows from one) spins for ever: the thread never ends (measured,
+ * tools/diag_per_thread_exit.c; conformance "per-thread stream at a thread's end"). Handlers of
+ * __cxa_thread_atexit_impl run before the driver's teardown; a pthread key's destructor (owner_ended)
+ * runs after it, too late. A stream that captures is left alone (a synchronisation would break the
+ * capture), and the calls are RELAXED (another thread's GLOBAL capture stays valid). */
+static void owner_exit(void *arg) {
+  struct weft__owner *o = arg;
+  CUdevice devices[OWNER_DEVICES];
+  unsigned n = 0;
+  pthread_mutex_lock(&g_owner_lock);
+  const weft__driver_t *drv = o->drv;
+  for (unsigned i = 0; i < o->n_held; i++)
+    if (o->held[i].slots > 0) devices[n++] = o->held[i].device;
+  pthread_mutex_unlock(&g_owner_lock);
+  if (n == 0) return;
+  CUcontext was = NULL;
+  if (drv->cuCtxGetCurrent(&was) != CUDA_SUCCESS) was = NULL;
+  for (unsigned i = 0; i < n; i++) {
+    CUcontext ctx; /* retained: a runtime released meanwhile cannot take it away during the wait */
+    if (drv->cuDevicePrimaryCtxRetain(&ctx, devices[i]) != CUDA_SUCCESS) continue;
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (drv->cuCtxSetCurrent(ctx) == CUDA_SUCCESS &&
+        drv->cuStreamIsCapturing(CU_STREAM_PER_THREAD, &cs) == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE)
+      WEFT__RELAXED(drv, (void)drv->cuStreamSynchronize(CU_STREAM_PER_THREAD));
+    (void)drv->cuDevicePrimaryCtxRelease(devices[i]);
+  }
+  (void)drv->cuCtxSetCurrent(was);
+  tls_bound = NULL; /* (weft__tracker_bind binds again) */
+}
+
 /* The calling thread's record, a reference taken for a slot; NULL without memory (or a thread
  * key): the slot then counts its owner alive for good (conservative). */
 static struct weft__owner *owner_self(void) {
@@ -195,22 +248,34 @@ static struct weft__owner *owner_self(void) {
       weft__meta_free(o);
       return NULL;
     }
+    /* Runs before owner_ended (thread-exit handlers before key destructors), while o lives. */
+    if (__cxa_thread_atexit_impl != NULL) (void)__cxa_thread_atexit_impl(owner_exit, o, &__dso_handle);
     tls_owner = o;
   }
   atomic_fetch_add_explicit(&tls_owner->refs, 1, memory_order_relaxed);
   return tls_owner;
 }
 
-/* Guards every stream's owner_of against its swap (a slot taken back, a runtime released): a
- * leaf lock, taken inside the tracker lock or a communicator's, never around another. A record
- * is read only under it and freed only once no stream holds it. */
-static pthread_mutex_t g_owner_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Counts a slot of device `device` held (by +1) or given up (-1) in o's devices (lock held). */
+static void owner_hold(struct weft__owner *o, const weft__tracker_t *tr, int by) {
+  unsigned i = 0;
+  while (i < o->n_held && o->held[i].device != tr->device) i++;
+  if (i == o->n_held) {
+    if (by < 0 || i == OWNER_DEVICES) return;
+    o->held[o->n_held++].device = tr->device;
+  }
+  o->drv = tr->drv;
+  o->held[i].slots += (unsigned)by;
+}
 
 /* Makes o s's owner record and returns the one it had (whose reference the caller drops). */
 static struct weft__owner *owner_swap(weft_stream_t *s, struct weft__owner *o) {
   pthread_mutex_lock(&g_owner_lock);
   struct weft__owner *was = s->owner_of;
   s->owner_of = o;
+  if (was != NULL) owner_hold(was, s->tr, -1);
+  if (o != NULL) owner_hold(o, s->tr, +1);
   pthread_mutex_unlock(&g_owner_lock);
   return was;
 }

@@ -7,6 +7,9 @@
  */
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
@@ -587,6 +590,108 @@ static void test_per_thread_stream_can_be_captured(void **state) {
   OK(d->cuMemFree(a));
   PASS("per-thread stream: it can be captured (the legacy stream not); another thread's is another stream; its "
        "capture makes the legacy stream IMPLICIT; the graph replays on it");
+}
+
+/* A thread's end: the driver ends the thread's state, its per-thread streams with it, after the
+ * thread-exit handlers of __cxa_thread_atexit_impl (the thread's context is still current there,
+ * its per-thread stream can be synchronised) and before the destructors of pthread keys made
+ * after cuInit (no current context there: INVALID_CONTEXT). A thread whose per-thread stream
+ * still has work queued on memory of a stream-ordered pool when it ends never ends on the GPU
+ * (the teardown spins, long after the work is done; the simulator reports a hazard instead);
+ * synchronising the stream in such a handler avoids it. The hang is shown in a child process
+ * (this program again, WEFT_CONF_CHILD set), killed after 10 s. */
+extern int __cxa_thread_atexit_impl(void (*fn)(void *), void *arg, void *dso) __attribute__((weak));
+extern void *__dso_handle;
+
+static _Atomic int g_exit_rc = -1, g_key_rc = -1;
+static pthread_key_t g_end_key;
+static CUdeviceptr g_pool_mem;
+static int g_child_synced;
+
+static void end_handler(void *arg) {
+  (void)arg;
+  g_exit_rc = (int)d->cuStreamSynchronize(CU_STREAM_PER_THREAD);
+}
+
+static void end_key(void *arg) {
+  (void)arg;
+  g_key_rc = (int)d->cuStreamSynchronize(CU_STREAM_PER_THREAD);
+}
+
+static void *ending_thread(void *arg) {
+  (void)arg;
+  d->cuCtxSetCurrent(g_ctx);
+  d->cuStreamQuery(CU_STREAM_PER_THREAD); /* the stream exists */
+  __cxa_thread_atexit_impl(end_handler, NULL, &__dso_handle);
+  pthread_setspecific(g_end_key, &g_end_key);
+  return NULL;
+}
+
+/* The child: threads that each queue a 256 MiB memset of pool memory on their per-thread stream
+ * and end (with a handler that synchronises it when g_child_synced). Exit 0: every thread ended;
+ * 3: the simulator reported the hazard. */
+static void *pool_work_thread(void *arg) {
+  d->cuCtxSetCurrent(g_ctx);
+  if (g_child_synced) __cxa_thread_atexit_impl(end_handler, NULL, &__dso_handle);
+  d->cuMemsetD32Async(g_pool_mem, (unsigned)(uintptr_t)arg, 64u << 20, CU_STREAM_PER_THREAD);
+  return NULL;
+}
+
+static int child_per_thread_end(int synced) {
+  g_child_synced = synced;
+  if (weft__driver_get(&d) != WEFT_OK) return 2;
+  g_sim = weft_sim_api(weft_driver_symbol);
+  if (d->cuDevicePrimaryCtxRetain(&g_ctx, 0) != CUDA_SUCCESS || d->cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS) return 2;
+  CUstream s;
+  if (d->cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, 0) != CUDA_SUCCESS ||
+      d->cuMemAllocAsync(&g_pool_mem, 256u << 20, s) != CUDA_SUCCESS || d->cuStreamSynchronize(s) != CUDA_SUCCESS)
+    return 2;
+  for (uintptr_t i = 0; i < 20; i++) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, pool_work_thread, (void *)i) != 0 || pthread_join(t, NULL) != 0) return 2;
+    if (g_child_synced && g_exit_rc != CUDA_SUCCESS) return 4;
+  }
+  if (g_sim != NULL && g_sim->race_count() != 0) return 3;
+  return d->cuCtxSynchronize() == CUDA_SUCCESS ? 0 : 2;
+}
+
+/* Runs the child in `mode`; its exit status, or -1 when it was still running after `seconds`. */
+static int run_child(const char *mode, int seconds) {
+  extern char **environ;
+  setenv("WEFT_CONF_CHILD", mode, 1);
+  char *argv[] = {"conformance", NULL};
+  pid_t pid;
+  int r = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ);
+  unsetenv("WEFT_CONF_CHILD");
+  assert_int_equal(r, 0);
+  struct timespec tick = {0, 10 * 1000 * 1000};
+  for (int i = 0; i < seconds * 100; i++) {
+    int status;
+    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    nanosleep(&tick, NULL);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  return -1;
+}
+
+static void test_per_thread_stream_at_a_threads_end(void **state) {
+  (void)state;
+  if (__cxa_thread_atexit_impl == NULL) skip(); /* (not glibc) */
+  assert_int_equal(pthread_key_create(&g_end_key, end_key), 0); /* after cuInit */
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, ending_thread, NULL), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  pthread_key_delete(g_end_key);
+  assert_int_equal(g_exit_rc, CUDA_SUCCESS);
+  assert_int_equal(g_key_rc, CUDA_ERROR_INVALID_CONTEXT);
+  int unsynced = run_child("per_thread_end", 10);
+  printf("probe: a child whose threads end with pool work queued on their per-thread streams: %s\n",
+         unsynced == -1 ? "still running after 10 s (killed)" : unsynced == 3 ? "hazard reported" : "ended");
+  assert_int_equal(unsynced, g_sim != NULL ? 3 : -1);
+  assert_int_equal(run_child("per_thread_end_synced", 60), 0);
+  PASS("per-thread stream at a thread's end: an exit handler of __cxa_thread_atexit_impl still synchronises it, a "
+       "key's destructor finds no context; ended with pool work queued, the thread never ends (synchronised: it does)");
 }
 
 static void test_capture_info_and_dependency_updates(void **state) {
@@ -1362,6 +1467,8 @@ static void test_two_devices_peer_copy_is_not_capturable(void **state) {
 #define CASE(f) cmocka_unit_test_teardown(f, check_clean)
 
 int main(void) {
+  const char *child = getenv("WEFT_CONF_CHILD");
+  if (child != NULL) return child_per_thread_end(strcmp(child, "per_thread_end_synced") == 0);
   const struct CMUnitTest tests[] = {
       CASE(test_a_pageable_device_to_host_copy_waits_for_its_stream),
       CASE(test_wait_on_outside_event_is_isolation_905_and_invalidates_901),
@@ -1376,6 +1483,7 @@ int main(void) {
       CASE(test_legacy_stream_cannot_be_captured),
       CASE(test_legacy_stream_during_a_blocking_capture),
       CASE(test_per_thread_stream_can_be_captured),
+      CASE(test_per_thread_stream_at_a_threads_end),
       CASE(test_capture_info_and_dependency_updates),
       CASE(test_captured_work_is_not_in_the_stream),
       CASE(test_alloc_in_capture_becomes_a_mem_alloc_node),

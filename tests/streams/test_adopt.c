@@ -1047,5 +1047,6 @@ int main(void) {
                                       setup_one_chunk_no_cache, teardown),
       cmocka_unit_test(test_adoption_slots_run_out),
   };
+  if (getenv("WEFT_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
