@@ -19,8 +19,34 @@ sim__einst_t *sim__einst_new(void) {
   return i;
 }
 
+void sim__links_set(sim__links_t *dst, int stream, uint64_t seq) {
+  for (size_t i = 0; i < dst->n; i++)
+    if (dst->v[i].stream == stream) {
+      if (dst->v[i].seq < seq) dst->v[i].seq = seq;
+      return;
+    }
+  sim__grow(&dst->v, &dst->cap, dst->n + 1, sizeof *dst->v);
+  dst->v[dst->n++] = (struct sim__link){stream, seq};
+}
+
+void sim__links_join(sim__links_t *dst, const sim__links_t *src) {
+  for (size_t i = 0; i < src->n; i++) sim__links_set(dst, src->v[i].stream, src->v[i].seq);
+}
+
+uint64_t sim__links_get(const sim__links_t *l, int stream) {
+  for (size_t i = 0; i < l->n; i++)
+    if (l->v[i].stream == stream) return l->v[i].seq;
+  return 0;
+}
+
+void sim__links_free(sim__links_t *l) {
+  free(l->v);
+  *l = (sim__links_t){0};
+}
+
 void sim__einst_unref(sim__einst_t *i) {
   if (i == NULL || --i->refs > 0) return;
+  sim__links_free(&i->links);
   sim__vc_free(&i->vc);
   free(i);
 }
@@ -126,6 +152,8 @@ static CUresult event_record(CUevent h, CUstream hs, unsigned flags) {
   sim__event_ref(e);
   inst->refs++;
   sim__enqueue(s, &act);
+  sim__links_join(&inst->links, &s->links);
+  sim__links_set(&inst->links, s->id, s->issued);
   return CUDA_SUCCESS;
 }
 
@@ -180,6 +208,7 @@ static CUresult stream_wait_event(CUstream hs, CUevent h, unsigned flags) {
   act.u.event.inst = e->latest;
   sim__event_ref(e);
   e->latest->refs++;
+  sim__links_join(&s->links, &e->latest->links);
   sim__enqueue(s, &act);
   return CUDA_SUCCESS;
 }

@@ -63,6 +63,27 @@ typedef struct sim__node sim__node_t;
 typedef struct sim__exec sim__exec_t;
 typedef struct sim__capture sim__capture_t;
 
+/* ---- event.c: stream-order links ---- */
+
+/** The streams a point follows in stream order (its own stream's earlier work and event waits,
+ * not host synchronisations): per stream id, the newest issue count (sim__stream_t.issued)
+ * followed. What a thread's end needs to know which pool allocations its per-thread stream's
+ * work is ordered after (sim/stream.c, "a thread's end"). */
+typedef struct sim__links {
+  struct sim__link {
+    int stream;
+    uint64_t seq;
+  } *v;
+  size_t n, cap;
+} sim__links_t;
+/** dst follows what src follows. */
+void sim__links_join(sim__links_t *dst, const sim__links_t *src);
+/** dst follows stream `stream` up to issue count seq. */
+void sim__links_set(sim__links_t *dst, int stream, uint64_t seq);
+/** The newest issue count of `stream` that l follows (0: none). */
+uint64_t sim__links_get(const sim__links_t *l, int stream);
+void sim__links_free(sim__links_t *l);
+
 /* ---- oracle.c: vector clocks, snapshots, access history, races ---- */
 
 /** A vector clock: v[lane] = newest tick of `lane` known to happen before; lanes >= n are 0. */
@@ -365,6 +386,7 @@ struct sim__stream {
   uint32_t lane;              /* vector-clock lane */
   sim__op_t *head, *tail;
   uint64_t issued, done;      /* ops issued, ops completed (stream order) */
+  sim__links_t links;         /* the other streams its issued work follows (event waits) */
   uint64_t room_taken;        /* queued ops that take room in the launch queue (sched.c: not event
                                  records or waits) */
   sim__vc_t vc;               /* clock of the last executed op */
@@ -403,9 +425,11 @@ CUresult sim__submit(sim__stream_t *s, sim__action_t *act, CUgraphNodeType type)
 
 /* ---- event.c ---- */
 
+
 struct sim__einst {
   int refs;
   int done;
+  sim__links_t links; /* what the recording point follows in stream order (its stream's included) */
   sim__vc_t vc;       /* clock of the recording point (oracle on) */
   uint64_t time;      /* virtual time at completion (ops executed) */
 };
@@ -457,6 +481,8 @@ struct sim__alloc {
   int host_valid;        /* in the address map: API calls may name it */
   /* pool allocations */
   sim__pool_t *pool;
+  int alloc_stream;      /* the stream id it was allocated on, and that stream's issue count */
+  uint64_t alloc_seq;    /* after the allocation (sim__links_t) */
   struct sim__chunk *chunk;
   /* graph allocations */
   int refs;              /* graph nodes and exec nodes naming it */

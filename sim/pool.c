@@ -293,6 +293,8 @@ static CUresult alloc_async(CUdeviceptr *out, size_t bytes, sim__pool_t *p, CUst
   act.u.mem.ptr = a->ptr;
   act.u.mem.size = a->size;
   sim__enqueue(s, &act);
+  a->alloc_stream = s->id;
+  a->alloc_seq = s->issued;
   *out = a->ptr;
   return CUDA_SUCCESS;
 }

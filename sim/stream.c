@@ -49,6 +49,7 @@ void sim__stream_maybe_free(sim__stream_t *s) {
   sim.streams[i]->all_index = i;
   sim__vc_free(&s->vc);
   sim__snap_unref(s->last_snap);
+  sim__links_free(&s->links);
   free(s->deps);
   free(s->edge_buf);
   free(s);
@@ -115,16 +116,25 @@ CUresult CUDAAPI cuStreamDestroy(CUstream hStream) { SIM_CALL(cuStreamDestroy, s
  * __cxa_thread_atexit_impl, before the destructors of pthread keys made after cuInit (a driver
  * call there finds no current context: INVALID_CONTEXT). Its per-thread streams go then. Where one
  * still has queued work that touches memory of a stream-ordered pool (cuMemAllocAsync,
- * cuMemAllocFromPoolAsync), that teardown spins for ever on the GPU: the thread never ends
+ * cuMemAllocFromPoolAsync) allocated in its stream order (in_pool), that teardown spins for ever
+ * on the GPU: the thread never ends
  * (measured on H200s, driver 580.159.04; a synchronisation of the stream before, e.g. in such an
  * exit handler, avoids it). The simulator reports that as a hazard, for the race count, and goes
  * on. Conformance: "per-thread stream at a thread's end". */
 static pthread_key_t g_end_key;
 static int g_end_keyed;
 
+static const sim__stream_t *g_ending; /* the per-thread stream thread_end looks at (lock held) */
+
+/* Whether p is memory of a pool allocation that g_ending's work follows in stream order: made on
+ * it, or on a stream it waited for (by events) after the allocation. (Measured on the GPU: work on
+ * pool memory allocated elsewhere and synchronised by the host, with no event between, does not
+ * hang the thread's end; allocated on the stream itself, or on another it waits for by an event,
+ * it does, host synchronisation or not.) */
 static int in_pool(CUdeviceptr p) {
   const sim__alloc_t *a = sim__addr_owner(p, 1);
-  return a != NULL && a->kind == SIM_ALLOC_POOL;
+  return a != NULL && a->kind == SIM_ALLOC_POOL &&
+         (a->alloc_stream == g_ending->id || sim__links_get(&g_ending->links, a->alloc_stream) >= a->alloc_seq);
 }
 
 /* Whether queued action act touches memory of a stream-ordered pool. */
@@ -160,6 +170,7 @@ static void thread_end(void *arg) {
   for (int dev = 0; dev < sim.ndev; dev++) {
     sim__stream_t *s = t->per_thread[dev];
     if (s == NULL || t->per_thread_gen[dev] != sim.ctx_gen[dev]) continue;
+    g_ending = s;
     for (const sim__op_t *op = s->head; op != NULL; op = op->next) {
       if (!touches_pool(&op->act)) continue;
       char first[96], second[96];

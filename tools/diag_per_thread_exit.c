@@ -7,7 +7,7 @@
  * of it there), f (its free there, cuMemFreeAsync; else the main thread frees it after the
  * join), h (the pool's calls on a helper stream instead, ordered by events), s (synchronise its
  * per-thread stream before it ends), c (cuCtxSynchronize before it ends), q (query the event it
- * recorded), z (sleep 200 ms before it ends), Q (cuStreamQuery of its stream until done), K and X
+ * recorded), H (the allocation's stream synchronised by the host right after it), z (sleep 200 ms before it ends), Q (cuStreamQuery of its stream until done), K and X
  * (its stream synchronised by a handler at its exit, see exit_sync).
  * argv[2]: threads (default 20). A join not done in 10 s prints
  * the phase of the thread and exits 3.
@@ -72,6 +72,7 @@ static void *body(void *arg) {
       PH("helper record", cuEventRecord(helped, on));
       PH("helper wait", cuStreamWaitEvent(pt, helped, 0));
     }
+    if (strchr(steps, 'H')) PH("host sync after the allocation", cuStreamSynchronize(on));
     if (strchr(steps, 'u')) PH("pool memset", cuMemsetD32Async(t, 1, 1 << 20, pt));
     if (strchr(steps, 'f')) {
       if (on != pt) {

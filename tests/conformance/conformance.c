@@ -596,9 +596,10 @@ static void test_per_thread_stream_can_be_captured(void **state) {
  * thread-exit handlers of __cxa_thread_atexit_impl (the thread's context is still current there,
  * its per-thread stream can be synchronised) and before the destructors of pthread keys made
  * after cuInit (no current context there: INVALID_CONTEXT). A thread whose per-thread stream
- * still has work queued on memory of a stream-ordered pool when it ends never ends on the GPU
- * (the teardown spins, long after the work is done; the simulator reports a hazard instead);
- * synchronising the stream in such a handler avoids it. The hang is shown in a child process
+ * still has work queued on memory of a stream-ordered pool allocated in its stream order (on it,
+ * or on a stream it waited for by an event) when it ends never ends on the GPU (the teardown
+ * spins, long after the work is done; the simulator reports a hazard instead); synchronising the
+ * stream in such a handler avoids it. The hang is shown in a child process
  * (this program again, WEFT_CONF_CHILD set), killed after 10 s. */
 extern int __cxa_thread_atexit_impl(void (*fn)(void *), void *arg, void *dso) __attribute__((weak));
 extern void *__dso_handle;
@@ -606,7 +607,6 @@ extern void *__dso_handle;
 static _Atomic int g_exit_rc = -1, g_key_rc = -1;
 static pthread_key_t g_end_key;
 static CUdeviceptr g_pool_mem;
-static int g_child_synced;
 
 static void end_handler(void *arg) {
   (void)arg;
@@ -627,32 +627,44 @@ static void *ending_thread(void *arg) {
   return NULL;
 }
 
-/* The child: threads that each queue a 256 MiB memset of pool memory on their per-thread stream
- * and end (with a handler that synchronises it when g_child_synced). Exit 0: every thread ended;
- * 3: the simulator reported the hazard. */
+/* The child, in three shapes: threads that each allocate 4 MiB from the device's pool on their
+ * per-thread stream, queue a memset of it there and end ("per_thread_end"); the same with a
+ * thread-exit handler that synchronises the stream ("..._synced"); threads that only queue a memset
+ * of pool memory the main thread allocated on its own stream and synchronised, with no event
+ * between ("..._elsewhere"). The main thread frees the memory after each join. Exit 0: every
+ * thread ended; 3: the simulator reported the hazard. */
+static int g_child_shape; /* 0, 1 (synced), 2 (elsewhere) */
+
 static void *pool_work_thread(void *arg) {
   d->cuCtxSetCurrent(g_ctx);
-  if (g_child_synced) __cxa_thread_atexit_impl(end_handler, NULL, &__dso_handle);
-  d->cuMemsetD32Async(g_pool_mem, (unsigned)(uintptr_t)arg, 64u << 20, CU_STREAM_PER_THREAD);
+  if (g_child_shape == 1) __cxa_thread_atexit_impl(end_handler, NULL, &__dso_handle);
+  if (g_child_shape == 2 || d->cuMemAllocAsync(&g_pool_mem, 4u << 20, CU_STREAM_PER_THREAD) == CUDA_SUCCESS)
+    d->cuMemsetD32Async(g_pool_mem, (unsigned)(uintptr_t)arg, 1u << 20, CU_STREAM_PER_THREAD);
   return NULL;
 }
 
-static int child_per_thread_end(int synced) {
-  g_child_synced = synced;
+static int child_per_thread_end(const char *mode) {
+  g_child_shape = strstr(mode, "_synced") ? 1 : strstr(mode, "_elsewhere") ? 2 : 0;
   if (weft__driver_get(&d) != WEFT_OK) return 2;
   g_sim = weft_sim_api(weft_driver_symbol);
   if (d->cuDevicePrimaryCtxRetain(&g_ctx, 0) != CUDA_SUCCESS || d->cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS) return 2;
   CUstream s;
-  if (d->cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, 0) != CUDA_SUCCESS ||
-      d->cuMemAllocAsync(&g_pool_mem, 256u << 20, s) != CUDA_SUCCESS || d->cuStreamSynchronize(s) != CUDA_SUCCESS)
-    return 2;
+  if (d->cuStreamCreateWithPriority(&s, CU_STREAM_NON_BLOCKING, 0) != CUDA_SUCCESS) return 2;
   for (uintptr_t i = 0; i < 20; i++) {
     pthread_t t;
+    g_pool_mem = 0;
+    if (g_child_shape == 2 &&
+        (d->cuMemAllocAsync(&g_pool_mem, 4u << 20, s) != CUDA_SUCCESS || d->cuStreamSynchronize(s) != CUDA_SUCCESS))
+      return 2;
     if (pthread_create(&t, NULL, pool_work_thread, (void *)i) != 0 || pthread_join(t, NULL) != 0) return 2;
-    if (g_child_synced && g_exit_rc != CUDA_SUCCESS) return 4;
+    if (g_pool_mem == 0 || d->cuCtxSynchronize() != CUDA_SUCCESS || d->cuMemFreeAsync(g_pool_mem, s) != CUDA_SUCCESS ||
+        d->cuStreamSynchronize(s) != CUDA_SUCCESS)
+      return 2;
+    if (g_child_shape == 1 && g_exit_rc != CUDA_SUCCESS) return 4;
+    if (g_sim != NULL && g_sim->race_count() != 0) return 3;
   }
   if (g_sim != NULL && g_sim->race_count() != 0) return 3;
-  return d->cuCtxSynchronize() == CUDA_SUCCESS ? 0 : 2;
+  return 0;
 }
 
 /* Runs the child in `mode`; its exit status, or -1 when it was still running after `seconds`. */
@@ -686,12 +698,14 @@ static void test_per_thread_stream_at_a_threads_end(void **state) {
   assert_int_equal(g_exit_rc, CUDA_SUCCESS);
   assert_int_equal(g_key_rc, CUDA_ERROR_INVALID_CONTEXT);
   int unsynced = run_child("per_thread_end", 10);
-  printf("probe: a child whose threads end with pool work queued on their per-thread streams: %s\n",
-         unsynced == -1 ? "still running after 10 s (killed)" : unsynced == 3 ? "hazard reported" : "ended");
+  printf("probe: a child whose threads end with pool work queued on their per-thread streams: %s (%d)\n",
+         unsynced == -1 ? "still running after 10 s (killed)" : unsynced == 3 ? "hazard reported" : "ended", unsynced);
   assert_int_equal(unsynced, g_sim != NULL ? 3 : -1);
   assert_int_equal(run_child("per_thread_end_synced", 60), 0);
+  assert_int_equal(run_child("per_thread_end_elsewhere", 60), 0);
   PASS("per-thread stream at a thread's end: an exit handler of __cxa_thread_atexit_impl still synchronises it, a "
-       "key's destructor finds no context; ended with pool work queued, the thread never ends (synchronised: it does)");
+       "key's destructor finds no context; ended with work queued on pool memory allocated in its stream order, the "
+       "thread never ends (synchronised: it does; allocated elsewhere and synchronised by the host: it does)");
 }
 
 static void test_capture_info_and_dependency_updates(void **state) {
@@ -1468,7 +1482,7 @@ static void test_two_devices_peer_copy_is_not_capturable(void **state) {
 
 int main(void) {
   const char *child = getenv("WEFT_CONF_CHILD");
-  if (child != NULL) return child_per_thread_end(strcmp(child, "per_thread_end_synced") == 0);
+  if (child != NULL) return child_per_thread_end(child);
   const struct CMUnitTest tests[] = {
       CASE(test_a_pageable_device_to_host_copy_waits_for_its_stream),
       CASE(test_wait_on_outside_event_is_isolation_905_and_invalidates_901),
