@@ -915,6 +915,34 @@ static void test_threads_that_come_and_go_reuse_the_slots_of_ended_ones(void **s
   assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
 }
 
+/* A thread that adopted its per-thread stream ends while another thread's GLOBAL capture runs:
+ * the synchronisation weft makes at its end (of its per-thread stream, so that the driver's
+ * teardown does not hang on pool work queued there) is RELAXED and leaves the capture valid, as
+ * do its calls before. */
+static void test_a_thread_ending_leaves_another_threads_global_capture_valid(void **state) {
+  tu_env_t *env = *state;
+  weft_block_t b = tu_alloc(env, N * 4, 0, "b");
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+  CUstream cap = raw_stream();
+  CUdeviceptr scratch;
+  assert_int_equal(drv->cuMemAlloc(&scratch, 4096), CUDA_SUCCESS);
+  assert_int_equal(drv->cuStreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(drv->cuMemsetD32Async(scratch, 3, 1024, cap), CUDA_SUCCESS);
+  churn_t c = {env, b, 5, WEFT_OK, NULL, NULL, ""};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, adopt_and_write, &c), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  CUgraph g = NULL;
+  CUresult end = drv->cuStreamEndCapture(cap, &g);
+  if (g != NULL) assert_int_equal(drv->cuGraphDestroy(g), CUDA_SUCCESS);
+  assert_int_equal(drv->cuMemFree(scratch), CUDA_SUCCESS);
+  if (c.st != WEFT_OK) fail_msg("the thread: %s: %s", weft_status_name(c.st), c.why);
+  assert_int_equal(end, CUDA_SUCCESS); /* not invalidated (901) */
+  expect_all(tu_stream(env, 1), b, 5);
+  assert_int_equal(weft_free(b, tu_stream(env, 0)), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(env->rt), WEFT_OK);
+}
+
 /* Threads that take slots back at the same moment get one each. (Each chose the first ended
  * owner's slot, and the slot stayed an ended owner's while the lock was released for the wait on
  * its work: both got one stream, and the later thread's calls on it were refused as another
@@ -1025,6 +1053,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_a_new_thread_with_an_ended_threads_id_gets_its_own_stream, setup, teardown),
       cmocka_unit_test_setup_teardown(test_threads_that_come_and_go_reuse_the_slots_of_ended_ones, setup, teardown),
       cmocka_unit_test_setup_teardown(test_threads_taking_slots_back_at_once_get_one_each, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_a_thread_ending_leaves_another_threads_global_capture_valid, setup, teardown),
       cmocka_unit_test_setup_teardown(test_live_threads_that_hold_every_slot_are_refused_clearly, setup, teardown),
       cmocka_unit_test_setup_teardown(test_the_per_thread_streams_points_order_the_pool, setup, teardown),
       cmocka_unit_test_setup_teardown(test_another_thread_keeps_its_per_thread_capture_while_the_runtime_syncs, setup,
