@@ -367,11 +367,15 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_stream_query(weft_stream_t *s);
  * every point there is recorded at once (a free's and an allocation's too), and only that thread
  * asks the driver about its captures (other threads go by what weft last learnt, until that
  * thread's next call on it, or its end). When a thread that adopted its per-thread stream ends,
- * weft synchronises that stream (of each device where it holds a slot) in a thread-exit handler,
- * before the driver tears it down: on the GPU, that teardown with work still queued on memory of
- * a stream-ordered pool (weft's pool grows from one) never returns, so the thread would never end
- * (CUDA_SEMANTICS.md; glibc only, where __cxa_thread_atexit_impl exists: elsewhere synchronise
- * it before the thread ends). A capturing one is left alone. weft_stream_index gives stream_count and above for
+ * a thread-exit handler waits until weft's own work on that stream (of each runtime where it
+ * still holds a slot) is complete, before the driver tears the stream down: on the GPU, that
+ * teardown with work still queued on memory of a stream-ordered pool allocated in the stream's
+ * order (weft's pool grows from one) never returns, so the thread would never end
+ * (CUDA_SEMANTICS.md). The thread's end thus blocks until that work is done; work other code
+ * enqueued there after weft's is not waited for (queue none on pool memory that may still be
+ * pending when the thread ends). Not on the main thread (exit() does not tear its streams down),
+ * nor for a stream in a capture weft knows; needs the C library's __cxa_thread_atexit_impl
+ * (glibc; elsewhere synchronise the stream before the thread ends). weft_stream_index gives stream_count and above for
  * adopted streams; weft_stream_raw gives `raw` back.
  * Errors: STALE_HANDLE, INVALID_ARGUMENT (NULL out, or one of weft's own pool streams), BUSY
  * (every slot is taken: by other libraries' streams, live threads, or ended threads whose slot

@@ -296,6 +296,7 @@ CUresult sim__enter(sim__fn_t fn, int needs_init) {
     atomic_fetch_add(&g_enqueuing[dev], 1);
   }
   if (g_self.registered == 0) sim__thread_watch();
+  g_self.stream_without_ctx = 0;
   pthread_mutex_lock(&sim.lock);
   sim.stats.api_calls++;
   if (needs_init && !sim.initialized) return CUDA_ERROR_NOT_INITIALIZED;
@@ -307,6 +308,10 @@ CUresult sim__enter(sim__fn_t fn, int needs_init) {
   if (sim.initialized) sim__progress(fn);
   if (graph_call(fn)) sim__graph_call_check(dev, sim__fn_name(fn));
   return CUDA_SUCCESS;
+}
+
+CUresult sim__leave_result(CUresult r) {
+  return r == CUDA_ERROR_INVALID_HANDLE && g_self.stream_without_ctx ? CUDA_ERROR_INVALID_CONTEXT : r;
 }
 
 void sim__leave(void) {

@@ -29,8 +29,31 @@ void sim__links_set(sim__links_t *dst, int stream, uint64_t seq) {
   dst->v[dst->n++] = (struct sim__link){stream, seq};
 }
 
+/* Per stream id, whether it is gone (sim__links_forget). */
+static unsigned char *g_gone;
+static size_t g_gone_cap;
+
+void sim__links_forget(int stream) {
+  if (stream < 0) return;
+  if ((size_t)stream >= g_gone_cap) {
+    size_t cap = g_gone_cap ? g_gone_cap : 64;
+    while (cap <= (size_t)stream) cap *= 2;
+    g_gone = sim__xrealloc(g_gone, cap);
+    memset(g_gone + g_gone_cap, 0, cap - g_gone_cap);
+    g_gone_cap = cap;
+  }
+  g_gone[stream] = 1;
+}
+
+static int gone(int stream) { return stream >= 0 && (size_t)stream < g_gone_cap && g_gone[stream]; }
+
 void sim__links_join(sim__links_t *dst, const sim__links_t *src) {
-  for (size_t i = 0; i < src->n; i++) sim__links_set(dst, src->v[i].stream, src->v[i].seq);
+  size_t k = 0; /* dst's own entries of streams gone go too */
+  for (size_t i = 0; i < dst->n; i++)
+    if (!gone(dst->v[i].stream)) dst->v[k++] = dst->v[i];
+  dst->n = k;
+  for (size_t i = 0; i < src->n; i++)
+    if (!gone(src->v[i].stream)) sim__links_set(dst, src->v[i].stream, src->v[i].seq);
 }
 
 uint64_t sim__links_get(const sim__links_t *l, int stream) {
@@ -153,7 +176,7 @@ static CUresult event_record(CUevent h, CUstream hs, unsigned flags) {
   inst->refs++;
   sim__enqueue(s, &act);
   sim__links_join(&inst->links, &s->links);
-  sim__links_set(&inst->links, s->id, s->issued);
+  if (s->pooled) sim__links_set(&inst->links, s->id, s->issued);
   return CUDA_SUCCESS;
 }
 

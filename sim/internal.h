@@ -76,8 +76,10 @@ typedef struct sim__links {
   } *v;
   size_t n, cap;
 } sim__links_t;
-/** dst follows what src follows. */
+/** dst follows what src follows (but streams gone: sim__links_forget). */
 void sim__links_join(sim__links_t *dst, const sim__links_t *src);
+/** Stream `stream` is gone: joins drop it from here on (so that links stay short). */
+void sim__links_forget(int stream);
 /** dst follows stream `stream` up to issue count seq. */
 void sim__links_set(sim__links_t *dst, int stream, uint64_t seq);
 /** The newest issue count of `stream` that l follows (0: none). */
@@ -277,6 +279,7 @@ typedef struct sim__thread {
   CUcontext ctx;                /* current context */
   CUstreamCaptureMode mode;     /* cuThreadExchangeStreamCaptureMode */
   int registered;               /* 1 once its end is watched (sim__thread_watch), 2 once it ended */
+  int stream_without_ctx;       /* the current call named a default stream handle with no context */
   uint64_t enqueue_bits;        /* per nesting level of sim__enter: 1 where that call enqueues */
   uint8_t enqueue_dev[64];      /* per nesting level: the device it was counted on (core.c) */
   unsigned depth;               /* nesting level of sim__enter */
@@ -331,6 +334,9 @@ extern sim__state_t sim;
  * CUDA_SUCCESS or the code the call must return; sim__leave() must follow either way. */
 CUresult sim__enter(sim__fn_t fn, int needs_init);
 void sim__leave(void);
+/** A call's result as the GPU gives it: INVALID_CONTEXT where the call named a default stream
+ * handle with no current context (sim__stream_get), else r. */
+CUresult sim__leave_result(CUresult r);
 /** A graph call (`what`) is running on device `dev`: reports a hazard when another thread is inside
  * a driver call that enqueues work on that device (entered with a context of `dev` current, maybe
  * still waiting for the lock). Lock held. */
@@ -344,6 +350,7 @@ CUresult sim__queue_room(void);
     CUresult sim_r_ = sim__enter(SIM_FN_##fn, 1);          \
     if (sim_r_ == CUDA_SUCCESS) sim_r_ = (expr);           \
     if (sim_r_ == CUDA_SUCCESS) sim_r_ = sim__queue_room(); \
+    sim_r_ = sim__leave_result(sim_r_);                    \
     sim__leave();                                          \
     return sim_r_;                                         \
   } while (0)
@@ -387,6 +394,7 @@ struct sim__stream {
   sim__op_t *head, *tail;
   uint64_t issued, done;      /* ops issued, ops completed (stream order) */
   sim__links_t links;         /* the other streams its issued work follows (event waits) */
+  int pooled;                 /* a pool allocation was made on it: others may follow it (links) */
   uint64_t room_taken;        /* queued ops that take room in the launch queue (sched.c: not event
                                  records or waits) */
   sim__vc_t vc;               /* clock of the last executed op */

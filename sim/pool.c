@@ -295,6 +295,7 @@ static CUresult alloc_async(CUdeviceptr *out, size_t bytes, sim__pool_t *p, CUst
   sim__enqueue(s, &act);
   a->alloc_stream = s->id;
   a->alloc_seq = s->issued;
+  s->pooled = 1;
   *out = a->ptr;
   return CUDA_SUCCESS;
 }

@@ -29,14 +29,18 @@ sim__stream_t *sim__stream_default(CUstream h, int dev) {
   return t->per_thread[dev];
 }
 
-/* A default handle names the current context's stream: none without one (a thread's driver state
- * ended: INVALID_CONTEXT for the synchronisation and query, INVALID_HANDLE for the rest here). */
+/* A default handle names the current context's stream: none without one (say, a thread's driver
+ * state ended): INVALID_CONTEXT (measured on an H200 for memsets, cuEventRecord,
+ * cuMemAllocAsync and cuStreamSynchronize on the per-thread and legacy handles). */
 static int default_without_ctx(CUstream h) {
   return (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) && sim__need_ctx() != CUDA_SUCCESS;
 }
 
 sim__stream_t *sim__stream_get(CUstream h) {
-  if (default_without_ctx(h)) return NULL;
+  if (default_without_ctx(h)) {
+    sim__self()->stream_without_ctx = 1; /* SIM_CALL answers INVALID_CONTEXT, as the GPU does */
+    return NULL;
+  }
   sim__stream_t *s = sim__stream_default(h, sim__cur_dev());
   return s != NULL ? s : sim__handle_get(h, SIM_MAGIC_STREAM);
 }
@@ -50,6 +54,7 @@ void sim__stream_maybe_free(sim__stream_t *s) {
   sim__vc_free(&s->vc);
   sim__snap_unref(s->last_snap);
   sim__links_free(&s->links);
+  if (s->pooled) sim__links_forget(s->id); /* (an allocation made on it then counts as made elsewhere) */
   free(s->deps);
   free(s->edge_buf);
   free(s);
@@ -131,9 +136,22 @@ static const sim__stream_t *g_ending; /* the per-thread stream thread_end looks 
  * pool memory allocated elsewhere and synchronised by the host, with no event between, does not
  * hang the thread's end; allocated on the stream itself, or on another it waits for by an event,
  * it does, host synchronisation or not.) */
-static int in_pool(CUdeviceptr p) {
+/* The pool allocation holding p, live or with its free still queued (cuMemFreeAsync took it out
+ * of the address map already), or NULL. */
+static const sim__alloc_t *pool_alloc_at(CUdeviceptr p) {
   const sim__alloc_t *a = sim__addr_owner(p, 1);
-  return a != NULL && a->kind == SIM_ALLOC_POOL &&
+  if (a != NULL) return a->kind == SIM_ALLOC_POOL ? a : NULL;
+  for (size_t i = 0; i < sim.nstreams; i++)
+    for (const sim__op_t *op = sim.streams[i]->head; op != NULL; op = op->next) {
+      const sim__alloc_t *f = op->act.kind == SIM_ACT_MEM_FREE ? op->act.u.mem.a : NULL;
+      if (f != NULL && f->kind == SIM_ALLOC_POOL && p >= f->ptr && p < f->ptr + f->size) return f;
+    }
+  return NULL;
+}
+
+static int in_pool(CUdeviceptr p) {
+  const sim__alloc_t *a = pool_alloc_at(p);
+  return a != NULL &&
          (a->alloc_stream == g_ending->id || sim__links_get(&g_ending->links, a->alloc_stream) >= a->alloc_seq);
 }
 

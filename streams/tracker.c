@@ -4,6 +4,8 @@
  * Everything runs under tr->lock except the blocking host synchronisations, which copy what they
  * need under the lock, wait without it, and merge the result back under it. */
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "lib/core/debug.h"
 #include "lib/core/error.h"
@@ -157,7 +159,7 @@ uint64_t weft__tracker_thread_serial(void) {
   return tls_thread_serial;
 }
 
-#define OWNER_DEVICES 64 /* a process's devices (lib/runtime's WEFT__MAX_DEVICES) */
+#define OWNER_SLOTS 64 /* a thread holds at most one slot per runtime, one runtime per device */
 
 /* A thread that adopted a per-thread stream: whether it has ended. Only its owner can ask the
  * driver about a per-thread stream, so a capture weft knows on it is dropped by other threads
@@ -166,14 +168,10 @@ uint64_t weft__tracker_thread_serial(void) {
 struct weft__owner {
   _Atomic bool ended;
   _Atomic unsigned refs;
-  /* The devices whose per-thread stream it holds slots of (per device, how many runtimes' slots),
-   * for owner_exit; guarded by g_owner_lock. */
-  const weft__driver_t *drv;
+  /* The slots it owns (its per-thread stream in each runtime), for owner_exit; guarded by
+   * g_owner_lock. Streams are embedded in their runtimes, never freed. */
   unsigned n_held;
-  struct {
-    CUdevice device;
-    unsigned slots;
-  } held[OWNER_DEVICES];
+  weft_stream_t *held[OWNER_SLOTS];
 };
 
 static _Thread_local struct weft__owner *tls_owner;
@@ -198,42 +196,64 @@ static void owner_key_create(void) { g_owner_keyed = pthread_key_create(&g_owner
  * is read only under it and freed only once no stream holds it. */
 static pthread_mutex_t g_owner_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* glibc's registration of a thread-exit handler (C++'s thread_local destructors use it); weak: where
- * the C library has none, no handler (below). */
+/* The C library's registration of a thread-exit handler (C++'s thread_local destructors use it):
+ * glibc's, a strong reference (a static link keeps it); elsewhere weak, and where it is missing,
+ * no handler (weft_stream_adopt's doc says to synchronise before the thread ends). */
+#ifdef __GLIBC__
+extern int __cxa_thread_atexit_impl(void (*fn)(void *), void *arg, void *dso);
+#define HAVE_THREAD_ATEXIT() true
+#else
 extern int __cxa_thread_atexit_impl(void (*fn)(void *), void *arg, void *dso) __attribute__((weak));
+#define HAVE_THREAD_ATEXIT() (__cxa_thread_atexit_impl != NULL)
+#endif
 extern void *__dso_handle;
 
-/* The thread-exit handler of a thread that adopted its per-thread stream: synchronises that stream
- * of every device where it still holds a slot, before the driver ends the thread's state. On the
- * GPU, that teardown of a per-thread stream with work still queued on memory of a stream-ordered
- * pool (weft's pool grows from one) spins for ever: the thread never ends (measured,
+/* The thread-exit handler of a thread that adopted its per-thread stream: waits until weft's own
+ * work on that stream (of each runtime where it still holds a slot) is complete, before the
+ * driver ends the thread's state. On the GPU, that teardown of a per-thread stream with work
+ * still queued on memory of a stream-ordered pool allocated in its order (weft's pool grows from
+ * one, on the allocating stream) spins for ever: the thread never ends (measured,
  * tools/diag_per_thread_exit.c; conformance "per-thread stream at a thread's end"). Handlers of
- * __cxa_thread_atexit_impl run before the driver's teardown; a pthread key's destructor (owner_ended)
- * runs after it, too late. A stream that captures is left alone (a synchronisation would break the
- * capture), and the calls are RELAXED (another thread's GLOBAL capture stays valid). */
+ * __cxa_thread_atexit_impl run before the driver's teardown; a pthread key's destructor
+ * (owner_ended) runs after it, too late. Only weft's work is waited for, through the newest event
+ * of the stream's lane (each point of a per-thread stream is recorded at once), not the stream:
+ * work other code enqueued after it, say a wait for something the joining thread does after the
+ * join, is not waited for. RELAXED, so that another thread's GLOBAL capture stays valid; a
+ * stream in a capture weft knows is left alone; the runtime's last release waits for the wait
+ * (holds). Not on the process's main thread: exit() does not tear its per-thread streams down
+ * (measured: it ends with pool work queued), and waiting there could hold up an exit. */
 static void owner_exit(void *arg) {
   struct weft__owner *o = arg;
-  CUdevice devices[OWNER_DEVICES];
+  if ((pid_t)syscall(SYS_gettid) == getpid()) return;
+  weft_stream_t *held[OWNER_SLOTS];
   unsigned n = 0;
   pthread_mutex_lock(&g_owner_lock);
-  const weft__driver_t *drv = o->drv;
-  for (unsigned i = 0; i < o->n_held; i++)
-    if (o->held[i].slots > 0) devices[n++] = o->held[i].device;
+  for (unsigned i = 0; i < o->n_held; i++) held[n++] = o->held[i];
   pthread_mutex_unlock(&g_owner_lock);
-  if (n == 0) return;
-  CUcontext was = NULL;
-  if (drv->cuCtxGetCurrent(&was) != CUDA_SUCCESS) was = NULL;
   for (unsigned i = 0; i < n; i++) {
-    CUcontext ctx; /* retained: a runtime released meanwhile cannot take it away during the wait */
-    if (drv->cuDevicePrimaryCtxRetain(&ctx, devices[i]) != CUDA_SUCCESS) continue;
-    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (drv->cuCtxSetCurrent(ctx) == CUDA_SUCCESS &&
-        drv->cuStreamIsCapturing(CU_STREAM_PER_THREAD, &cs) == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE)
-      WEFT__RELAXED(drv, (void)drv->cuStreamSynchronize(CU_STREAM_PER_THREAD));
-    (void)drv->cuDevicePrimaryCtxRelease(devices[i]);
+    weft_stream_t *s = held[i];
+    weft__tracker_t *tr = s->tr;
+    CUevent ev = NULL;
+    pthread_mutex_lock(&weft__clock_lock); /* every tracker's lock, live or released */
+    pthread_mutex_lock(&g_owner_lock);
+    bool mine = s->owner_of == o;
+    pthread_mutex_unlock(&g_owner_lock);
+    if (mine && !tr->ending && tr->live != NULL && s->capture == NULL) {
+      const weft__lane_t *l = &tr->live->lane[s->lane];
+      uint64_t k = l->recorded;
+      if (k != 0 && l->ring != NULL && tr->live->host_known[s->lane] < k &&
+          l->ring_tick[k & (l->ring_size - 1)] == k) {
+        ev = l->ring[k & (l->ring_size - 1)];
+        s->holds++;
+      }
+    }
+    pthread_mutex_unlock(&weft__clock_lock);
+    if (ev == NULL) continue;
+    const weft__driver_t *drv = tr->drv;
+    if (weft__tracker_bind(tr) == WEFT_OK) /* (its context lives while the hold does) */
+      WEFT__RELAXED(drv, (void)drv->cuEventSynchronize(ev)); /* (nothing to report to at a thread's end) */
+    weft__tracker_unhold(s);
   }
-  (void)drv->cuCtxSetCurrent(was);
-  tls_bound = NULL; /* (weft__tracker_bind binds again) */
 }
 
 /* The calling thread's record, a reference taken for a slot; NULL without memory (or a thread
@@ -249,7 +269,7 @@ static struct weft__owner *owner_self(void) {
       return NULL;
     }
     /* Runs before owner_ended (thread-exit handlers before key destructors), while o lives. */
-    if (__cxa_thread_atexit_impl != NULL) (void)__cxa_thread_atexit_impl(owner_exit, o, &__dso_handle);
+    if (HAVE_THREAD_ATEXIT()) (void)__cxa_thread_atexit_impl(owner_exit, o, &__dso_handle);
     tls_owner = o;
   }
   atomic_fetch_add_explicit(&tls_owner->refs, 1, memory_order_relaxed);
@@ -257,16 +277,17 @@ static struct weft__owner *owner_self(void) {
 }
 
 
-/* Counts a slot of device `device` held (by +1) or given up (-1) in o's devices (lock held). */
-static void owner_hold(struct weft__owner *o, const weft__tracker_t *tr, int by) {
-  unsigned i = 0;
-  while (i < o->n_held && o->held[i].device != tr->device) i++;
-  if (i == o->n_held) {
-    if (by < 0 || i == OWNER_DEVICES) return;
-    o->held[o->n_held++].device = tr->device;
+/* Adds s to o's slots, or takes it out (g_owner_lock held). */
+static void owner_hold(struct weft__owner *o, weft_stream_t *s, bool add) {
+  if (add) {
+    if (o->n_held < OWNER_SLOTS) o->held[o->n_held++] = s;
+    return;
   }
-  o->drv = tr->drv;
-  o->held[i].slots += (unsigned)by;
+  for (unsigned i = 0; i < o->n_held; i++)
+    if (o->held[i] == s) {
+      o->held[i] = o->held[--o->n_held];
+      return;
+    }
 }
 
 /* Makes o s's owner record and returns the one it had (whose reference the caller drops). */
@@ -274,8 +295,8 @@ static struct weft__owner *owner_swap(weft_stream_t *s, struct weft__owner *o) {
   pthread_mutex_lock(&g_owner_lock);
   struct weft__owner *was = s->owner_of;
   s->owner_of = o;
-  if (was != NULL) owner_hold(was, s->tr, -1);
-  if (o != NULL) owner_hold(o, s->tr, +1);
+  if (was != NULL) owner_hold(was, s, false);
+  if (o != NULL) owner_hold(o, s, true);
   pthread_mutex_unlock(&g_owner_lock);
   return was;
 }
@@ -295,6 +316,9 @@ weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream
   for (unsigned i = 0; i < tr->n_pool; i++)
     if (raw != NULL && tr->streams[i].raw == raw)
       return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_stream_adopt: the stream is weft's pool stream %u (use it as it is)", i);
+  /* The thread's record first, outside the lock: its first making registers a thread-exit
+   * handler (the C library's locks and allocator). */
+  struct weft__owner *me = per_thread ? owner_self() : NULL;
   weft_status_t st = WEFT_OK;
   lock(tr);
   unsigned n = atomic_load_explicit(&tr->n_adopted, memory_order_relaxed), i = tr->n_pool;
@@ -316,7 +340,8 @@ weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream
       s->adopted = true;
       s->per_thread = per_thread;
       atomic_store_explicit(&s->owner, self, memory_order_relaxed);
-      owner_unref(owner_swap(s, per_thread ? owner_self() : NULL)); /* (none before: a new slot) */
+      owner_unref(owner_swap(s, me)); /* (none before: a new slot) */
+      me = NULL;
       s->high = false;
       s->priority = tr->drv->cuStreamGetPriority(raw, &prio) == CUDA_SUCCESS ? prio : 0;
       atomic_store_explicit(&s->exposed, true, memory_order_relaxed); /* outside code owns it */
@@ -327,6 +352,7 @@ weft_status_t weft__tracker_adopt(weft__tracker_t *tr, CUstream raw, weft_stream
     }
   }
   unlock(tr);
+  owner_unref(me); /* not taken by a new slot */
   if (st == WEFT_OK) *out = &tr->streams[i];
   return st;
 }
@@ -388,6 +414,13 @@ weft_status_t weft__tracker_reclaim(weft__tracker_t *tr, weft_stream_t **out) {
 weft_status_t weft__tracker_destroy(weft__tracker_t *tr) {
   if (tr->live == NULL) return WEFT_OK;
   weft_status_t first = weft__tracker_bind(tr);
+  /* No new host wait from here on (an ending thread's, owner_exit), and none still going on
+   * the events about to be destroyed. */
+  lock(tr);
+  tr->ending = true;
+  for (unsigned i = 0; i < tr->n; i++)
+    while (tr->streams[i].holds != 0) pthread_cond_wait(&tr->unheld, tr->lock);
+  unlock(tr);
   /* Adopted streams are someone else's: their work is waited for through weft's own events (an
    * adopted CU_STREAM_PER_THREAD could not be named from this thread anyway). */
   for (unsigned i = 0; i < tr->n; i++) {

@@ -260,6 +260,7 @@ struct weft__tracker {
    * live domain. */
   pthread_mutex_t *lock;
   pthread_cond_t unheld;  /* signalled when a stream's holds drop to 0 (with lock) */
+  bool ending;            /* its last release began: no new host wait (owner_exit) */
   const weft__driver_t *drv;
   CUdevice device;
   CUcontext ctx;          /* the device's primary context, retained */

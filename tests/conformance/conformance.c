@@ -601,7 +601,13 @@ static void test_per_thread_stream_can_be_captured(void **state) {
  * spins, long after the work is done; the simulator reports a hazard instead); synchronising the
  * stream in such a handler avoids it. The hang is shown in a child process
  * (this program again, WEFT_CONF_CHILD set), killed after 10 s. */
+#ifdef __GLIBC__
+extern int __cxa_thread_atexit_impl(void (*fn)(void *), void *arg, void *dso);
+#define HAVE_THREAD_ATEXIT() 1
+#else
 extern int __cxa_thread_atexit_impl(void (*fn)(void *), void *arg, void *dso) __attribute__((weak));
+#define HAVE_THREAD_ATEXIT() (__cxa_thread_atexit_impl != NULL)
+#endif
 extern void *__dso_handle;
 
 static _Atomic int g_exit_rc = -1, g_key_rc = -1;
@@ -689,7 +695,7 @@ static int run_child(const char *mode, int seconds) {
 
 static void test_per_thread_stream_at_a_threads_end(void **state) {
   (void)state;
-  if (__cxa_thread_atexit_impl == NULL) skip(); /* (not glibc) */
+  if (!HAVE_THREAD_ATEXIT()) skip(); /* (a C library without it) */
   assert_int_equal(pthread_key_create(&g_end_key, end_key), 0); /* after cuInit */
   pthread_t t;
   assert_int_equal(pthread_create(&t, NULL, ending_thread, NULL), 0);

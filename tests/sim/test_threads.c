@@ -161,10 +161,118 @@ static void test_trim_overlapping_an_enqueue_is_reported(void **state) {
   api->reset_races();
 }
 
+/* A thread's end (sim/stream.c): queued work on its per-thread stream on pool memory allocated in
+ * that stream's order is reported (the GPU's teardown never returns there); other shapes are not
+ * (tests/conformance "per-thread stream at a thread's end"; bench/data/h200x2-22cf2bd). The work is
+ * kept queued until after the join: the per-thread stream first waits for a gate that the main
+ * thread opens after it. */
+typedef struct ending {
+  const char *shape; /* "pu", "puf", "hu", "elsewhere", "plain" */
+  CUevent gate;      /* recorded behind the closed gate */
+  CUdeviceptr mem;   /* the memory the thread's memset writes (made by the thread for pu, puf, hu) */
+  CUresult r;
+} ending_t;
+
+static void *ending_body(void *arg) {
+  ending_t *e = arg;
+  sim_test_thread_init();
+  CUstream pt = CU_STREAM_PER_THREAD;
+  e->r = cuStreamWaitEvent(pt, e->gate, 0);
+  if (e->r == CUDA_SUCCESS && strcmp(e->shape, "hu") == 0) {
+    CUstream h = sim_test_stream();
+    CUevent done;
+    e->r = cuMemAllocAsync(&e->mem, 4096, h);
+    if (e->r == CUDA_SUCCESS) e->r = cuEventCreate(&done, CU_EVENT_DISABLE_TIMING);
+    if (e->r == CUDA_SUCCESS) e->r = cuEventRecord(done, h);
+    if (e->r == CUDA_SUCCESS) e->r = cuStreamWaitEvent(pt, done, 0);
+    if (e->r == CUDA_SUCCESS) e->r = cuStreamSynchronize(h); /* (the host knowing it changes nothing) */
+  } else if (e->r == CUDA_SUCCESS && (strcmp(e->shape, "pu") == 0 || strcmp(e->shape, "puf") == 0)) {
+    e->r = cuMemAllocAsync(&e->mem, 4096, pt);
+  }
+  if (e->r == CUDA_SUCCESS) e->r = cuMemsetD32Async(e->mem, 7, 1024, pt);
+  if (e->r == CUDA_SUCCESS && strcmp(e->shape, "puf") == 0) e->r = cuMemFreeAsync(e->mem, pt);
+  return NULL;
+}
+
+static uint64_t end_thread_in_shape(const char *shape) {
+  CUstream gate_stream = sim_test_stream(), s = sim_test_stream();
+  CUdeviceptr flag;
+  CU_OK(cuMemAlloc(&flag, 4096));
+  CU_OK(cuMemsetD32Async(flag, 0, 1, s));
+  CU_OK(cuStreamSynchronize(s));
+  ending_t e = {shape, NULL, 0, CUDA_ERROR_UNKNOWN};
+  CU_OK(cuEventCreate(&e.gate, CU_EVENT_DISABLE_TIMING));
+  CU_OK(cuStreamWaitValue32(gate_stream, flag, 1, CU_STREAM_WAIT_VALUE_GEQ));
+  CU_OK(cuEventRecord(e.gate, gate_stream));
+  if (strcmp(shape, "elsewhere") == 0) {
+    CU_OK(cuMemAllocAsync(&e.mem, 4096, s));
+    CU_OK(cuStreamSynchronize(s));
+  } else if (strcmp(shape, "plain") == 0) {
+    CU_OK(cuMemAlloc(&e.mem, 4096));
+  }
+  api->reset_races();
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, ending_body, &e), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  uint64_t reported = api->race_count();
+  CU_OK(e.r);
+  CU_OK(cuStreamWriteValue32(s, flag, 1, 0)); /* the gate opens */
+  CU_OK(cuCtxSynchronize());
+  if (strcmp(shape, "plain") == 0) CU_OK(cuMemFree(e.mem));
+  else if (strcmp(shape, "puf") != 0) CU_OK(cuMemFreeAsync(e.mem, s));
+  CU_OK(cuStreamSynchronize(s));
+  CU_OK(cuMemFree(flag));
+  CU_OK(cuEventDestroy(e.gate));
+  CU_OK(cuStreamDestroy(gate_stream));
+  CU_OK(cuStreamDestroy(s));
+  api->reset_races();
+  return reported;
+}
+
+static void test_a_threads_end_with_pool_work_queued_in_its_stream_order_is_reported(void **state) {
+  (void)state;
+  assert_int_equal(end_thread_in_shape("pu"), 1);
+  assert_int_equal(end_thread_in_shape("puf"), 1); /* (its free queued too: missed before, found by review) */
+  assert_int_equal(end_thread_in_shape("hu"), 1);
+  assert_int_equal(end_thread_in_shape("elsewhere"), 0);
+  assert_int_equal(end_thread_in_shape("plain"), 0);
+}
+
+/* A call on a default stream handle from a thread with no current context: INVALID_CONTEXT, as on
+ * an H200 (found by review: INVALID_HANDLE for the enqueueing calls, after the thread-end model
+ * stopped making a stream for no context). */
+typedef struct no_ctx {
+  CUresult r[6];
+} no_ctx_t;
+
+static void *calls_without_context(void *arg) {
+  no_ctx_t *n = arg;
+  CUevent ev = (CUevent)arg; /* (never used: the stream is looked up first) */
+  CUdeviceptr p = 0;
+  n->r[0] = cuMemsetD32Async(0x1000, 0, 1, CU_STREAM_PER_THREAD);
+  n->r[1] = cuMemsetD32Async(0x1000, 0, 1, NULL);
+  n->r[2] = cuEventRecord(ev, CU_STREAM_PER_THREAD);
+  n->r[3] = cuMemAllocAsync(&p, 4096, CU_STREAM_PER_THREAD);
+  n->r[4] = cuStreamSynchronize(CU_STREAM_PER_THREAD);
+  n->r[5] = cuStreamQuery(CU_STREAM_LEGACY);
+  return NULL;
+}
+
+static void test_default_handles_without_a_context_are_invalid_context(void **state) {
+  (void)state;
+  no_ctx_t n;
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, calls_without_context, &n), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  for (int i = 0; i < 6; i++) assert_int_equal(n.r[i], CUDA_ERROR_INVALID_CONTEXT);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_threads_issuing_work_concurrently),
       cmocka_unit_test(test_trim_overlapping_an_enqueue_is_reported),
-      cmocka_unit_test(test_trim_overlapping_an_enqueue_on_another_device_is_not_reported)};
+      cmocka_unit_test(test_trim_overlapping_an_enqueue_on_another_device_is_not_reported),
+      cmocka_unit_test(test_a_threads_end_with_pool_work_queued_in_its_stream_order_is_reported),
+      cmocka_unit_test(test_default_handles_without_a_context_are_invalid_context)};
   return cmocka_run_group_tests(tests, setup, NULL);
 }
