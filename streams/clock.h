@@ -91,6 +91,19 @@ static inline uint64_t weft__clock_ring_use(const weft__lane_t *l, uint64_t k) {
   unsigned slot = (unsigned)(k & (l->ring_size - 1));
   return l->ring_tick != NULL && l->ring_tick[slot] == k ? l->ring_use[slot] : 0;
 }
+/** What the host waits on for all the recorded work of lane `at`: true with *ev NULL where the
+ * host knows it complete (tick 0 included), true with the event of its newest recorded tick, or
+ * false where no event covers that tick any more (lock held). */
+static inline bool weft__clock_newest_event(const weft__domain_t *d, unsigned at, CUevent *ev) {
+  const weft__lane_t *l = &d->lane[at];
+  uint64_t k = l->recorded;
+  unsigned slot = (unsigned)(k & (l->ring_size - 1));
+  *ev = NULL;
+  if (d->host_known[at] >= k) return true;
+  if (l->ring == NULL || l->ring_tick[slot] != k) return false;
+  *ev = l->ring[slot];
+  return true;
+}
 /** The newest deferred use (weft__domain_t.use_seq numbers those only) that tick k of lane t
  * covers: the lane's newest while k is pending, the one its ring slot kept once recorded; 0 when
  * the slot was reused. */

@@ -239,13 +239,7 @@ static void owner_exit(void *arg) {
     bool mine = s->owner_of == o;
     pthread_mutex_unlock(&g_owner_lock);
     if (mine && !tr->ending && tr->live != NULL && s->capture == NULL) {
-      const weft__lane_t *l = &tr->live->lane[s->lane];
-      uint64_t k = l->recorded;
-      if (k != 0 && l->ring != NULL && tr->live->host_known[s->lane] < k &&
-          l->ring_tick[k & (l->ring_size - 1)] == k) {
-        ev = l->ring[k & (l->ring_size - 1)];
-        s->holds++;
-      }
+      if (weft__clock_newest_event(tr->live, s->lane, &ev) && ev != NULL) s->holds++;
     }
     pthread_mutex_unlock(&weft__clock_lock);
     if (ev == NULL) continue;
@@ -373,11 +367,7 @@ weft_status_t weft__tracker_reclaim(weft__tracker_t *tr, weft_stream_t **out) {
     if (!c->per_thread || c->capture != NULL || c->holds != 0 || (d->busy & weft__lane_bit(c->lane)) != 0 ||
         l->recorded != l->tick || !weft__tracker_owner_ended(c))
       continue;
-    uint64_t k = l->recorded;
-    bool done = d->host_known[c->lane] >= k; /* the host knows all its work complete */
-    unsigned slot = l->ring != NULL ? (unsigned)(k & (l->ring_size - 1)) : 0;
-    if (!done && (l->ring == NULL || l->ring_tick[slot] != k)) continue; /* no event covers its work */
-    ev = done ? NULL : l->ring[slot];
+    if (!weft__clock_newest_event(d, c->lane, &ev)) continue; /* no event covers its work */
     s = c;
     /* The caller's from now on: nobody else may use it, or choose it here (its owner record is
      * the caller's, not an ended one). */
