@@ -100,41 +100,69 @@ static weft_status_t raw_group(weft_stream_t *s, void *arg) {
   return WEFT_OK;
 }
 
-/* The NCCL communicators under weft's (the same ones the raw path uses): made separately with
- * ncclCommInitAll, and adopted by weft. */
-static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, unsigned iters, int how, double *host_us) {
-  uint64_t t0 = bench_now_ns();
-  for (unsigned i = 0; i < iters; i++) {
-    if (how == WEFT) {
-      BENCH_WEFT(weft_comm_group_begin());
-      for (int r = 0; r < 2; r++)
-        BENCH_WEFT(weft_all_reduce(p->comm[r], p->buf[r], 0, p->buf[r], 0, count, WEFT_FLOAT32, WEFT_SUM, NULL));
-      BENCH_WEFT(weft_comm_group_end());
-    } else if (how == RAW_JOINT) {
-      raw_group_t g = {nl, p, count};
-      joint(p, raw_group, &g);
-    } else {
-      if (how == RAW_BOOK_FIRST) joint(p, no_work, NULL);
-      raw_all_reduce(nl, p, count, how == RAW_ON_WEFT ? p->wraw : p->raw);
-      if (how == RAW_BOOK) joint(p, no_work, NULL);
-      for (int r = 0; r < 2 && how == RAW_FLOOR; r++)
-        if (bench_floor_use((unsigned)r, r, -1, 1)) bench_die("the floor of a tracker placed a wait between ranks");
-      for (int r = 0; r < 2 && how == RAW_RECORD; r++) BENCH_CU(b->drv->cuEventRecord(p->ev[r], p->raw[r]));
-      for (int r = 1; r >= 0 && how == RAW_SWITCH; r--) BENCH_CU(b->drv->cuCtxSetCurrent(p->ctx[r]));
-      for (int r = 0; r < 4 && how == RAW_PROBE; r++) {
-        CUcontext cur;
-        CUstreamCaptureStatus cs;
-        BENCH_CU(b->drv->cuCtxGetCurrent(&cur));
-        BENCH_CU(b->drv->cuStreamGetCaptureInfo(p->raw[r / 2], &cs, NULL, NULL, NULL, NULL, NULL));
-      }
+/* One all-reduce of each rank, issued the way `how` says (the modes above). */
+static inline void one(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, int how) {
+  if (how == WEFT) {
+    BENCH_WEFT(weft_comm_group_begin());
+    for (int r = 0; r < 2; r++)
+      BENCH_WEFT(weft_all_reduce(p->comm[r], p->buf[r], 0, p->buf[r], 0, count, WEFT_FLOAT32, WEFT_SUM, NULL));
+    BENCH_WEFT(weft_comm_group_end());
+  } else if (how == RAW_JOINT) {
+    raw_group_t g = {nl, p, count};
+    joint(p, raw_group, &g);
+  } else {
+    if (how == RAW_BOOK_FIRST) joint(p, no_work, NULL);
+    raw_all_reduce(nl, p, count, how == RAW_ON_WEFT ? p->wraw : p->raw);
+    if (how == RAW_BOOK) joint(p, no_work, NULL);
+    for (int r = 0; r < 2 && how == RAW_FLOOR; r++)
+      if (bench_floor_use((unsigned)r, r, -1, 1)) bench_die("the floor of a tracker placed a wait between ranks");
+    for (int r = 0; r < 2 && how == RAW_RECORD; r++) BENCH_CU(b->drv->cuEventRecord(p->ev[r], p->raw[r]));
+    for (int r = 1; r >= 0 && how == RAW_SWITCH; r--) BENCH_CU(b->drv->cuCtxSetCurrent(p->ctx[r]));
+    for (int r = 0; r < 4 && how == RAW_PROBE; r++) {
+      CUcontext cur;
+      CUstreamCaptureStatus cs;
+      BENCH_CU(b->drv->cuCtxGetCurrent(&cur));
+      BENCH_CU(b->drv->cuStreamGetCaptureInfo(p->raw[r / 2], &cs, NULL, NULL, NULL, NULL, NULL));
     }
   }
-  if (host_us != NULL) *host_us = (double)(bench_now_ns() - t0) / iters / 1000.0;
+}
+
+/* Both ranks' streams synchronised after a run of `how`. */
+static void finish(bench_t *b, pair_t *p, int how) {
   for (int r = 0; r < 2; r++) {
     if (how == WEFT || how == RAW_BOOK || how == RAW_BOOK_FIRST || how == RAW_JOINT) BENCH_WEFT(weft_stream_synchronize(weft_comm_stream(p->comm[r])));
     if (how != WEFT && how != RAW_JOINT) BENCH_CU(b->drv->cuStreamSynchronize(how == RAW_ON_WEFT ? p->wraw[r] : p->raw[r]));
   }
+}
+
+/* The NCCL communicators under weft's (the same ones the raw path uses): made separately with
+ * ncclCommInitAll, and adopted by weft. Microseconds per all-reduce of `iters` issued `how`,
+ * ending in one synchronisation; *host_us: to the last call's return. */
+static double run(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, unsigned iters, int how, double *host_us) {
+  uint64_t t0 = bench_now_ns();
+  for (unsigned i = 0; i < iters; i++) one(b, nl, p, count, how);
+  if (host_us != NULL) *host_us = (double)(bench_now_ns() - t0) / iters / 1000.0;
+  finish(b, p, how);
   return (double)(bench_now_ns() - t0) / iters / 1000.0;
+}
+
+/* The median host time of one iteration (ns) over `iters` issued `how`, each timed on its own:
+ * the typical iteration, which the slow ones a repetition's mean takes in (NCCL's host time swings
+ * from one repetition to the next) do not move. A separate run from run()'s: the clock readings
+ * add about as much to either way. */
+#define TIMED_MAX 1000
+static double run_timed(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t count, unsigned iters, int how) {
+  static double t[TIMED_MAX];
+  if (iters > TIMED_MAX) iters = TIMED_MAX;
+  uint64_t prev = bench_now_ns();
+  for (unsigned i = 0; i < iters; i++) {
+    one(b, nl, p, count, how);
+    uint64_t now = bench_now_ns();
+    t[i] = (double)(now - prev);
+    prev = now;
+  }
+  finish(b, p, how);
+  return bench_median(t, iters);
 }
 
 /* Events weft recorded so far on both runtimes (weft_runtime_counters). */
@@ -308,12 +336,15 @@ void bench_comm(bench_t *b) {
                                      "bookkeeping first - raw host us", "raw NCCL inside weft's joint use us",
                                      "joint use / raw", "raw + the floor of a tracker host us"};
   bench_table(cols, 19);
+  bool timed_line = false;
+  double timed_ratio = 0, timed_diff = 0, timed_book = 0, timed_weft = 0, timed_raw = 0;
   for (size_t count = MIB / 4; count <= max_count; count *= 4) {
     unsigned iters = comm_iters(b, count);
     double w[BENCH_MAX_REPS], raw[BENCH_MAX_REPS], ratio[BENCH_MAX_REPS], rec[BENCH_MAX_REPS], wh[BENCH_MAX_REPS],
         rh[BENCH_MAX_REPS], qh[BENCH_MAX_REPS], sh[BENCH_MAX_REPS], ph[BENCH_MAX_REPS], oh[BENCH_MAX_REPS],
         kh[BENCH_MAX_REPS], fh[BENCH_MAX_REPS], dk[BENCH_MAX_REPS], df[BENCH_MAX_REPS], jw[BENCH_MAX_REPS],
-        jh[BENCH_MAX_REPS], jr[BENCH_MAX_REPS], evs[BENCH_MAX_REPS], lh[BENCH_MAX_REPS];
+        jh[BENCH_MAX_REPS], jr[BENCH_MAX_REPS], evs[BENCH_MAX_REPS], lh[BENCH_MAX_REPS], ti_weft[BENCH_MAX_REPS],
+        ti_raw[BENCH_MAX_REPS], ti_book[BENCH_MAX_REPS];
     unsigned reps = comm_reps(b);
     (void)run(b, nl, &p, count, 2, WEFT, NULL); /* warm every path */
     (void)run(b, nl, &p, count, 2, RAW, NULL);
@@ -345,6 +376,34 @@ void bench_comm(bench_t *b) {
       ratio[k] = w[k] / raw[k];
       dk[k] = kh[k] - rh[k];
       df[k] = fh[k] - rh[k];
+      if (count == MIB / 4) { /* host-bound: the typical iteration of each way, alternating */
+        if (k & 1) ti_raw[k] = run_timed(b, nl, &p, count, iters, RAW);
+        ti_weft[k] = run_timed(b, nl, &p, count, iters, WEFT);
+        if (!(k & 1)) ti_raw[k] = run_timed(b, nl, &p, count, iters, RAW);
+        ti_book[k] = run_timed(b, nl, &p, count, iters, RAW_BOOK);
+      }
+    }
+    if (count == MIB / 4) {
+      static const char tn[] = "weft_all_reduce, one weft group (median iteration)",
+                        tr[] = "raw ncclAllReduce, one NCCL group (median iteration)",
+                        tk[] = "raw ncclAllReduce + weft's group bookkeeping around no work (median iteration, diagnostic)";
+      double tratio[BENCH_MAX_REPS], tdiff[BENCH_MAX_REPS], kdiff[BENCH_MAX_REPS];
+      for (unsigned k = 0; k < reps; k++) {
+        char x1[32];
+        snprintf(x1, sizeof x1, "%zu", count * 4);
+        bench_sample(b, "comm", tn, "host ns per group", "ns", tr, x1, k, ti_weft[k]);
+        bench_sample(b, "comm", tr, "host ns per group", "ns", NULL, x1, k, ti_raw[k]);
+        bench_sample(b, "comm", tk, "host ns per group", "ns", tr, x1, k, ti_book[k]);
+        tratio[k] = ti_weft[k] / ti_raw[k];
+        tdiff[k] = ti_weft[k] - ti_raw[k];
+        kdiff[k] = ti_book[k] - ti_raw[k];
+      }
+      timed_line = true;
+      timed_ratio = bench_median(tratio, reps);
+      timed_diff = bench_median(tdiff, reps);
+      timed_book = bench_median(kdiff, reps);
+      timed_weft = bench_median(ti_weft, reps);
+      timed_raw = bench_median(ti_raw, reps);
     }
     double lo, hi;
     min_max(ratio, reps, &lo, &hi);
@@ -384,6 +443,11 @@ void bench_comm(bench_t *b) {
            bench_median(jw, reps), bench_median(jr, reps), bench_median(lh, reps));
   }
   printf("\n");
+  if (timed_line)
+    printf("1 MiB, the typical iteration (each timed on its own, median per repetition, then over repetitions): "
+           "weft %.0f ns, raw NCCL %.0f ns per group, weft / raw %.3f, weft - raw %.0f ns; weft's group bookkeeping "
+           "around no work after raw NCCL's group %.0f ns over raw.\n\n",
+           timed_weft, timed_raw, timed_ratio, timed_diff, timed_book);
   printf("A thread per rank (each on its own device, one call per all-reduce, no group):\n\n");
   static const char *const tcols[] = {"bytes", "weft us", "raw NCCL us", "weft / raw", "range of weft / raw",
                                       "weft host us", "raw host us", "events per all-reduce"};

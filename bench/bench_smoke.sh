@@ -15,6 +15,7 @@ WEFT_SIM_DEVICES=2 WEFT_NCCL=sim "$1" --quick comm comm_procs dp | tee "$OUT/com
 grep -q "^## Collectives" "$OUT/comm.md" || { echo "bench_smoke: section 'Collectives' missing" >&2; exit 1; }
 grep -q "^| 1048576 |" "$OUT/comm.md" || { echo "bench_smoke: the collectives section measured nothing" >&2; exit 1; }
 grep -q "^## Data-parallel step" "$OUT/comm.md" || { echo "bench_smoke: section 'Data-parallel step' missing" >&2; exit 1; }
+grep -q "^1 MiB, the typical iteration" "$OUT/comm.md" || { echo "bench_smoke: the typical-iteration line is missing" >&2; exit 1; }
 grep -q "^A thread per rank" "$OUT/comm.md" || { echo "bench_smoke: the thread-per-rank all-reduce table is missing" >&2; exit 1; }
 grep -q "^A process per rank" "$OUT/comm.md" || { echo "bench_smoke: the process-per-rank all-reduce table is missing" >&2; exit 1; }
 test "$(grep -c "^| 1048576 |" "$OUT/comm.md")" -ge 3 || { echo "bench_smoke: an all-reduce table measured nothing" >&2; exit 1; }
@@ -32,8 +33,8 @@ assert rows, "bench_smoke: no collectives samples in the CSV"
 total = {}
 for r in rows:
     v = float(r["value"])
-    if r["unit"] == "us" and not (math.isfinite(v) and v > 0):
-        sys.exit("bench_smoke: %s, %s, x = %s, repetition %s: %r us" % (r["row"], r["metric"], r["x"], r["rep"], v))
+    if r["unit"] in ("us", "ns") and not (math.isfinite(v) and v > 0):
+        sys.exit("bench_smoke: %s, %s, x = %s, repetition %s: %r %s" % (r["row"], r["metric"], r["x"], r["rep"], v, r["unit"]))
     if r["metric"] == "us per all-reduce":
         total[(r["row"], r["x"], r["rep"])] = v
 checked = 0
