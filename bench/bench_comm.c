@@ -383,17 +383,19 @@ void bench_comm(bench_t *b) {
         ti_book[k] = run_timed(b, nl, &p, count, iters, RAW_BOOK);
       }
     }
+    double lo, hi;
+    min_max(ratio, reps, &lo, &hi);
+    char x[32];
+    snprintf(x, sizeof x, "%zu", count * 4);
     if (count == MIB / 4) {
       static const char tn[] = "weft_all_reduce, one weft group (median iteration)",
                         tr[] = "raw ncclAllReduce, one NCCL group (median iteration)",
                         tk[] = "raw ncclAllReduce + weft's group bookkeeping around no work (median iteration, diagnostic)";
       double tratio[BENCH_MAX_REPS], tdiff[BENCH_MAX_REPS], kdiff[BENCH_MAX_REPS];
       for (unsigned k = 0; k < reps; k++) {
-        char x1[32];
-        snprintf(x1, sizeof x1, "%zu", count * 4);
-        bench_sample(b, "comm", tn, "host ns per group", "ns", tr, x1, k, ti_weft[k]);
-        bench_sample(b, "comm", tr, "host ns per group", "ns", NULL, x1, k, ti_raw[k]);
-        bench_sample(b, "comm", tk, "host ns per group", "ns", tr, x1, k, ti_book[k]);
+        bench_sample(b, "comm", tn, "host ns per group", "ns", tr, x, k, ti_weft[k]);
+        bench_sample(b, "comm", tr, "host ns per group", "ns", NULL, x, k, ti_raw[k]);
+        bench_sample(b, "comm", tk, "host ns per group", "ns", tr, x, k, ti_book[k]);
         tratio[k] = ti_weft[k] / ti_raw[k];
         tdiff[k] = ti_weft[k] - ti_raw[k];
         kdiff[k] = ti_book[k] - ti_raw[k];
@@ -405,10 +407,6 @@ void bench_comm(bench_t *b) {
       timed_weft = bench_median(ti_weft, reps);
       timed_raw = bench_median(ti_raw, reps);
     }
-    double lo, hi;
-    min_max(ratio, reps, &lo, &hi);
-    char x[32];
-    snprintf(x, sizeof x, "%zu", count * 4);
     static const char wn[] = "weft_all_reduce, one weft group", rn[] = "raw ncclAllReduce, one NCCL group",
                       qn[] = "raw ncclAllReduce + an event record per stream",
                       sn[] = "raw ncclAllReduce + 2 context switches", pn[] = "raw ncclAllReduce + 4 capture probes",
