@@ -14,7 +14,12 @@
 
 static inline void lock(weft__tracker_t *tr) { pthread_mutex_lock(tr->lock); }
 static inline void unlock(weft__tracker_t *tr) { pthread_mutex_unlock(tr->lock); }
-static void wait_idle(weft__tracker_t *tr, weft__lanes_t lanes);
+static void wait_busy(weft__tracker_t *tr, weft__lanes_t lanes);
+/* Waits, the lock released meanwhile, until no lane of `lanes` in the live domain is busy (the
+ * common case, none busy, inline). */
+static inline void wait_idle(weft__tracker_t *tr, weft__lanes_t lanes) {
+  if ((tr->live->busy & lanes) != 0) wait_busy(tr, lanes);
+}
 /* Takes the lock once none of the live lanes of s and the point's stream (when it names one) is
  * busy (tracker.h, "Busy lanes"): for what records on them, enqueues on s, or learns of them. */
 static void lock_idle(weft_stream_t *s, const weft__point_t *p) {
@@ -649,7 +654,7 @@ static inline __attribute__((always_inline)) bool issue_calls_driver(const weft_
 static inline __attribute__((always_inline)) weft_status_t issue_locked(weft__tracker_t *tr, weft__domain_t *d,
                                                                         weft_stream_t *s, const needs_t *nd) {
   weft_status_t st = d->lane[weft__at(d, s)].deferred ? WEFT_OK : weft__clock_flush(tr, d, s);
-  return st == WEFT_OK ? issue_waits(tr, d, s, nd) : st;
+  return st == WEFT_OK && nd->mask != 0 ? issue_waits(tr, d, s, nd) : st; /* (most uses need no wait) */
 }
 
 /* Issues the waits of a use on s, unless one of the lanes it must wait for is busy: then *busy
@@ -661,9 +666,8 @@ static weft_status_t begin_locked(weft__tracker_t *tr, weft__domain_t *d, weft_s
   return *busy != 0 ? WEFT_OK : issue_locked(tr, d, s, &nd);
 }
 
-/* Waits, the lock released meanwhile, until no lane of `lanes` in the live domain is busy. */
-static void wait_idle(weft__tracker_t *tr, weft__lanes_t lanes) {
-  if ((tr->live->busy & lanes) == 0) return;
+/* wait_idle's wait, where a lane of `lanes` is busy. */
+static void wait_busy(weft__tracker_t *tr, weft__lanes_t lanes) {
   tr->counters.busy_waits++;
   while ((tr->live->busy & lanes) != 0) weft__clock_idle_wait(tr->lock);
 }
