@@ -8,7 +8,11 @@
  * recorded. At the end, per stream, the union of the recorded accesses is one use, and the uses
  * of all the group's streams are one joint use (weft__use_joint_uses) around the NCCL group: each
  * stream waits for what its accesses need, NCCL enqueues the whole group, and the collectives
- * are recorded as the blocks' newest uses. When NCCL refuses the group, nothing is recorded. */
+ * are recorded as the blocks' newest uses. When NCCL refuses the group, nothing is recorded.
+ * A group enters each of its communicators (weft__handle_enter) at its first call on it and
+ * stays inside until its end (up to COMM_HELD of them; others are entered at the call and again
+ * at the end): each is entered and checked once per group, and a destroy on another thread waits
+ * for the group's end, while one on the group's own thread is refused (BUSY). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -34,6 +38,7 @@ struct weft_comm {
    * them, so on each rank they run in posting order whatever streams they were posted on (two
    * streams no wait ordered deadlocked on 2 x H200: tests/comm test_comm). */
   weft_block_t order;
+  struct weft__block *order_rec; /* its record (live while c is) */
   /* Captures its collectives were captured into (stream, driver capture id): while one is still
    * active, weft_comm_destroy says BUSY (the graph's collective nodes name the NCCL
    * communicator). Entries of ended captures are dropped when the list is looked at. */
@@ -55,6 +60,11 @@ typedef struct call {
   ncclDataType_t dt;
   ncclRedOp_t op;
   int root_or_peer;
+  /* The call's accesses as the tracker takes them (call_uses), and their blocks' records (a
+   * group's end looks at them again). */
+  unsigned nuses;
+  struct weft__block *rec[3];
+  weft__use_t use[3];
 } call_t;
 
 static const char *const kind_name[] = {"weft_all_reduce", "weft_broadcast", "weft_reduce_scatter",
@@ -68,6 +78,16 @@ static _Thread_local int g_depth;
 static _Thread_local call_t *g_calls;
 static _Thread_local size_t g_ncalls, g_capcalls;
 static _Thread_local weft_status_t g_group_error; /* the first refused call of the group */
+/* The communicators the open group stays inside (entered at their first call, left at its end). */
+#define COMM_HELD 8
+static _Thread_local weft_comm_t *g_held[COMM_HELD];
+static _Thread_local unsigned g_nheld;
+/* What the open group's calls add up to, kept as they come (call_note): whether a stream has
+ * several calls (their accesses are merged at the end), how many runtimes the streams span, and
+ * the devices whose gates the NCCL group enters. */
+static _Thread_local bool g_shared_stream;
+static _Thread_local size_t g_runtimes;
+static _Thread_local weft__gate_devices_t g_gate;
 static _Thread_local char g_group_message[512];
 
 static pthread_key_t g_calls_key;
@@ -117,6 +137,33 @@ static weft_status_t comm_enter(const weft_comm_t *c, const char *fn) {
   weft_status_t st = runtime_alive(c, fn);
   if (st != WEFT_OK) weft__handle_leave();
   return st;
+}
+
+/* Whether the open group of this thread stays inside c (g_held). */
+static bool held(const weft_comm_t *c) {
+  for (unsigned i = 0; i < g_nheld; i++)
+    if (g_held[i] == c) return true;
+  return false;
+}
+
+/* Enters c for a call of the open group: once per group where it may stay inside until the end
+ * (*stay: true; nothing to leave now), else for this call only (*stay false: leave after it). */
+static weft_status_t group_enter(weft_comm_t *c, const char *fn, bool *stay) {
+  *stay = true;
+  if (held(c)) return WEFT_OK;
+  /* Room for this one and a few levels of calls meanwhile (weft__handle_can_hold). */
+  *stay = g_nheld < COMM_HELD && weft__handle_can_hold(4);
+  weft_status_t st = comm_enter(c, fn);
+  if (st == WEFT_OK && *stay) g_held[g_nheld++] = c;
+  return st;
+}
+
+/* Leaves the communicators the group stayed inside, last entered first. */
+static void group_leave(void) {
+  while (g_nheld > 0) {
+    g_nheld--;
+    weft__handle_leave();
+  }
 }
 
 /* ---- captures holding a communicator's collectives ---- */
@@ -198,7 +245,7 @@ static ncclDataType_t nccl_dt(weft_dtype_t dt) {
 
 /* The device address of [offset, offset + bytes) of block b, a live block of c's runtime. */
 static weft_status_t range(const weft_comm_t *c, weft_block_t b, size_t offset, size_t bytes, const char *what,
-                           const char *fn, CUdeviceptr *out) {
+                           const char *fn, CUdeviceptr *out, struct weft__block **out_rec) {
   struct weft__block *rec = weft__block_live(b, c->rt); /* the common case, inline */
   if (rec == NULL) {
     weft_status_t st = weft__block_check(b, fn, &rec);
@@ -209,10 +256,14 @@ static weft_status_t range(const weft_comm_t *c, weft_block_t b, size_t offset, 
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: %zu bytes at offset %zu of the %s block pass its end (%zu bytes)",
                        fn, bytes, offset, what, rec->bytes);
   *out = rec->ptr + offset;
+  *out_rec = rec;
   return WEFT_OK;
 }
 
-/* Checks a call and resolves its buffers and stream; the caller is inside c (comm_enter). */
+static void call_uses(call_t *k, struct weft__block *send_rec, struct weft__block *recv_rec);
+
+/* Checks a call and resolves its buffers, stream and accesses (call_uses); the caller is inside
+ * c (comm_enter). */
 static weft_status_t prepare(call_t *k, weft_comm_t *c, weft_stream_t *s, weft_block_t send, size_t send_off,
                              weft_block_t recv, size_t recv_off, size_t count, weft_dtype_t dt) {
   const char *fn = kind_name[k->kind];
@@ -231,11 +282,15 @@ static weft_status_t prepare(call_t *k, weft_comm_t *c, weft_stream_t *s, weft_b
   size_t sb = count * e, rb = count * e;
   if (k->kind == C_REDUCESCATTER) sb *= (size_t)c->nranks;
   if (k->kind == C_ALLGATHER) rb *= (size_t)c->nranks;
-  if (k->kind != C_RECV && (st = range(c, send, send_off, sb, "send", fn, &k->send_ptr)) != WEFT_OK) return st;
+  struct weft__block *send_rec = NULL, *recv_rec = NULL;
+  if (k->kind != C_RECV && (st = range(c, send, send_off, sb, "send", fn, &k->send_ptr, &send_rec)) != WEFT_OK)
+    return st;
   /* In place (the common all-reduce): the send check covered the same range. */
-  if (k->kind != C_RECV && recv.rec == send.rec && recv.gen == send.gen && recv_off == send_off && rb == sb)
+  if (k->kind != C_RECV && recv.rec == send.rec && recv.gen == send.gen && recv_off == send_off && rb == sb) {
     k->recv_ptr = k->send_ptr;
-  else if (k->kind != C_SEND && (st = range(c, recv, recv_off, rb, "receive", fn, &k->recv_ptr)) != WEFT_OK)
+    recv_rec = send_rec;
+  } else if (k->kind != C_SEND &&
+             (st = range(c, recv, recv_off, rb, "receive", fn, &k->recv_ptr, &recv_rec)) != WEFT_OK)
     return st;
   if ((k->kind == C_ALLREDUCE || k->kind == C_REDUCESCATTER) && (unsigned)k->op > WEFT_AVG)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: %d is not a weft_redop_t", fn, (int)k->op);
@@ -249,20 +304,29 @@ static weft_status_t prepare(call_t *k, weft_comm_t *c, weft_stream_t *s, weft_b
   k->recv = k->kind == C_SEND ? (weft_block_t){0} : recv;
   k->count = count;
   k->dt = nccl_dt(dt);
+  call_uses(k, send_rec, recv_rec);
   return WEFT_OK;
 }
 
-/* The accesses of a call: send READ, receive WRITE, one READ_WRITE when they share a block; the
- * communicator's order block READ_WRITE. */
-static size_t accesses(const call_t *k, weft_access_t acc[3]) {
-  size_t n = 0;
-  acc[n++] = (weft_access_t){k->c->order, WEFT_READ_WRITE};
-  if (k->send.rec != NULL) acc[n++] = (weft_access_t){k->send, WEFT_READ};
-  if (k->recv.rec != NULL) {
-    if (n == 2 && acc[1].block.rec == k->recv.rec) acc[1].kind = WEFT_READ_WRITE;
-    else acc[n++] = (weft_access_t){k->recv, WEFT_WRITE};
+/* k->use and k->rec: the accesses of call k, resolved (send_rec and recv_rec: the records of
+ * its blocks, NULL where it has none): the communicator's order block READ_WRITE, send READ,
+ * receive WRITE, one READ_WRITE when send and receive share a block. */
+static void call_uses(call_t *k, struct weft__block *send_rec, struct weft__block *recv_rec) {
+  unsigned n = 0;
+  k->rec[n] = k->c->order_rec;
+  k->use[n++] = (weft__use_t){&k->c->order_rec->acc, (unsigned)WEFT_READ_WRITE, k->c->order.gen};
+  if (k->kind == C_RECV) send_rec = NULL;
+  if (k->kind == C_SEND) recv_rec = NULL;
+  if (send_rec != NULL) {
+    k->rec[n] = send_rec;
+    k->use[n++] = (weft__use_t){&send_rec->acc, (unsigned)WEFT_READ, k->send.gen};
   }
-  return n;
+  if (recv_rec != NULL && recv_rec == send_rec) k->use[1].kind = (unsigned)WEFT_READ_WRITE;
+  else if (recv_rec != NULL) {
+    k->rec[n] = recv_rec;
+    k->use[n++] = (weft__use_t){&recv_rec->acc, (unsigned)WEFT_WRITE, k->recv.gen};
+  }
+  k->nuses = n;
 }
 
 /* Enqueues a call's NCCL operation on its stream; the caller is in the gate's shared side. */
@@ -338,61 +402,79 @@ static weft_status_t post_one(const call_t *k) {
   if (st == WEFT_OK) st = note_posting(&k->s, 1, 1);
   if (st != WEFT_OK) return st;
   weft_access_t acc[3];
-  size_t n = accesses(k, acc);
-  return weft__use_run(k->s, acc, n, kind_name[k->kind], run_one, (void *)k);
+  for (unsigned i = 0; i < k->nuses; i++) acc[i] = (weft_access_t){{k->rec[i], k->use[i].gen}, (weft_access_kind_t)k->use[i].kind};
+  return weft__use_run(k->s, acc, k->nuses, kind_name[k->kind], run_one, (void *)k);
+}
+
+/* Takes checked call k, made in place at g_calls[g_ncalls], into the open group, and what the
+ * calls add up to (g_shared_stream, g_runtimes, g_gate). */
+static void call_note(const call_t *k) {
+  bool new_stream = true, new_runtime = true;
+  for (size_t i = 0; i < g_ncalls && new_stream; i++) {
+    new_stream = g_calls[i].s != k->s;
+    new_runtime &= g_calls[i].s->runtime != k->s->runtime;
+  }
+  g_shared_stream |= !new_stream;
+  g_runtimes += new_stream && new_runtime;
+  g_gate |= weft__driver_gate_devices(k->s->tr->ctx);
+  g_ncalls++;
 }
 
 /* ---- collectives ---- */
 
 /* A collective call inside c (weft__handle_enter): a concurrent weft_comm_destroy waits until the
- * call has enqueued its operation or recorded it for its group. */
-static weft_status_t collective(call_t *k, weft_comm_t *c, weft_stream_t *s, weft_block_t send, size_t send_offset,
-                                weft_block_t recv, size_t recv_offset, size_t count, weft_dtype_t dt) {
-  weft_status_t st = comm_enter(c, kind_name[k->kind]);
-  if (st == WEFT_OK) {
-    st = prepare(k, c, s, send, send_offset, recv, recv_offset, count, dt);
-    if (st == WEFT_OK && g_depth > 0 && (st = calls_room(kind_name[k->kind])) == WEFT_OK) g_calls[g_ncalls++] = *k;
-    else if (st == WEFT_OK) st = post_one(k);
-    weft__handle_leave();
-  }
-  return st != WEFT_OK && g_depth > 0 ? group_refuse(st) : st;
+ * call has enqueued its operation, or, in a group, until the group's end (group_enter). */
+static weft_status_t collective(coll_kind_t kind, int op_or_root, weft_comm_t *c, weft_stream_t *s, weft_block_t send,
+                                size_t send_offset, weft_block_t recv, size_t recv_offset, size_t count,
+                                weft_dtype_t dt) {
+  const char *fn = kind_name[kind];
+  bool grouped = g_depth > 0, stay = false;
+  call_t one, *k = &one; /* (not cleared: prepare fills what is read) */
+  weft_status_t st;
+  /* In a group: recorded in place for the group's end (call_note), inside c until then where
+   * it can stay. */
+  if (grouped && (st = calls_room(fn)) == WEFT_OK && (st = group_enter(c, fn, &stay)) == WEFT_OK) k = &g_calls[g_ncalls];
+  else if (!grouped) st = comm_enter(c, fn);
+  if (st != WEFT_OK) return grouped ? group_refuse(st) : st;
+  k->kind = kind;
+  k->op = (ncclRedOp_t)op_or_root;
+  k->root_or_peer = op_or_root;
+  st = prepare(k, c, s, send, send_offset, recv, recv_offset, count, dt);
+  if (st == WEFT_OK && grouped) call_note(k);
+  else if (st == WEFT_OK) st = post_one(k);
+  if (!stay) weft__handle_leave();
+  return st != WEFT_OK && grouped ? group_refuse(st) : st;
 }
 
 weft_status_t weft_all_reduce(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv,
                               size_t recv_offset, size_t count, weft_dtype_t dt, weft_redop_t op, weft_stream_t *s) {
-  call_t k = {.kind = C_ALLREDUCE, .op = (ncclRedOp_t)op};
-  return collective(&k, c, s, send, send_offset, recv, recv_offset, count, dt);
+  return collective(C_ALLREDUCE, (int)op, c, s, send, send_offset, recv, recv_offset, count, dt);
 }
 
 weft_status_t weft_broadcast(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv,
                              size_t recv_offset, size_t count, weft_dtype_t dt, int root, weft_stream_t *s) {
-  call_t k = {.kind = C_BROADCAST, .root_or_peer = root};
-  return collective(&k, c, s, send, send_offset, recv, recv_offset, count, dt);
+  return collective(C_BROADCAST, root, c, s, send, send_offset, recv, recv_offset, count, dt);
 }
 
 weft_status_t weft_reduce_scatter(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv,
                                   size_t recv_offset, size_t recv_count, weft_dtype_t dt, weft_redop_t op,
                                   weft_stream_t *s) {
-  call_t k = {.kind = C_REDUCESCATTER, .op = (ncclRedOp_t)op};
-  return collective(&k, c, s, send, send_offset, recv, recv_offset, recv_count, dt);
+  return collective(C_REDUCESCATTER, (int)op, c, s, send, send_offset, recv, recv_offset, recv_count, dt);
 }
 
 weft_status_t weft_all_gather(weft_comm_t *c, weft_block_t send, size_t send_offset, weft_block_t recv,
                               size_t recv_offset, size_t send_count, weft_dtype_t dt, weft_stream_t *s) {
-  call_t k = {.kind = C_ALLGATHER};
-  return collective(&k, c, s, send, send_offset, recv, recv_offset, send_count, dt);
+  return collective(C_ALLGATHER, 0, c, s, send, send_offset, recv, recv_offset, send_count, dt);
 }
 
 weft_status_t weft_send(weft_comm_t *c, weft_block_t send, size_t send_offset, size_t count, weft_dtype_t dt, int peer,
                         weft_stream_t *s) {
-  call_t k = {.kind = C_SEND, .root_or_peer = peer};
-  return collective(&k, c, s, send, send_offset, (weft_block_t){0}, 0, count, dt);
+  return collective(C_SEND, peer, c, s, send, send_offset, (weft_block_t){0}, 0, count, dt);
 }
 
 weft_status_t weft_recv(weft_comm_t *c, weft_block_t recv, size_t recv_offset, size_t count, weft_dtype_t dt, int peer,
                         weft_stream_t *s) {
-  call_t k = {.kind = C_RECV, .root_or_peer = peer};
-  return collective(&k, c, s, (weft_block_t){0}, 0, recv, recv_offset, count, dt);
+  return collective(C_RECV, peer, c, s, (weft_block_t){0}, 0, recv, recv_offset, count, dt);
 }
 
 /* ---- groups ---- */
@@ -401,6 +483,9 @@ weft_status_t weft_comm_group_begin(void) {
   if (g_depth++ == 0) {
     g_ncalls = 0;
     g_group_error = WEFT_OK;
+    g_shared_stream = false;
+    g_runtimes = 0;
+    g_gate = 0;
   }
   return WEFT_OK;
 }
@@ -452,10 +537,33 @@ static weft_status_t group_room(group_uses_t *g, size_t ncalls) {
   return WEFT_OK;
 }
 
-/* Fills g (room for ncalls) with the group's streams and their calls' accesses (accesses()),
- * one use per block per stream with the kinds merged. Each block is resolved again: one freed
- * since its call is refused (STALE_HANDLE, from weft__block_check). */
-static weft_status_t group_uses(group_uses_t *g, const call_t *calls, size_t ncalls) {
+/* Whether every block the group's calls access is still the live block the call resolved (one
+ * freed since its call makes the group fail: STALE_HANDLE, from weft__block_check). */
+static weft_status_t group_blocks_live(const call_t *calls, size_t ncalls) {
+  for (size_t i = 0; i < ncalls; i++)
+    for (unsigned x = 0; x < calls[i].nuses; x++) {
+      const weft__use_t *u = &calls[i].use[x];
+      if (__builtin_expect(weft__block_life(calls[i].rec[x]) == WEFT__LIFE(u->gen, WEFT__BLOCK_LIVE), 1)) continue;
+      struct weft__block *rec;
+      weft_status_t st = weft__block_check((weft_block_t){calls[i].rec[x], u->gen}, "weft_comm_group_end", &rec);
+      return st != WEFT_OK ? st : weft__error(WEFT_ERR_STALE_HANDLE, "weft_comm_group_end: call %zu's block was freed", i + 1);
+    }
+  return WEFT_OK;
+}
+
+/* Fills g (room for ncalls) with the group's streams and their calls' uses: where no stream has
+ * two calls (g_shared_stream), each call's own; else per stream, one use per block with the
+ * kinds merged. */
+static void group_uses(group_uses_t *g, call_t *calls, size_t ncalls) {
+  if (!g_shared_stream) {
+    for (size_t i = 0; i < ncalls; i++) {
+      g->s[i] = calls[i].s;
+      g->per[i] = calls[i].use;
+      g->n[i] = calls[i].nuses;
+    }
+    g->k = ncalls;
+    return;
+  }
   size_t m = 0;
   for (size_t i = 0; i < ncalls; i++) {
     weft_stream_t *s = calls[i].s;
@@ -465,21 +573,12 @@ static weft_status_t group_uses(group_uses_t *g, const call_t *calls, size_t nca
     size_t first = m;
     for (size_t c = i; c < ncalls; c++) {
       if (calls[c].s != s) continue;
-      weft_access_t a[3];
-      size_t n = accesses(&calls[c], a);
-      for (size_t x = 0; x < n; x++) {
-        struct weft__block *rec = weft__block_live(a[x].block, calls[c].c->rt); /* the common case, inline */
-        if (rec == NULL) {
-          weft_status_t st = weft__block_check(a[x].block, "weft_comm_group_end", &rec);
-          if (st != WEFT_OK) return st;
-          if (rec->rt != calls[c].c->rt) /* (the call checked it: one life of a record has one runtime) */
-            return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_comm_group_end: call %zu's block belongs to another runtime",
-                               c + 1);
-        }
+      for (unsigned x = 0; x < calls[c].nuses; x++) {
+        const weft__use_t *u = &calls[c].use[x];
         size_t t = first;
-        while (t < m && g->uses[t].state != &rec->acc) t++;
-        if (t < m) g->uses[t].kind |= (unsigned)a[x].kind;
-        else g->uses[m++] = (weft__use_t){&rec->acc, (unsigned)a[x].kind, a[x].block.gen};
+        while (t < m && g->uses[t].state != u->state) t++;
+        if (t < m) g->uses[t].kind |= u->kind;
+        else g->uses[m++] = *u;
       }
     }
     g->s[j] = s;
@@ -487,7 +586,6 @@ static weft_status_t group_uses(group_uses_t *g, const call_t *calls, size_t nca
     g->n[j] = m - first;
     g->k++;
   }
-  return WEFT_OK;
 }
 
 /* The group's NCCL calls, one NCCL group (fn of the group's joint use). */
@@ -495,6 +593,7 @@ typedef struct group_run {
   const weft__nccl_t *nl;
   const call_t *calls;
   size_t n;
+  weft__gate_devices_t devices; /* whose gates the group enters */
 } group_run_t;
 
 static weft_status_t run_group(weft_stream_t *s, void *arg) {
@@ -505,9 +604,7 @@ static weft_status_t run_group(weft_stream_t *s, void *arg) {
     if (st != WEFT_OK) return st;
   }
   /* The whole group in the shared side of its devices' gates: NCCL enqueues at its end. */
-  weft__gate_devices_t devices = 0;
-  for (size_t i = 0; i < g->n; i++) devices |= weft__driver_gate_devices(g->calls[i].s->tr->ctx);
-  weft__gate_enter(devices);
+  weft__gate_enter(g->devices);
   ncclResult_t r = g->nl->ncclGroupStart();
   for (size_t i = 0; r == ncclSuccess && i < g->n; i++) r = enqueue_gated(g->nl, &g->calls[i]);
   ncclResult_t e = g->nl->ncclGroupEnd();
@@ -521,15 +618,18 @@ weft_status_t weft_comm_group_end(void) {
   if (--g_depth > 0) return WEFT_OK;
   size_t ncalls = g_ncalls;
   g_ncalls = 0;
-  if (g_group_error != WEFT_OK) return weft__error(g_group_error, "weft_comm_group_end: %s", g_group_message);
-  if (ncalls == 0) return WEFT_OK;
-  /* A call's communicator may have been destroyed since the call (its blocks are resolved again
-   * by group_uses, its streams checked again by weft__use_joint_uses): the group then enqueues
-   * nothing. Each communicator is entered (weft__handle_enter) until the group is enqueued: a
-   * concurrent weft_comm_destroy waits for it. */
-  size_t entered = 0;
+  if (g_group_error != WEFT_OK) {
+    group_leave();
+    return weft__error(g_group_error, "weft_comm_group_end: %s", g_group_message);
+  }
+  /* The group is inside its communicators since their first calls (g_held), so none was
+   * destroyed since; one it could not stay inside is entered again now (and may have been
+   * destroyed: the group then enqueues nothing). The calls' blocks are looked at again
+   * (group_blocks_live), their streams checked again by weft__use_joint_uses. */
+  size_t entered = 0; /* entered now, inside g_held's */
   for (size_t i = 0; i < ncalls; i++) {
     weft_comm_t *c = g_calls[i].c;
+    if (held(c)) continue;
     size_t j = 0;
     while (j < i && g_calls[j].c != c) j++;
     if (j < i) continue; /* entered already */
@@ -539,28 +639,29 @@ weft_status_t weft_comm_group_end(void) {
       char why[512];
       snprintf(why, sizeof why, "%s", weft_last_error());
       while (entered-- > 0) weft__handle_leave();
+      group_leave();
       return weft__error(bad, "weft_comm_group_end: call %zu of the group: %s", i + 1, why);
     }
   }
+  if (ncalls == 0) {
+    group_leave();
+    return WEFT_OK;
+  }
   const weft__nccl_t *nl;
   weft_status_t st = weft__nccl_get(&nl);
-  group_uses_t g;
+  group_uses_t g; /* (not cleared: its small arrays are large; group_room sets what is read) */
+  if (st == WEFT_OK) st = group_blocks_live(g_calls, ncalls);
   if (st == WEFT_OK) st = group_room(&g, ncalls);
   if (st == WEFT_OK) {
     /* One use per stream (the union of its calls' accesses), all around the one NCCL group. */
-    st = group_uses(&g, g_calls, ncalls);
-    size_t devices = 0; /* the group's distinct runtimes */
-    for (size_t j = 0; st == WEFT_OK && j < g.k; j++) {
-      size_t i = 0;
-      while (i < j && g.s[i]->runtime != g.s[j]->runtime) i++;
-      devices += i == j;
-    }
-    if (st == WEFT_OK) st = note_posting(g.s, g.k, devices);
-    group_run_t run = {nl, g_calls, ncalls};
+    group_uses(&g, g_calls, ncalls);
+    st = note_posting(g.s, g.k, g_runtimes);
+    group_run_t run = {nl, g_calls, ncalls, g_gate};
     if (st == WEFT_OK) st = weft__use_joint_uses(g.s, g.per, g.n, g.k, "weft_comm_group_end", run_group, &run);
     if (g.heap != NULL) weft__meta_free(g.heap);
   }
   while (entered-- > 0) weft__handle_leave();
+  group_leave();
   return st;
 }
 
@@ -605,6 +706,7 @@ static weft_status_t comm_new(weft_runtime_t *rt, ncclComm_t nc, bool adopted, c
     comm_free(c);
     return st;
   }
+  c->order_rec = weft__block_live(c->order, rt);
   if (!weft__handle_add(c, WEFT__HANDLE_COMM)) {
     if (weft_free(c->order, c->stream) != WEFT_OK) { /* (the handle failure is the one to report) */
     }
@@ -758,6 +860,10 @@ weft_status_t weft_comm_adopt(weft_runtime_t *rt, void *nccl_comm, weft_comm_t *
 weft_status_t weft_comm_destroy(weft_comm_t *c) {
   static const char fn[] = "weft_comm_destroy";
   if (c == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: the communicator is NULL", fn);
+  /* This thread's open group calls on c, and may be inside it (g_held): its end would need c. */
+  bool in_group = g_depth > 0 && held(c);
+  for (size_t i = 0; g_depth > 0 && i < g_ncalls; i++) in_group |= g_calls[i].c == c;
+  if (in_group) return weft__error(WEFT_ERR_BUSY, "%s: this thread's open group calls on it: end the group first", fn);
   if (!weft__handle_remove(c, WEFT__HANDLE_COMM)) return weft__error(WEFT_ERR_STALE_HANDLE, "%s: destroyed already", fn);
   /* Not while a capture holding its collectives is open: its graph would name a destroyed NCCL
    * communicator (the capture's owner ends it first, then destroys). */

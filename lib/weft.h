@@ -1031,9 +1031,10 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_comm_init_all(weft_runtime_t *const *
 WEFT_API WEFT_NODISCARD weft_status_t weft_comm_adopt(weft_runtime_t *rt, void *nccl_comm, weft_comm_t **out);
 /** Destroys the communicator (ncclCommDestroy, unless adopted); its collectives already enqueued
  * complete. A graph captured with its collectives names it: destroy it only after those graphs
- * (weft cannot see graphs launched outside it).
- * Errors: STALE_HANDLE, BUSY (a capture holding its collectives is still open: nothing done),
- * COMM (NCCL refused: the communicator stays). */
+ * (weft cannot see graphs launched outside it). An open group of another thread that calls on it
+ * is inside it until its weft_comm_group_end: the destroy waits for that end.
+ * Errors: STALE_HANDLE, BUSY (a capture holding its collectives is still open, or an open group of
+ * the calling thread calls on it: nothing done), COMM (NCCL refused: the communicator stays). */
 WEFT_API weft_status_t weft_comm_destroy(weft_comm_t *c);
 /** This rank, the number of ranks, the runtime, and the stream collectives run on by default (a
  * pool stream of the runtime chosen at creation, the last high-priority one when there is one). */
@@ -1068,8 +1069,11 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_recv(weft_comm_t *c, weft_block_t rec
  * ncclGroupStart/End: required to drive several ranks from one thread, and for sends and
  * receives between the same ranks. At the end every stream of the group waits for what its
  * calls need, then NCCL enqueues the group, then the uses are recorded. The group's blocks must
- * not be used by other threads until weft_comm_group_end returns. Errors of the end: those of
- * the collectives (nothing is enqueued then), COMM. */
+ * not be used by other threads until weft_comm_group_end returns. A call is checked when it is
+ * made, and its communicator stays live until the group's end (weft_comm_destroy; for the first 8
+ * communicators of a group, a further one destroyed meanwhile makes the end fail). Errors of the
+ * end: those of the collectives (nothing is enqueued then; STALE_HANDLE for a block freed since
+ * its call), COMM. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_comm_group_begin(void);
 WEFT_API WEFT_NODISCARD weft_status_t weft_comm_group_end(void);
 

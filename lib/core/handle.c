@@ -112,7 +112,17 @@ static _Thread_local unsigned tls_depth;   /* entries published in tls_inside */
 static _Thread_local unsigned tls_locked;  /* entries made under the set's lock (no record) */
 static _Thread_local uint32_t tls_locked_at; /* bit d: entry d holds the lock */
 
-static void inside_release(void *rec) { atomic_store_explicit(&((inside_t *)rec)->taken, false, memory_order_release); }
+/* The ending thread's record, given back: entries it still published (a group it never ended)
+ * end with it, so that no removal waits for them. */
+static void inside_release(void *rec) {
+  inside_t *h = rec;
+  for (unsigned d = 0; d < WEFT__HANDLE_DEPTH; d++) atomic_store_explicit(&h->p[d], NULL, memory_order_relaxed);
+  atomic_store_explicit(&h->taken, false, memory_order_release);
+  if (tls_inside == h) { /* (a later destructor's entry takes a record again) */
+    tls_inside = NULL;
+    tls_depth = 0;
+  }
+}
 static void inside_key(void) { (void)pthread_key_create(&g_inside_key, inside_release); }
 
 /* The calling thread's record, taken at its first entry; NULL when every record is taken. */
@@ -165,6 +175,10 @@ bool weft__handle_enter(const void *p, weft__handle_kind_t kind) {
   }
   tls_depth++;
   return true;
+}
+
+bool weft__handle_can_hold(unsigned more) {
+  return tls_locked == 0 && tls_depth + more < WEFT__HANDLE_DEPTH && my_inside() != NULL;
 }
 
 void weft__handle_leave(void) {

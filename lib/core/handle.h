@@ -49,14 +49,21 @@ void weft__handle_restore(const void *p, weft__handle_kind_t kind);
  * other thread is inside p: whoever destroys p frees it only after every call that entered it has
  * left. Calls inside p must not wait for a destroy of p on another thread. Each thread publishes
  * what it is inside in a slot of its own (a hazard pointer: one store and a fence, no lock, no
- * shared line written); nested entries up to WEFT__HANDLE_DEPTH. A thread that finds no free slot
+ * shared line written); nested entries up to WEFT__HANDLE_DEPTH. A thread's entries end with it. A thread that finds no free slot
  * (more than WEFT__HANDLE_THREADS threads inside at once) holds the set's lock as a reader
  * instead, until it leaves. */
 bool weft__handle_enter(const void *p, weft__handle_kind_t kind);
 /** Leaves the object the calling thread entered last (weft__handle_enter returned true). */
 void weft__handle_leave(void);
+/** Whether the calling thread's next weft__handle_enter, and `more` entries after it, would be
+ * published (a hazard pointer) rather than hold the set's lock: only such an entry may stay while
+ * the thread runs code outside weft (a group holds its communicators from its calls to its end),
+ * since the thread may then destroy objects, which takes the lock as a writer. */
+bool weft__handle_can_hold(unsigned more);
 #define WEFT__HANDLE_THREADS 1024
-#define WEFT__HANDLE_DEPTH 8 /* a weft group enters each of its communicators */
+/* A weft group holds up to COMM_HELD (comm/comm.c) of its communicators across the program's
+ * code between its calls; the rest is room for the calls made meanwhile, which nest a few deep. */
+#define WEFT__HANDLE_DEPTH 16
 
 /** True when p was an object of that kind and was destroyed (and its address not reused since):
  * what tells a destroyed weft resource from a resource a user wrote, which weft never saw. */

@@ -498,10 +498,11 @@ static void test_bad_calls_and_nccl_failures_change_nothing(void **state) {
   assert_int_equal(races(), 0);
 }
 
-/* A communicator destroyed between a group's call and the group's end: the end refuses the whole
- * group (STALE_HANDLE, naming the call), enqueues nothing and records no use; the group's other
- * communicators stay usable. (Before, the end used the destroyed communicator's memory.) */
-static void test_a_communicator_destroyed_inside_a_group_fails_its_end(void **state) {
+/* A communicator destroyed by the thread whose open group calls on it: refused (BUSY, nothing
+ * changed), since the group is inside it until its end; the group then runs whole, and the
+ * destroy after the end succeeds. (Before, the destroy succeeded and the end refused the whole
+ * group, STALE_HANDLE: the group stays inside its communicators now, entered once.) */
+static void test_a_communicator_destroyed_inside_its_own_threads_group_is_busy(void **state) {
   (void)state;
   if (!g_two) skip();
   weft_comm_t *x[2];
@@ -512,22 +513,111 @@ static void test_a_communicator_destroyed_inside_a_group_fails_its_end(void **st
   assert_int_equal(weft_comm_group_begin(), WEFT_OK);
   for (int r = 0; r < 2; r++)
     assert_int_equal(weft_all_reduce(x[r], a[r], 0, a[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_OK);
-  assert_int_equal(weft_comm_destroy(x[1]), WEFT_OK);
-  assert_int_equal(weft_comm_group_end(), WEFT_ERR_STALE_HANDLE);
-  assert_non_null(strstr(weft_last_error(), "weft_all_reduce"));
-  assert_non_null(strstr(weft_last_error(), "destroyed"));
+  assert_int_equal(weft_comm_destroy(x[1]), WEFT_ERR_BUSY);
+  assert_non_null(strstr(weft_last_error(), "open group"));
+  assert_int_equal(weft_comm_rank(x[1]), 1); /* still live */
+  /* Nested: the inner end does not end the group, the destroy is still refused. */
+  assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+  assert_int_equal(weft_comm_group_end(), WEFT_OK);
+  assert_int_equal(weft_comm_destroy(x[0]), WEFT_ERR_BUSY);
+  assert_int_equal(weft_comm_group_end(), WEFT_OK);
   for (int r = 0; r < 2; r++) {
     assert_int_equal(weft_runtime_counters(rt[r], &c1[r]), WEFT_OK);
-    assert_int_equal(c1[r].uses, c0[r].uses); /* nothing recorded */
+    assert_int_equal(c1[r].uses, c0[r].uses + 1); /* the group's use of each rank */
   }
-  /* The same thread's next group, on the live communicators, runs. */
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_comm_destroy(x[r]), WEFT_OK);
+  /* A refused group stays inside nothing: its communicators go at once after its end. */
+  assert_int_equal(weft_comm_init_all(rt, 2, x), WEFT_OK);
   assert_int_equal(weft_comm_group_begin(), WEFT_OK);
-  for (int r = 0; r < 2; r++)
-    assert_int_equal(weft_all_reduce(comm[r], a[r], 0, a[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_OK);
-  assert_int_equal(weft_comm_group_end(), WEFT_OK);
-  assert_int_equal(weft_comm_destroy(x[0]), WEFT_OK);
+  assert_int_equal(weft_all_reduce(x[0], a[0], 0, a[0], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_OK);
+  assert_int_equal(weft_all_reduce(x[1], a[1], 0, a[1], 0, N, (weft_dtype_t)99, WEFT_SUM, NULL), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_comm_group_end(), WEFT_ERR_INVALID_ARGUMENT);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_comm_destroy(x[r]), WEFT_OK);
   for (int r = 0; r < 2; r++) assert_int_equal(weft_free(a[r], stream(r, 0)), WEFT_OK);
   for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
+  assert_int_equal(races(), 0);
+}
+
+/* A communicator destroyed on another thread while a group that calls on it is open: the destroy
+ * waits for the group's end, and the group runs whole (before, the destroy went ahead and the
+ * end refused the group). The destroying thread says when it calls; the group's thread then
+ * gives it time to get inside before it ends its group; whenever the destroy returns, the group's
+ * end must have begun. */
+typedef struct open_group {
+  weft_comm_t **x;
+  weft_block_t *a;
+  atomic_int called;  /* the group's calls are made */
+  atomic_int destroying; /* the other thread calls weft_comm_destroy */
+  atomic_int ending;  /* the group's thread calls weft_comm_group_end */
+  weft_status_t st;
+} open_group_t;
+
+static void *open_group_body(void *arg) {
+  open_group_t *g = arg;
+  g->st = weft_comm_group_begin();
+  for (int r = 0; r < 2 && g->st == WEFT_OK; r++)
+    g->st = weft_all_reduce(g->x[r], g->a[r], 0, g->a[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL);
+  atomic_store(&g->called, 1);
+  while (!atomic_load(&g->destroying)) sched_yield();
+  for (int i = 0; i < 2000; i++) sched_yield(); /* (only the test's power depends on it) */
+  atomic_store(&g->ending, 1);
+  weft_status_t end = weft_comm_group_end();
+  if (g->st == WEFT_OK) g->st = end;
+  return NULL;
+}
+
+static void test_a_destroy_on_another_thread_waits_for_the_groups_end(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  weft_block_t a[2] = {alloc(0, N * 4), alloc(1, N * 4)};
+  for (int round = 0; round < 4; round++) {
+    weft_comm_t *x[2];
+    assert_int_equal(weft_comm_init_all(rt, 2, x), WEFT_OK);
+    open_group_t g = {x, a, 0, 0, 0, WEFT_OK};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, open_group_body, &g), 0);
+    while (!atomic_load(&g.called)) sched_yield();
+    atomic_store(&g.destroying, 1);
+    assert_int_equal(weft_comm_destroy(x[round % 2]), WEFT_OK);
+    if (!atomic_load(&g.ending)) fail_msg("round %d: the destroy returned while the group was open", round);
+    assert_int_equal(pthread_join(t, NULL), 0);
+    if (g.st != WEFT_OK) fail_msg("round %d: the group: %s (%s)", round, weft_status_name(g.st), weft_last_error());
+    assert_int_equal(weft_comm_destroy(x[1 - round % 2]), WEFT_OK);
+  }
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_free(a[r], stream(r, 0)), WEFT_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
+  assert_int_equal(races(), 0);
+}
+
+/* A group over more communicators than it stays inside (comm.c's COMM_HELD, 8): the ones past
+ * it are entered at their calls and again at the end. The group runs whole and its sums are
+ * right; afterwards every communicator is destroyed at once (a group that left more or fewer
+ * entries than it made would make a destroy wait for good or free one still entered). */
+static void test_a_group_over_more_communicators_than_it_stays_inside(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  enum { PAIRS = 6 }; /* 12 communicators */
+  weft_comm_t *x[PAIRS][2];
+  for (int p = 0; p < PAIRS; p++) assert_int_equal(weft_comm_init_all(rt, 2, x[p]), WEFT_OK);
+  weft_block_t a[2] = {alloc(0, N * 4), alloc(1, N * 4)};
+  float *ones = malloc(N * sizeof *ones), *want = malloc(N * sizeof *want);
+  for (size_t i = 0; i < N; i++) ones[i] = 1.0f, want[i] = (float)(1 << PAIRS);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_copy_to_block(stream(r, 0), a[r], 0, ones, N * 4), WEFT_OK);
+  assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+  for (int p = 0; p < PAIRS; p++) { /* each pair's all-reduce doubles the sum; in order (the order block) */
+    assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+    for (int r = 0; r < 2; r++)
+      assert_int_equal(weft_all_reduce(x[p][r], a[r], 0, a[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_OK);
+    assert_int_equal(weft_comm_group_end(), WEFT_OK);
+  }
+  assert_int_equal(weft_comm_destroy(x[PAIRS - 1][1]), WEFT_ERR_BUSY); /* past COMM_HELD: still refused */
+  assert_int_equal(weft_comm_group_end(), WEFT_OK);
+  for (int r = 0; r < 2; r++) expect(r, a[r], 0, want, N);
+  for (int p = 0; p < PAIRS; p++)
+    for (int r = 0; r < 2; r++) assert_int_equal(weft_comm_destroy(x[p][r]), WEFT_OK);
+  free(ones);
+  free(want);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_free(a[r], stream(r, 0)), WEFT_OK);
   assert_int_equal(races(), 0);
 }
 
@@ -656,6 +746,38 @@ static void test_a_threads_group_buffer_goes_with_the_thread(void **state) {
     fail_msg("8 threads that each ran one group and ended left %lld metadata allocations behind",
              (long long)(m1.live - m0.live));
   for (int r = 0; r < 2; r++) assert_int_equal(weft_free(g.a[r], stream(r, 0)), WEFT_OK);
+  assert_int_equal(races(), 0);
+}
+
+/* A thread that ends with its group open (a program's bug) leaves nothing that holds its
+ * communicators: they are destroyed at once afterwards, and the next thread's groups run. */
+static void *unended_group(void *arg) {
+  open_group_t *g = arg;
+  g->st = weft_comm_group_begin();
+  for (int r = 0; r < 2 && g->st == WEFT_OK; r++)
+    g->st = weft_all_reduce(g->x[r], g->a[r], 0, g->a[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL);
+  return NULL; /* no weft_comm_group_end */
+}
+
+static void test_a_thread_ending_with_its_group_open_holds_nothing(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  weft_block_t a[2] = {alloc(0, N * 4), alloc(1, N * 4)};
+  weft_comm_t *x[2];
+  assert_int_equal(weft_comm_init_all(rt, 2, x), WEFT_OK);
+  open_group_t g = {x, a, 0, 0, 0, WEFT_OK};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, unended_group, &g), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_int_equal(g.st, WEFT_OK);
+  /* (A destroy that waited for the ended thread would never return: the test's timeout.) */
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_comm_destroy(x[r]), WEFT_OK);
+  grouper_t next = {{a[0], a[1]}, WEFT_OK};
+  pthread_create(&t, NULL, one_group, &next);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_int_equal(next.st, WEFT_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_free(a[r], stream(r, 0)), WEFT_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
   assert_int_equal(races(), 0);
 }
 
@@ -1113,7 +1235,10 @@ int main(void) {
       cmocka_unit_test(test_a_groups_uses_are_traced_with_their_blocks),
       cmocka_unit_test(test_collectives_on_per_thread_streams),
       cmocka_unit_test(test_bad_calls_and_nccl_failures_change_nothing),
-      cmocka_unit_test(test_a_communicator_destroyed_inside_a_group_fails_its_end),
+      cmocka_unit_test(test_a_communicator_destroyed_inside_its_own_threads_group_is_busy),
+      cmocka_unit_test(test_a_destroy_on_another_thread_waits_for_the_groups_end),
+      cmocka_unit_test(test_a_thread_ending_with_its_group_open_holds_nothing),
+      cmocka_unit_test(test_a_group_over_more_communicators_than_it_stays_inside),
       cmocka_unit_test(test_a_communicator_destroyed_while_a_thread_runs_groups_on_it),
       cmocka_unit_test(test_a_buffer_freed_inside_a_group_fails_its_end),
       cmocka_unit_test(test_a_threads_group_buffer_goes_with_the_thread),
