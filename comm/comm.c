@@ -751,6 +751,13 @@ static weft_status_t connect_eagerly(weft_comm_t *const *c, int n) {
   return st == WEFT_OK ? st : weft__error(st, "connecting the communicators (an eager all-reduce): %s", why);
 }
 
+/* A communicator is made outside the calling thread's groups: its eager connection is a group of
+ * its own (connect_eagerly), which an open group would swallow until its end, after the
+ * connection's buffers are freed. */
+static weft_status_t outside_groups(const char *fn) {
+  return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: inside an open weft_comm_group_begin: end the group first", fn);
+}
+
 /* Makes rt's context current for NCCL (which works on the current device). */
 static weft_status_t bind(weft_runtime_t *rt, const char *fn) {
   if (weft__runtime_check(rt, fn) == NULL) return weft__runtime_check_status(rt);
@@ -774,6 +781,7 @@ weft_status_t weft_comm_init_rank(weft_runtime_t *rt, int nranks, const weft_com
   static const char fn[] = "weft_comm_init_rank";
   if (id == NULL || out == NULL || nranks <= 0 || rank < 0 || rank >= nranks)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: NULL id or out, or rank %d not in 0..%d", fn, rank, nranks - 1);
+  if (g_depth > 0) return outside_groups(fn);
   const weft__nccl_t *nl;
   weft_status_t st = bind(rt, fn);
   if (st == WEFT_OK) st = weft__nccl_get(&nl);
@@ -801,6 +809,7 @@ weft_status_t weft_comm_init_all(weft_runtime_t *const *rts, int n, weft_comm_t 
   static const char fn[] = "weft_comm_init_all";
   if (rts == NULL || out == NULL || n <= 0)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: NULL runtimes or out, or n <= 0", fn);
+  if (g_depth > 0) return outside_groups(fn);
   const weft__nccl_t *nl;
   weft_status_t st = weft__nccl_get(&nl);
   int *devs = st == WEFT_OK ? weft__meta_calloc((size_t)n, sizeof *devs) : NULL;

@@ -1020,7 +1020,8 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_comm_unique_id(weft_comm_id_t *out);
  * program's first collective may then be captured in any mode. Send and receive connect apart,
  * at a communicator's first send or receive: make that one outside a GLOBAL capture (eagerly,
  * or in a RELAXED or THREAD_LOCAL capture). A communicator from weft_comm_adopt is as its
- * program left it. Errors: INVALID_ARGUMENT, STALE_HANDLE, NOT_SUPPORTED (no NCCL), COMM. */
+ * program left it. Not inside the calling thread's open group (INVALID_ARGUMENT).
+ * Errors: INVALID_ARGUMENT, STALE_HANDLE, NOT_SUPPORTED (no NCCL), COMM. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_comm_init_rank(weft_runtime_t *rt, int nranks, const weft_comm_id_t *id, int rank, weft_comm_t **out);
 /** One communicator over the runtimes rts[0..n) of this process (rank i on rts[i]'s device), as
  * ncclCommInitAll; out[i] is rank i. Nothing is made on failure. Errors: those of

@@ -526,6 +526,17 @@ static void test_a_communicator_destroyed_inside_its_own_threads_group_is_busy(v
     assert_int_equal(c1[r].uses, c0[r].uses + 1); /* the group's use of each rank */
   }
   for (int r = 0; r < 2; r++) assert_int_equal(weft_comm_destroy(x[r]), WEFT_OK);
+  /* Communicators are made outside a group: their eager connection is a group of its own (before,
+   * it joined the open group, and a failed init's destroy of what it made was refused). */
+  assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+  x[0] = x[1] = NULL;
+  assert_int_equal(weft_comm_init_all(rt, 2, x), WEFT_ERR_INVALID_ARGUMENT);
+  assert_non_null(strstr(weft_last_error(), "open weft_comm_group_begin"));
+  assert_null(x[0]);
+  weft_comm_id_t id;
+  assert_int_equal(weft_comm_unique_id(&id), WEFT_OK);
+  assert_int_equal(weft_comm_init_rank(rt[0], 1, &id, 0, &x[0]), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft_comm_group_end(), WEFT_OK);
   /* A refused group stays inside nothing: its communicators go at once after its end. */
   assert_int_equal(weft_comm_init_all(rt, 2, x), WEFT_OK);
   assert_int_equal(weft_comm_group_begin(), WEFT_OK);
