@@ -260,7 +260,26 @@ static weft_status_t range(const weft_comm_t *c, weft_block_t b, size_t offset, 
   return WEFT_OK;
 }
 
-static void call_uses(call_t *k, struct weft__block *send_rec, struct weft__block *recv_rec);
+/* k->use and k->rec: the accesses of call k, resolved (send_rec and recv_rec: the records of
+ * its blocks, NULL where it has none): the communicator's order block READ_WRITE, send READ,
+ * receive WRITE, one READ_WRITE when send and receive share a block. */
+static void call_uses(call_t *k, struct weft__block *send_rec, struct weft__block *recv_rec) {
+  unsigned n = 0;
+  k->rec[n] = k->c->order_rec;
+  k->use[n++] = (weft__use_t){&k->c->order_rec->acc, (unsigned)WEFT_READ_WRITE, k->c->order.gen};
+  if (k->kind == C_RECV) send_rec = NULL;
+  if (k->kind == C_SEND) recv_rec = NULL;
+  if (send_rec != NULL) {
+    k->rec[n] = send_rec;
+    k->use[n++] = (weft__use_t){&send_rec->acc, (unsigned)WEFT_READ, k->send.gen};
+  }
+  if (recv_rec != NULL && recv_rec == send_rec) k->use[1].kind = (unsigned)WEFT_READ_WRITE;
+  else if (recv_rec != NULL) {
+    k->rec[n] = recv_rec;
+    k->use[n++] = (weft__use_t){&recv_rec->acc, (unsigned)WEFT_WRITE, k->recv.gen};
+  }
+  k->nuses = n;
+}
 
 /* Checks a call and resolves its buffers, stream and accesses (call_uses); the caller is inside
  * c (comm_enter). */
@@ -306,27 +325,6 @@ static weft_status_t prepare(call_t *k, weft_comm_t *c, weft_stream_t *s, weft_b
   k->dt = nccl_dt(dt);
   call_uses(k, send_rec, recv_rec);
   return WEFT_OK;
-}
-
-/* k->use and k->rec: the accesses of call k, resolved (send_rec and recv_rec: the records of
- * its blocks, NULL where it has none): the communicator's order block READ_WRITE, send READ,
- * receive WRITE, one READ_WRITE when send and receive share a block. */
-static void call_uses(call_t *k, struct weft__block *send_rec, struct weft__block *recv_rec) {
-  unsigned n = 0;
-  k->rec[n] = k->c->order_rec;
-  k->use[n++] = (weft__use_t){&k->c->order_rec->acc, (unsigned)WEFT_READ_WRITE, k->c->order.gen};
-  if (k->kind == C_RECV) send_rec = NULL;
-  if (k->kind == C_SEND) recv_rec = NULL;
-  if (send_rec != NULL) {
-    k->rec[n] = send_rec;
-    k->use[n++] = (weft__use_t){&send_rec->acc, (unsigned)WEFT_READ, k->send.gen};
-  }
-  if (recv_rec != NULL && recv_rec == send_rec) k->use[1].kind = (unsigned)WEFT_READ_WRITE;
-  else if (recv_rec != NULL) {
-    k->rec[n] = recv_rec;
-    k->use[n++] = (weft__use_t){&recv_rec->acc, (unsigned)WEFT_WRITE, k->recv.gen};
-  }
-  k->nuses = n;
 }
 
 /* Enqueues a call's NCCL operation on its stream; the caller is in the gate's shared side. */
@@ -871,7 +869,7 @@ weft_status_t weft_comm_destroy(weft_comm_t *c) {
   if (c == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: the communicator is NULL", fn);
   /* This thread's open group calls on c, and may be inside it (g_held): its end would need c. */
   bool in_group = g_depth > 0 && held(c);
-  for (size_t i = 0; g_depth > 0 && i < g_ncalls; i++) in_group |= g_calls[i].c == c;
+  for (size_t i = 0; g_depth > 0 && i < g_ncalls && !in_group; i++) in_group = g_calls[i].c == c;
   if (in_group) return weft__error(WEFT_ERR_BUSY, "%s: this thread's open group calls on it: end the group first", fn);
   if (!weft__handle_remove(c, WEFT__HANDLE_COMM)) return weft__error(WEFT_ERR_STALE_HANDLE, "%s: destroyed already", fn);
   /* Not while a capture holding its collectives is open: its graph would name a destroyed NCCL

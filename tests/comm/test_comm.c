@@ -549,6 +549,14 @@ static void test_a_communicator_destroyed_inside_its_own_threads_group_is_busy(v
   assert_int_equal(races(), 0);
 }
 
+/* Opens a group (weft_comm_group_begin) and makes an in-place all-reduce of a[r] on x[r] for both
+ * ranks in it; the first failure, the group left open either way. */
+static weft_status_t open_and_reduce(weft_comm_t *const *x, const weft_block_t *a) {
+  weft_status_t st = weft_comm_group_begin();
+  for (int r = 0; r < 2 && st == WEFT_OK; r++) st = weft_all_reduce(x[r], a[r], 0, a[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL);
+  return st;
+}
+
 /* A communicator destroyed on another thread while a group that calls on it is open: the destroy
  * waits for the group's end, and the group runs whole (before, the destroy went ahead and the
  * end refused the group). The destroying thread says when it calls; the group's thread then
@@ -565,9 +573,7 @@ typedef struct open_group {
 
 static void *open_group_body(void *arg) {
   open_group_t *g = arg;
-  g->st = weft_comm_group_begin();
-  for (int r = 0; r < 2 && g->st == WEFT_OK; r++)
-    g->st = weft_all_reduce(g->x[r], g->a[r], 0, g->a[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL);
+  g->st = open_and_reduce(g->x, g->a);
   atomic_store(&g->called, 1);
   while (!atomic_load(&g->destroying)) sched_yield();
   for (int i = 0; i < 2000; i++) sched_yield(); /* (only the test's power depends on it) */
@@ -730,9 +736,7 @@ typedef struct grouper {
 
 static void *one_group(void *arg) {
   grouper_t *g = arg;
-  g->st = weft_comm_group_begin();
-  for (int r = 0; r < 2 && g->st == WEFT_OK; r++)
-    g->st = weft_all_reduce(comm[r], g->a[r], 0, g->a[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL);
+  g->st = open_and_reduce(comm, g->a);
   weft_status_t end = weft_comm_group_end();
   if (g->st == WEFT_OK) g->st = end;
   return NULL;
@@ -764,9 +768,7 @@ static void test_a_threads_group_buffer_goes_with_the_thread(void **state) {
  * communicators: they are destroyed at once afterwards, and the next thread's groups run. */
 static void *unended_group(void *arg) {
   open_group_t *g = arg;
-  g->st = weft_comm_group_begin();
-  for (int r = 0; r < 2 && g->st == WEFT_OK; r++)
-    g->st = weft_all_reduce(g->x[r], g->a[r], 0, g->a[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL);
+  g->st = open_and_reduce(g->x, g->a);
   return NULL; /* no weft_comm_group_end */
 }
 
