@@ -9,10 +9,11 @@
  * of all the group's streams are one joint use (weft__use_joint_uses) around the NCCL group: each
  * stream waits for what its accesses need, NCCL enqueues the whole group, and the collectives
  * are recorded as the blocks' newest uses. When NCCL refuses the group, nothing is recorded.
- * A group enters each of its communicators (weft__handle_enter) at its first call on it and
- * stays inside until its end (up to COMM_HELD of them; others are entered at the call and again
- * at the end): each is entered and checked once per group, and a destroy on another thread waits
- * for the group's end, while one on the group's own thread is refused (BUSY). */
+ * A group enters each of its communicators at its first call on it and stays inside until its
+ * end (weft__handle_keep, up to COMM_HELD of them; others are entered at the call and again at
+ * the end): each is entered and checked once per group, and a destroy on another thread waits
+ * for the group's end, while one on the group's own thread is refused (BUSY), also from a capture
+ * handler that the end itself runs (g_ending). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -73,12 +74,16 @@ static const char *const kind_name[] = {"weft_all_reduce", "weft_broadcast", "we
 /* ---- a group on this thread ---- */
 
 static _Thread_local int g_depth;
+/* This thread is inside weft_comm_group_end's work (its calls in g_calls[0..g_ncalls)), where a
+ * capture handler may call weft: it must not begin a group there, nor destroy the group's
+ * communicators. */
+static _Thread_local bool g_ending;
 /* The calls of this thread's open group: a buffer of the thread's own, kept between groups and
  * freed when the thread ends (g_calls_key's destructor). */
 static _Thread_local call_t *g_calls;
 static _Thread_local size_t g_ncalls, g_capcalls;
 static _Thread_local weft_status_t g_group_error; /* the first refused call of the group */
-/* The communicators the open group stays inside (entered at their first call, left at its end). */
+/* The communicators the open group stays inside (kept from their first call, left at its end). */
 #define COMM_HELD 8
 static _Thread_local weft_comm_t *g_held[COMM_HELD];
 static _Thread_local unsigned g_nheld;
@@ -94,7 +99,16 @@ static pthread_key_t g_calls_key;
 static pthread_once_t g_calls_once = PTHREAD_ONCE_INIT;
 static bool g_calls_keyed; /* the key exists (set once, under g_calls_once) */
 
-static void calls_release(void *p) { weft__meta_free(p); }
+/* The thread's end: its buffer goes, and with it any group still open (a later thread-exit
+ * destructor that ends it finds no group; the kept entries ended with the handle set's). */
+static void calls_release(void *p) {
+  weft__meta_free(p);
+  g_calls = NULL;
+  g_ncalls = g_capcalls = 0;
+  g_depth = 0;
+  g_nheld = 0;
+  g_ending = false;
+}
 
 static void calls_key_create(void) { g_calls_keyed = pthread_key_create(&g_calls_key, calls_release) == 0; }
 
@@ -146,24 +160,24 @@ static bool held(const weft_comm_t *c) {
   return false;
 }
 
-/* Enters c for a call of the open group: once per group where it may stay inside until the end
+/* Enters c for a call of the open group: once per group where it can stay inside until the end
  * (*stay: true; nothing to leave now), else for this call only (*stay false: leave after it). */
 static weft_status_t group_enter(weft_comm_t *c, const char *fn, bool *stay) {
   *stay = true;
   if (held(c)) return WEFT_OK;
-  /* Room for this one and a few levels of calls meanwhile (weft__handle_can_hold). */
-  *stay = g_nheld < COMM_HELD && weft__handle_can_hold(4);
-  weft_status_t st = comm_enter(c, fn);
-  if (st == WEFT_OK && *stay) g_held[g_nheld++] = c;
-  return st;
+  if (g_nheld < COMM_HELD && weft__handle_keep(c, WEFT__HANDLE_COMM)) {
+    weft_status_t st = runtime_alive(c, fn);
+    if (st == WEFT_OK) g_held[g_nheld++] = c;
+    else weft__handle_unkeep(c);
+    return st;
+  }
+  *stay = false; /* (no room to keep it, or not live: comm_enter says which) */
+  return comm_enter(c, fn);
 }
 
-/* Leaves the communicators the group stayed inside, last entered first. */
+/* Leaves the communicators the group stayed inside. */
 static void group_leave(void) {
-  while (g_nheld > 0) {
-    g_nheld--;
-    weft__handle_leave();
-  }
+  while (g_nheld > 0) weft__handle_unkeep(g_held[--g_nheld]);
 }
 
 /* ---- captures holding a communicator's collectives ---- */
@@ -478,6 +492,8 @@ weft_status_t weft_recv(weft_comm_t *c, weft_block_t recv, size_t recv_offset, s
 /* ---- groups ---- */
 
 weft_status_t weft_comm_group_begin(void) {
+  if (g_ending) /* (a capture handler that weft_comm_group_end runs) */
+    return weft__error(WEFT_ERR_BUSY, "weft_comm_group_begin: inside this thread's weft_comm_group_end (a capture handler)");
   if (g_depth++ == 0) {
     g_ncalls = 0;
     g_group_error = WEFT_OK;
@@ -611,20 +627,16 @@ static weft_status_t run_group(weft_stream_t *s, void *arg) {
   return r == ncclSuccess ? WEFT_OK : weft__nccl_fail(g->nl, r, "weft_comm_group_end");
 }
 
-weft_status_t weft_comm_group_end(void) {
-  if (g_depth == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_comm_group_end: no weft_comm_group_begin");
-  if (--g_depth > 0) return WEFT_OK;
-  size_t ncalls = g_ncalls;
-  g_ncalls = 0;
-  if (g_group_error != WEFT_OK) {
-    group_leave();
-    return weft__error(g_group_error, "weft_comm_group_end: %s", g_group_message);
-  }
+/* The work of the outermost weft_comm_group_end: the open group's ncalls calls (g_calls) run as
+ * one joint use, or nothing happens (the group's first refused call, a communicator or block gone
+ * since). The caller leaves the kept communicators afterwards. */
+static weft_status_t end_group(size_t ncalls) {
+  if (g_group_error != WEFT_OK) return weft__error(g_group_error, "weft_comm_group_end: %s", g_group_message);
   /* The group is inside its communicators since their first calls (g_held), so none was
    * destroyed since; one it could not stay inside is entered again now (and may have been
    * destroyed: the group then enqueues nothing). The calls' blocks are looked at again
    * (group_blocks_live), their streams checked again by weft__use_joint_uses. */
-  size_t entered = 0; /* entered now, inside g_held's */
+  size_t entered = 0; /* entered now, besides g_held's */
   for (size_t i = 0; i < ncalls; i++) {
     weft_comm_t *c = g_calls[i].c;
     if (held(c)) continue;
@@ -637,14 +649,10 @@ weft_status_t weft_comm_group_end(void) {
       char why[512];
       snprintf(why, sizeof why, "%s", weft_last_error());
       while (entered-- > 0) weft__handle_leave();
-      group_leave();
       return weft__error(bad, "weft_comm_group_end: call %zu of the group: %s", i + 1, why);
     }
   }
-  if (ncalls == 0) {
-    group_leave();
-    return WEFT_OK;
-  }
+  if (ncalls == 0) return WEFT_OK;
   const weft__nccl_t *nl;
   weft_status_t st = weft__nccl_get(&nl);
   group_uses_t g; /* (not cleared: its small arrays are large; group_room sets what is read) */
@@ -659,7 +667,17 @@ weft_status_t weft_comm_group_end(void) {
     if (g.heap != NULL) weft__meta_free(g.heap);
   }
   while (entered-- > 0) weft__handle_leave();
+  return st;
+}
+
+weft_status_t weft_comm_group_end(void) {
+  if (g_depth == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_comm_group_end: no weft_comm_group_begin");
+  if (--g_depth > 0) return WEFT_OK;
+  g_ending = true; /* (the calls stay in g_calls until the end returns) */
+  weft_status_t st = end_group(g_ncalls);
   group_leave();
+  g_ncalls = 0;
+  g_ending = false;
   return st;
 }
 
@@ -751,7 +769,7 @@ static weft_status_t connect_eagerly(weft_comm_t *const *c, int n) {
 
 /* A communicator is made outside the calling thread's groups: its eager connection is a group of
  * its own (connect_eagerly), which an open group would swallow until its end, after the
- * connection's buffers are freed. */
+ * connection's buffers are freed (and which a group being ended refuses: g_ending). */
 static weft_status_t outside_groups(const char *fn) {
   return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: inside an open weft_comm_group_begin: end the group first", fn);
 }
@@ -779,7 +797,7 @@ weft_status_t weft_comm_init_rank(weft_runtime_t *rt, int nranks, const weft_com
   static const char fn[] = "weft_comm_init_rank";
   if (id == NULL || out == NULL || nranks <= 0 || rank < 0 || rank >= nranks)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: NULL id or out, or rank %d not in 0..%d", fn, rank, nranks - 1);
-  if (g_depth > 0) return outside_groups(fn);
+  if (g_depth > 0 || g_ending) return outside_groups(fn);
   const weft__nccl_t *nl;
   weft_status_t st = bind(rt, fn);
   if (st == WEFT_OK) st = weft__nccl_get(&nl);
@@ -807,7 +825,7 @@ weft_status_t weft_comm_init_all(weft_runtime_t *const *rts, int n, weft_comm_t 
   static const char fn[] = "weft_comm_init_all";
   if (rts == NULL || out == NULL || n <= 0)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: NULL runtimes or out, or n <= 0", fn);
-  if (g_depth > 0) return outside_groups(fn);
+  if (g_depth > 0 || g_ending) return outside_groups(fn);
   const weft__nccl_t *nl;
   weft_status_t st = weft__nccl_get(&nl);
   int *devs = st == WEFT_OK ? weft__meta_calloc((size_t)n, sizeof *devs) : NULL;
@@ -867,9 +885,10 @@ weft_status_t weft_comm_adopt(weft_runtime_t *rt, void *nccl_comm, weft_comm_t *
 weft_status_t weft_comm_destroy(weft_comm_t *c) {
   static const char fn[] = "weft_comm_destroy";
   if (c == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: the communicator is NULL", fn);
-  /* This thread's open group calls on c, and may be inside it (g_held): its end would need c. */
-  bool in_group = g_depth > 0 && held(c);
-  for (size_t i = 0; g_depth > 0 && i < g_ncalls && !in_group; i++) in_group = g_calls[i].c == c;
+  /* This thread's open group, or the group it is ending (a capture handler that the end runs),
+   * calls on c, and may be inside it (g_held): its end needs c. */
+  bool in_group = held(c);
+  for (size_t i = 0; (g_depth > 0 || g_ending) && i < g_ncalls && !in_group; i++) in_group = g_calls[i].c == c;
   if (in_group) return weft__error(WEFT_ERR_BUSY, "%s: this thread's open group calls on it: end the group first", fn);
   if (!weft__handle_remove(c, WEFT__HANDLE_COMM)) return weft__error(WEFT_ERR_STALE_HANDLE, "%s: destroyed already", fn);
   /* Not while a capture holding its collectives is open: its graph would name a destroyed NCCL

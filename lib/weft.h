@@ -1020,7 +1020,8 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_comm_unique_id(weft_comm_id_t *out);
  * program's first collective may then be captured in any mode. Send and receive connect apart,
  * at a communicator's first send or receive: make that one outside a GLOBAL capture (eagerly,
  * or in a RELAXED or THREAD_LOCAL capture). A communicator from weft_comm_adopt is as its
- * program left it. Not inside the calling thread's open group (INVALID_ARGUMENT).
+ * program left it. Not inside the calling thread's open group, nor a capture handler its end runs
+ * (INVALID_ARGUMENT).
  * Errors: INVALID_ARGUMENT, STALE_HANDLE, NOT_SUPPORTED (no NCCL), COMM. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_comm_init_rank(weft_runtime_t *rt, int nranks, const weft_comm_id_t *id, int rank, weft_comm_t **out);
 /** One communicator over the runtimes rts[0..n) of this process (rank i on rts[i]'s device), as
@@ -1033,9 +1034,13 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_comm_adopt(weft_runtime_t *rt, void *
 /** Destroys the communicator (ncclCommDestroy, unless adopted); its collectives already enqueued
  * complete. A graph captured with its collectives names it: destroy it only after those graphs
  * (weft cannot see graphs launched outside it). An open group of another thread that calls on it
- * is inside it until its weft_comm_group_end: the destroy waits for that end.
- * Errors: STALE_HANDLE, BUSY (a capture holding its collectives is still open, or an open group of
- * the calling thread calls on it: nothing done), COMM (NCCL refused: the communicator stays). */
+ * is inside it until its weft_comm_group_end (for the group's first 8 communicators; a further
+ * one is entered at its calls and again at the end, which then fails, STALE_HANDLE, if it was
+ * destroyed meanwhile): the destroy waits for that end. So two threads must not each destroy a
+ * communicator that the other's open group calls on: each would wait for the other.
+ * Errors: STALE_HANDLE, BUSY (a capture holding its collectives is still open, or the calling
+ * thread's open group calls on it, or its group's end runs this destroy from a capture handler:
+ * nothing done), COMM (NCCL refused: the communicator stays). */
 WEFT_API weft_status_t weft_comm_destroy(weft_comm_t *c);
 /** This rank, the number of ranks, the runtime, and the stream collectives run on by default (a
  * pool stream of the runtime chosen at creation, the last high-priority one when there is one). */
@@ -1071,10 +1076,12 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_recv(weft_comm_t *c, weft_block_t rec
  * receives between the same ranks. At the end every stream of the group waits for what its
  * calls need, then NCCL enqueues the group, then the uses are recorded. The group's blocks must
  * not be used by other threads until weft_comm_group_end returns. A call is checked when it is
- * made, and its communicator stays live until the group's end (weft_comm_destroy; for the first 8
- * communicators of a group, a further one destroyed meanwhile makes the end fail). Errors of the
- * end: those of the collectives (nothing is enqueued then; STALE_HANDLE for a block freed since
- * its call), COMM. */
+ * made. Its communicator stays live until the group's end (weft_comm_destroy says how); past the
+ * group's first 8 communicators, one destroyed meanwhile makes the end fail. A thread that ends
+ * with its group open drops the group. A capture handler that the end runs (weft meets a capture
+ * on one of the group's streams) may not begin a group: BUSY. Errors of the end: those of the
+ * collectives (nothing is enqueued then; STALE_HANDLE for a block freed since its call), COMM;
+ * INVALID_ARGUMENT with no open group. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_comm_group_begin(void);
 WEFT_API WEFT_NODISCARD weft_status_t weft_comm_group_end(void);
 

@@ -99,7 +99,8 @@ bool weft__handle_remove(const void *p, weft__handle_kind_t kind) {
  * count are seq_cst, an xchg and a load on x86) looks through the records: either the entering
  * thread sees the removal and fails, or the removal sees the publication and waits for it to go. */
 typedef struct inside {
-  _Atomic(const void *) p[WEFT__HANDLE_DEPTH];
+  _Atomic(const void *) p[WEFT__HANDLE_DEPTH];   /* nested entries, innermost at tls_depth - 1 */
+  _Atomic(const void *) kept[WEFT__HANDLE_KEPT]; /* kept entries, in any slot (NULL: free) */
   atomic_bool taken;
 } inside_t;
 
@@ -108,7 +109,8 @@ static atomic_uint g_inside_top; /* records ever taken: a scan stops there */
 static pthread_key_t g_inside_key;
 static pthread_once_t g_inside_once = PTHREAD_ONCE_INIT;
 static _Thread_local inside_t *tls_inside;
-static _Thread_local unsigned tls_depth;   /* entries published in tls_inside */
+static _Thread_local unsigned tls_depth;   /* nested entries published in tls_inside */
+static _Thread_local unsigned tls_kept;    /* kept entries published in tls_inside */
 static _Thread_local unsigned tls_locked;  /* entries made under the set's lock (no record) */
 static _Thread_local uint32_t tls_locked_at; /* bit d: entry d holds the lock */
 
@@ -117,10 +119,12 @@ static _Thread_local uint32_t tls_locked_at; /* bit d: entry d holds the lock */
 static void inside_release(void *rec) {
   inside_t *h = rec;
   for (unsigned d = 0; d < WEFT__HANDLE_DEPTH; d++) atomic_store_explicit(&h->p[d], NULL, memory_order_relaxed);
+  for (unsigned d = 0; d < WEFT__HANDLE_KEPT; d++) atomic_store_explicit(&h->kept[d], NULL, memory_order_relaxed);
   atomic_store_explicit(&h->taken, false, memory_order_release);
   if (tls_inside == h) { /* (a later destructor's entry takes a record again) */
     tls_inside = NULL;
     tls_depth = 0;
+    tls_kept = 0;
   }
 }
 static void inside_key(void) { (void)pthread_key_create(&g_inside_key, inside_release); }
@@ -144,6 +148,24 @@ static inside_t *my_inside(void) {
   return NULL;
 }
 
+/* Publishes p, live, in this thread's slot *slot (free): true; or false, the slot left free.
+ * A dead object is refused before it is published: a removal waits until it sees each record
+ * without p once, which threads that keep trying a dead object would otherwise put off. */
+static bool publish(_Atomic(const void *) *slot, const void *p, weft__handle_kind_t kind) {
+  uint64_t removals = atomic_load_explicit(&g_removals, memory_order_acquire);
+  seen_t *e = seen_slot(p);
+  if (!seen_live(e, p, kind, removals) && !live_locked(p, kind, e, removals)) return false;
+  /* The publication comes before the count is read again (both seq_cst; a removal counts, fences
+   * and reads the records): one of the two sees the other. Live when the count was read above;
+   * still live if nothing was removed since (else look). */
+  atomic_store_explicit(slot, p, memory_order_seq_cst);
+  if (atomic_load_explicit(&g_removals, memory_order_seq_cst) != removals && !weft__handle_live(p, kind)) {
+    atomic_store_explicit(slot, NULL, memory_order_relaxed);
+    return false;
+  }
+  return true;
+}
+
 bool weft__handle_enter(const void *p, weft__handle_kind_t kind) {
   if (p == NULL) return false;
   unsigned depth = tls_depth + tls_locked;
@@ -160,28 +182,36 @@ bool weft__handle_enter(const void *p, weft__handle_kind_t kind) {
     tls_locked++;
     return true;
   }
-  /* A dead object is refused before it is published: a removal waits until it sees each record
-   * without p once, which threads that keep trying a dead object would otherwise put off. */
-  uint64_t removals = atomic_load_explicit(&g_removals, memory_order_acquire);
-  seen_t *e = seen_slot(p);
-  if (!seen_live(e, p, kind, removals) && !live_locked(p, kind, e, removals)) return false;
-  /* The publication comes before the count is read again (both seq_cst; a removal counts, fences
-   * and reads the records): one of the two sees the other. Live when the count was read above;
-   * still live if nothing was removed since (else look). */
-  atomic_store_explicit(&h->p[tls_depth], p, memory_order_seq_cst);
-  if (atomic_load_explicit(&g_removals, memory_order_seq_cst) != removals && !weft__handle_live(p, kind)) {
-    atomic_store_explicit(&h->p[tls_depth], NULL, memory_order_relaxed);
-    return false;
-  }
+  if (!publish(&h->p[tls_depth], p, kind)) return false;
   tls_depth++;
   return true;
 }
 
-bool weft__handle_can_hold(unsigned more) {
-  return tls_locked == 0 && tls_depth + more < WEFT__HANDLE_DEPTH && my_inside() != NULL;
+bool weft__handle_keep(const void *p, weft__handle_kind_t kind) {
+  if (p == NULL || tls_kept == WEFT__HANDLE_KEPT) return false;
+  inside_t *h = my_inside();
+  if (h == NULL) return false;
+  unsigned d = 0;
+  while (atomic_load_explicit(&h->kept[d], memory_order_relaxed) != NULL) d++; /* (one is free) */
+  if (!publish(&h->kept[d], p, kind)) return false;
+  tls_kept++;
+  return true;
 }
 
+void weft__handle_unkeep(const void *p) {
+  if (tls_kept == 0) return;
+  for (unsigned d = 0; d < WEFT__HANDLE_KEPT; d++)
+    if (atomic_load_explicit(&tls_inside->kept[d], memory_order_relaxed) == p) {
+      atomic_store_explicit(&tls_inside->kept[d], NULL, memory_order_release);
+      tls_kept--;
+      return;
+    }
+}
+
+unsigned weft__handle_entries(void) { return tls_depth + tls_locked + tls_kept; }
+
 void weft__handle_leave(void) {
+  WEFT_ASSERT_INTERNAL(tls_depth + tls_locked > 0);
   unsigned depth = tls_depth + tls_locked - 1;
   if ((tls_locked_at >> depth) & 1u) {
     tls_locked_at &= ~(1u << depth);
@@ -204,6 +234,8 @@ static void wait_outside(const void *p) {
     if (&g_inside[i] == tls_inside) continue;
     for (unsigned d = 0; d < WEFT__HANDLE_DEPTH; d++)
       while (atomic_load_explicit(&g_inside[i].p[d], memory_order_acquire) == p) sched_yield();
+    for (unsigned d = 0; d < WEFT__HANDLE_KEPT; d++)
+      while (atomic_load_explicit(&g_inside[i].kept[d], memory_order_acquire) == p) sched_yield();
   }
 }
 

@@ -49,21 +49,30 @@ void weft__handle_restore(const void *p, weft__handle_kind_t kind);
  * other thread is inside p: whoever destroys p frees it only after every call that entered it has
  * left. Calls inside p must not wait for a destroy of p on another thread. Each thread publishes
  * what it is inside in a slot of its own (a hazard pointer: one store and a fence, no lock, no
- * shared line written); nested entries up to WEFT__HANDLE_DEPTH. A thread's entries end with it. A thread that finds no free slot
- * (more than WEFT__HANDLE_THREADS threads inside at once) holds the set's lock as a reader
- * instead, until it leaves. */
+ * shared line written); nested entries up to WEFT__HANDLE_DEPTH. A thread's entries end with it.
+ * A thread that finds no free slot (deeper, or more than WEFT__HANDLE_THREADS threads inside at
+ * once) holds the set's lock as a reader instead, until it leaves. */
 bool weft__handle_enter(const void *p, weft__handle_kind_t kind);
 /** Leaves the object the calling thread entered last (weft__handle_enter returned true). */
 void weft__handle_leave(void);
-/** Whether the calling thread's next weft__handle_enter, and `more` entries after it, would be
- * published (a hazard pointer) rather than hold the set's lock: only such an entry may stay while
- * the thread runs code outside weft (a group holds its communicators from its calls to its end),
- * since the thread may then destroy objects, which takes the lock as a writer. */
-bool weft__handle_can_hold(unsigned more);
+/** Enters live object p, as weft__handle_enter, for longer than a call: the entry stays while
+ * the thread runs the program's code, until weft__handle_unkeep(p) (a group stays inside its
+ * communicators from its calls to its end). Kept entries are apart from the nested ones:
+ * weft__handle_leave never leaves one, whatever was entered before or after it. False, nothing
+ * entered, when p is not a live object of that kind or the thread has no free kept slot
+ * (WEFT__HANDLE_KEPT, or no record: then enter for each call instead). */
+bool weft__handle_keep(const void *p, weft__handle_kind_t kind);
+/** Leaves one kept entry of p (weft__handle_keep); nothing when the thread keeps none (its
+ * entries ended with a thread-exit destructor). */
+void weft__handle_unkeep(const void *p);
+/** The calling thread's entries now: nested (weft__handle_enter) and kept (for assertions and
+ * tests: a call that returns has left what it entered). */
+unsigned weft__handle_entries(void);
 #define WEFT__HANDLE_THREADS 1024
-/* A weft group holds up to COMM_HELD (comm/comm.c) of its communicators across the program's
- * code between its calls; the rest is room for the calls made meanwhile, which nest a few deep. */
-#define WEFT__HANDLE_DEPTH 16
+/* Nested entries per thread published in its record (weft's calls nest a few levels deep; past
+ * it, the set's lock), and entries kept at once (a group keeps up to COMM_HELD, comm/comm.c). */
+#define WEFT__HANDLE_DEPTH 8
+#define WEFT__HANDLE_KEPT 8
 
 /** True when p was an object of that kind and was destroyed (and its address not reused since):
  * what tells a destroyed weft resource from a resource a user wrote, which weft never saw. */

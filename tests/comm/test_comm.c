@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include "lib/core/driver.h"
+#include "lib/core/handle.h"
 #include "lib/core/meta.h"
 #include "lib/runtime/runtime.h"
 #include "sim/weft_sim.h"
@@ -543,6 +544,7 @@ static void test_a_communicator_destroyed_inside_its_own_threads_group_is_busy(v
   assert_int_equal(weft_all_reduce(x[0], a[0], 0, a[0], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_OK);
   assert_int_equal(weft_all_reduce(x[1], a[1], 0, a[1], 0, N, (weft_dtype_t)99, WEFT_SUM, NULL), WEFT_ERR_INVALID_ARGUMENT);
   assert_int_equal(weft_comm_group_end(), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(weft__handle_entries(), 0); /* (this thread's own destroys do not wait for it) */
   for (int r = 0; r < 2; r++) assert_int_equal(weft_comm_destroy(x[r]), WEFT_OK);
   for (int r = 0; r < 2; r++) assert_int_equal(weft_free(a[r], stream(r, 0)), WEFT_OK);
   for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
@@ -608,8 +610,8 @@ static void test_a_destroy_on_another_thread_waits_for_the_groups_end(void **sta
 
 /* A group over more communicators than it stays inside (comm.c's COMM_HELD, 8): the ones past
  * it are entered at their calls and again at the end. The group runs whole and its sums are
- * right; afterwards every communicator is destroyed at once (a group that left more or fewer
- * entries than it made would make a destroy wait for good or free one still entered). */
+ * right, and the end leaves every entry it made (weft__handle_entries: the thread's own destroys
+ * would not wait for one left behind). */
 static void test_a_group_over_more_communicators_than_it_stays_inside(void **state) {
   (void)state;
   if (!g_two) skip();
@@ -628,7 +630,9 @@ static void test_a_group_over_more_communicators_than_it_stays_inside(void **sta
     assert_int_equal(weft_comm_group_end(), WEFT_OK);
   }
   assert_int_equal(weft_comm_destroy(x[PAIRS - 1][1]), WEFT_ERR_BUSY); /* past COMM_HELD: still refused */
+  assert_int_equal(weft__handle_entries(), 8);                         /* COMM_HELD of them kept */
   assert_int_equal(weft_comm_group_end(), WEFT_OK);
+  assert_int_equal(weft__handle_entries(), 0); /* (this thread's own destroys do not wait for it) */
   for (int r = 0; r < 2; r++) expect(r, a[r], 0, want, N);
   for (int p = 0; p < PAIRS; p++)
     for (int r = 0; r < 2; r++) assert_int_equal(weft_comm_destroy(x[p][r]), WEFT_OK);
@@ -789,6 +793,59 @@ static void test_a_thread_ending_with_its_group_open_holds_nothing(void **state)
   pthread_create(&t, NULL, one_group, &next);
   assert_int_equal(pthread_join(t, NULL), 0);
   assert_int_equal(next.st, WEFT_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_free(a[r], stream(r, 0)), WEFT_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
+  assert_int_equal(races(), 0);
+}
+
+/* A thread whose group is still open when weft's thread-exit destructors have run (a program's
+ * own pthread key, made after weft's, ends the group in its destructor): the group went with the
+ * thread's buffer, so its end says there is no group (INVALID_ARGUMENT) and touches nothing.
+ * Before, the end read the freed buffer of calls and left entries the thread no longer had. */
+static pthread_key_t late_key;
+static weft_status_t late_end = WEFT_OK;
+static atomic_int late_ran;
+
+static void late_destructor(void *arg) {
+  (void)arg;
+  late_end = weft_comm_group_end();
+  atomic_store(&late_ran, 1);
+}
+
+static void *group_ended_late(void *arg) {
+  open_group_t *g = arg;
+  g->st = open_and_reduce(g->x, g->a);
+  (void)pthread_setspecific(late_key, g); /* its destructor runs after weft's (made later) */
+  return NULL;
+}
+
+static void test_a_group_ended_after_the_threads_weft_state_went_is_no_group(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  weft_block_t a[2] = {alloc(0, N * 4), alloc(1, N * 4)};
+  grouper_t warm = {{a[0], a[1]}, WEFT_OK};
+  one_group(&warm); /* weft's thread keys exist before late_key */
+  assert_int_equal(warm.st, WEFT_OK);
+  assert_int_equal(pthread_key_create(&late_key, late_destructor), 0);
+  weft_comm_t *x[2];
+  assert_int_equal(weft_comm_init_all(rt, 2, x), WEFT_OK);
+  weft_counters_t c0[2], c1[2];
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_counters(rt[r], &c0[r]), WEFT_OK);
+  open_group_t g = {x, a, 0, 0, 0, WEFT_OK};
+  atomic_store(&late_ran, 0);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, group_ended_late, &g), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_int_equal(pthread_key_delete(late_key), 0);
+  assert_int_equal(g.st, WEFT_OK);
+  if (!atomic_load(&late_ran)) fail_msg("the thread's late destructor did not run");
+  if (late_end != WEFT_ERR_INVALID_ARGUMENT)
+    fail_msg("the group's end after the thread's weft state went: %s, want INVALID_ARGUMENT", weft_status_name(late_end));
+  for (int r = 0; r < 2; r++) {
+    assert_int_equal(weft_runtime_counters(rt[r], &c1[r]), WEFT_OK);
+    assert_int_equal(c1[r].uses, c0[r].uses); /* nothing enqueued */
+  }
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_comm_destroy(x[r]), WEFT_OK);
   for (int r = 0; r < 2; r++) assert_int_equal(weft_free(a[r], stream(r, 0)), WEFT_OK);
   for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
   assert_int_equal(races(), 0);
@@ -1251,6 +1308,7 @@ int main(void) {
       cmocka_unit_test(test_a_communicator_destroyed_inside_its_own_threads_group_is_busy),
       cmocka_unit_test(test_a_destroy_on_another_thread_waits_for_the_groups_end),
       cmocka_unit_test(test_a_thread_ending_with_its_group_open_holds_nothing),
+      cmocka_unit_test(test_a_group_ended_after_the_threads_weft_state_went_is_no_group),
       cmocka_unit_test(test_a_group_over_more_communicators_than_it_stays_inside),
       cmocka_unit_test(test_a_communicator_destroyed_while_a_thread_runs_groups_on_it),
       cmocka_unit_test(test_a_buffer_freed_inside_a_group_fails_its_end),

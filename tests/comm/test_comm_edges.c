@@ -1026,6 +1026,79 @@ static void test_a_foreign_capture_ended_unjoined_leaves_the_comm_stream_usable(
   }
 }
 
+/* A capture handler (weft_set_capture_handler) runs inside the weft call that meets the capture,
+ * weft_comm_group_end's too: here outside code forked its capture onto the comm streams, which
+ * only the group's end uses. The handler may call weft, but not undo the group being ended: a
+ * destroy of one of its communicators is BUSY, a group begun there is BUSY (its calls would go
+ * where the end reads its own), a communicator made there INVALID_ARGUMENT; the end then runs
+ * whole, and the graphs replay right. Before, the destroy freed a communicator the end then
+ * used, and a group begun there reset the end's calls. */
+static struct {
+  bool ending;            /* the test is inside weft_comm_group_end */
+  int met, met_elsewhere; /* captures the handler met on a comm stream during the end / before it */
+  weft_status_t destroy, begin, init;
+} in_end;
+
+static weft_status_t handler_in_end(weft_stream_t *s, uint64_t id, void *user) {
+  (void)id;
+  (void)user;
+  int r = 0;
+  while (r < NR && s != weft_comm_stream(comm[r])) r++;
+  if (r == NR) return WEFT_OK; /* the capture stream, met before the group */
+  if (!in_end.ending) {
+    in_end.met_elsewhere++;
+    return WEFT_OK;
+  }
+  if (in_end.met++ > 0) return WEFT_OK;
+  in_end.destroy = weft_comm_destroy(comm[r]);
+  in_end.begin = weft_comm_group_begin();
+  if (in_end.begin == WEFT_OK && weft_comm_group_end() != WEFT_OK) in_end.begin = WEFT_ERR_DRIVER; /* (reported) */
+  weft_comm_t *made[MAXR] = {NULL};
+  in_end.init = weft_comm_init_all(rt, NR, made);
+  for (int i = 0; in_end.init == WEFT_OK && i < NR; i++) (void)weft_comm_destroy(made[i]);
+  return WEFT_OK;
+}
+
+static void test_a_capture_handler_inside_a_groups_end_cannot_undo_the_group(void **state) {
+  (void)state;
+  if (NR == 0) skip();
+  static const char what[] = "a handler inside the group's end";
+  memset(&in_end, 0, sizeof in_end);
+  for (int r = 0; r < NR; r++) OK(weft_set_capture_handler(rt[r], handler_in_end, NULL));
+  ddp_t d;
+  ddp_prepare(&d);
+  for (int r = 0; r < NR; r++) outside_begin(&d, r, CU_STREAM_CAPTURE_MODE_RELAXED);
+  for (int r = 0; r < NR; r++) ddp_body_before(&d, r, false);
+  OK(weft_comm_group_begin());
+  for (int r = 0; r < NR; r++) OK(ddp_collectives(&d, r, false));
+  in_end.ending = true;
+  weft_status_t end = weft_comm_group_end();
+  in_end.ending = false;
+  for (int r = 0; r < NR; r++) OK(weft_set_capture_handler(rt[r], NULL, NULL));
+  if (in_end.met == 0 || in_end.met_elsewhere != 0)
+    fail_msg("%s: the handler met the comm streams' capture %d time(s) in the end, %d before it", what, in_end.met,
+             in_end.met_elsewhere);
+  if (in_end.destroy != WEFT_ERR_BUSY)
+    fail_msg("%s: destroying a communicator of the group: %s, want BUSY", what, weft_status_name(in_end.destroy));
+  if (in_end.begin != WEFT_ERR_BUSY)
+    fail_msg("%s: a group begun there: %s, want BUSY", what, weft_status_name(in_end.begin));
+  if (in_end.init != WEFT_ERR_INVALID_ARGUMENT)
+    fail_msg("%s: weft_comm_init_all there: %s, want INVALID_ARGUMENT", what, weft_status_name(in_end.init));
+  if (end != WEFT_OK) fail_msg("%s: the group's end: %s (%s)", what, weft_status_name(end), weft_last_error());
+  assert_int_equal(weft_comm_group_end(), WEFT_ERR_INVALID_ARGUMENT); /* no group is left open */
+  for (int r = 0; r < NR; r++) ddp_body_after(&d, r, false);
+  for (int r = 0; r < NR; r++) outside_end(&d, r);
+  for (int r = 0; r < NR; r++) {
+    on(r);
+    assert_int_equal(drv->cuGraphInstantiateWithFlags(&d.exec[r], d.graph[r], 0), CUDA_SUCCESS);
+  }
+  for (int rep = 0; rep < 2; rep++) {
+    for (int r = 0; r < NR; r++) ddp_launch(&d, r, rep);
+    for (int r = 0; r < NR; r++) ddp_check(&d, r, rep, false, what);
+  }
+  ddp_finish(&d, what);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_ddp_foreign_capture_one_thread, case_setup),
@@ -1038,6 +1111,7 @@ int main(void) {
       cmocka_unit_test_setup(test_a_collective_on_a_block_freed_by_another_thread, case_setup),
       cmocka_unit_test_setup(test_a_collective_on_a_captured_block_outside_the_capture_is_refused, case_setup),
       cmocka_unit_test_setup(test_a_foreign_capture_ended_unjoined_leaves_the_comm_stream_usable, case_setup),
+      cmocka_unit_test_setup(test_a_capture_handler_inside_a_groups_end_cannot_undo_the_group, case_setup),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -207,6 +207,76 @@ static void test_no_thread_is_inside_once_a_removal_returns(void **state) {
   assert_int_equal(seen_inside, 0);
 }
 
+/* ---- entries kept across the program's code (weft__handle_keep) ---- */
+
+static atomic_int g_unkept;
+
+static void *remove_kept(void *arg) {
+  assert_true(weft__handle_remove(arg, WEFT__HANDLE_COMM));
+  atomic_store(&g_returned, 1);
+  return (void *)(intptr_t)(atomic_load(&g_unkept) == 1); /* only once the keeper let go */
+}
+
+static void *remove_now(void *arg) { return (void *)(intptr_t)weft__handle_remove(arg, WEFT__HANDLE_EXEC); }
+
+static void *keep_and_end(void *arg) {
+  return (void *)(intptr_t)weft__handle_keep(arg, WEFT__HANDLE_COMM); /* never unkept: the thread ends */
+}
+
+/* A kept entry is apart from the nested ones: leaving the innermost entry never leaves a kept
+ * one, whichever came first (a group keeps its communicators from a call made inside another
+ * entry, e.g. a capture handler inside an exec's launch). A removal on another thread waits for
+ * the kept entry until weft__handle_unkeep; a thread that ends with entries kept holds nothing;
+ * weft__handle_entries counts them all. */
+static void test_kept_entries_are_apart_from_nested_ones(void **state) {
+  (void)state;
+  const void *x = objects[0], *c = objects[1], *gone = objects[2];
+  assert_true(weft__handle_add(x, WEFT__HANDLE_EXEC));
+  assert_true(weft__handle_add(c, WEFT__HANDLE_COMM));
+  assert_int_equal(weft__handle_entries(), 0);
+  assert_true(weft__handle_enter(x, WEFT__HANDLE_EXEC));
+  assert_true(weft__handle_keep(c, WEFT__HANDLE_COMM)); /* made inside x's entry */
+  assert_false(weft__handle_keep(x, WEFT__HANDLE_COMM)); /* another kind: not kept */
+  assert_int_equal(weft__handle_entries(), 2);
+  weft__handle_leave(); /* leaves x, not c */
+  assert_int_equal(weft__handle_entries(), 1);
+  pthread_t t;
+  void *ok;
+  assert_int_equal(pthread_create(&t, NULL, remove_now, (void *)x), 0);
+  assert_int_equal(pthread_join(t, &ok), 0); /* (x still entered: the removal would never return) */
+  assert_true(ok != NULL);
+  atomic_store(&g_unkept, 0);
+  atomic_store(&g_returned, 0);
+  assert_int_equal(pthread_create(&t, NULL, remove_kept, (void *)c), 0);
+  while (weft__handle_live(c, WEFT__HANDLE_COMM)) sched_yield(); /* marked dead: the removal runs */
+  for (int i = 0; i < 1000; i++) sched_yield();                  /* (it must still be waiting) */
+  assert_int_equal(atomic_load(&g_returned), 0);
+  atomic_store(&g_unkept, 1);
+  weft__handle_unkeep(c);
+  assert_int_equal(weft__handle_entries(), 0);
+  assert_int_equal(pthread_join(t, &ok), 0);
+  assert_true(ok != NULL);
+  assert_false(weft__handle_keep(c, WEFT__HANDLE_COMM)); /* dead: nothing kept */
+  weft__handle_unkeep(c);                                 /* not kept: nothing happens */
+  assert_int_equal(weft__handle_entries(), 0);
+  /* Up to WEFT__HANDLE_KEPT at once; then none, and nested entries still work. */
+  assert_true(weft__handle_add(c, WEFT__HANDLE_COMM));
+  for (int i = 0; i < WEFT__HANDLE_KEPT; i++) assert_true(weft__handle_keep(c, WEFT__HANDLE_COMM));
+  assert_false(weft__handle_keep(c, WEFT__HANDLE_COMM));
+  assert_true(weft__handle_enter(c, WEFT__HANDLE_COMM));
+  assert_int_equal(weft__handle_entries(), WEFT__HANDLE_KEPT + 1);
+  weft__handle_leave();
+  for (int i = 0; i < WEFT__HANDLE_KEPT; i++) weft__handle_unkeep(c);
+  assert_int_equal(weft__handle_entries(), 0);
+  assert_true(weft__handle_remove(c, WEFT__HANDLE_COMM));
+  /* A thread that ends keeping an entry: its entries end with it. */
+  assert_true(weft__handle_add(gone, WEFT__HANDLE_COMM));
+  assert_int_equal(pthread_create(&t, NULL, keep_and_end, (void *)gone), 0);
+  assert_int_equal(pthread_join(t, &ok), 0);
+  assert_true(ok != NULL);
+  assert_true(weft__handle_remove(gone, WEFT__HANDLE_COMM)); /* (would wait for ever) */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_live_remove_restore_and_kinds),
@@ -215,6 +285,7 @@ int main(void) {
       cmocka_unit_test(test_a_removal_waits_for_the_thread_inside),
       cmocka_unit_test(test_entries_nest_past_the_records_depth),
       cmocka_unit_test(test_no_thread_is_inside_once_a_removal_returns),
+      cmocka_unit_test(test_kept_entries_are_apart_from_nested_ones),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
