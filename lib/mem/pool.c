@@ -71,6 +71,7 @@
  */
 #include <string.h>
 
+#include "lib/core/lock.h"
 #include "lib/mem/mem.h"
 #include "lib/mem/tlsf.h"
 
@@ -113,7 +114,7 @@ typedef struct lane_cache {
 
 typedef struct pool {
   weft_resource_t base;       /* first: the resource view */
-  pthread_mutex_t lock;       /* rank 20; guards everything below */
+  weft__lock_t lock;          /* rank 20; guards everything below (lock.h: the pair's hot path) */
   weft__tracker_t *tr;
   weft_pool_options_t opt;
   unsigned idle;              /* lane of known-complete ranges (= tr->n) */
@@ -448,9 +449,9 @@ static weft__tlsf_range_t *settle(pool_t *p, weft_stream_t *s, uint64_t n, weft_
     weft__tlsf_range_t *newest = weft__tlsf_newest(&p->tlsf, t);
     if (newest != NULL) pts[k++] = at_lane(p, t, newest->stamp);
   }
-  pthread_mutex_unlock(&p->lock);
+  weft__unlock(&p->lock);
   weft_status_t sync = weft__tracker_sync_points(p->tr, pts, k);
-  pthread_mutex_lock(&p->lock);
+  weft__lock(&p->lock);
   if (sync != WEFT_OK) {
     *st = sync;
     return NULL;
@@ -541,7 +542,7 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "pool: %zu bytes is beyond the pool's largest size class", bytes);
   uint64_t n = weft__tlsf_round_up(bytes);
   weft_status_t st = WEFT_OK;
-  pthread_mutex_lock(&p->lock);
+  weft__lock(&p->lock);
   weft__tlsf_range_t *r = NULL;
   /* A free of this size on s, kept aside: stream order makes it safe at once. */
   lane_cache_t *lc = &p->cache[s->index];
@@ -552,7 +553,7 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
     p->cached--;
     r->held = 0;
     weft__counts_out(&p->base.counts, bytes);
-    pthread_mutex_unlock(&p->lock);
+    weft__unlock(&p->lock);
     *out = (CUdeviceptr)r->addr;
     return WEFT_OK;
   }
@@ -562,7 +563,7 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
     chunk_t *k = take_kept(p, s, n);
     if (k != NULL) {
       weft__counts_out(&p->base.counts, bytes);
-      pthread_mutex_unlock(&p->lock);
+      weft__unlock(&p->lock);
       *out = k->base;
       return WEFT_OK;
     }
@@ -617,12 +618,12 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
   if (r != NULL && a == NULL) st = weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "pool: no host memory for a range record");
   if (a == NULL && (st == WEFT_ERR_OUT_OF_MEMORY || st == WEFT_ERR_OVER_BUDGET)) st = out_of_memory(p, bytes, st);
   if (a == NULL) {
-    pthread_mutex_unlock(&p->lock);
+    weft__unlock(&p->lock);
     return st;
   }
   WEFT_ASSERT_EXPENSIVE(pool_is_valid(p));
   weft__counts_out(&p->base.counts, bytes);
-  pthread_mutex_unlock(&p->lock);
+  weft__unlock(&p->lock);
   *out = (CUdeviceptr)a->addr;
   return WEFT_OK;
 }
@@ -630,12 +631,12 @@ static weft_status_t pool_allocate(weft_resource_t *self, size_t bytes, weft_str
 static weft_status_t pool_deallocate(weft_resource_t *self, CUdeviceptr ptr, size_t bytes, weft_stream_t *s,
                                      const char *tag) {
   pool_t *p = (pool_t *)self;
-  pthread_mutex_lock(&p->lock);
+  weft__lock(&p->lock);
   weft__tlsf_range_t *r = weft__tlsf_lookup(&p->tlsf, ptr);
   /* A freed block's range is cached (held), or its chunk kept: either way, freed. */
   if (r != NULL && (r->held || ((chunk_t *)r->chunk)->kept)) r = NULL;
   if (r == NULL || r->size != weft__tlsf_round_up(bytes)) {
-    pthread_mutex_unlock(&p->lock);
+    weft__unlock(&p->lock);
     if (r == NULL)
       return weft__error(WEFT_ERR_INVALID_ARGUMENT, "pool: 0x%llx was not allocated from this pool (or was freed)",
                          (unsigned long long)ptr);
@@ -646,7 +647,7 @@ static weft_status_t pool_deallocate(weft_resource_t *self, CUdeviceptr ptr, siz
   if (c->dedicated) {
     weft_status_t st = keep_chunk(p, c, s);
     if (st != WEFT_OK) {
-      pthread_mutex_unlock(&p->lock);
+      weft__unlock(&p->lock);
       return st;
     }
   } else {
@@ -663,24 +664,24 @@ static weft_status_t pool_deallocate(weft_resource_t *self, CUdeviceptr ptr, siz
   }
   WEFT_ASSERT_EXPENSIVE(pool_is_valid(p));
   weft__counts_back(&p->base.counts, bytes);
-  pthread_mutex_unlock(&p->lock);
+  weft__unlock(&p->lock);
   return WEFT_OK;
 }
 
 void weft__pool_recount(weft_resource_t *r, uint64_t bytes, bool out) {
   pool_t *p = (pool_t *)r;
-  pthread_mutex_lock(&p->lock);
+  weft__lock(&p->lock);
   if (out) weft__counts_out(&p->base.counts, bytes);
   else weft__counts_back(&p->base.counts, bytes);
-  pthread_mutex_unlock(&p->lock);
+  weft__unlock(&p->lock);
 }
 
 static void pool_stats(const weft_resource_t *self, weft_resource_stats_t *out) {
   pool_t *p = (pool_t *)self;
-  pthread_mutex_lock(&p->lock);
+  weft__lock(&p->lock);
   out->reserved_bytes = p->reserved;
   out->reserved_peak = p->reserved_peak;
-  pthread_mutex_unlock(&p->lock);
+  weft__unlock(&p->lock);
 }
 
 /* Wholly idle chunks go back to upstream (on a stream that takes part in no capture), then the
@@ -689,12 +690,12 @@ static weft_status_t pool_trim(weft_resource_t *self, size_t keep) {
   pool_t *p = (pool_t *)self;
   weft_stream_t *on = weft__tracker_hold_live(p->tr, "pool trim");
   if (on == NULL) return WEFT_ERR_CAPTURE;
-  pthread_mutex_lock(&p->lock);
+  weft__lock(&p->lock);
   flush_caches(p);
   retire_all(p);
   weft_status_t st = p->opt.release_empty_chunks ? release_kept(p, on, KEPT_COMPLETE) : WEFT_OK;
   if (st == WEFT_OK && p->opt.release_empty_chunks) st = release_idle_chunks(p, keep, on);
-  pthread_mutex_unlock(&p->lock);
+  weft__unlock(&p->lock);
   weft__tracker_unhold(on);
   return st == WEFT_OK ? weft__resource_trim(p->base.upstream, keep) : st;
 }
@@ -733,7 +734,6 @@ static weft_status_t pool_destroy(weft_resource_t *self) {
   }
   if (on != NULL) weft__tracker_unhold(on);
   weft__tlsf_destroy(&p->tlsf);
-  pthread_mutex_destroy(&p->lock);
   weft__meta_free(p->cache);
   weft__meta_free(p);
   return first;
@@ -742,7 +742,7 @@ static weft_status_t pool_destroy(weft_resource_t *self) {
 static void pool_segments(const weft_resource_t *self, void (*segment)(void *ctx, const weft_segment_t *s),
                           void (*free_range)(void *ctx, const weft_free_range_t *r), void *ctx) {
   pool_t *p = (pool_t *)self;
-  pthread_mutex_lock(&p->lock);
+  weft__lock(&p->lock);
   for (const chunk_t *c = p->chunks; c != NULL; c = c->next) {
     weft_segment_t s = {c->base, c->bytes, c->dedicated};
     segment(ctx, &s);
@@ -758,7 +758,7 @@ static void pool_segments(const weft_resource_t *self, void (*segment)(void *ctx
       weft_free_range_t f = {r->addr, r->size, p->cache[t].e[i].stamp == 0 ? p->idle : t};
       free_range(ctx, &f);
     }
-  pthread_mutex_unlock(&p->lock);
+  weft__unlock(&p->lock);
 }
 
 const weft_resource_ops_t weft__pool_ops = {
@@ -793,7 +793,6 @@ weft_status_t weft__pool_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_re
     goto fail_cache;
   }
   if ((st = weft__tlsf_init(&p->tlsf, tr->n + 1)) != WEFT_OK) goto fail_tlsf;
-  if ((st = weft__mem_lock_init(&p->lock, who)) != WEFT_OK) goto fail_lock;
   weft__resource_init(&p->base, &weft__pool_ops, upstream, rt);
   p->tr = tr;
   p->opt = o;
@@ -802,8 +801,6 @@ weft_status_t weft__pool_create(weft__tracker_t *tr, weft_runtime_t *rt, weft_re
   p->keep_bytes = o.chunk_bytes * KEEP_CHUNKS;
   *out = &p->base;
   return WEFT_OK;
-fail_lock:
-  weft__tlsf_destroy(&p->tlsf);
 fail_tlsf:
   weft__meta_free(p->cache);
 fail_cache:

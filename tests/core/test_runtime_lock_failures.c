@@ -74,8 +74,9 @@ static void test_first_life_block_table_lock_failure(void **state) {
 
 static void test_each_mutex_init_failure_unwinds(void **state) {
   (void)state;
-  /* The resources' locks (pool, guard); the trackers share one static lock (streams/clock.c). */
-  assert_true(fail_each_call(FAIL_MUTEX_INIT) >= 2);
+  /* The guard's lock; the pool's is a weft__lock_t (lib/core/lock.h), which cannot fail, and the
+   * trackers share one static lock (streams/clock.c). */
+  assert_true(fail_each_call(FAIL_MUTEX_INIT) >= 1);
 }
 
 static void test_each_cond_init_failure_unwinds(void **state) {

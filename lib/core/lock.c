@@ -1,0 +1,39 @@
+/* The contended sides of weft__lock_t (lock.h). */
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "lib/core/lock.h"
+
+/* Tries to take a free lock this many times (reading it between tries) before sleeping: about a
+ * microsecond, longer than the pool's sections that do not call the driver. */
+#define SPINS 100
+
+/* A spinning thread's hint to the core (x86 pause, Arm yield). */
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ volatile("yield");
+#endif
+}
+
+static void futex(atomic_uint *w, int op, unsigned val) { (void)syscall(SYS_futex, w, op, val, NULL, NULL, 0); }
+
+void weft__lock_wait(weft__lock_t *l) {
+  for (int i = 0; i < SPINS; i++) {
+    unsigned c = atomic_load_explicit(&l->v, memory_order_relaxed);
+    if (c == 0 && atomic_compare_exchange_weak_explicit(&l->v, &c, 1, memory_order_acquire, memory_order_relaxed))
+      return;
+    if (c == 2) break; /* others sleep already: join them */
+    relax();
+  }
+  /* Held: mark it "a thread may sleep" (2) and sleep while it stays held. Taking it this way
+   * leaves it at 2, so the unlock wakes the next sleeper (at worst a needless wake). */
+  while (atomic_exchange_explicit(&l->v, 2, memory_order_acquire) != 0) futex(&l->v, FUTEX_WAIT_PRIVATE, 2);
+}
+
+void weft__lock_wake(weft__lock_t *l) {
+  atomic_store_explicit(&l->v, 0, memory_order_release);
+  futex(&l->v, FUTEX_WAKE_PRIVATE, 1);
+}

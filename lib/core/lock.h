@@ -1,0 +1,44 @@
+/* A mutex of one word for short critical sections on hot paths (the pool's lock): Drepper's
+ * mutex ("Futexes Are Tricky", 2011, mutex 3) with a short spin before sleeping. An uncontended
+ * lock and unlock are one locked instruction each, inline, where pthread_mutex_lock/unlock are
+ * calls that also dispatch on the mutex's type and keep its owner and user count (53 of the
+ * `pool` pair's 338 instructions per lock and unlock, tools/host_instr.sh). A thread that finds
+ * it held spins briefly (the holder's section is short), then sleeps in the kernel (a futex)
+ * until the holder's unlock wakes it. Not recursive; no owner checks (WEFT_DEBUG builds assert
+ * an unlock of a held lock); no condition variables: a section that waits drops the lock.
+ * Cannot fail to initialise: zeroed memory (WEFT__LOCK_INIT) is an unlocked lock. */
+#ifndef WEFT_CORE_LOCK_H
+#define WEFT_CORE_LOCK_H
+
+#include <stdatomic.h>
+
+#include "lib/core/debug.h"
+
+typedef struct weft__lock {
+  atomic_uint v; /* 0 free, 1 held, 2 held and a thread may sleep on it */
+} weft__lock_t;
+
+#define WEFT__LOCK_INIT {0}
+
+/** The contended sides (lock.c). */
+void weft__lock_wait(weft__lock_t *l);
+void weft__lock_wake(weft__lock_t *l);
+
+/** Takes l, waiting while another thread holds it. */
+static inline void weft__lock(weft__lock_t *l) {
+  unsigned free_ = 0;
+  if (__builtin_expect(atomic_compare_exchange_strong_explicit(&l->v, &free_, 1, memory_order_acquire,
+                                                               memory_order_relaxed),
+                       1))
+    return;
+  weft__lock_wait(l);
+}
+
+/** Gives l back (the calling thread holds it); wakes a sleeping thread if one may be waiting. */
+static inline void weft__unlock(weft__lock_t *l) {
+  unsigned was = atomic_fetch_sub_explicit(&l->v, 1, memory_order_release);
+  WEFT_ASSERT_INTERNAL(was != 0);
+  if (__builtin_expect(was != 1, 0)) weft__lock_wake(l);
+}
+
+#endif /* WEFT_CORE_LOCK_H */
