@@ -36,14 +36,14 @@ weft__capture_block_t *weft__capture_block(weft__capture_t *c, weft__access_stat
   return b;
 }
 
-static void lock(weft__tracker_t *tr) { pthread_mutex_lock(tr->lock); }
-static void unlock(weft__tracker_t *tr) { pthread_mutex_unlock(tr->lock); }
+static void lock(weft__tracker_t *tr) { weft__lock(tr->lock); }
+static void unlock(weft__tracker_t *tr) { weft__unlock(tr->lock); }
 
 /* Waits (lock held, released meanwhile) until no host wait holds s and no use of s is enqueuing
  * its work (tracker.h, "Busy lanes"): s may then start capturing. */
 static void wait_free(weft__tracker_t *tr, weft_stream_t *s) {
   for (;;) {
-    if (s->holds != 0) pthread_cond_wait(&tr->unheld, tr->lock);
+    if (s->holds != 0) weft__cond_wait(&tr->unheld, tr->lock);
     else if ((tr->live->busy & weft__lane_bit(s->lane)) != 0) weft__clock_idle_wait(tr->lock);
     else return;
   }

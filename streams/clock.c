@@ -9,13 +9,14 @@
 #include "lib/core/trace.h"
 #include "streams/clock.h"
 
-/* Adaptive: a thread that finds the lock held spins briefly before sleeping in the kernel. Its
- * holds are short (a use's bookkeeping), and with a default mutex two threads using streams of
- * their own paid a futex wait and wake about once per 700 uses: 348-604 ns a use against 204-280
- * with this one (tools/probes/probe_thread_uses, bench/data/cpu-sim-b14fcb4). */
-pthread_mutex_t weft__clock_lock = PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP;
-pthread_cond_t weft__clock_idle = PTHREAD_COND_INITIALIZER;
-unsigned weft__clock_idle_waiters;
+/* A thread that finds the lock held spins briefly before sleeping in the kernel (lib/core/lock.h;
+ * before, an adaptive pthread mutex, which does the same): its holds are short (a use's
+ * bookkeeping), and with a mutex that sleeps at once two threads using streams of their own paid
+ * a futex wait and wake about once per 700 uses: 348-604 ns a use against 204-280 spinning first
+ * (tools/probes/probe_thread_uses, bench/data/cpu-sim-b14fcb4). A lock and unlock are one locked
+ * instruction each, inline (a use takes the lock twice). */
+weft__lock_t weft__clock_lock = WEFT__LOCK_INIT;
+weft__cond_t weft__clock_idle = WEFT__COND_INIT;
 
 /* The process's live domain: created with the first runtime, kept for the process (its lanes'
  * events go with their runtimes). `used` marks lanes some runtime holds. */
@@ -123,9 +124,9 @@ weft_status_t weft__domain_init(weft__domain_t *d, unsigned n, unsigned ring_siz
 }
 
 weft_status_t weft__domain_free(weft__tracker_t *tr, weft__domain_t *d) {
-  pthread_mutex_lock(tr->lock);
+  weft__lock(tr->lock);
   for (unsigned i = 0; i < d->n; i++) (void)weft__lane_free(tr, d, &d->lane[i]); /* to the spares: never fails */
-  pthread_mutex_unlock(tr->lock);
+  weft__unlock(tr->lock);
   domain_arrays_free(d);
   return WEFT_OK;
 }

@@ -35,21 +35,14 @@ static inline weft__domain_t *weft__clock_domain(weft__tracker_t *tr, const weft
 /* ---- the process's live domain ---------------------------------------------------------------- */
 
 /** The lock of every tracker (rank 30): the live domain is shared. */
-extern pthread_mutex_t weft__clock_lock;
-/** Signalled (with the lock) when a busy lane becomes idle (tracker.h, "Busy lanes"), only while
- * a thread waits for it (weft__clock_idle_waiters, under the lock): every use ends a busy time. */
-extern pthread_cond_t weft__clock_idle;
-extern unsigned weft__clock_idle_waiters;
+extern weft__lock_t weft__clock_lock;
+/** Signalled (with the lock) when a busy lane becomes idle (tracker.h, "Busy lanes"); every use
+ * ends a busy time, and the signal costs nothing while no thread waits. */
+extern weft__cond_t weft__clock_idle;
 /** Waits for weft__clock_idle (the lock held, released meanwhile). */
-static inline void weft__clock_idle_wait(pthread_mutex_t *lock) {
-  weft__clock_idle_waiters++;
-  pthread_cond_wait(&weft__clock_idle, lock);
-  weft__clock_idle_waiters--;
-}
+static inline void weft__clock_idle_wait(weft__lock_t *lock) { weft__cond_wait(&weft__clock_idle, lock); }
 /** Wakes the threads waiting for weft__clock_idle, if any (lock held). */
-static inline void weft__clock_idle_signal(void) {
-  if (weft__clock_idle_waiters != 0) pthread_cond_broadcast(&weft__clock_idle);
-}
+static inline void weft__clock_idle_signal(void) { weft__cond_broadcast(&weft__clock_idle); }
 /** Gives tr n consecutive lanes of the live domain (creating the domain on first use): tr->live,
  * tr->base. Lock held. BUSY when the process has no n consecutive lanes free (WEFT__MAX_LANES
  * over all runtimes), HOST_OUT_OF_MEMORY. */

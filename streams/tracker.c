@@ -12,8 +12,8 @@
 #include "lib/core/meta.h"
 #include "streams/clock.h"
 
-static inline void lock(weft__tracker_t *tr) { pthread_mutex_lock(tr->lock); }
-static inline void unlock(weft__tracker_t *tr) { pthread_mutex_unlock(tr->lock); }
+static inline void lock(weft__tracker_t *tr) { weft__lock(tr->lock); }
+static inline void unlock(weft__tracker_t *tr) { weft__unlock(tr->lock); }
 static void wait_busy(weft__tracker_t *tr, weft__lanes_t lanes);
 /* Waits, the lock released meanwhile, until no lane of `lanes` in the live domain is busy (the
  * common case, none busy, inline). */
@@ -82,16 +82,15 @@ weft_status_t weft__tracker_init(weft__tracker_t *tr, const weft__driver_t *drv,
   CUresult r;
   unsigned made = 0;
   tr->lock = &weft__clock_lock;
-  int e = pthread_cond_init(&tr->unheld, NULL);
-  if (e != 0) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: cannot create the tracker condition (%s)", strerror(e));
+  tr->unheld = (weft__cond_t)WEFT__COND_INIT;
   if ((r = drv->cuDeviceGet(&tr->device, ordinal)) != CUDA_SUCCESS) {
     weft__driver_fail(r, "cuDeviceGet");
     st = weft__error(WEFT_ERR_WRONG_DEVICE, "weft: device %d does not exist (%s)", ordinal, weft_driver_error_name(r));
-    goto fail_lock;
+    goto fail_reset;
   }
   if ((r = drv->cuDevicePrimaryCtxRetain(&tr->ctx, tr->device)) != CUDA_SUCCESS) {
     st = weft__driver_fail(r, "cuDevicePrimaryCtxRetain");
-    goto fail_lock;
+    goto fail_reset;
   }
   weft__driver_gate_context(tr->ctx, ordinal); /* the gate is per device (lib/core/gate.h) */
   if ((st = weft__tracker_bind(tr)) != WEFT_OK) goto fail_ctx;
@@ -150,8 +149,7 @@ fail_streams:
   unlock(tr);
 fail_ctx:
   drv->cuDevicePrimaryCtxRelease(tr->device);
-fail_lock:
-  pthread_cond_destroy(&tr->unheld);
+fail_reset:
   reset(tr);
   return st;
 }
@@ -239,14 +237,14 @@ static void owner_exit(void *arg) {
     weft_stream_t *s = held[i];
     weft__tracker_t *tr = s->tr;
     CUevent ev = NULL;
-    pthread_mutex_lock(&weft__clock_lock); /* every tracker's lock, live or released */
+    weft__lock(&weft__clock_lock); /* every tracker's lock, live or released */
     pthread_mutex_lock(&g_owner_lock);
     bool mine = s->owner_of == o;
     pthread_mutex_unlock(&g_owner_lock);
     if (mine && !tr->ending && tr->live != NULL && s->capture == NULL) {
       if (weft__clock_newest_event(tr->live, s->lane, &ev) && ev != NULL) s->holds++;
     }
-    pthread_mutex_unlock(&weft__clock_lock);
+    weft__unlock(&weft__clock_lock);
     if (ev == NULL) continue;
     const weft__driver_t *drv = tr->drv;
     if (weft__tracker_bind(tr) == WEFT_OK) /* (its context lives while the hold does) */
@@ -414,7 +412,7 @@ weft_status_t weft__tracker_destroy(weft__tracker_t *tr) {
   lock(tr);
   tr->ending = true;
   for (unsigned i = 0; i < tr->n; i++)
-    while (tr->streams[i].holds != 0) pthread_cond_wait(&tr->unheld, tr->lock);
+    while (tr->streams[i].holds != 0) weft__cond_wait(&tr->unheld, tr->lock);
   unlock(tr);
   /* Adopted streams are someone else's: their work is waited for through weft's own events (an
    * adopted CU_STREAM_PER_THREAD could not be named from this thread anyway). */
@@ -461,7 +459,6 @@ weft_status_t weft__tracker_destroy(weft__tracker_t *tr) {
   }
   CUresult r = tr->drv->cuDevicePrimaryCtxRelease(tr->device);
   if (r != CUDA_SUCCESS && first == WEFT_OK) first = weft__driver_fail(r, "cuDevicePrimaryCtxRelease (release)");
-  pthread_cond_destroy(&tr->unheld);
   reset(tr);
   return first;
 }
@@ -1267,7 +1264,7 @@ weft_stream_t *weft__tracker_hold_live(weft__tracker_t *tr, const char *fn) {
 
 void weft__tracker_unhold(weft_stream_t *s) {
   lock(s->tr);
-  if (--s->holds == 0) pthread_cond_broadcast(&s->tr->unheld);
+  if (--s->holds == 0) weft__cond_broadcast(&s->tr->unheld);
   unlock(s->tr);
 }
 

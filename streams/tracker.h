@@ -54,6 +54,7 @@
 
 #include "lib/core/container.h"
 #include "lib/core/driver.h"
+#include "lib/core/lock.h"
 #include "lib/core/trace.h"
 
 #define WEFT__MAX_STREAMS 64
@@ -258,8 +259,8 @@ struct weft__capture {
 struct weft__tracker {
   /* Rank 30: one lock for every tracker of the process (weft__clock_lock), as they share the
    * live domain. */
-  pthread_mutex_t *lock;
-  pthread_cond_t unheld;  /* signalled when a stream's holds drop to 0 (with lock) */
+  weft__lock_t *lock;
+  weft__cond_t unheld;    /* signalled when a stream's holds drop to 0 (with lock) */
   bool ending;            /* its last release began: no new host wait (owner_exit) */
   const weft__driver_t *drv;
   CUdevice device;

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Summary of a tools/ab_bench.sh run: for each round and build, the median over repetitions of
-each key row's ratio to its baseline (the repetition's own baseline sample).
+each key row's ratio to its baseline (the repetition's own baseline sample), then of its value.
 
     tools/ab_summary.py DIR      (DIR holds ab_<base|new>_<round>.csv or .csv.gz)"""
 import gzip
@@ -11,6 +11,9 @@ import statistics
 import sys
 d = sys.argv[1]
 rows_of_interest = [
+ ("alloc", "`pool` resource alone (weft_resource_allocate + deallocate)", "ns per pair, same 1 MiB", "POOL"),
+ ("alloc", "`pool` resource alone (weft_resource_allocate + deallocate)", "ns per pair, mixed sizes", "POOL"),
+ ("alloc", "weft_alloc + weft_free, memory = POOL", "ns per pair, same 1 MiB", "POOL"),
  ("comm", "weft_all_reduce, one weft group", "us per all-reduce", "1048576"),
  ("comm", "weft_all_reduce, one weft group", "host us to enqueue", "1048576"),
  ("comm", "weft_all_reduce, a thread per rank", "us per all-reduce", "1048576"),
@@ -48,4 +51,15 @@ for rnd in rounds:
                 b = data.get((key[0], base, key[2], key[3]), {}).get(rep)
                 if b: ratios.append(val / b[0])
             cells.append(f"{statistics.median(ratios):.3f}" if ratios else "-")
+        print(f"| {rnd} | {v} | " + " | ".join(cells) + " |")
+print()
+print("| round | build | " + " | ".join(f"{r[1]} ({r[2]}{', x = ' + r[3] if r[3] else ''}), median value" for r in rows_of_interest) + " |")
+print("| --- | --- |" + " ---: |" * len(rows_of_interest))
+for rnd in rounds:
+    for v in ("base", "new"):
+        data = load(f"{d}/ab_{v}_{rnd}.csv")
+        cells = []
+        for key in rows_of_interest:
+            vals = [val for val, _ in data.get(key, {}).values()]
+            cells.append(f"{statistics.median(vals):.2f}" if vals else "-")
         print(f"| {rnd} | {v} | " + " | ".join(cells) + " |")

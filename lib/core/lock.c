@@ -1,5 +1,6 @@
-/* The contended sides of weft__lock_t (lock.h). */
+/* The contended sides of weft__lock_t, and weft__cond_t (lock.h). */
 #include <linux/futex.h>
+#include <stdint.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -36,4 +37,21 @@ void weft__lock_wait(weft__lock_t *l) {
 void weft__lock_wake(weft__lock_t *l) {
   atomic_store_explicit(&l->v, 0, memory_order_release);
   futex(&l->v, FUTEX_WAKE_PRIVATE, 1);
+}
+
+void weft__cond_wait(weft__cond_t *c, weft__lock_t *l) {
+  /* Read under the lock: a broadcast after the release below changes it, and the sleep then
+   * returns at once (the futex compares before it sleeps). */
+  unsigned seq = atomic_load_explicit(&c->seq, memory_order_relaxed);
+  c->waiters++;
+  weft__unlock(l);
+  futex(&c->seq, FUTEX_WAIT_PRIVATE, seq);
+  weft__lock(l);
+  c->waiters--;
+}
+
+void weft__cond_broadcast(weft__cond_t *c) {
+  if (c->waiters == 0) return;
+  atomic_fetch_add_explicit(&c->seq, 1, memory_order_relaxed);
+  futex(&c->seq, FUTEX_WAKE_PRIVATE, (unsigned)INT32_MAX);
 }

@@ -1,12 +1,12 @@
-/* A mutex of one word for short critical sections on hot paths (the pool's lock): Drepper's
+/* A mutex of one word for short critical sections on hot paths (the tracker's lock, the pool's): Drepper's
  * mutex ("Futexes Are Tricky", 2011, mutex 3) with a short spin before sleeping. An uncontended
  * lock and unlock are one locked instruction each, inline, where pthread_mutex_lock/unlock are
  * calls that also dispatch on the mutex's type and keep its owner and user count (53 of the
  * `pool` pair's 338 instructions per lock and unlock, tools/host_instr.sh). A thread that finds
  * it held spins briefly (the holder's section is short), then sleeps in the kernel (a futex)
  * until the holder's unlock wakes it. Not recursive; no owner checks (WEFT_DEBUG builds assert
- * an unlock of a held lock); no condition variables: a section that waits drops the lock.
- * Cannot fail to initialise: zeroed memory (WEFT__LOCK_INIT) is an unlocked lock. */
+ * an unlock of a held lock). Its conditions are weft__cond_t. Neither can fail to initialise:
+ * zeroed memory (WEFT__LOCK_INIT, WEFT__COND_INIT) is an unlocked lock, a condition. */
 #ifndef WEFT_CORE_LOCK_H
 #define WEFT_CORE_LOCK_H
 
@@ -40,5 +40,22 @@ static inline void weft__unlock(weft__lock_t *l) {
   WEFT_ASSERT_INTERNAL(was != 0);
   if (__builtin_expect(was != 1, 0)) weft__lock_wake(l);
 }
+
+/** A condition to wait for under a weft__lock_t: a count that each broadcast advances (a futex
+ * on it). Zeroed memory (WEFT__COND_INIT) is a condition. Wakes may be spurious: wait in a loop
+ * on the predicate, as with pthread_cond_wait. */
+typedef struct weft__cond {
+  atomic_uint seq;
+  unsigned waiters; /* threads in weft__cond_wait (under the lock): a broadcast without any is free */
+} weft__cond_t;
+
+#define WEFT__COND_INIT {0, 0}
+
+/** Releases l (held), sleeps until a broadcast on c made after the release (or spuriously), takes
+ * l again. */
+void weft__cond_wait(weft__cond_t *c, weft__lock_t *l);
+/** Wakes every thread waiting on c; with the lock held (after changing the predicate): no system
+ * call when none waits. */
+void weft__cond_broadcast(weft__cond_t *c);
 
 #endif /* WEFT_CORE_LOCK_H */

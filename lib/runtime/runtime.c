@@ -511,9 +511,9 @@ weft_status_t weft_runtime_counters(const weft_runtime_t *rt, weft_counters_t *o
   if (weft__runtime_check((weft_runtime_t *)rt, "weft_runtime_counters") == NULL) return weft__runtime_check_status(rt);
   if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_runtime_counters: out is NULL");
   weft__tracker_t *tr = (weft__tracker_t *)&rt->tracker;
-  pthread_mutex_lock(tr->lock);
+  weft__lock(tr->lock);
   *out = tr->counters;
-  pthread_mutex_unlock(tr->lock);
+  weft__unlock(tr->lock);
   /* The streams' caches count their own allocations and frees (cache.c). */
   uint64_t takes, puts;
   weft__cache_counts((weft_runtime_t *)rt, &takes, &puts, &out->cached_blocks, &out->cached_bytes);

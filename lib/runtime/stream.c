@@ -246,9 +246,9 @@ weft_status_t weft_stream_next(weft_runtime_t *rt, weft_priority_t prio, weft_st
     return weft__error(WEFT_ERR_NOT_SUPPORTED, "weft_stream_next: the pool has no %s-priority stream",
                        prio == WEFT_PRIORITY_HIGH ? "high" : "normal");
   unsigned first = prio == WEFT_PRIORITY_HIGH ? tr->n_pool - tr->n_high : 0;
-  pthread_mutex_lock(tr->lock);
+  weft__lock(tr->lock);
   unsigned i = tr->rr[prio]++ % count;
-  pthread_mutex_unlock(tr->lock);
+  weft__unlock(tr->lock);
   *out = &tr->streams[first + i];
   return WEFT_OK;
 }

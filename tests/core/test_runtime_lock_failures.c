@@ -1,5 +1,5 @@
-/* Creating a runtime initialises pthread objects (its block table lock, the tracker's lock and
- * condition, the resources' locks): failing any one of them makes weft_runtime_get return
+/* Creating a runtime initialises pthread objects (its block table and staging locks, the guard's
+ * lock; the tracker's and the pool's locks are weft__lock_t, which have no initialiser): failing any one of them makes weft_runtime_get return
  * HOST_OUT_OF_MEMORY with nothing left behind (no runtime, no device memory, no host memory under
  * ASan), and the next weft_runtime_get works. The nth call of each initialiser is failed in turn
  * (tests/util/fail_init.c), on the simulator. */
@@ -81,7 +81,7 @@ static void test_each_mutex_init_failure_unwinds(void **state) {
 
 static void test_each_cond_init_failure_unwinds(void **state) {
   (void)state;
-  assert_true(fail_each_call(FAIL_COND_INIT) >= 1);
+  (void)fail_each_call(FAIL_COND_INIT); /* weft has none today (lib/core/lock.h); any it gains is covered */
 }
 
 static void test_rwlock_init_failures_unwind(void **state) {

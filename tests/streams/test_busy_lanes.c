@@ -576,10 +576,10 @@ static void test_a_joint_use_with_a_per_thread_stream_runs_split(void **state) {
  * not dirty, else 0 (take the lock). */
 static void expect_published(weft_stream_t *s) {
   weft__tracker_t *tr = s->tr;
-  pthread_mutex_lock(tr->lock);
+  weft__lock(tr->lock);
   const weft__lane_t *l = &tr->live->lane[s->lane];
   uint64_t want = l->dirty ? 0 : l->tick + 1, got = atomic_load(&s->point);
-  pthread_mutex_unlock(tr->lock);
+  weft__unlock(tr->lock);
   if (got != want) fail_msg("stream %u: published %llu, the lane says %llu", s->index, (unsigned long long)got,
                             (unsigned long long)want);
 }
