@@ -95,8 +95,19 @@ extern const weft_resource_ops_t weft__direct_ops, weft__async_ops, weft__pool_o
 static inline bool weft__resource_counts_itself(const weft_resource_t *r) { return r->ops == &weft__pool_ops; }
 /** `bytes` handed out (an allocation, or adopted) / given back (a free, or disowned); only under
  * the lock of the resource that keeps c. */
-void weft__counts_out(weft_resource_counts_t *c, uint64_t bytes);
-void weft__counts_back(weft_resource_counts_t *c, uint64_t bytes);
+static inline void weft__counts_out(weft_resource_counts_t *c, uint64_t bytes) {
+  uint64_t live = __atomic_load_n(&c->live_bytes, __ATOMIC_RELAXED) + bytes;
+  __atomic_store_n(&c->live_bytes, live, __ATOMIC_RELAXED);
+  if (live > __atomic_load_n(&c->live_peak, __ATOMIC_RELAXED)) __atomic_store_n(&c->live_peak, live, __ATOMIC_RELAXED);
+  __atomic_store_n(&c->allocs, __atomic_load_n(&c->allocs, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+}
+static inline void weft__counts_back(weft_resource_counts_t *c, uint64_t bytes) {
+  uint64_t live = __atomic_load_n(&c->live_bytes, __ATOMIC_RELAXED);
+  WEFT_ASSERT_INTERNAL(live >= bytes);
+  __atomic_store_n(&c->live_bytes, live - bytes, __ATOMIC_RELAXED);
+  __atomic_store_n(&c->frees, __atomic_load_n(&c->frees, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+}
+
 /** weft__resource_adopt / disown of a pool: its counts, under its lock (pool.c). */
 void weft__pool_recount(weft_resource_t *r, uint64_t bytes, bool out);
 

@@ -17,30 +17,25 @@ static void count_live(weft_resource_counts_t *c, uint64_t bytes) {
   __atomic_add_fetch(&c->allocs, 1, __ATOMIC_RELAXED);
 }
 
-void weft__counts_out(weft_resource_counts_t *c, uint64_t bytes) {
-  uint64_t live = __atomic_load_n(&c->live_bytes, __ATOMIC_RELAXED) + bytes;
-  __atomic_store_n(&c->live_bytes, live, __ATOMIC_RELAXED);
-  if (live > __atomic_load_n(&c->live_peak, __ATOMIC_RELAXED)) __atomic_store_n(&c->live_peak, live, __ATOMIC_RELAXED);
-  __atomic_store_n(&c->allocs, __atomic_load_n(&c->allocs, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
-}
-
-void weft__counts_back(weft_resource_counts_t *c, uint64_t bytes) {
-  uint64_t live = __atomic_load_n(&c->live_bytes, __ATOMIC_RELAXED);
-  WEFT_ASSERT_INTERNAL(live >= bytes);
-  __atomic_store_n(&c->live_bytes, live - bytes, __ATOMIC_RELAXED);
-  __atomic_store_n(&c->frees, __atomic_load_n(&c->frees, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
-}
-
-weft_status_t weft__resource_allocate(weft_resource_t *r, size_t bytes, weft_stream_t *s, const char *tag,
-                                      CUdeviceptr *out) {
+/* weft__resource_allocate's body, also inline in the public call (a call less on the pair). */
+static inline __attribute__((always_inline)) weft_status_t resource_allocate(weft_resource_t *r, size_t bytes,
+                                                                             weft_stream_t *s, const char *tag,
+                                                                             CUdeviceptr *out) {
   weft_status_t st = r->ops->allocate(r, bytes, s, tag, out);
   if (st != WEFT_OK) __atomic_add_fetch(&r->counts.failures, 1, __ATOMIC_RELAXED);
   else if (!weft__resource_counts_itself(r)) count_live(&r->counts, bytes);
   return st;
 }
 
-weft_status_t weft__resource_deallocate(weft_resource_t *r, CUdeviceptr p, size_t bytes, weft_stream_t *s,
-                                        const char *tag) {
+weft_status_t weft__resource_allocate(weft_resource_t *r, size_t bytes, weft_stream_t *s, const char *tag,
+                                      CUdeviceptr *out) {
+  return resource_allocate(r, bytes, s, tag, out);
+}
+
+/* weft__resource_deallocate's body, also inline in the public call. */
+static inline __attribute__((always_inline)) weft_status_t resource_deallocate(weft_resource_t *r, CUdeviceptr p,
+                                                                               size_t bytes, weft_stream_t *s,
+                                                                               const char *tag) {
   if (weft__resource_counts_itself(r)) {
     /* Counted inside the call, under the resource's lock (it checks the pointer and size). */
     weft_status_t st = r->ops->deallocate(r, p, bytes, s, tag);
@@ -70,6 +65,11 @@ weft_status_t weft__resource_deallocate(weft_resource_t *r, CUdeviceptr p, size_
     __atomic_add_fetch(&r->counts.failures, 1, __ATOMIC_RELAXED);
   }
   return st;
+}
+
+weft_status_t weft__resource_deallocate(weft_resource_t *r, CUdeviceptr p, size_t bytes, weft_stream_t *s,
+                                        const char *tag) {
+  return resource_deallocate(r, p, bytes, s, tag);
 }
 
 void weft__resource_adopt(weft_resource_t *r, uint64_t bytes) {
@@ -163,7 +163,7 @@ weft_status_t weft_resource_allocate(weft_resource_t *r, size_t bytes, weft_stre
   static const char who[] = "weft_resource_allocate";
   if (__builtin_expect(!call_ok(r, true, s, bytes), 0)) return check_call(who, r, true, s, bytes);
   if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: out is NULL", who);
-  return weft__resource_allocate(r, bytes, s, tag ? tag : "", out);
+  return resource_allocate(r, bytes, s, tag ? tag : "", out);
 }
 
 weft_status_t weft_resource_deallocate(weft_resource_t *r, CUdeviceptr p, size_t bytes, weft_stream_t *s,
@@ -171,7 +171,7 @@ weft_status_t weft_resource_deallocate(weft_resource_t *r, CUdeviceptr p, size_t
   static const char who[] = "weft_resource_deallocate";
   if (__builtin_expect(!call_ok(r, false, s, bytes), 0)) return check_call(who, r, false, s, bytes);
   if (p == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: pointer is 0", who);
-  return weft__resource_deallocate(r, p, bytes, s, tag ? tag : "");
+  return resource_deallocate(r, p, bytes, s, tag ? tag : "");
 }
 
 void weft_resource_stats(const weft_resource_t *r, weft_resource_stats_t *out) {
