@@ -29,6 +29,9 @@
 #include "lib/runtime/runtime.h"
 
 struct weft_comm {
+  /* This communicator among every one the process made (from 1): a call keeps it, so that one
+   * made later at the same address is not taken for the call's. */
+  uint64_t serial;
   weft_runtime_t *rt;
   ncclComm_t nc;
   int rank, nranks;
@@ -54,6 +57,7 @@ typedef enum { C_ALLREDUCE, C_BROADCAST, C_REDUCESCATTER, C_ALLGATHER, C_SEND, C
 typedef struct call {
   coll_kind_t kind;
   weft_comm_t *c;
+  uint64_t serial; /* c's, at the call */
   weft_stream_t *s;
   weft_block_t send, recv; /* {0} where the call has none */
   CUdeviceptr send_ptr, recv_ptr;
@@ -332,6 +336,7 @@ static weft_status_t prepare(call_t *k, weft_comm_t *c, weft_stream_t *s, weft_b
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: %s %d is not a rank of %d", fn,
                        k->kind == C_BROADCAST ? "root" : "peer", k->root_or_peer, c->nranks);
   k->c = c;
+  k->serial = c->serial;
   k->s = s;
   k->send = k->kind == C_RECV ? (weft_block_t){0} : send;
   k->recv = k->kind == C_SEND ? (weft_block_t){0} : recv;
@@ -641,9 +646,14 @@ static weft_status_t end_group(size_t ncalls) {
     weft_comm_t *c = g_calls[i].c;
     if (held(c)) continue;
     size_t j = 0;
-    while (j < i && g_calls[j].c != c) j++;
+    while (j < i && (g_calls[j].c != c || g_calls[j].serial != g_calls[i].serial)) j++;
     if (j < i) continue; /* entered already */
     weft_status_t bad = comm_enter(c, kind_name[g_calls[i].kind]);
+    if (bad == WEFT_OK && c->serial != g_calls[i].serial) { /* another communicator at its address */
+      weft__handle_leave();
+      bad = weft__error(WEFT_ERR_STALE_HANDLE, "%s: the communicator was destroyed since the call",
+                        kind_name[g_calls[i].kind]);
+    }
     if (bad == WEFT_OK) entered++;
     else {
       char why[512];
@@ -701,8 +711,10 @@ static void comm_free(weft_comm_t *c) {
 
 static weft_status_t comm_new(weft_runtime_t *rt, ncclComm_t nc, bool adopted, const weft__nccl_t *nl,
                               weft_comm_t **out) {
+  static atomic_uint_least64_t made;
   weft_comm_t *c = weft__meta_calloc(1, sizeof *c);
   if (c == NULL) return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_comm: no host memory");
+  c->serial = atomic_fetch_add_explicit(&made, 1, memory_order_relaxed) + 1;
   c->rt = rt;
   c->nc = nc;
   c->adopted = adopted;
@@ -888,7 +900,14 @@ weft_status_t weft_comm_destroy(weft_comm_t *c) {
   /* This thread's open group, or the group it is ending (a capture handler that the end runs),
    * calls on c, and may be inside it (g_held): its end needs c. */
   bool in_group = held(c);
-  for (size_t i = 0; (g_depth > 0 || g_ending) && i < g_ncalls && !in_group; i++) in_group = g_calls[i].c == c;
+  size_t i = 0;
+  while ((g_depth > 0 || g_ending) && i < g_ncalls && g_calls[i].c != c) i++;
+  if (!in_group && (g_depth > 0 || g_ending) && i < g_ncalls && weft__handle_enter(c, WEFT__HANDLE_COMM)) {
+    /* A call's communicator, or one made since at its address (the call's destroyed meanwhile). */
+    uint64_t serial = c->serial;
+    weft__handle_leave();
+    for (; i < g_ncalls && !in_group; i++) in_group = g_calls[i].c == c && g_calls[i].serial == serial;
+  }
   if (in_group) return weft__error(WEFT_ERR_BUSY, "%s: this thread's open group calls on it: end the group first", fn);
   if (!weft__handle_remove(c, WEFT__HANDLE_COMM)) return weft__error(WEFT_ERR_STALE_HANDLE, "%s: destroyed already", fn);
   /* Not while a capture holding its collectives is open: its graph would name a destroyed NCCL

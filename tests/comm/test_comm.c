@@ -642,6 +642,78 @@ static void test_a_group_over_more_communicators_than_it_stays_inside(void **sta
   assert_int_equal(races(), 0);
 }
 
+/* A communicator past the 8 a group stays inside, destroyed by another thread between its call
+ * and the group's end, and its address taken at once by a new communicator: the end must see
+ * that the call's communicator is gone (STALE_HANDLE, nothing enqueued), not run the call on the
+ * new one; and the new one is not the group's (its destroy on the group's thread is no BUSY).
+ * Before, the end checked only that the address was a live communicator. */
+typedef struct destroyer {
+  weft_comm_t **x, **y;
+  weft_status_t st[3];
+} destroyer_t;
+
+/* Destroys the pair x, then makes the pair y (outside the group's thread, whose open group
+ * refuses to make communicators). */
+static void *destroy_pair(void *arg) {
+  destroyer_t *d = arg;
+  for (int r = 0; r < 2; r++) d->st[r] = weft_comm_destroy(d->x[r]);
+  d->st[2] = weft_comm_init_all(rt, 2, d->y);
+  return NULL;
+}
+
+static void test_a_destroyed_communicators_address_reused_inside_a_group_is_not_its_call(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  enum { PAIRS = 5 }; /* 10 communicators: the last pair is past the 8 kept */
+  weft_block_t a[2] = {alloc(0, N * 4), alloc(1, N * 4)};
+  int reused = 0;
+  for (int round = 0; round < 2; round++) {
+    weft_comm_t *x[PAIRS][2], *y[2];
+    for (int p = 0; p < PAIRS; p++) assert_int_equal(weft_comm_init_all(rt, 2, x[p]), WEFT_OK);
+    weft_counters_t c0[2], c1[2];
+    assert_int_equal(weft_comm_group_begin(), WEFT_OK);
+    for (int p = 0; p < PAIRS; p++)
+      for (int r = 0; r < 2; r++)
+        assert_int_equal(weft_all_reduce(x[p][r], a[r], 0, a[r], 0, N, WEFT_FLOAT32, WEFT_SUM, NULL), WEFT_OK);
+    destroyer_t d = {x[PAIRS - 1], y, {WEFT_OK, WEFT_OK, WEFT_OK}};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, destroy_pair, &d), 0); /* (not kept: no wait for the end) */
+    assert_int_equal(pthread_join(t, NULL), 0);
+    if (d.st[0] != WEFT_OK || d.st[1] != WEFT_OK || d.st[2] != WEFT_OK) {
+      (void)weft_comm_group_end();
+      fail_msg("round %d: the other thread's destroys and init: %s %s %s", round, weft_status_name(d.st[0]),
+               weft_status_name(d.st[1]), weft_status_name(d.st[2]));
+    }
+    for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_counters(rt[r], &c0[r]), WEFT_OK);
+    int same = -1;
+    for (int r = 0; r < 2; r++)
+      for (int q = 0; q < 2; q++)
+        if (y[q] == x[PAIRS - 1][r]) same = q;
+    if (same >= 0) reused++;
+    /* Round 1: the new communicator at the old address is destroyed on the group's thread first. */
+    weft_status_t early = round == 1 && same >= 0 ? weft_comm_destroy(y[same]) : WEFT_OK;
+    weft_status_t end = weft_comm_group_end();
+    if (early != WEFT_OK)
+      fail_msg("round %d: destroying the new communicator at the old one's address inside the group: %s, want OK",
+               round, weft_status_name(early));
+    if (same >= 0 && end != WEFT_ERR_STALE_HANDLE)
+      fail_msg("round %d: the group's end with its call's communicator destroyed and its address reused: %s, want "
+               "STALE_HANDLE", round, weft_status_name(end));
+    for (int r = 0; r < 2; r++) {
+      assert_int_equal(weft_runtime_counters(rt[r], &c1[r]), WEFT_OK);
+      if (same >= 0) assert_int_equal(c1[r].uses, c0[r].uses); /* nothing enqueued */
+    }
+    for (int q = 0; q < 2; q++)
+      if (!(round == 1 && q == same)) assert_int_equal(weft_comm_destroy(y[q]), WEFT_OK);
+    for (int p = 0; p < PAIRS - 1; p++)
+      for (int r = 0; r < 2; r++) assert_int_equal(weft_comm_destroy(x[p][r]), WEFT_OK);
+  }
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_free(a[r], stream(r, 0)), WEFT_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
+  assert_int_equal(races(), 0);
+  if (reused < 2) skip(); /* the allocator gave the new communicators other addresses: not tested */
+}
+
 /* A communicator destroyed while another thread runs groups on it ("All functions are
  * thread-safe", weft.h): each group is enqueued whole or refused (STALE_HANDLE), the destroy
  * returns once no group is inside the communicator, nothing crashes (asan: no use after free) and
@@ -1311,6 +1383,7 @@ int main(void) {
       cmocka_unit_test(test_a_group_ended_after_the_threads_weft_state_went_is_no_group),
       cmocka_unit_test(test_a_group_over_more_communicators_than_it_stays_inside),
       cmocka_unit_test(test_a_communicator_destroyed_while_a_thread_runs_groups_on_it),
+      cmocka_unit_test(test_a_destroyed_communicators_address_reused_inside_a_group_is_not_its_call),
       cmocka_unit_test(test_a_buffer_freed_inside_a_group_fails_its_end),
       cmocka_unit_test(test_a_threads_group_buffer_goes_with_the_thread),
       cmocka_unit_test(test_ranks_join_by_unique_id_and_a_destroyed_communicator_is_stale),
