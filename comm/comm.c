@@ -10,10 +10,11 @@
  * stream waits for what its accesses need, NCCL enqueues the whole group, and the collectives
  * are recorded as the blocks' newest uses. When NCCL refuses the group, nothing is recorded.
  * A group enters each of its communicators at its first call on it and stays inside until its
- * end (weft__handle_keep, up to COMM_HELD of them; others are entered at the call and again at
- * the end): each is entered and checked once per group, and a destroy on another thread waits
- * for the group's end, while one on the group's own thread is refused (BUSY), also from a capture
- * handler that the end itself runs (g_ending). */
+ * end (weft__handle_keep, up to COMM_HELD of them; others are entered at each call and held,
+ * weft__handle_hold, during the end): each is entered and checked once per group, and a destroy
+ * on another thread waits for the group's end (BUSY while an end holds it), while one on the
+ * group's own thread is refused (BUSY), also from a capture handler that the end itself runs
+ * (g_ending) or that any call on the communicator runs (the handle set's INSIDE). */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -58,6 +59,7 @@ typedef struct call {
   coll_kind_t kind;
   weft_comm_t *c;
   uint64_t serial; /* c's, at the call */
+  bool holds;      /* the group's end holds c (weft__handle_hold): its first call on c, not kept */
   weft_stream_t *s;
   weft_block_t send, recv; /* {0} where the call has none */
   CUdeviceptr send_ptr, recv_ptr;
@@ -155,6 +157,18 @@ static weft_status_t comm_enter(const weft_comm_t *c, const char *fn) {
   weft_status_t st = runtime_alive(c, fn);
   if (st != WEFT_OK) weft__handle_leave();
   return st;
+}
+
+/* Drops this thread's group when the handle set's thread-exit destructor ended its kept entries
+ * before calls_release ran (a program's destructor between them that calls weft): the group
+ * stays inside nothing any more, so it is gone, as calls_release would make it. */
+static void drop_orphaned_group(void) {
+  if (__builtin_expect(g_nheld > weft__handle_kept(), 0)) {
+    g_nheld = 0;
+    g_depth = 0;
+    g_ncalls = 0;
+    g_ending = false;
+  }
 }
 
 /* Whether the open group of this thread stays inside c (g_held). */
@@ -445,6 +459,7 @@ static weft_status_t collective(coll_kind_t kind, int op_or_root, weft_comm_t *c
                                 size_t send_offset, weft_block_t recv, size_t recv_offset, size_t count,
                                 weft_dtype_t dt) {
   const char *fn = kind_name[kind];
+  drop_orphaned_group();
   bool grouped = g_depth > 0, stay = false;
   call_t one, *k = &one; /* (not cleared: prepare fills what is read) */
   weft_status_t st;
@@ -497,6 +512,7 @@ weft_status_t weft_recv(weft_comm_t *c, weft_block_t recv, size_t recv_offset, s
 /* ---- groups ---- */
 
 weft_status_t weft_comm_group_begin(void) {
+  drop_orphaned_group();
   if (g_ending) /* (a capture handler that weft_comm_group_end runs) */
     return weft__error(WEFT_ERR_BUSY, "weft_comm_group_begin: inside this thread's weft_comm_group_end (a capture handler)");
   if (g_depth++ == 0) {
@@ -632,33 +648,45 @@ static weft_status_t run_group(weft_stream_t *s, void *arg) {
   return r == ncclSuccess ? WEFT_OK : weft__nccl_fail(g->nl, r, "weft_comm_group_end");
 }
 
+/* Lets go of the communicators the group's end holds (call_t.holds) among calls[0..n). */
+static void unhold(call_t *calls, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (calls[i].holds) {
+      calls[i].holds = false;
+      weft__handle_hold(calls[i].c, WEFT__HANDLE_COMM, -1);
+    }
+}
+
 /* The work of the outermost weft_comm_group_end: the open group's ncalls calls (g_calls) run as
  * one joint use, or nothing happens (the group's first refused call, a communicator or block gone
  * since). The caller leaves the kept communicators afterwards. */
 static weft_status_t end_group(size_t ncalls) {
   if (g_group_error != WEFT_OK) return weft__error(g_group_error, "weft_comm_group_end: %s", g_group_message);
   /* The group is inside its communicators since their first calls (g_held), so none was
-   * destroyed since; one it could not stay inside is entered again now (and may have been
-   * destroyed: the group then enqueues nothing). The calls' blocks are looked at again
-   * (group_blocks_live), their streams checked again by weft__use_joint_uses. */
-  size_t entered = 0; /* entered now, besides g_held's */
+   * destroyed since. One it could not stay inside is held now for the end (weft__handle_hold: a
+   * destroy meanwhile is BUSY; no entry, which past a thread's few would take the handle set's
+   * lock across the end, and a capture handler's destroy or creation would wait on it for ever).
+   * It may have been destroyed since its call, and another made at its address: then the group
+   * enqueues nothing. The calls' blocks are looked at again (group_blocks_live), their streams
+   * checked again by weft__use_joint_uses. */
   for (size_t i = 0; i < ncalls; i++) {
-    weft_comm_t *c = g_calls[i].c;
-    if (held(c)) continue;
+    call_t *k = &g_calls[i];
+    k->holds = false;
+    if (held(k->c)) continue;
     size_t j = 0;
-    while (j < i && (g_calls[j].c != c || g_calls[j].serial != g_calls[i].serial)) j++;
-    if (j < i) continue; /* entered already */
-    weft_status_t bad = comm_enter(c, kind_name[g_calls[i].kind]);
-    if (bad == WEFT_OK && c->serial != g_calls[i].serial) { /* another communicator at its address */
-      weft__handle_leave();
-      bad = weft__error(WEFT_ERR_STALE_HANDLE, "%s: the communicator was destroyed since the call",
-                        kind_name[g_calls[i].kind]);
-    }
-    if (bad == WEFT_OK) entered++;
+    while (j < i && (g_calls[j].c != k->c || g_calls[j].serial != k->serial)) j++;
+    if (j < i) continue; /* held already */
+    const char *fn = kind_name[k->kind];
+    bool got = weft__handle_hold(k->c, WEFT__HANDLE_COMM, +1);
+    weft_status_t bad = !got || k->c->serial != k->serial /* (another communicator at its address) */
+                            ? weft__error(WEFT_ERR_STALE_HANDLE, "%s: the communicator was destroyed since the call", fn)
+                            : runtime_alive(k->c, fn);
+    if (bad == WEFT_OK) k->holds = true;
     else {
+      if (got) weft__handle_hold(k->c, WEFT__HANDLE_COMM, -1);
       char why[512];
       snprintf(why, sizeof why, "%s", weft_last_error());
-      while (entered-- > 0) weft__handle_leave();
+      unhold(g_calls, i);
       return weft__error(bad, "weft_comm_group_end: call %zu of the group: %s", i + 1, why);
     }
   }
@@ -676,11 +704,12 @@ static weft_status_t end_group(size_t ncalls) {
     if (st == WEFT_OK) st = weft__use_joint_uses(g.s, g.per, g.n, g.k, "weft_comm_group_end", run_group, &run);
     if (g.heap != NULL) weft__meta_free(g.heap);
   }
-  while (entered-- > 0) weft__handle_leave();
+  unhold(g_calls, ncalls);
   return st;
 }
 
 weft_status_t weft_comm_group_end(void) {
+  drop_orphaned_group();
   if (g_depth == 0) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_comm_group_end: no weft_comm_group_begin");
   if (--g_depth > 0) return WEFT_OK;
   g_ending = true; /* (the calls stay in g_calls until the end returns) */
@@ -897,19 +926,30 @@ weft_status_t weft_comm_adopt(weft_runtime_t *rt, void *nccl_comm, weft_comm_t *
 weft_status_t weft_comm_destroy(weft_comm_t *c) {
   static const char fn[] = "weft_comm_destroy";
   if (c == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "%s: the communicator is NULL", fn);
+  drop_orphaned_group();
   /* This thread's open group, or the group it is ending (a capture handler that the end runs),
-   * calls on c, and may be inside it (g_held): its end needs c. */
-  bool in_group = held(c);
+   * calls on c: its end needs c. (A communicator it stays inside is refused by the removal.) */
+  bool in_group = false;
   size_t i = 0;
   while ((g_depth > 0 || g_ending) && i < g_ncalls && g_calls[i].c != c) i++;
-  if (!in_group && (g_depth > 0 || g_ending) && i < g_ncalls && weft__handle_enter(c, WEFT__HANDLE_COMM)) {
+  if ((g_depth > 0 || g_ending) && i < g_ncalls && weft__handle_enter(c, WEFT__HANDLE_COMM)) {
     /* A call's communicator, or one made since at its address (the call's destroyed meanwhile). */
     uint64_t serial = c->serial;
     weft__handle_leave();
     for (; i < g_ncalls && !in_group; i++) in_group = g_calls[i].c == c && g_calls[i].serial == serial;
   }
   if (in_group) return weft__error(WEFT_ERR_BUSY, "%s: this thread's open group calls on it: end the group first", fn);
-  if (!weft__handle_remove(c, WEFT__HANDLE_COMM)) return weft__error(WEFT_ERR_STALE_HANDLE, "%s: destroyed already", fn);
+  switch (weft__handle_remove_unheld(c, WEFT__HANDLE_COMM)) {
+    case WEFT__HANDLE_REMOVED: break;
+    case WEFT__HANDLE_NOT_LIVE: return weft__error(WEFT_ERR_STALE_HANDLE, "%s: destroyed already", fn);
+    case WEFT__HANDLE_HELD:
+      return weft__error(WEFT_ERR_BUSY, "%s: another thread's group is ending with a call on it", fn);
+    case WEFT__HANDLE_INSIDE:
+      return weft__error(WEFT_ERR_BUSY,
+                         "%s: a call of this thread is inside it (its open group, or a capture handler that a call "
+                         "on it runs): end that first",
+                         fn);
+  }
   /* Not while a capture holding its collectives is open: its graph would name a destroyed NCCL
    * communicator (the capture's owner ends it first, then destroys). */
   pthread_mutex_lock(&c->caps_lock);

@@ -526,8 +526,7 @@ weft_status_t weft_builder_finish(weft_builder_t *b, weft_graph_t **out) {
   weft_status_t hs = weft__graph_handle(b, WEFT__HANDLE_BUILDER, "weft_builder_finish");
   if (hs != WEFT_OK) return hs;
   if (out == NULL) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_builder_finish: out is NULL");
-  if (!weft__handle_remove(b, WEFT__HANDLE_BUILDER))
-    return weft__error(WEFT_ERR_STALE_HANDLE, "weft_builder_finish: the builder was finished already");
+  if ((hs = weft__graph_unlist(b, WEFT__HANDLE_BUILDER, "weft_builder_finish")) != WEFT_OK) return hs;
   weft__runtime_depend(b->rt, -1);
   weft__gsummary_t *summary = weft__meta_calloc(b->n_blocks + 1, sizeof *summary);
   weft__goutput_t *outputs = weft__meta_calloc(b->n_blocks + 1, sizeof *outputs);
@@ -560,8 +559,7 @@ weft_status_t weft_builder_finish(weft_builder_t *b, weft_graph_t **out) {
 weft_status_t weft_builder_destroy(weft_builder_t *b) {
   weft_status_t st = weft__graph_handle(b, WEFT__HANDLE_BUILDER, "weft_builder_destroy");
   if (st != WEFT_OK) return st;
-  if (!weft__handle_remove(b, WEFT__HANDLE_BUILDER))
-    return weft__error(WEFT_ERR_STALE_HANDLE, "weft_builder_destroy: the builder was destroyed already");
+  if ((st = weft__graph_unlist(b, WEFT__HANDLE_BUILDER, "weft_builder_destroy")) != WEFT_OK) return st;
   weft__runtime_depend(b->rt, -1);
   WEFT__GRAPH_MEMORY(b->rt->tracker.ctx, WEFT__RELAXED(b->rt->drv, b->rt->drv->cuGraphDestroy(b->g))); /* a graph call (gate.h) */
   free_states(b, true);

@@ -61,6 +61,17 @@ weft_status_t weft__graph_enter(const void *p, weft__handle_kind_t kind, const c
   return st != WEFT_OK ? st : weft__error(WEFT_ERR_STALE_HANDLE, "%s: the %s was being destroyed", fn, kind_name[kind]);
 }
 
+weft_status_t weft__graph_unlist(void *p, weft__handle_kind_t kind, const char *fn) {
+  switch (weft__handle_remove_unheld(p, kind)) {
+    case WEFT__HANDLE_REMOVED: return WEFT_OK;
+    case WEFT__HANDLE_NOT_LIVE:
+      return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the %s was destroyed already", fn, kind_name[kind]);
+    default: /* INSIDE (graph objects are never held) */
+      return weft__error(WEFT_ERR_BUSY, "%s: a call of this thread on the %s is running this destroy (a capture handler?)",
+                         fn, kind_name[kind]);
+  }
+}
+
 weft_status_t weft__graph_remove(void *p, weft__handle_kind_t kind, const char *fn, weft_status_t (*busy)(void *p)) {
   /* Inside p while it is read (a concurrent destroy of p may free it once we leave). */
   weft_status_t st = weft__graph_enter(p, kind, fn);
@@ -68,8 +79,7 @@ weft_status_t weft__graph_remove(void *p, weft__handle_kind_t kind, const char *
   st = busy(p);
   weft__handle_leave();
   if (st != WEFT_OK) return st;
-  if (!weft__handle_remove(p, kind))
-    return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the %s was destroyed already", fn, kind_name[kind]);
+  if ((st = weft__graph_unlist(p, kind, fn)) != WEFT_OK) return st;
   /* No call is inside p now, and none enters. One that was inside when we looked may have taken a
    * claim since (an exec of a graph, a capture's use of a pool): then p stays, as it was. */
   if ((st = busy(p)) != WEFT_OK) weft__handle_restore(p, kind);
@@ -391,8 +401,7 @@ weft_status_t weft_exec_output(const weft_exec_t *e, size_t i, weft_block_t *out
 weft_status_t weft_exec_destroy(weft_exec_t *e) {
   weft_status_t st = weft__graph_handle(e, WEFT__HANDLE_EXEC, "weft_exec_destroy");
   if (st != WEFT_OK) return st;
-  if (!weft__handle_remove(e, WEFT__HANDLE_EXEC))
-    return weft__error(WEFT_ERR_STALE_HANDLE, "weft_exec_destroy: the exec was destroyed already");
+  if ((st = weft__graph_unlist(e, WEFT__HANDLE_EXEC, "weft_exec_destroy")) != WEFT_OK) return st;
   weft_graph_t *g = e->graph;
   CUresult r = CUDA_SUCCESS;
   if (atomic_load(&g->rt->alive)) WEFT__GRAPH_MEMORY(g->rt->tracker.ctx, WEFT__RELAXED(g->rt->drv, r = g->rt->drv->cuGraphExecDestroy(e->x)));

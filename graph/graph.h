@@ -122,6 +122,10 @@ weft_status_t weft__graph_handle(const void *p, weft__handle_kind_t kind, const 
  * weft__graph_handle (STALE_HANDLE once destroyed), not inside. Inside, call no destroy of p (it
  * would free what the call reads) and nothing that waits for another thread's destroy of p. */
 weft_status_t weft__graph_enter(const void *p, weft__handle_kind_t kind, const char *fn);
+/** weft__handle_remove_unheld(p, kind) for destroy `fn`, as a status: OK (removed), STALE_HANDLE
+ * (destroyed already), BUSY (the calling thread is inside p: a capture handler that a call on p
+ * runs, destroying p, would free what that call reads; nothing done). */
+weft_status_t weft__graph_unlist(void *p, weft__handle_kind_t kind, const char *fn);
 /** Removes graph object p of `kind` for its destroy `fn` unless busy(p) says it is in use (BUSY,
  * its message): p is entered for the check (a concurrent destroy may free it once we leave), then
  * removed, which waits until no call is inside p, then checked again (a call inside may have

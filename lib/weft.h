@@ -9,6 +9,9 @@
  *     driver's CUresult.
  *   - Output parameters are written only on success.
  *   - All functions are thread-safe unless a comment says otherwise.
+ *   - A destroy (exec, graph, graph pool, builder, communicator) called from code that a weft
+ *     call on the same object runs on the same thread (a capture handler) returns WEFT_ERR_BUSY
+ *     and changes nothing: that call still reads the object.
  *   - weft loads the CUDA driver at run time (WEFT_DRIVER, see weft_options_t); nothing links
  *     libcuda. Without a driver every call that needs the GPU returns WEFT_ERR_NO_DRIVER.
  *
@@ -904,7 +907,8 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_exec_launch(weft_exec_t *e, weft_stre
 WEFT_API WEFT_NODISCARD weft_status_t weft_exec_output(const weft_exec_t *e, size_t i, weft_block_t *out);
 /** Destroys an exec (the driver frees it after its launches complete). Live outputs stay live
  * blocks until freed, and keep the graph (weft_graph_destroy says BUSY until then).
- * Errors: STALE_HANDLE (destroyed already), DRIVER (cuGraphExecDestroy failed: nothing changed). */
+ * Errors: STALE_HANDLE (destroyed already), BUSY (from a capture handler that a launch of it
+ * runs), DRIVER (cuGraphExecDestroy failed: nothing changed). */
 WEFT_API weft_status_t weft_exec_destroy(weft_exec_t *e);
 
 /** A pool for WEFT_GRAPH_MEMORY_PRIVATE_POOL captures. */
@@ -1034,13 +1038,16 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_comm_adopt(weft_runtime_t *rt, void *
 /** Destroys the communicator (ncclCommDestroy, unless adopted); its collectives already enqueued
  * complete. A graph captured with its collectives names it: destroy it only after those graphs
  * (weft cannot see graphs launched outside it). An open group of another thread that calls on it
- * is inside it until its weft_comm_group_end (for the group's first 8 communicators; a further
- * one is entered at its calls and again at the end, which then fails, STALE_HANDLE, if it was
- * destroyed meanwhile): the destroy waits for that end. So two threads must not each destroy a
- * communicator that the other's open group calls on: each would wait for the other.
- * Errors: STALE_HANDLE, BUSY (a capture holding its collectives is still open, or the calling
- * thread's open group calls on it, or its group's end runs this destroy from a capture handler:
- * nothing done), COMM (NCCL refused: the communicator stays). */
+ * is inside it until its weft_comm_group_end, for the group's first 8 communicators (where the
+ * thread has a slot for them: the first 1024 threads inside weft objects at once): the destroy
+ * waits for that end. So two threads must not each destroy a communicator that the other's open
+ * group calls on: each would wait for the other. A further communicator of a group is entered at
+ * each call, and held during the end (a destroy then is BUSY); destroyed between its call and the
+ * end, it makes the end fail (STALE_HANDLE).
+ * Errors: STALE_HANDLE, BUSY (a capture holding its collectives is still open; the calling
+ * thread's open group calls on it; a call of this thread on it runs this destroy from a capture
+ * handler, the group's end included; another thread's group end holds it: nothing done), COMM
+ * (NCCL refused: the communicator stays). */
 WEFT_API weft_status_t weft_comm_destroy(weft_comm_t *c);
 /** This rank, the number of ranks, the runtime, and the stream collectives run on by default (a
  * pool stream of the runtime chosen at creation, the last high-priority one when there is one). */

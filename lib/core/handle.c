@@ -74,6 +74,9 @@ static void wait_outside(const void *p);
 
 weft__handle_removal_t weft__handle_remove_unheld(const void *p, weft__handle_kind_t kind) {
   if (p == NULL) return WEFT__HANDLE_NOT_LIVE;
+  /* This thread's own entries, before the lock (an entry past the record's depth holds it as a
+   * reader): p is live, or dead with a removal waiting for this thread. */
+  if (weft__handle_inside(p)) return WEFT__HANDLE_INSIDE;
   pthread_rwlock_wrlock(&g_lock);
   uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
   weft__handle_removal_t r = v == NULL || (*v & STATE) != kind ? WEFT__HANDLE_NOT_LIVE
@@ -113,13 +116,15 @@ static _Thread_local unsigned tls_depth;   /* nested entries published in tls_in
 static _Thread_local unsigned tls_kept;    /* kept entries published in tls_inside */
 static _Thread_local unsigned tls_locked;  /* entries made under the set's lock (no record) */
 static _Thread_local uint32_t tls_locked_at; /* bit d: entry d holds the lock */
+static _Thread_local const void *tls_locked_p[32]; /* [d]: what entry d (holding the lock) entered */
 
 /* The ending thread's record, given back: entries it still published (a group it never ended)
  * end with it, so that no removal waits for them. */
 static void inside_release(void *rec) {
   inside_t *h = rec;
-  for (unsigned d = 0; d < WEFT__HANDLE_DEPTH; d++) atomic_store_explicit(&h->p[d], NULL, memory_order_relaxed);
-  for (unsigned d = 0; d < WEFT__HANDLE_KEPT; d++) atomic_store_explicit(&h->kept[d], NULL, memory_order_relaxed);
+  /* (Release: a removal that sees a slot empty sees every read the thread made inside.) */
+  for (unsigned d = 0; d < WEFT__HANDLE_DEPTH; d++) atomic_store_explicit(&h->p[d], NULL, memory_order_release);
+  for (unsigned d = 0; d < WEFT__HANDLE_KEPT; d++) atomic_store_explicit(&h->kept[d], NULL, memory_order_release);
   atomic_store_explicit(&h->taken, false, memory_order_release);
   if (tls_inside == h) { /* (a later destructor's entry takes a record again) */
     tls_inside = NULL;
@@ -179,6 +184,7 @@ bool weft__handle_enter(const void *p, weft__handle_kind_t kind) {
       return false;
     }
     tls_locked_at |= 1u << depth;
+    tls_locked_p[depth] = p;
     tls_locked++;
     return true;
   }
@@ -210,6 +216,19 @@ void weft__handle_unkeep(const void *p) {
 
 unsigned weft__handle_entries(void) { return tls_depth + tls_locked + tls_kept; }
 
+unsigned weft__handle_kept(void) { return tls_kept; }
+
+bool weft__handle_inside(const void *p) {
+  if (p == NULL) return false;
+  for (unsigned d = 0; d < tls_depth; d++)
+    if (atomic_load_explicit(&tls_inside->p[d], memory_order_relaxed) == p) return true;
+  for (uint32_t m = tls_locked_at; m != 0; m &= m - 1)
+    if (tls_locked_p[__builtin_ctz(m)] == p) return true;
+  for (unsigned d = 0; tls_kept != 0 && d < WEFT__HANDLE_KEPT; d++)
+    if (atomic_load_explicit(&tls_inside->kept[d], memory_order_relaxed) == p) return true;
+  return false;
+}
+
 void weft__handle_leave(void) {
   WEFT_ASSERT_INTERNAL(tls_depth + tls_locked > 0);
   unsigned depth = tls_depth + tls_locked - 1;
@@ -239,16 +258,18 @@ static void wait_outside(const void *p) {
   }
 }
 
-void weft__handle_hold(const void *p, weft__handle_kind_t kind, int delta) {
-  if (p == NULL) return;
+bool weft__handle_hold(const void *p, weft__handle_kind_t kind, int delta) {
+  if (p == NULL) return false;
   pthread_rwlock_wrlock(&g_lock);
   uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
-  if (v != NULL && (*v & STATE) == kind) {
+  bool live = v != NULL && (*v & STATE) == kind;
+  if (live) {
     uint64_t holders = *v >> HOLDER_SHIFT;
     WEFT_ASSERT_INTERNAL(delta > 0 || holders > 0);
     if (delta > 0 || holders > 0) *v = (*v & STATE) | ((holders + (uint64_t)(int64_t)delta) << HOLDER_SHIFT);
   }
   pthread_rwlock_unlock(&g_lock);
+  return live;
 }
 
 void weft__handle_restore(const void *p, weft__handle_kind_t kind) {

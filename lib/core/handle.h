@@ -25,21 +25,26 @@ bool weft__handle_add(const void *p, weft__handle_kind_t kind);
 /** True while p is a live object of that kind. Lock-free while the calling thread asked about p
  * before and no handle was removed since (a per-thread memory of positive answers). */
 bool weft__handle_live(const void *p, weft__handle_kind_t kind);
-/** Marks p destroyed; false when it was not a live object of that kind (destroyed already) or
- * is held (weft__handle_hold). */
+/** Marks p destroyed; false when it was not a live object of that kind (destroyed already), is
+ * held (weft__handle_hold) or the calling thread is inside it. */
 bool weft__handle_remove(const void *p, weft__handle_kind_t kind);
 /** What weft__handle_remove_unheld did. */
 typedef enum weft__handle_removal {
   WEFT__HANDLE_REMOVED,  /* p is marked destroyed */
   WEFT__HANDLE_NOT_LIVE, /* not a live object of that kind (destroyed already): unchanged */
   WEFT__HANDLE_HELD,     /* live, but held by another object: unchanged */
+  WEFT__HANDLE_INSIDE,   /* live, and the calling thread is inside it (weft__handle_enter / _keep:
+                            a call of its own that reads p runs the caller, e.g. a capture
+                            handler): unchanged (a destroy says BUSY) */
 } weft__handle_removal_t;
-/** weft__handle_remove, telling a held handle from a dead one. */
+/** weft__handle_remove, telling a held handle, or one the calling thread is inside, from a dead
+ * one. Every destroy of an object that calls enter uses it: a removal waits for other threads'
+ * entries, never for the caller's own. */
 weft__handle_removal_t weft__handle_remove_unheld(const void *p, weft__handle_kind_t kind);
 /** One more (delta +1) or one fewer (-1) object holds live handle p (a resource another draws
  * from): a held handle is not removed. Nothing for a p that is not a live handle of that kind
- * (a resource weft did not make). */
-void weft__handle_hold(const void *p, weft__handle_kind_t kind, int delta);
+ * (a resource weft did not make): returns whether p was one. */
+bool weft__handle_hold(const void *p, weft__handle_kind_t kind, int delta);
 /** Marks p live again after weft__handle_remove, for a destroy that failed and changed nothing
  * (no allocation: the entry stayed in the set). Meanwhile calls with p saw STALE_HANDLE. */
 void weft__handle_restore(const void *p, weft__handle_kind_t kind);
@@ -68,6 +73,11 @@ void weft__handle_unkeep(const void *p);
 /** The calling thread's entries now: nested (weft__handle_enter) and kept (for assertions and
  * tests: a call that returns has left what it entered). */
 unsigned weft__handle_entries(void);
+/** The calling thread's kept entries now (weft__handle_keep): fewer than it kept once the
+ * thread's entries ended (a thread-exit destructor ran before the keeper's). */
+unsigned weft__handle_kept(void);
+/** Whether the calling thread is inside p (an entry, nested or kept, not yet left). */
+bool weft__handle_inside(const void *p);
 #define WEFT__HANDLE_THREADS 1024
 /* Nested entries per thread published in its record (weft's calls nest a few levels deep; past
  * it, the set's lock), and entries kept at once (a group keeps up to COMM_HELD, comm/comm.c). */

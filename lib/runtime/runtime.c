@@ -221,6 +221,8 @@ weft_status_t weft_resource_destroy(weft_resource_t *r) {
                           r->ops->name ? r->ops->name : "?");
   else if (removal == WEFT__HANDLE_NOT_LIVE)
     refused = weft__error(WEFT_ERR_STALE_HANDLE, "%s: the resource was destroyed already", who);
+  else if (removal == WEFT__HANDLE_INSIDE) /* (no call enters a resource today) */
+    refused = weft__error(WEFT_ERR_BUSY, "%s: a call of this thread is inside the resource", who);
   if (locked) pthread_mutex_unlock(&rt->blocks_lock);
   if (refused != WEFT_OK) return refused;
   weft_resource_t *upstream = r->upstream;

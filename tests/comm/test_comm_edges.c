@@ -1099,6 +1099,142 @@ static void test_a_capture_handler_inside_a_groups_end_cannot_undo_the_group(voi
   ddp_finish(&d, what);
 }
 
+/* The same handler during a plain collective (no group): weft meets the comm stream's capture
+ * inside weft_all_reduce, which is inside the communicator. Its destroy there is BUSY (before, it
+ * freed the communicator the all-reduce went on to read: asan, heap-use-after-free); the
+ * collective runs, and the graphs replay right. */
+static struct {
+  int met;
+  weft_status_t destroy;
+} in_call;
+
+static weft_status_t handler_in_call(weft_stream_t *s, uint64_t id, void *user) {
+  (void)id;
+  (void)user;
+  for (int r = 0; r < NR; r++)
+    if (s == weft_comm_stream(comm[r]) && in_call.met++ == 0) in_call.destroy = weft_comm_destroy(comm[r]);
+  return WEFT_OK;
+}
+
+typedef struct rank_args {
+  ddp_t *d;
+  int r;
+  weft_status_t st;
+} rank_args_t;
+
+static void *rank_collective(void *arg) {
+  rank_args_t *a = arg;
+  on(a->r);
+  a->st = ddp_collectives(a->d, a->r, false);
+  return NULL;
+}
+
+static void test_a_capture_handler_inside_a_collective_cannot_destroy_its_communicator(void **state) {
+  (void)state;
+  if (NR == 0) skip();
+  static const char what[] = "a handler inside a collective";
+  memset(&in_call, 0, sizeof in_call);
+  for (int r = 0; r < NR; r++) OK(weft_set_capture_handler(rt[r], handler_in_call, NULL));
+  ddp_t d;
+  ddp_prepare(&d);
+  for (int r = 0; r < NR; r++) outside_begin(&d, r, CU_STREAM_CAPTURE_MODE_RELAXED);
+  for (int r = 0; r < NR; r++) ddp_body_before(&d, r, false);
+  /* One collective per rank without a group, each from its own thread (a thread per rank). */
+  rank_args_t a[MAXR];
+  pthread_t t[MAXR];
+  for (int r = 0; r < NR; r++) {
+    a[r] = (rank_args_t){&d, r, WEFT_OK};
+    assert_int_equal(pthread_create(&t[r], NULL, rank_collective, &a[r]), 0);
+  }
+  for (int r = 0; r < NR; r++) assert_int_equal(pthread_join(t[r], NULL), 0);
+  for (int r = 0; r < NR; r++) OK(weft_set_capture_handler(rt[r], NULL, NULL));
+  if (in_call.met == 0) fail_msg("%s: the handler never met the comm stream's capture", what);
+  if (in_call.destroy != WEFT_ERR_BUSY)
+    fail_msg("%s: destroying the collective's communicator: %s, want BUSY", what, weft_status_name(in_call.destroy));
+  for (int r = 0; r < NR; r++)
+    if (a[r].st != WEFT_OK) fail_msg("%s: rank %d's all-reduce: %s", what, r, weft_status_name(a[r].st));
+  for (int r = 0; r < NR; r++) ddp_body_after(&d, r, false);
+  for (int r = 0; r < NR; r++) outside_end(&d, r);
+  for (int r = 0; r < NR; r++) {
+    on(r);
+    assert_int_equal(drv->cuGraphInstantiateWithFlags(&d.exec[r], d.graph[r], 0), CUDA_SUCCESS);
+  }
+  for (int rep = 0; rep < 2; rep++) {
+    for (int r = 0; r < NR; r++) ddp_launch(&d, r, rep);
+    for (int r = 0; r < NR; r++) ddp_check(&d, r, rep, false, what);
+  }
+  ddp_finish(&d, what);
+}
+
+/* A group over more communicators than a thread's entries nest (12 per rank: 8 kept, the rest
+ * held for the end), whose end runs a capture handler that makes and destroys an object (a
+ * resource: the handle set's lock as a writer). Before, the end entered each communicator past
+ * the 8 kept, the ones past the record's depth under the handle set's lock as a reader, held
+ * across the handler: its creation waited for that lock for ever (found by review). */
+static struct {
+  int met;
+  weft_status_t made, destroyed;
+} big_end;
+
+static weft_status_t handler_makes_a_resource(weft_stream_t *s, uint64_t id, void *user) {
+  (void)id;
+  (void)user;
+  for (int r = 0; r < NR; r++)
+    if (s == weft_comm_stream(comm[r]) && big_end.met++ == 0) {
+      weft_resource_t *d = NULL;
+      big_end.made = weft_direct_create(rt[r], &d);
+      if (big_end.made == WEFT_OK) big_end.destroyed = weft_resource_destroy(d);
+    }
+  return WEFT_OK;
+}
+
+static void test_a_large_groups_end_runs_a_handler_that_makes_objects(void **state) {
+  (void)state;
+  if (NR == 0) skip();
+  enum { SETS = 12 };
+  weft_comm_t *x[SETS][MAXR];
+  for (int k = 0; k < SETS; k++) OK(weft_comm_init_all(rt, NR, x[k]));
+  memset(&big_end, 0, sizeof big_end);
+  for (int r = 0; r < NR; r++) OK(weft_set_capture_handler(rt[r], handler_makes_a_resource, NULL));
+  ddp_t d;
+  ddp_prepare(&d);
+  for (int r = 0; r < NR; r++) outside_begin(&d, r, CU_STREAM_CAPTURE_MODE_RELAXED);
+  for (int r = 0; r < NR; r++) ddp_body_before(&d, r, false);
+  /* Every set's all-reduce of the bucket, in place, on the comm stream: the bucket times NR^SETS. */
+  OK(weft_comm_group_begin());
+  for (int k = 0; k < SETS; k++)
+    for (int r = 0; r < NR; r++) OK(weft_all_reduce(x[k][r], d.t[r], 0, d.t[r], 0, D, WEFT_UINT32, WEFT_SUM, NULL));
+  weft_status_t end = weft_comm_group_end();
+  for (int r = 0; r < NR; r++) OK(weft_set_capture_handler(rt[r], NULL, NULL));
+  if (end != WEFT_OK) fail_msg("the large group's end: %s (%s)", weft_status_name(end), weft_last_error());
+  if (big_end.met == 0) fail_msg("the handler never met the comm stream's capture");
+  OK(big_end.made);
+  OK(big_end.destroyed);
+  for (int r = 0; r < NR; r++) ddp_body_after(&d, r, false);
+  for (int r = 0; r < NR; r++) outside_end(&d, r);
+  for (int r = 0; r < NR; r++) {
+    on(r);
+    assert_int_equal(drv->cuGraphInstantiateWithFlags(&d.exec[r], d.graph[r], 0), CUDA_SUCCESS);
+  }
+  uint32_t factor = 1; /* each all-reduce after the first multiplies the sum by NR (mod 2^32) */
+  for (int k = 1; k < SETS; k++) factor *= (uint32_t)NR;
+  for (int rep = 0; rep < 2; rep++) {
+    for (int r = 0; r < NR; r++) ddp_launch(&d, r, rep);
+    for (int r = 0; r < NR; r++) {
+      uint32_t got[D];
+      read_back(r, adopted[r], d.y[r], 0, got, D); /* (the stream the graph was launched on) */
+      for (size_t i = 0; i < D; i++) {
+        uint32_t sum = 0;
+        for (int q = 0; q < NR; q++) sum += grad(q, rep, i);
+        if (got[i] != sum * factor) fail_msg("replay %d rank %d element %zu: %u, want %u", rep, r, i, got[i], sum * factor);
+      }
+    }
+  }
+  for (int k = 0; k < SETS; k++)
+    for (int r = 0; r < NR; r++) OK(weft_comm_destroy(x[k][r]));
+  ddp_finish(&d, "a large group's end with a handler");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_ddp_foreign_capture_one_thread, case_setup),
@@ -1112,6 +1248,8 @@ int main(void) {
       cmocka_unit_test_setup(test_a_collective_on_a_captured_block_outside_the_capture_is_refused, case_setup),
       cmocka_unit_test_setup(test_a_foreign_capture_ended_unjoined_leaves_the_comm_stream_usable, case_setup),
       cmocka_unit_test_setup(test_a_capture_handler_inside_a_groups_end_cannot_undo_the_group, case_setup),
+      cmocka_unit_test_setup(test_a_capture_handler_inside_a_collective_cannot_destroy_its_communicator, case_setup),
+      cmocka_unit_test_setup(test_a_large_groups_end_runs_a_handler_that_makes_objects, case_setup),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

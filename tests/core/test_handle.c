@@ -277,6 +277,40 @@ static void test_kept_entries_are_apart_from_nested_ones(void **state) {
   assert_true(weft__handle_remove(gone, WEFT__HANDLE_COMM)); /* (would wait for ever) */
 }
 
+/* A removal by a thread that is inside the object (a capture handler that a call on it runs,
+ * destroying it) is refused, WEFT__HANDLE_INSIDE, nothing changed: nested, kept and past-depth
+ * (locked) entries alike. Other threads' removals still wait for the thread. */
+static void test_a_removal_from_inside_the_object_is_refused(void **state) {
+  (void)state;
+  const void *p = objects[3];
+  assert_true(weft__handle_add(p, WEFT__HANDLE_EXEC));
+  assert_false(weft__handle_inside(p));
+  assert_true(weft__handle_enter(p, WEFT__HANDLE_EXEC));
+  assert_true(weft__handle_inside(p));
+  assert_int_equal(weft__handle_remove_unheld(p, WEFT__HANDLE_EXEC), WEFT__HANDLE_INSIDE);
+  assert_false(weft__handle_remove(p, WEFT__HANDLE_EXEC));
+  assert_true(weft__handle_live(p, WEFT__HANDLE_EXEC)); /* unchanged */
+  weft__handle_leave();
+  assert_false(weft__handle_inside(p));
+  /* Kept. */
+  assert_true(weft__handle_keep(p, WEFT__HANDLE_EXEC));
+  assert_int_equal(weft__handle_remove_unheld(p, WEFT__HANDLE_EXEC), WEFT__HANDLE_INSIDE);
+  weft__handle_unkeep(p);
+  /* Past the record's depth: an entry under the set's lock. */
+  const void *q = objects[1];
+  assert_true(weft__handle_add(q, WEFT__HANDLE_GRAPH));
+  for (int i = 0; i < WEFT__HANDLE_DEPTH; i++) assert_true(weft__handle_enter(q, WEFT__HANDLE_GRAPH));
+  assert_true(weft__handle_enter(p, WEFT__HANDLE_EXEC)); /* locked */
+  assert_true(weft__handle_inside(p));
+  assert_int_equal(weft__handle_remove_unheld(p, WEFT__HANDLE_EXEC), WEFT__HANDLE_INSIDE);
+  weft__handle_leave();
+  assert_false(weft__handle_inside(p));
+  for (int i = 0; i < WEFT__HANDLE_DEPTH; i++) weft__handle_leave();
+  assert_int_equal(weft__handle_entries(), 0);
+  assert_int_equal(weft__handle_remove_unheld(p, WEFT__HANDLE_EXEC), WEFT__HANDLE_REMOVED);
+  assert_true(weft__handle_remove(q, WEFT__HANDLE_GRAPH));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_live_remove_restore_and_kinds),
@@ -286,6 +320,7 @@ int main(void) {
       cmocka_unit_test(test_entries_nest_past_the_records_depth),
       cmocka_unit_test(test_no_thread_is_inside_once_a_removal_returns),
       cmocka_unit_test(test_kept_entries_are_apart_from_nested_ones),
+      cmocka_unit_test(test_a_removal_from_inside_the_object_is_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
