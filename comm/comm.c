@@ -92,6 +92,7 @@ static _Thread_local weft_status_t g_group_error; /* the first refused call of t
 /* The communicators the open group stays inside (kept from their first call, left at its end). */
 #define COMM_HELD 8
 static _Thread_local weft_comm_t *g_held[COMM_HELD];
+static _Thread_local uint64_t g_held_serial[COMM_HELD]; /* their serials */
 static _Thread_local unsigned g_nheld;
 /* What the open group's calls add up to, kept as they come (call_note): whether a stream has
  * several calls (their accesses are merged at the end), how many runtimes the streams span, and
@@ -107,12 +108,13 @@ static bool g_calls_keyed; /* the key exists (set once, under g_calls_once) */
 
 /* The thread's end: its buffer goes, and with it any group still open (a later thread-exit
  * destructor that ends it finds no group; the kept entries ended with the handle set's). */
+static void group_leave(void);
 static void calls_release(void *p) {
   weft__meta_free(p);
   g_calls = NULL;
   g_ncalls = g_capcalls = 0;
   g_depth = 0;
-  g_nheld = 0;
+  group_leave(); /* (nothing left to leave when the handle set's destructor ran first) */
   g_ending = false;
 }
 
@@ -171,11 +173,19 @@ static void drop_orphaned_group(void) {
   }
 }
 
-/* Whether the open group of this thread stays inside c (g_held). */
+/* Whether the open group of this thread stays inside c (g_held). A kept communicator cannot be
+ * destroyed, so its address names it alone while kept (g_held_serial: its serial). */
 static bool held(const weft_comm_t *c) {
   for (unsigned i = 0; i < g_nheld; i++)
     if (g_held[i] == c) return true;
   return false;
+}
+
+/* The serial of the communicator the group keeps at c's address; 0 when it keeps none there. */
+static uint64_t held_serial(const weft_comm_t *c) {
+  for (unsigned i = 0; i < g_nheld; i++)
+    if (g_held[i] == c) return g_held_serial[i];
+  return 0;
 }
 
 /* Enters c for a call of the open group: once per group where it can stay inside until the end
@@ -185,7 +195,10 @@ static weft_status_t group_enter(weft_comm_t *c, const char *fn, bool *stay) {
   if (held(c)) return WEFT_OK;
   if (g_nheld < COMM_HELD && weft__handle_keep(c, WEFT__HANDLE_COMM)) {
     weft_status_t st = runtime_alive(c, fn);
-    if (st == WEFT_OK) g_held[g_nheld++] = c;
+    if (st == WEFT_OK) {
+      g_held_serial[g_nheld] = c->serial;
+      g_held[g_nheld++] = c;
+    }
     else weft__handle_unkeep(c);
     return st;
   }
@@ -672,7 +685,13 @@ static weft_status_t end_group(size_t ncalls) {
   for (size_t i = 0; i < ncalls; i++) {
     call_t *k = &g_calls[i];
     k->holds = false;
-    if (held(k->c)) continue;
+    uint64_t kept = held_serial(k->c);
+    if (kept != 0 && kept != k->serial) { /* kept since: a new communicator at the call's one's address */
+      unhold(g_calls, i);
+      return weft__error(WEFT_ERR_STALE_HANDLE, "weft_comm_group_end: call %zu of the group: %s: the communicator was "
+                         "destroyed since the call", i + 1, kind_name[k->kind]);
+    }
+    if (kept != 0) continue;
     size_t j = 0;
     while (j < i && (g_calls[j].c != k->c || g_calls[j].serial != k->serial)) j++;
     if (j < i) continue; /* held already */

@@ -44,7 +44,14 @@ static inline bool seen_live(const seen_t *e, const void *p, weft__handle_kind_t
   return e->p == p && e->kind == (unsigned)kind && e->removals == removals;
 }
 
+/* The calling thread holds the set's lock as a reader (weft__handle_enter past its record):
+ * taking it as a writer would wait for ever. (Past WEFT__HANDLE_THREADS threads inside objects
+ * at once, or nested past WEFT__HANDLE_DEPTH: such a thread can make and destroy no object until
+ * it leaves.) */
+static _Thread_local unsigned tls_locked;  /* entries made under the set's lock (no record) */
+
 bool weft__handle_add(const void *p, weft__handle_kind_t kind) {
+  if (tls_locked > 0) return false;
   pthread_rwlock_wrlock(&g_lock);
   uint64_t *v = weft__map_insert(&g_live, (uint64_t)(uintptr_t)p, NULL);
   if (v != NULL) *v = kind;
@@ -76,7 +83,7 @@ weft__handle_removal_t weft__handle_remove_unheld(const void *p, weft__handle_ki
   if (p == NULL) return WEFT__HANDLE_NOT_LIVE;
   /* This thread's own entries, before the lock (an entry past the record's depth holds it as a
    * reader): p is live, or dead with a removal waiting for this thread. */
-  if (weft__handle_inside(p)) return WEFT__HANDLE_INSIDE;
+  if (weft__handle_inside(p) || tls_locked > 0) return WEFT__HANDLE_INSIDE;
   pthread_rwlock_wrlock(&g_lock);
   uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
   weft__handle_removal_t r = v == NULL || (*v & STATE) != kind ? WEFT__HANDLE_NOT_LIVE
@@ -114,7 +121,6 @@ static pthread_once_t g_inside_once = PTHREAD_ONCE_INIT;
 static _Thread_local inside_t *tls_inside;
 static _Thread_local unsigned tls_depth;   /* nested entries published in tls_inside */
 static _Thread_local unsigned tls_kept;    /* kept entries published in tls_inside */
-static _Thread_local unsigned tls_locked;  /* entries made under the set's lock (no record) */
 static _Thread_local uint32_t tls_locked_at; /* bit d: entry d holds the lock */
 static _Thread_local const void *tls_locked_p[32]; /* [d]: what entry d (holding the lock) entered */
 
@@ -259,7 +265,7 @@ static void wait_outside(const void *p) {
 }
 
 bool weft__handle_hold(const void *p, weft__handle_kind_t kind, int delta) {
-  if (p == NULL) return false;
+  if (p == NULL || (tls_locked > 0 && delta > 0)) return false;
   pthread_rwlock_wrlock(&g_lock);
   uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
   bool live = v != NULL && (*v & STATE) == kind;

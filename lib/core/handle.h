@@ -20,7 +20,8 @@ typedef enum weft__handle_kind {
   WEFT__HANDLE_COMM = 6,
 } weft__handle_kind_t;
 
-/** Registers a new object; false when out of host memory. */
+/** Registers a new object; false when out of host memory, or while the calling thread holds the
+ * set's lock as a reader (an entry past its record: the write lock would wait for ever). */
 bool weft__handle_add(const void *p, weft__handle_kind_t kind);
 /** True while p is a live object of that kind. Lock-free while the calling thread asked about p
  * before and no handle was removed since (a per-thread memory of positive answers). */
@@ -33,9 +34,11 @@ typedef enum weft__handle_removal {
   WEFT__HANDLE_REMOVED,  /* p is marked destroyed */
   WEFT__HANDLE_NOT_LIVE, /* not a live object of that kind (destroyed already): unchanged */
   WEFT__HANDLE_HELD,     /* live, but held by another object: unchanged */
-  WEFT__HANDLE_INSIDE,   /* live, and the calling thread is inside it (weft__handle_enter / _keep:
-                            a call of its own that reads p runs the caller, e.g. a capture
-                            handler): unchanged (a destroy says BUSY) */
+  WEFT__HANDLE_INSIDE,   /* the calling thread is inside it (weft__handle_enter / _keep: a call
+                            of its own that reads p runs the caller, e.g. a capture handler), or
+                            holds the set's lock as a reader (an entry past its record): p is
+                            live, or dead with another thread's removal waiting for this thread;
+                            unchanged (a destroy says BUSY) */
 } weft__handle_removal_t;
 /** weft__handle_remove, telling a held handle, or one the calling thread is inside, from a dead
  * one. Every destroy of an object that calls enter uses it: a removal waits for other threads'
@@ -43,7 +46,8 @@ typedef enum weft__handle_removal {
 weft__handle_removal_t weft__handle_remove_unheld(const void *p, weft__handle_kind_t kind);
 /** One more (delta +1) or one fewer (-1) object holds live handle p (a resource another draws
  * from): a held handle is not removed. Nothing for a p that is not a live handle of that kind
- * (a resource weft did not make): returns whether p was one. */
+ * (a resource weft did not make): returns whether p was one. A +1 while the calling thread holds
+ * the set's lock as a reader does nothing and returns false (as weft__handle_add). */
 bool weft__handle_hold(const void *p, weft__handle_kind_t kind, int delta);
 /** Marks p live again after weft__handle_remove, for a destroy that failed and changed nothing
  * (no allocation: the entry stayed in the set). Meanwhile calls with p saw STALE_HANDLE. */

@@ -303,6 +303,11 @@ static void test_a_removal_from_inside_the_object_is_refused(void **state) {
   assert_true(weft__handle_enter(p, WEFT__HANDLE_EXEC)); /* locked */
   assert_true(weft__handle_inside(p));
   assert_int_equal(weft__handle_remove_unheld(p, WEFT__HANDLE_EXEC), WEFT__HANDLE_INSIDE);
+  /* Holding the set's lock as a reader, the thread makes, holds and removes nothing (each would
+   * take the lock as a writer and wait for ever): refused at once. */
+  assert_false(weft__handle_add(objects[2], WEFT__HANDLE_BUILDER));
+  assert_false(weft__handle_hold(q, WEFT__HANDLE_GRAPH, +1));
+  assert_int_equal(weft__handle_remove_unheld(objects[0], WEFT__HANDLE_GRAPH), WEFT__HANDLE_INSIDE);
   weft__handle_leave();
   assert_false(weft__handle_inside(p));
   for (int i = 0; i < WEFT__HANDLE_DEPTH; i++) weft__handle_leave();
