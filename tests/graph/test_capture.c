@@ -705,6 +705,82 @@ static void test_a_capture_ended_before_its_adoption_is_not_adopted(void **state
 #endif
 }
 
+/* A capture handler that a launch runs destroys the exec being launched: weft_exec_launch(e, s)
+ * is inside e when it meets, on s, a capture begun outside weft, and runs the handler there. The
+ * destroy must be BUSY and change nothing (weft.h's destroy rule); before, it freed e while the
+ * launch still read it. The launch itself is refused (CAPTURE) after the handler ran; e launches
+ * once the capture is over. */
+typedef struct destroy_in_launch {
+  weft_exec_t *e;
+  unsigned calls;
+  weft_status_t destroyed;
+} destroy_in_launch_t;
+
+static weft_status_t destroy_the_exec(weft_stream_t *s, uint64_t id, void *user) {
+  (void)s;
+  (void)id;
+  destroy_in_launch_t *h = user;
+  if (h->calls++ == 0) h->destroyed = weft_exec_destroy(h->e);
+  return WEFT_OK;
+}
+
+static void test_a_capture_handler_inside_an_exec_launch_cannot_destroy_the_exec(void **state) {
+  (void)state;
+  const weft__driver_t *d;
+  assert_int_equal(weft__driver_get(&d), WEFT_OK);
+  weft_stream_t *s0 = tu_stream(&env, 0);
+  weft_block_t x = tu_alloc(&env, N * 4, 0, "x");
+  assert_int_equal(weft_capture_begin(s0, NULL), WEFT_OK);
+  assert_int_equal(tu_fill(&env, s0, x, N, 4), WEFT_OK); /* the graph writes x */
+  weft_graph_t *g;
+  assert_int_equal(weft_capture_end(s0, &g), WEFT_OK);
+  destroy_in_launch_t h = {NULL, 0, WEFT_OK};
+  assert_int_equal(weft_graph_instantiate(g, s0, &h.e), WEFT_OK);
+  assert_int_equal(weft_stream_synchronize(s0), WEFT_OK);
+  assert_int_equal(weft_set_capture_handler(env.rt, destroy_the_exec, &h), WEFT_OK);
+  CUstream raw = weft_stream_raw(s0);
+  /* Outside weft: a capture on s0, which weft first meets inside the launch. Nothing below
+   * asserts until it is ended, so no capture stays open for the tests after this one. */
+  CUresult begun = d->cuStreamBeginCapture(raw, CU_STREAM_CAPTURE_MODE_RELAXED);
+  weft_status_t launched = begun == CUDA_SUCCESS ? weft_exec_launch(h.e, s0) : WEFT_OK;
+  char why[256];
+  snprintf(why, sizeof why, "%s", launched != WEFT_OK ? weft_last_error() : "");
+  CUgraph raw_g = NULL;
+  CUresult ended = begun == CUDA_SUCCESS ? d->cuStreamEndCapture(raw, &raw_g) : CUDA_SUCCESS;
+  if (raw_g != NULL) (void)d->cuGraphDestroy(raw_g);
+  int capturing = 1;
+  weft_status_t seen = weft_stream_is_capturing(s0, &capturing); /* weft meets the end */
+  assert_int_equal(weft_set_capture_handler(env.rt, NULL, NULL), WEFT_OK);
+  /* e is still usable: it launches outside the capture and is destroyed once (unless the
+   * handler's destroy freed it: then it is not touched again). */
+  bool alive = h.calls == 0 || h.destroyed != WEFT_OK;
+  weft_status_t relaunched = alive ? weft_exec_launch(h.e, s0) : WEFT_ERR_STALE_HANDLE;
+  char why_again[256];
+  snprintf(why_again, sizeof why_again, "%s", relaunched != WEFT_OK ? weft_last_error() : "");
+  unsigned got[N] = {0};
+  if (relaunched == WEFT_OK) read_all(x, got);
+  weft_status_t destroyed = alive ? weft_exec_destroy(h.e) : WEFT_ERR_STALE_HANDLE;
+  assert_int_equal(weft_stream_synchronize(s0), WEFT_OK);
+  weft_status_t gone = weft_graph_destroy(g);
+  assert_int_equal(weft_free(x, s0), WEFT_OK);
+
+  assert_int_equal(begun, CUDA_SUCCESS);
+  assert_int_equal(ended, CUDA_SUCCESS);
+  assert_int_equal(seen, WEFT_OK);
+  assert_int_equal(capturing, 0);
+  if (h.calls == 0) /* the precondition: the launch met the capture and ran the handler */
+    fail_msg("the capture handler never ran inside weft_exec_launch (it returned %s: %s)", weft_status_name(launched), why);
+  assert_int_equal(h.calls, 1);
+  if (h.destroyed != WEFT_ERR_BUSY)
+    fail_msg("weft_exec_destroy inside the launch's capture handler returned %s, not BUSY", weft_status_name(h.destroyed));
+  if (launched != WEFT_ERR_CAPTURE) fail_msg("the launch inside the capture returned %s: %s", weft_status_name(launched), why);
+  if (relaunched != WEFT_OK) fail_msg("the launch after the capture: %s: %s", weft_status_name(relaunched), why_again);
+  for (unsigned i = 0; i < N; i++) assert_int_equal(got[i], 4);
+  assert_int_equal(destroyed, WEFT_OK);
+  assert_int_equal(gone, WEFT_OK);
+  assert_int_equal(tu_races(&env), 0);
+}
+
 /* Faults injected inside the capture and at instantiation (simulator only): clear errors, the
  * capture is always ended, nothing leaks. */
 static void test_faults_in_capture_and_instantiate(void **state) {
@@ -787,6 +863,7 @@ int main(void) {
       cmocka_unit_test(test_a_forked_foreign_capture_calls_the_handler_on_each_stream),
       cmocka_unit_test(test_a_second_thread_waits_for_the_capture_handler),
       cmocka_unit_test(test_a_capture_ended_before_its_adoption_is_not_adopted),
+      cmocka_unit_test(test_a_capture_handler_inside_an_exec_launch_cannot_destroy_the_exec),
       cmocka_unit_test(test_faults_in_capture_and_instantiate),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
