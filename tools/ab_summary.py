@@ -38,28 +38,22 @@ for rnd in rounds:
     for v in ("base", "new"):
         present |= set(load(f"{d}/ab_{v}_{rnd}.csv"))
 rows_of_interest = [r for r in rows_of_interest if r in present]
-print("| round | build | " + " | ".join(f"{r[1]} ({r[2]}{', x = ' + r[3] if r[3] else ''}), ratio to its baseline" for r in rows_of_interest) + " |")
-print("| --- | --- |" + " ---: |" * len(rows_of_interest))
-for rnd in rounds:
-    for v in ("base", "new"):
-        data = load(f"{d}/ab_{v}_{rnd}.csv")
-        cells = []
-        for key in rows_of_interest:
-            reps = data.get(key, {})
-            ratios = []
-            for rep, (val, base) in reps.items():
-                b = data.get((key[0], base, key[2], key[3]), {}).get(rep)
-                if b: ratios.append(val / b[0])
-            cells.append(f"{statistics.median(ratios):.3f}" if ratios else "-")
-        print(f"| {rnd} | {v} | " + " | ".join(cells) + " |")
-print()
-print("| round | build | " + " | ".join(f"{r[1]} ({r[2]}{', x = ' + r[3] if r[3] else ''}), median value" for r in rows_of_interest) + " |")
-print("| --- | --- |" + " ---: |" * len(rows_of_interest))
-for rnd in rounds:
-    for v in ("base", "new"):
-        data = load(f"{d}/ab_{v}_{rnd}.csv")
-        cells = []
-        for key in rows_of_interest:
-            vals = [val for val, _ in data.get(key, {}).values()]
-            cells.append(f"{statistics.median(vals):.2f}" if vals else "-")
-        print(f"| {rnd} | {v} | " + " | ".join(cells) + " |")
+def ratio_cell(data, key):
+    """The median over repetitions of the row's ratio to the repetition's own baseline sample."""
+    ratios = []
+    for rep, (val, base) in data.get(key, {}).items():
+        b = data.get((key[0], base, key[2], key[3]), {}).get(rep)
+        if b: ratios.append(val / b[0])
+    return f"{statistics.median(ratios):.3f}" if ratios else "-"
+def value_cell(data, key):
+    """The median over repetitions of the row's value."""
+    vals = [val for val, _ in data.get(key, {}).values()]
+    return f"{statistics.median(vals):.2f}" if vals else "-"
+for title, cell in (("ratio to its baseline", ratio_cell), ("median value", value_cell)):
+    if cell is value_cell: print()
+    print("| round | build | " + " | ".join(f"{r[1]} ({r[2]}{', x = ' + r[3] if r[3] else ''}), {title}" for r in rows_of_interest) + " |")
+    print("| --- | --- |" + " ---: |" * len(rows_of_interest))
+    for rnd in rounds:
+        for v in ("base", "new"):
+            data = load(f"{d}/ab_{v}_{rnd}.csv")
+            print(f"| {rnd} | {v} | " + " | ".join(cell(data, key) for key in rows_of_interest) + " |")

@@ -295,6 +295,23 @@ static void ddp_finish(ddp_t *d, const char *what) {
   nothing_left(what);
 }
 
+/* One thread's end of a captured step without a gather, then `reps` replays checked, then
+ * ddp_finish: every rank's body after its collectives, the capture ended, the graphs
+ * instantiated. */
+static void ddp_end_replay_finish(ddp_t *d, int reps, const char *what) {
+  for (int r = 0; r < NR; r++) ddp_body_after(d, r, false);
+  for (int r = 0; r < NR; r++) outside_end(d, r);
+  for (int r = 0; r < NR; r++) {
+    on(r);
+    assert_int_equal(drv->cuGraphInstantiateWithFlags(&d->exec[r], d->graph[r], 0), CUDA_SUCCESS);
+  }
+  for (int rep = 0; rep < reps; rep++) {
+    for (int r = 0; r < NR; r++) ddp_launch(d, r, rep);
+    for (int r = 0; r < NR; r++) ddp_check(d, r, rep, false, what);
+  }
+  ddp_finish(d, what);
+}
+
 /* One thread drives every rank (as a single-process multi-GPU program does): every rank's capture
  * begun, the collectives of all ranks in one group, the captures ended, then replays. */
 static void ddp_one_thread(int m, bool gather) {
@@ -787,17 +804,7 @@ static void fault_in_captured_group(const char *spec) {
   for (int r = 0; r < NR; r++) OK(ddp_collectives(&d, r, false));
   weft_status_t again = weft_comm_group_end();
   if (again != WEFT_OK) fail_msg("%s: the group made again: %s", what, weft_last_error());
-  for (int r = 0; r < NR; r++) ddp_body_after(&d, r, false);
-  for (int r = 0; r < NR; r++) outside_end(&d, r);
-  for (int r = 0; r < NR; r++) {
-    on(r);
-    assert_int_equal(drv->cuGraphInstantiateWithFlags(&d.exec[r], d.graph[r], 0), CUDA_SUCCESS);
-  }
-  for (int rep = 0; rep < 3; rep++) {
-    for (int r = 0; r < NR; r++) ddp_launch(&d, r, rep);
-    for (int r = 0; r < NR; r++) ddp_check(&d, r, rep, false, what);
-  }
-  ddp_finish(&d, what);
+  ddp_end_replay_finish(&d, 3, what);
 }
 
 static void test_nccl_fault_in_a_group_inside_a_foreign_capture(void **state) {
@@ -1086,17 +1093,7 @@ static void test_a_capture_handler_inside_a_groups_end_cannot_undo_the_group(voi
     fail_msg("%s: weft_comm_init_all there: %s, want INVALID_ARGUMENT", what, weft_status_name(in_end.init));
   if (end != WEFT_OK) fail_msg("%s: the group's end: %s (%s)", what, weft_status_name(end), weft_last_error());
   assert_int_equal(weft_comm_group_end(), WEFT_ERR_INVALID_ARGUMENT); /* no group is left open */
-  for (int r = 0; r < NR; r++) ddp_body_after(&d, r, false);
-  for (int r = 0; r < NR; r++) outside_end(&d, r);
-  for (int r = 0; r < NR; r++) {
-    on(r);
-    assert_int_equal(drv->cuGraphInstantiateWithFlags(&d.exec[r], d.graph[r], 0), CUDA_SUCCESS);
-  }
-  for (int rep = 0; rep < 2; rep++) {
-    for (int r = 0; r < NR; r++) ddp_launch(&d, r, rep);
-    for (int r = 0; r < NR; r++) ddp_check(&d, r, rep, false, what);
-  }
-  ddp_finish(&d, what);
+  ddp_end_replay_finish(&d, 2, what);
 }
 
 /* The same handler during a plain collective (no group): weft meets the comm stream's capture
@@ -1153,17 +1150,7 @@ static void test_a_capture_handler_inside_a_collective_cannot_destroy_its_commun
     fail_msg("%s: destroying the collective's communicator: %s, want BUSY", what, weft_status_name(in_call.destroy));
   for (int r = 0; r < NR; r++)
     if (a[r].st != WEFT_OK) fail_msg("%s: rank %d's all-reduce: %s", what, r, weft_status_name(a[r].st));
-  for (int r = 0; r < NR; r++) ddp_body_after(&d, r, false);
-  for (int r = 0; r < NR; r++) outside_end(&d, r);
-  for (int r = 0; r < NR; r++) {
-    on(r);
-    assert_int_equal(drv->cuGraphInstantiateWithFlags(&d.exec[r], d.graph[r], 0), CUDA_SUCCESS);
-  }
-  for (int rep = 0; rep < 2; rep++) {
-    for (int r = 0; r < NR; r++) ddp_launch(&d, r, rep);
-    for (int r = 0; r < NR; r++) ddp_check(&d, r, rep, false, what);
-  }
-  ddp_finish(&d, what);
+  ddp_end_replay_finish(&d, 2, what);
 }
 
 /* A group over more communicators than a thread's entries nest (12 per rank: 8 kept, the rest
