@@ -1,5 +1,5 @@
-/* A mutex of one word for short critical sections on hot paths (the tracker's lock, the pool's): Drepper's
- * mutex ("Futexes Are Tricky", 2011, mutex 3) with a short spin before sleeping. An uncontended
+/* A mutex of one word for short critical sections on hot paths (the tracker's lock, the pool's):
+ * Drepper's mutex ("Futexes Are Tricky", 2011, mutex 3) with a short spin before sleeping. An uncontended
  * lock and unlock are one locked instruction each, inline, where pthread_mutex_lock/unlock are
  * calls that also dispatch on the mutex's type and keep its owner and user count (53 of the
  * `pool` pair's 338 instructions per lock and unlock, tools/host_instr.sh). A thread that finds
