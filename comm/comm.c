@@ -165,7 +165,7 @@ static weft_status_t comm_enter(const weft_comm_t *c, const char *fn) {
  * before calls_release ran (a program's destructor between them that calls weft): the group
  * stays inside nothing any more, so it is gone, as calls_release would make it. */
 static void drop_orphaned_group(void) {
-  if (__builtin_expect(g_nheld > weft__handle_kept(), 0)) {
+  if (__builtin_expect(g_nheld != 0 && g_nheld > weft__handle_kept(), 0)) { /* (no call outside groups) */
     g_nheld = 0;
     g_depth = 0;
     g_ncalls = 0;
@@ -173,15 +173,9 @@ static void drop_orphaned_group(void) {
   }
 }
 
-/* Whether the open group of this thread stays inside c (g_held). A kept communicator cannot be
- * destroyed, so its address names it alone while kept (g_held_serial: its serial). */
-static bool held(const weft_comm_t *c) {
-  for (unsigned i = 0; i < g_nheld; i++)
-    if (g_held[i] == c) return true;
-  return false;
-}
-
-/* The serial of the communicator the group keeps at c's address; 0 when it keeps none there. */
+/* The serial of the communicator the open group of this thread stays inside at c's address
+ * (g_held); 0 when it stays inside none there. A kept communicator cannot be destroyed, so its
+ * address names it alone while kept. */
 static uint64_t held_serial(const weft_comm_t *c) {
   for (unsigned i = 0; i < g_nheld; i++)
     if (g_held[i] == c) return g_held_serial[i];
@@ -192,7 +186,7 @@ static uint64_t held_serial(const weft_comm_t *c) {
  * (*stay: true; nothing to leave now), else for this call only (*stay false: leave after it). */
 static weft_status_t group_enter(weft_comm_t *c, const char *fn, bool *stay) {
   *stay = true;
-  if (held(c)) return WEFT_OK;
+  if (held_serial(c) != 0) return WEFT_OK;
   if (g_nheld < COMM_HELD && weft__handle_keep(c, WEFT__HANDLE_COMM)) {
     weft_status_t st = runtime_alive(c, fn);
     if (st == WEFT_OK) {

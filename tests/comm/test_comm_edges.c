@@ -1046,11 +1046,26 @@ static struct {
   weft_status_t destroy, begin, init;
 } in_end;
 
+/* The rank whose comm stream s is; NR for another stream (a handler's question). */
+static int comm_rank_of(const weft_stream_t *s) {
+  int r = 0;
+  while (r < NR && s != weft_comm_stream(comm[r])) r++;
+  return r;
+}
+
+/* A captured step of every rank up to its collectives (ddp_prepare, outside_begin in RELAXED mode,
+ * ddp_body_before), with capture handler h set on every runtime. */
+static void ddp_begin_handled(ddp_t *d, weft_capture_handler_t h) {
+  for (int r = 0; r < NR; r++) OK(weft_set_capture_handler(rt[r], h, NULL));
+  ddp_prepare(d);
+  for (int r = 0; r < NR; r++) outside_begin(d, r, CU_STREAM_CAPTURE_MODE_RELAXED);
+  for (int r = 0; r < NR; r++) ddp_body_before(d, r, false);
+}
+
 static weft_status_t handler_in_end(weft_stream_t *s, uint64_t id, void *user) {
   (void)id;
   (void)user;
-  int r = 0;
-  while (r < NR && s != weft_comm_stream(comm[r])) r++;
+  int r = comm_rank_of(s);
   if (r == NR) return WEFT_OK; /* the capture stream, met before the group */
   if (!in_end.ending) {
     in_end.met_elsewhere++;
@@ -1071,11 +1086,8 @@ static void test_a_capture_handler_inside_a_groups_end_cannot_undo_the_group(voi
   if (NR == 0) skip();
   static const char what[] = "a handler inside the group's end";
   memset(&in_end, 0, sizeof in_end);
-  for (int r = 0; r < NR; r++) OK(weft_set_capture_handler(rt[r], handler_in_end, NULL));
   ddp_t d;
-  ddp_prepare(&d);
-  for (int r = 0; r < NR; r++) outside_begin(&d, r, CU_STREAM_CAPTURE_MODE_RELAXED);
-  for (int r = 0; r < NR; r++) ddp_body_before(&d, r, false);
+  ddp_begin_handled(&d, handler_in_end);
   OK(weft_comm_group_begin());
   for (int r = 0; r < NR; r++) OK(ddp_collectives(&d, r, false));
   in_end.ending = true;
@@ -1108,8 +1120,8 @@ static struct {
 static weft_status_t handler_in_call(weft_stream_t *s, uint64_t id, void *user) {
   (void)id;
   (void)user;
-  for (int r = 0; r < NR; r++)
-    if (s == weft_comm_stream(comm[r]) && in_call.met++ == 0) in_call.destroy = weft_comm_destroy(comm[r]);
+  int r = comm_rank_of(s);
+  if (r < NR && in_call.met++ == 0) in_call.destroy = weft_comm_destroy(comm[r]);
   return WEFT_OK;
 }
 
@@ -1131,11 +1143,8 @@ static void test_a_capture_handler_inside_a_collective_cannot_destroy_its_commun
   if (NR == 0) skip();
   static const char what[] = "a handler inside a collective";
   memset(&in_call, 0, sizeof in_call);
-  for (int r = 0; r < NR; r++) OK(weft_set_capture_handler(rt[r], handler_in_call, NULL));
   ddp_t d;
-  ddp_prepare(&d);
-  for (int r = 0; r < NR; r++) outside_begin(&d, r, CU_STREAM_CAPTURE_MODE_RELAXED);
-  for (int r = 0; r < NR; r++) ddp_body_before(&d, r, false);
+  ddp_begin_handled(&d, handler_in_call);
   /* One collective per rank without a group, each from its own thread (a thread per rank). */
   rank_args_t a[MAXR];
   pthread_t t[MAXR];
@@ -1166,12 +1175,12 @@ static struct {
 static weft_status_t handler_makes_a_resource(weft_stream_t *s, uint64_t id, void *user) {
   (void)id;
   (void)user;
-  for (int r = 0; r < NR; r++)
-    if (s == weft_comm_stream(comm[r]) && big_end.met++ == 0) {
-      weft_resource_t *d = NULL;
-      big_end.made = weft_direct_create(rt[r], &d);
-      if (big_end.made == WEFT_OK) big_end.destroyed = weft_resource_destroy(d);
-    }
+  int r = comm_rank_of(s);
+  if (r < NR && big_end.met++ == 0) {
+    weft_resource_t *d = NULL;
+    big_end.made = weft_direct_create(rt[r], &d);
+    if (big_end.made == WEFT_OK) big_end.destroyed = weft_resource_destroy(d);
+  }
   return WEFT_OK;
 }
 
@@ -1182,11 +1191,8 @@ static void test_a_large_groups_end_runs_a_handler_that_makes_objects(void **sta
   weft_comm_t *x[SETS][MAXR];
   for (int k = 0; k < SETS; k++) OK(weft_comm_init_all(rt, NR, x[k]));
   memset(&big_end, 0, sizeof big_end);
-  for (int r = 0; r < NR; r++) OK(weft_set_capture_handler(rt[r], handler_makes_a_resource, NULL));
   ddp_t d;
-  ddp_prepare(&d);
-  for (int r = 0; r < NR; r++) outside_begin(&d, r, CU_STREAM_CAPTURE_MODE_RELAXED);
-  for (int r = 0; r < NR; r++) ddp_body_before(&d, r, false);
+  ddp_begin_handled(&d, handler_makes_a_resource);
   /* Every set's all-reduce of the bucket, in place, on the comm stream: the bucket times NR^SETS. */
   OK(weft_comm_group_begin());
   for (int k = 0; k < SETS; k++)
