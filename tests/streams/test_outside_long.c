@@ -126,6 +126,11 @@ typedef struct world {
   char err[2048];
   bool failed;
   bool threaded;   /* one of several threads: no captures on shared pool streams */
+  /* Recorded after this thread's newest undeclared work on its per-thread stream (NULL: none):
+   * weft's thread-exit handler waits only for weft's own work there, so the thread, as outside
+   * code, waits for its own before it ends (weft.h, weft_stream_adopt; on a GPU the thread's exit
+   * would otherwise never return with that work pending on pool memory). */
+  CUevent pt_tail;
   /* capture state */
   bool capturing;
   int cap_streams[2];
@@ -390,6 +395,13 @@ static int mark_undeclared(world_t *w, int k, int si) {
   if (b->ustream >= 0) drv->cuEventDestroy(b->uev);
   b->ustream = si;
   b->uev = ev;
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  if (w->threaded && w->st[si].raw == CU_STREAM_PER_THREAD) { /* (captured work is no pending work) */
+    CUCHECK(w, drv->cuStreamIsCapturing(CU_STREAM_PER_THREAD, &cs));
+    if (cs == CU_STREAM_CAPTURE_STATUS_NONE && w->pt_tail == NULL)
+      CUCHECK(w, drv->cuEventCreate(&w->pt_tail, CU_EVENT_DISABLE_TIMING));
+    if (cs == CU_STREAM_CAPTURE_STATUS_NONE) CUCHECK(w, drv->cuEventRecord(w->pt_tail, CU_STREAM_PER_THREAD));
+  }
   return 0;
 }
 
@@ -1311,6 +1323,17 @@ static void *thread_main(void *arg) {
         int si = pick_stream(w, false, true);
         if (e_read(w, k, si) || e_free(w, k, pick_stream(w, false, true))) break;
       }
+  }
+  if (w->pt_tail != NULL) { /* its own undeclared work on its per-thread stream, done */
+    /* In RELAXED mode: a host wait while another thread captures in GLOBAL mode would fail and
+     * invalidate that capture (CUDA_SEMANTICS.md). */
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CUresult r = drv->cuThreadExchangeStreamCaptureMode(&mode);
+    if (r == CUDA_SUCCESS) r = drv->cuEventSynchronize(w->pt_tail);
+    if (r == CUDA_SUCCESS) r = drv->cuThreadExchangeStreamCaptureMode(&mode);
+    if (r != CUDA_SUCCESS && !w->failed) wfail(w, "cuEventSynchronize(per-thread tail): %s", weft_driver_error_name(r));
+    drv->cuEventDestroy(w->pt_tail);
+    w->pt_tail = NULL;
   }
   if (w->failed) atomic_store(&t->sh->stop, true);
   w->ns--; /* its per-thread stream goes with the thread (the main thread's final reads use w) */
