@@ -1516,6 +1516,12 @@ static weft_status_t host_wait_stream(weft_stream_t *s, bool blocking) {
   if (exposed) {
     st = weft__clock_record_for_host(tr, d, s, &tick);
   } else {
+    /* Work or waits enqueued since the newest tick (a dirty lane: a wait, the async resource's
+     * calls) get the pending tick first, recorded here: else the host would learn only the older
+     * tick, and a point taken after this wait (a pool's free stamp) would be a new tick it does
+     * not know complete (a trim right after kept its chunk: tests/streams
+     * test_outside_long_lazy_short, seed 574). Never on another thread's per-thread stream. */
+    if (owns) (void)weft__clock_point(d, s);
     st = weft__clock_flush(tr, d, s);
     tick = d->lane[s->lane].recorded;
   }
