@@ -28,19 +28,14 @@
 
 #include "lib/core/debug.h"
 #include "lib/core/error.h"
+#include "lib/core/lock.h"
 #include "lib/runtime/runtime.h"
 
-weft_status_t weft__cache_init(weft_runtime_t *rt) {
+void weft__cache_init(weft_runtime_t *rt) {
   for (unsigned i = 0; i < WEFT__MAX_STREAMS; i++) {
-    int e = pthread_mutex_init(&rt->cache[i].lock, NULL);
-    if (e != 0) {
-      while (i-- > 0) pthread_mutex_destroy(&rt->cache[i].lock);
-      return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_runtime_get: cannot create a stream cache lock (%s)",
-                         strerror(e));
-    }
+    rt->cache[i].lock = (weft__lock_t)WEFT__LOCK_INIT;
     rt->cache[i].n = 0;
   }
-  return WEFT_OK;
 }
 
 /* Bytes every lane holds now, counted on the way in and out. */
@@ -84,13 +79,13 @@ bool weft__cache_put(weft_stream_t *s, struct weft__block *rec) {
   weft__stream_cache_t *c = &rt->cache[s->index];
   struct weft__block *old[WEFT__CACHE_SLOTS];
   unsigned n_old = 0;
-  pthread_mutex_lock(&c->lock);
+  weft__lock(&c->lock);
   uint64_t mine = 0;
   for (unsigned i = 0; i < c->n; i++) mine += c->slot[i]->bytes;
   /* Room is made in this lane only (its blocks can go back on s); other lanes' bytes count. */
   uint64_t total = cached_bytes(rt);
   if (total - (total >= mine ? mine : total) + rec->bytes > cap) {
-    pthread_mutex_unlock(&c->lock);
+    weft__unlock(&c->lock);
     return false;
   }
   while (c->n > 0 && (c->n == WEFT__CACHE_SLOTS ||
@@ -103,7 +98,7 @@ bool weft__cache_put(weft_stream_t *s, struct weft__block *rec) {
   c->slot[c->n++] = rec;
   c->puts++;
   count(rt, 1, (int64_t)rec->bytes);
-  pthread_mutex_unlock(&c->lock);
+  weft__unlock(&c->lock);
   for (unsigned i = 0; i < n_old; i++) (void)give_back(s, old[i]); /* a failure keeps the memory held */
   return true;
 }
@@ -113,7 +108,7 @@ struct weft__block *weft__cache_take(weft_stream_t *s, size_t bytes, weft_resour
   if (!rt->cache_on) return NULL;
   weft__stream_cache_t *c = &rt->cache[s->index];
   struct weft__block *rec = NULL;
-  pthread_mutex_lock(&c->lock);
+  weft__lock(&c->lock);
   for (unsigned i = c->n; i-- > 0;) /* the newest first: its memory is the most likely in cache */
     if (c->slot[i]->bytes == bytes && c->slot[i]->resource == r) {
       rec = remove_slot(c, i);
@@ -123,7 +118,7 @@ struct weft__block *weft__cache_take(weft_stream_t *s, size_t bytes, weft_resour
       weft__block_set_state(rec, WEFT__BLOCK_FREEING);
       break;
     }
-  pthread_mutex_unlock(&c->lock);
+  weft__unlock(&c->lock);
   return rec;
 }
 
@@ -132,9 +127,9 @@ weft_status_t weft__cache_flush(weft_runtime_t *rt, bool strict) {
   weft_status_t first = WEFT_OK;
   for (unsigned i = 0; i < tr->n && weft__tracker_lane_used(tr, i); i++) {
     weft__stream_cache_t *c = &rt->cache[i];
-    pthread_mutex_lock(&c->lock);
+    weft__lock(&c->lock);
     unsigned n = c->n;
-    pthread_mutex_unlock(&c->lock);
+    weft__unlock(&c->lock);
     if (n == 0) continue;
     weft_stream_t *s = &tr->streams[i];
     /* The stream must be usable for enqueueing now, from this thread, outside any capture. */
@@ -146,12 +141,12 @@ weft_status_t weft__cache_flush(weft_runtime_t *rt, bool strict) {
       continue;
     }
     struct weft__block *all[WEFT__CACHE_SLOTS];
-    pthread_mutex_lock(&c->lock);
+    weft__lock(&c->lock);
     n = c->n;
     memcpy(all, c->slot, n * sizeof all[0]);
     c->n = 0;
     for (unsigned k = 0; k < n; k++) count(rt, -1, -(int64_t)all[k]->bytes);
-    pthread_mutex_unlock(&c->lock);
+    weft__unlock(&c->lock);
     for (unsigned k = 0; k < n; k++) {
       st = give_back(s, all[k]);
       if (st != WEFT_OK && first == WEFT_OK) first = st;
@@ -163,10 +158,10 @@ weft_status_t weft__cache_flush(weft_runtime_t *rt, bool strict) {
 
 void weft__cache_forget(weft_runtime_t *rt) {
   for (unsigned i = 0; i < WEFT__MAX_STREAMS; i++) {
-    pthread_mutex_lock(&rt->cache[i].lock);
+    weft__lock(&rt->cache[i].lock);
     rt->cache[i].n = 0;
     rt->cache[i].takes = rt->cache[i].puts = rt->cache[i].fast_takes = 0;
-    pthread_mutex_unlock(&rt->cache[i].lock);
+    weft__unlock(&rt->cache[i].lock);
   }
   atomic_store(&rt->cached, 0);
 }
@@ -175,10 +170,10 @@ void weft__cache_counts(weft_runtime_t *rt, uint64_t *takes, uint64_t *puts, uin
   *takes = *puts = 0;
   for (unsigned i = 0; i < WEFT__MAX_STREAMS; i++) {
     weft__stream_cache_t *c = &rt->cache[i];
-    pthread_mutex_lock(&c->lock);
+    weft__lock(&c->lock);
     *takes += c->takes;
     *puts += c->puts;
-    pthread_mutex_unlock(&c->lock);
+    weft__unlock(&c->lock);
   }
   uint64_t v = atomic_load_explicit(&rt->cached, memory_order_relaxed);
   *blocks = WEFT__CACHED_BLOCKS(v);

@@ -295,12 +295,7 @@ static weft_status_t create(weft_runtime_t *rt, int device, const weft_options_t
       pthread_mutex_destroy(&rt->blocks_lock);
       return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft_runtime_get: cannot create a lock (%s)", strerror(e));
     }
-    weft_status_t cst = weft__cache_init(rt);
-    if (cst != WEFT_OK) {
-      pthread_mutex_destroy(&rt->stage_lock);
-      pthread_mutex_destroy(&rt->blocks_lock);
-      return cst;
-    }
+    weft__cache_init(rt);
   }
   rt->drv = drv;
   rt->top = NULL;

@@ -41,7 +41,7 @@ typedef enum weft__block_state {
 /** Blocks freed on one stream, kept for that stream's next weft_alloc of the same size (cache.c).
  * Slots are oldest first. */
 typedef struct weft__stream_cache {
-  pthread_mutex_t lock; /* a leaf: nothing else is locked while it is held */
+  weft__lock_t lock; /* a leaf: nothing else is locked while it is held */
   struct weft__block *slot[WEFT__CACHE_SLOTS];
   unsigned n;
   /* Blocks handed out again and frees kept, counted under the lock: weft_runtime_counters adds
@@ -361,8 +361,8 @@ void weft__block_end(struct weft__block *rec);
 
 /* ---- cache.c ------------------------------------------------------------------------------------ */
 
-/** Initialises the lanes' cache locks (once per runtime slot). HOST_OUT_OF_MEMORY on failure. */
-weft_status_t weft__cache_init(weft_runtime_t *rt);
+/** Empties the lanes' caches and initialises their locks (once per runtime slot). */
+void weft__cache_init(weft_runtime_t *rt);
 /** Whether s's cache may keep rec: the cache is on, rec is from the runtime's stack and not
  * larger than the cache (weft__cache_put may still refuse it for the bytes other lanes hold). */
 bool weft__cache_accepts(const weft_stream_t *s, const struct weft__block *rec);
