@@ -40,7 +40,7 @@ typedef struct pair {
  *   RAW_RECORD  an event record on each stream (also tells a host-side cost from a GPU-side one);
  *   RAW_SWITCH  two context switches, device 1 then device 0 (a weft group over two devices
  *               binds each rank's context once);
- *   RAW_PROBE   per rank, two cuCtxGetCurrent and two cuStreamGetCaptureInfo (the bind check and
+ *   RAW_PROBE   per rank, two cuCtxGetCurrent and two cuStreamIsCapturing (the bind check and
  *               the capture probe of an exposed stream, at the use's begin and end);
  *   RAW_ON_WEFT raw NCCL on the weft streams' own handles (is it the streams?);
  *   RAW_BOOK    raw NCCL, then weft's bookkeeping of the group without NCCL: the joint use of
@@ -122,7 +122,7 @@ static inline void one(bench_t *b, const weft__nccl_t *nl, pair_t *p, size_t cou
       CUcontext cur;
       CUstreamCaptureStatus cs;
       BENCH_CU(b->drv->cuCtxGetCurrent(&cur));
-      BENCH_CU(b->drv->cuStreamGetCaptureInfo(p->raw[r / 2], &cs, NULL, NULL, NULL, NULL, NULL));
+      BENCH_CU(b->drv->cuStreamIsCapturing(p->raw[r / 2], &cs));
     }
   }
 }

@@ -231,7 +231,7 @@ static int shared_pool_graphs(bool check) {
 static void test_faults_at_every_call_of_shared_pool_graphs(void **state) {
   (void)state;
   if (env.sim == NULL) skip(); /* fault injection */
-  static const char *const fns[] = {"cuStreamBeginCapture", "cuStreamEndCapture", "cuStreamGetCaptureInfo",
+  static const char *const fns[] = {"cuStreamBeginCapture", "cuStreamEndCapture", "cuStreamGetCaptureInfo", "cuStreamIsCapturing",
                                     "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphExecDestroy",
                                     "cuGraphDestroy", "cuLaunchKernel", "cuEventRecord", "cuStreamWaitEvent",
                                     "cuMemcpyDtoHAsync", "cuStreamSynchronize"};

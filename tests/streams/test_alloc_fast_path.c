@@ -298,9 +298,9 @@ static size_t refusals(bool fast, refusal_t *out) {
      * what the general path returns, nothing changed, and the next works. */
     if (env.sim != NULL && on == s1) {
       assert_int_equal(weft_alloc(env.rt, 4096, on, "b", &b), WEFT_OK);
-      assert_int_equal((env.sim->fail)("cuStreamGetCaptureInfo:1:CUDA_ERROR_UNKNOWN"), 0);
+      assert_int_equal((env.sim->fail)("cuStreamIsCapturing:1:CUDA_ERROR_UNKNOWN"), 0);
       out[k++] = refusal(weft_alloc(env.rt, 4096, on, "faulted", &a));
-      assert_int_equal((env.sim->fail)("cuStreamGetCaptureInfo:1:CUDA_ERROR_UNKNOWN"), 0);
+      assert_int_equal((env.sim->fail)("cuStreamIsCapturing:1:CUDA_ERROR_UNKNOWN"), 0);
       out[k++] = refusal(weft_free(b, on));
       assert_int_equal((env.sim->fail)(""), 0);
       assert_int_equal(weft_free(b, on), WEFT_OK);

@@ -600,7 +600,7 @@ static void pytorch_steps(CUstream side, redo_t *redo, bool check) {
 static void test_faults_at_every_call_leave_nothing_half_done(void **state) {
   (void)state;
   if (sim == NULL) skip(); /* fault injection */
-  static const char *const fns[] = {"cuEventRecord", "cuStreamWaitEvent", "cuStreamGetCaptureInfo",
+  static const char *const fns[] = {"cuEventRecord", "cuStreamWaitEvent", "cuStreamIsCapturing",
                                     "cuCtxGetCurrent"};
   CUstream side = new_stream();
   redo_t none = {0};

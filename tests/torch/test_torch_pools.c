@@ -896,7 +896,7 @@ static void test_faults_in_a_hooked_capture(void **state) {
   (void)state;
   if (sim == NULL) skip();
   reset_errors();
-  static const char *const fns[] = {"cuStreamGetCaptureInfo", "cuMemAlloc", "cuMemFree",
+  static const char *const fns[] = {"cuStreamGetCaptureInfo", "cuStreamIsCapturing", "cuMemAlloc", "cuMemFree",
                                     "cuThreadExchangeStreamCaptureMode", "cuEventRecord", "cuStreamWaitEvent",
                                     "cuEventSynchronize", "cuStreamSynchronize", "cuCtxGetCurrent",
                                     "cuCtxSetCurrent", "cuEventCreate", "cuEventQuery"};
