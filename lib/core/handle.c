@@ -7,6 +7,7 @@
 #include "lib/core/container.h"
 #include "lib/core/debug.h"
 #include "lib/core/handle.h"
+#include "lib/core/meta.h"
 
 static pthread_rwlock_t g_lock = PTHREAD_RWLOCK_INITIALIZER;
 static weft__map_t g_live; /* address -> its value (below) */
@@ -44,10 +45,9 @@ static inline bool seen_live(const seen_t *e, const void *p, weft__handle_kind_t
   return e->p == p && e->kind == (unsigned)kind && e->removals == removals;
 }
 
-/* The calling thread holds the set's lock as a reader (weft__handle_enter past its record):
- * taking it as a writer would wait for ever. (Past WEFT__HANDLE_THREADS threads inside objects
- * at once, or nested past WEFT__HANDLE_DEPTH: such a thread can make and destroy no object until
- * it leaves.) */
+/* The calling thread holds the set's lock as a reader (weft__handle_enter with no record: no host
+ * memory for one, or nested past every level): taking it as a writer would wait for ever, so such
+ * a thread makes and destroys no object until it leaves. */
 static _Thread_local unsigned tls_locked;  /* entries made under the set's lock (no record) */
 
 bool weft__handle_add(const void *p, weft__handle_kind_t kind) {
@@ -81,8 +81,8 @@ static void wait_outside(const void *p);
 
 weft__handle_removal_t weft__handle_remove_unheld(const void *p, weft__handle_kind_t kind) {
   if (p == NULL) return WEFT__HANDLE_NOT_LIVE;
-  /* This thread's own entries, before the lock (an entry past the record's depth holds it as a
-   * reader): p is live, or dead with a removal waiting for this thread. */
+  /* This thread's own entries, before the lock (an entry with no record holds it as a reader): p
+   * is live, or dead with a removal waiting for this thread. */
   if (weft__handle_inside(p) || tls_locked > 0) return WEFT__HANDLE_INSIDE;
   pthread_rwlock_wrlock(&g_lock);
   uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
@@ -103,61 +103,114 @@ bool weft__handle_remove(const void *p, weft__handle_kind_t kind) {
 }
 
 /* ---- calls inside an object (weft__handle_enter) -------------------------------------------------
- * Hazard pointers: each thread that enters an object takes a record of g_inside for good (given
- * back when it ends) and publishes the object in it. A removal marks the object dead and counts a
- * removal, then (after a full fence; the entering thread's publication and its second read of the
- * count are seq_cst, an xchg and a load on x86) looks through the records: either the entering
- * thread sees the removal and fails, or the removal sees the publication and waits for it to go. */
+ * Hazard pointers: each thread that enters an object takes a record for good (given back when it
+ * ends) and publishes the object in it. A removal marks the object dead and counts a removal,
+ * then (after a full fence; the entering thread's publication and its second read of the count
+ * are seq_cst, an xchg and a load on x86) looks through the records: either the entering thread
+ * sees the removal and fails, or the removal sees the publication and waits for it to go.
+ * Records: WEFT__HANDLE_THREADS static ones, then chunks of MORE made on demand (never freed: a
+ * removal may be reading one) for more threads inside at once. A thread nested past
+ * WEFT__HANDLE_DEPTH takes one more record per WEFT__HANDLE_DEPTH entries (LEVELS at most). Only a
+ * thread that can get no record (no host memory for a chunk) holds the set's lock as a reader
+ * instead, until it leaves. */
 typedef struct inside {
-  _Atomic(const void *) p[WEFT__HANDLE_DEPTH];   /* nested entries, innermost at tls_depth - 1 */
-  _Atomic(const void *) kept[WEFT__HANDLE_KEPT]; /* kept entries, in any slot (NULL: free) */
+  _Atomic(const void *) p[WEFT__HANDLE_DEPTH];   /* nested entries of one level, innermost last */
+  _Atomic(const void *) kept[WEFT__HANDLE_KEPT]; /* kept entries (level 0 only), any slot (NULL: free) */
   atomic_bool taken;
 } inside_t;
 
+#define MORE 256  /* records per chunk past the static ones */
+#define LEVELS 4  /* records a thread nests through: entries deeper than LEVELS * DEPTH take the lock */
+
+typedef struct chunk {
+  struct chunk *next;
+  inside_t rec[MORE];
+} chunk_t;
+
 static inside_t g_inside[WEFT__HANDLE_THREADS];
-static atomic_uint g_inside_top; /* records ever taken: a scan stops there */
+static atomic_uint g_inside_top;      /* static records ever taken: a scan stops there */
+static _Atomic(chunk_t *) g_chunks;   /* chunks, newest first (pushed, never removed) */
 static pthread_key_t g_inside_key;
 static pthread_once_t g_inside_once = PTHREAD_ONCE_INIT;
-static _Thread_local inside_t *tls_inside;
-static _Thread_local unsigned tls_depth;   /* nested entries published in tls_inside */
-static _Thread_local unsigned tls_kept;    /* kept entries published in tls_inside */
+static _Thread_local inside_t *tls_rec[LEVELS]; /* [k]: entries k * DEPTH .. (k + 1) * DEPTH - 1 */
+static _Thread_local unsigned tls_depth;   /* nested entries published in tls_rec */
+static _Thread_local unsigned tls_kept;    /* kept entries published in tls_rec[0] */
 static _Thread_local uint32_t tls_locked_at; /* bit d: entry d holds the lock */
 static _Thread_local const void *tls_locked_p[32]; /* [d]: what entry d (holding the lock) entered */
 
-/* The ending thread's record, given back: entries it still published (a group it never ended)
- * end with it, so that no removal waits for them. */
-static void inside_release(void *rec) {
-  inside_t *h = rec;
-  /* (Release: a removal that sees a slot empty sees every read the thread made inside.) */
+/* Gives a record back (its slots emptied). Release: a removal that sees a slot empty sees every
+ * read the thread made inside. */
+static void record_free(inside_t *h) {
   for (unsigned d = 0; d < WEFT__HANDLE_DEPTH; d++) atomic_store_explicit(&h->p[d], NULL, memory_order_release);
   for (unsigned d = 0; d < WEFT__HANDLE_KEPT; d++) atomic_store_explicit(&h->kept[d], NULL, memory_order_release);
   atomic_store_explicit(&h->taken, false, memory_order_release);
-  if (tls_inside == h) { /* (a later destructor's entry takes a record again) */
-    tls_inside = NULL;
+}
+
+/* The ending thread's records, given back: entries it still published (a group it never ended)
+ * end with it, so that no removal waits for them. */
+static void inside_release(void *rec) {
+  record_free(rec);
+  if (tls_rec[0] == rec) { /* (a later destructor's entry takes records again) */
+    for (unsigned k = 1; k < LEVELS; k++)
+      if (tls_rec[k] != NULL) record_free(tls_rec[k]);
+    for (unsigned k = 0; k < LEVELS; k++) tls_rec[k] = NULL;
     tls_depth = 0;
     tls_kept = 0;
   }
 }
 static void inside_key(void) { (void)pthread_key_create(&g_inside_key, inside_release); }
 
-/* The calling thread's record, taken at its first entry; NULL when every record is taken. */
-static inside_t *my_inside(void) {
-  if (tls_inside != NULL) return tls_inside;
-  pthread_once(&g_inside_once, inside_key);
+static bool take(inside_t *h) {
+  bool free_ = false;
+  return atomic_compare_exchange_strong(&h->taken, &free_, true);
+}
+
+/* A free record, taken: a static one, then one of a chunk, then one of a new chunk; NULL when
+ * every record is taken and no chunk can be made. */
+static inside_t *record_take(void) {
   for (unsigned i = 0; i < WEFT__HANDLE_THREADS; i++) {
-    bool free_ = false;
-    if (!atomic_compare_exchange_strong(&g_inside[i].taken, &free_, true)) continue;
+    if (!take(&g_inside[i])) continue;
     unsigned top = atomic_load(&g_inside_top);
     while (top < i + 1 && !atomic_compare_exchange_weak(&g_inside_top, &top, i + 1)) {
     }
-    if (pthread_setspecific(g_inside_key, &g_inside[i]) != 0) { /* could not be given back: not taken */
-      atomic_store(&g_inside[i].taken, false);
-      return NULL;
-    }
-    return tls_inside = &g_inside[i];
+    return &g_inside[i];
   }
-  return NULL;
+  for (chunk_t *c = atomic_load_explicit(&g_chunks, memory_order_acquire); c != NULL; c = c->next)
+    for (unsigned i = 0; i < MORE; i++)
+      if (take(&c->rec[i])) return &c->rec[i];
+  chunk_t *c = weft__meta_calloc(1, sizeof *c);
+  if (c == NULL) return NULL;
+  atomic_store_explicit(&c->rec[0].taken, true, memory_order_relaxed); /* the caller's */
+  chunk_t *head = atomic_load_explicit(&g_chunks, memory_order_relaxed);
+  do c->next = head;
+  while (!atomic_compare_exchange_weak_explicit(&g_chunks, &head, c, memory_order_release, memory_order_relaxed));
+  return &c->rec[0];
 }
+
+/* The calling thread's record of nesting level k (taken at its first entry that deep); NULL when
+ * none can be had. Level 0's is given back by the thread-exit destructor, with the others. */
+static inside_t *my_record(unsigned k) {
+  if (tls_rec[k] != NULL) return tls_rec[k];
+  pthread_once(&g_inside_once, inside_key);
+  if (k > 0 && tls_rec[0] == NULL) return NULL; /* (levels are taken in order) */
+  inside_t *h = record_take();
+  if (h == NULL) return NULL;
+  if (k == 0 && pthread_setspecific(g_inside_key, h) != 0) { /* could not be given back: not taken */
+    atomic_store(&h->taken, false);
+    return NULL;
+  }
+  return tls_rec[k] = h;
+}
+
+/* Whether record h is one of the calling thread's. */
+static bool mine(const inside_t *h) {
+  for (unsigned k = 0; k < LEVELS; k++)
+    if (tls_rec[k] == h) return true;
+  return false;
+}
+
+/* Entry d's slot in the calling thread's records (d < tls_depth). */
+static _Atomic(const void *) *slot_at(unsigned d) { return &tls_rec[d / WEFT__HANDLE_DEPTH]->p[d % WEFT__HANDLE_DEPTH]; }
 
 /* Publishes p, live, in this thread's slot *slot (free): true; or false, the slot left free.
  * A dead object is refused before it is published: a removal waits until it sees each record
@@ -180,7 +233,8 @@ static bool publish(_Atomic(const void *) *slot, const void *p, weft__handle_kin
 bool weft__handle_enter(const void *p, weft__handle_kind_t kind) {
   if (p == NULL) return false;
   unsigned depth = tls_depth + tls_locked;
-  inside_t *h = depth < WEFT__HANDLE_DEPTH ? my_inside() : NULL;
+  /* Once one entry holds the lock, the deeper ones do too (they leave first). */
+  inside_t *h = tls_locked == 0 && depth < LEVELS * WEFT__HANDLE_DEPTH ? my_record(depth / WEFT__HANDLE_DEPTH) : NULL;
   if (h == NULL) { /* no record: the set's lock, as a reader, until the call leaves */
     WEFT_ASSERT(depth < 32); /* tls_locked_at's bits (weft's calls nest a few levels at most) */
     pthread_rwlock_rdlock(&g_lock);
@@ -194,14 +248,14 @@ bool weft__handle_enter(const void *p, weft__handle_kind_t kind) {
     tls_locked++;
     return true;
   }
-  if (!publish(&h->p[tls_depth], p, kind)) return false;
+  if (!publish(&h->p[depth % WEFT__HANDLE_DEPTH], p, kind)) return false;
   tls_depth++;
   return true;
 }
 
 bool weft__handle_keep(const void *p, weft__handle_kind_t kind) {
   if (p == NULL || tls_kept == WEFT__HANDLE_KEPT) return false;
-  inside_t *h = my_inside();
+  inside_t *h = my_record(0);
   if (h == NULL) return false;
   unsigned d = 0;
   while (atomic_load_explicit(&h->kept[d], memory_order_relaxed) != NULL) d++; /* (one is free) */
@@ -213,8 +267,8 @@ bool weft__handle_keep(const void *p, weft__handle_kind_t kind) {
 void weft__handle_unkeep(const void *p) {
   if (tls_kept == 0) return;
   for (unsigned d = 0; d < WEFT__HANDLE_KEPT; d++)
-    if (atomic_load_explicit(&tls_inside->kept[d], memory_order_relaxed) == p) {
-      atomic_store_explicit(&tls_inside->kept[d], NULL, memory_order_release);
+    if (atomic_load_explicit(&tls_rec[0]->kept[d], memory_order_relaxed) == p) {
+      atomic_store_explicit(&tls_rec[0]->kept[d], NULL, memory_order_release);
       tls_kept--;
       return;
     }
@@ -227,11 +281,11 @@ unsigned weft__handle_kept(void) { return tls_kept; }
 bool weft__handle_inside(const void *p) {
   if (p == NULL) return false;
   for (unsigned d = 0; d < tls_depth; d++)
-    if (atomic_load_explicit(&tls_inside->p[d], memory_order_relaxed) == p) return true;
+    if (atomic_load_explicit(slot_at(d), memory_order_relaxed) == p) return true;
   for (uint32_t m = tls_locked_at; m != 0; m &= m - 1)
     if (tls_locked_p[__builtin_ctz(m)] == p) return true;
   for (unsigned d = 0; tls_kept != 0 && d < WEFT__HANDLE_KEPT; d++)
-    if (atomic_load_explicit(&tls_inside->kept[d], memory_order_relaxed) == p) return true;
+    if (atomic_load_explicit(&tls_rec[0]->kept[d], memory_order_relaxed) == p) return true;
   return false;
 }
 
@@ -245,7 +299,16 @@ void weft__handle_leave(void) {
     return;
   }
   tls_depth--;
-  atomic_store_explicit(&tls_inside->p[tls_depth], NULL, memory_order_release);
+  atomic_store_explicit(slot_at(tls_depth), NULL, memory_order_release);
+}
+
+/* Waits until record h (not the calling thread's) no longer publishes p. */
+static void wait_record(const inside_t *h, const void *p) {
+  if (mine(h)) return; /* (the calling thread's own entries are not waited for) */
+  for (unsigned d = 0; d < WEFT__HANDLE_DEPTH; d++)
+    while (atomic_load_explicit(&h->p[d], memory_order_acquire) == p) sched_yield();
+  for (unsigned d = 0; d < WEFT__HANDLE_KEPT; d++)
+    while (atomic_load_explicit(&h->kept[d], memory_order_acquire) == p) sched_yield();
 }
 
 /* After p was marked dead: waits until no other thread is inside p (the entering threads leave
@@ -255,13 +318,9 @@ void weft__handle_leave(void) {
 static void wait_outside(const void *p) {
   atomic_thread_fence(memory_order_seq_cst);
   unsigned top = atomic_load(&g_inside_top);
-  for (unsigned i = 0; i < top; i++) {
-    if (&g_inside[i] == tls_inside) continue;
-    for (unsigned d = 0; d < WEFT__HANDLE_DEPTH; d++)
-      while (atomic_load_explicit(&g_inside[i].p[d], memory_order_acquire) == p) sched_yield();
-    for (unsigned d = 0; d < WEFT__HANDLE_KEPT; d++)
-      while (atomic_load_explicit(&g_inside[i].kept[d], memory_order_acquire) == p) sched_yield();
-  }
+  for (unsigned i = 0; i < top; i++) wait_record(&g_inside[i], p);
+  for (chunk_t *c = atomic_load_explicit(&g_chunks, memory_order_acquire); c != NULL; c = c->next)
+    for (unsigned i = 0; i < MORE; i++) wait_record(&c->rec[i], p);
 }
 
 bool weft__handle_hold(const void *p, weft__handle_kind_t kind, int delta) {

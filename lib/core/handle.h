@@ -21,7 +21,7 @@ typedef enum weft__handle_kind {
 } weft__handle_kind_t;
 
 /** Registers a new object; false when out of host memory, or while the calling thread holds the
- * set's lock as a reader (an entry past its record: the write lock would wait for ever). */
+ * set's lock as a reader (an entry with no record: the write lock would wait for ever). */
 bool weft__handle_add(const void *p, weft__handle_kind_t kind);
 /** True while p is a live object of that kind. Lock-free while the calling thread asked about p
  * before and no handle was removed since (a per-thread memory of positive answers). */
@@ -36,7 +36,7 @@ typedef enum weft__handle_removal {
   WEFT__HANDLE_HELD,     /* live, but held by another object: unchanged */
   WEFT__HANDLE_INSIDE,   /* the calling thread is inside it (weft__handle_enter / _keep: a call
                             of its own that reads p runs the caller, e.g. a capture handler), or
-                            holds the set's lock as a reader (an entry past its record): p is
+                            holds the set's lock as a reader (an entry with no record): p is
                             live, or dead with another thread's removal waiting for this thread;
                             unchanged (a destroy says BUSY) */
 } weft__handle_removal_t;
@@ -58,9 +58,11 @@ void weft__handle_restore(const void *p, weft__handle_kind_t kind);
  * other thread is inside p: whoever destroys p frees it only after every call that entered it has
  * left. Calls inside p must not wait for a destroy of p on another thread. Each thread publishes
  * what it is inside in a slot of its own (a hazard pointer: one store and a fence, no lock, no
- * shared line written); nested entries up to WEFT__HANDLE_DEPTH. A thread's entries end with it.
- * A thread that finds no free slot (deeper, or more than WEFT__HANDLE_THREADS threads inside at
- * once) holds the set's lock as a reader instead, until it leaves. */
+ * shared line written). WEFT__HANDLE_THREADS records are static, more are made on demand (for
+ * more threads inside at once), and a thread nested past WEFT__HANDLE_DEPTH takes one more record
+ * per WEFT__HANDLE_DEPTH entries, up to 32 entries deep. A thread's entries end with it. Only a
+ * thread that can get no record (no host memory for more, or deeper than 32) holds the set's lock
+ * as a reader instead, until it leaves (and makes and destroys no object meanwhile). */
 bool weft__handle_enter(const void *p, weft__handle_kind_t kind);
 /** Leaves the object the calling thread entered last (weft__handle_enter returned true). */
 void weft__handle_leave(void);
@@ -83,8 +85,8 @@ unsigned weft__handle_kept(void);
 /** Whether the calling thread is inside p (an entry, nested or kept, not yet left). */
 bool weft__handle_inside(const void *p);
 #define WEFT__HANDLE_THREADS 1024
-/* Nested entries per thread published in its record (weft's calls nest a few levels deep; past
- * it, the set's lock), and entries kept at once (a group keeps up to COMM_HELD, comm/comm.c). */
+/* Nested entries per record (weft's calls nest a few levels deep; past it, the thread's next
+ * record), and entries kept at once (a group keeps up to COMM_HELD, comm/comm.c). */
 #define WEFT__HANDLE_DEPTH 8
 #define WEFT__HANDLE_KEPT 8
 

@@ -1165,7 +1165,7 @@ static void test_a_capture_handler_inside_a_collective_cannot_destroy_its_commun
 /* A group over more communicators than a thread's entries nest (12 per rank: 8 kept, the rest
  * held for the end), whose end runs a capture handler that makes and destroys an object (a
  * resource: the handle set's lock as a writer). Before, the end entered each communicator past
- * the 8 kept, the ones past the record's depth under the handle set's lock as a reader, held
+ * the 8 kept, the ones past the record's depth (then) under the handle set's lock as a reader, held
  * across the handler: its creation waited for that lock for ever (found by review). */
 static struct {
   int met;

@@ -144,8 +144,8 @@ static void test_a_removal_waits_for_the_thread_inside(void **state) {
   assert_false(weft__handle_enter(NULL, WEFT__HANDLE_EXEC));
 }
 
-/* Entries nest; past WEFT__HANDLE_DEPTH a thread holds the set's lock instead, and a removal by
- * another thread waits for it as well. Leaving goes in reverse order. */
+/* Entries nest; past WEFT__HANDLE_DEPTH a thread publishes them in another record of its own,
+ * and a removal by another thread waits for those as well. Leaving goes in reverse order. */
 static void test_entries_nest_past_the_records_depth(void **state) {
   (void)state;
   assert_true(weft__handle_add(objects[3], WEFT__HANDLE_EXEC));
@@ -296,24 +296,99 @@ static void test_a_removal_from_inside_the_object_is_refused(void **state) {
   assert_true(weft__handle_keep(p, WEFT__HANDLE_EXEC));
   assert_int_equal(weft__handle_remove_unheld(p, WEFT__HANDLE_EXEC), WEFT__HANDLE_INSIDE);
   weft__handle_unkeep(p);
-  /* Past the record's depth: an entry under the set's lock. */
+  /* Past the record's depth: an entry in the thread's next record, refused as well. */
   const void *q = objects[1];
   assert_true(weft__handle_add(q, WEFT__HANDLE_GRAPH));
   for (int i = 0; i < WEFT__HANDLE_DEPTH; i++) assert_true(weft__handle_enter(q, WEFT__HANDLE_GRAPH));
-  assert_true(weft__handle_enter(p, WEFT__HANDLE_EXEC)); /* locked */
+  assert_true(weft__handle_enter(p, WEFT__HANDLE_EXEC));
   assert_true(weft__handle_inside(p));
   assert_int_equal(weft__handle_remove_unheld(p, WEFT__HANDLE_EXEC), WEFT__HANDLE_INSIDE);
-  /* Holding the set's lock as a reader, the thread makes, holds and removes nothing (each would
-   * take the lock as a writer and wait for ever): refused at once. */
-  assert_false(weft__handle_add(objects[2], WEFT__HANDLE_BUILDER));
-  assert_false(weft__handle_hold(q, WEFT__HANDLE_GRAPH, +1));
-  assert_int_equal(weft__handle_remove_unheld(objects[0], WEFT__HANDLE_GRAPH), WEFT__HANDLE_INSIDE);
   weft__handle_leave();
   assert_false(weft__handle_inside(p));
   for (int i = 0; i < WEFT__HANDLE_DEPTH; i++) weft__handle_leave();
   assert_int_equal(weft__handle_entries(), 0);
   assert_int_equal(weft__handle_remove_unheld(p, WEFT__HANDLE_EXEC), WEFT__HANDLE_REMOVED);
   assert_true(weft__handle_remove(q, WEFT__HANDLE_GRAPH));
+}
+
+/* ---- past the records (weft__handle_enter deep, or on more threads than WEFT__HANDLE_THREADS) ---- */
+
+/* A thread nested past WEFT__HANDLE_DEPTH (and past a second record's depth) makes, holds and
+ * destroys other objects as at any depth. Before, its deeper entries held the set's lock as a
+ * reader: every make, hold or destroy on that thread was refused (a capture handler run from
+ * deep inside weft's calls could make no object). */
+static void test_deep_entries_make_hold_and_destroy_objects(void **state) {
+  (void)state;
+  const void *q = objects[1], *made = objects[2];
+  assert_true(weft__handle_add(q, WEFT__HANDLE_GRAPH));
+  for (int i = 0; i < 2 * WEFT__HANDLE_DEPTH + 3; i++) assert_true(weft__handle_enter(q, WEFT__HANDLE_GRAPH));
+  assert_int_equal(weft__handle_entries(), 2 * WEFT__HANDLE_DEPTH + 3);
+  assert_true(weft__handle_add(made, WEFT__HANDLE_BUILDER));
+  assert_true(weft__handle_hold(made, WEFT__HANDLE_BUILDER, +1));
+  assert_int_equal(weft__handle_remove_unheld(made, WEFT__HANDLE_BUILDER), WEFT__HANDLE_HELD);
+  assert_true(weft__handle_hold(made, WEFT__HANDLE_BUILDER, -1));
+  assert_int_equal(weft__handle_remove_unheld(made, WEFT__HANDLE_BUILDER), WEFT__HANDLE_REMOVED);
+  assert_int_equal(weft__handle_remove_unheld(q, WEFT__HANDLE_GRAPH), WEFT__HANDLE_INSIDE);
+  assert_true(weft__handle_inside(q));
+  for (int i = 0; i < 2 * WEFT__HANDLE_DEPTH + 3; i++) weft__handle_leave();
+  assert_int_equal(weft__handle_entries(), 0);
+  assert_false(weft__handle_inside(q));
+  assert_true(weft__handle_remove(q, WEFT__HANDLE_GRAPH));
+}
+
+/* More threads inside objects at once than WEFT__HANDLE_THREADS: each still makes and destroys
+ * an object of its own while inside (before, the threads past the static records held the set's
+ * lock as readers and every make was refused), and a removal of the object they are all inside
+ * waits for every one of them, those in records beyond the static ones too. */
+enum { CROWD = WEFT__HANDLE_THREADS + 64 };
+static char g_own[CROWD][16];
+static pthread_barrier_t g_crowd_in, g_crowd_out;
+static atomic_int g_crowd_left, g_crowd_failed;
+
+static void *crowd_member(void *arg) {
+  uintptr_t i = (uintptr_t)arg;
+  bool in = weft__handle_enter(objects[0], WEFT__HANDLE_EXEC);
+  if (!in) atomic_fetch_add(&g_crowd_failed, 1);
+  pthread_barrier_wait(&g_crowd_in); /* every thread inside at once */
+  if (!weft__handle_add(g_own[i], WEFT__HANDLE_BUILDER) || !weft__handle_remove(g_own[i], WEFT__HANDLE_BUILDER))
+    atomic_fetch_add(&g_crowd_failed, 1);
+  pthread_barrier_wait(&g_crowd_out); /* the removal of objects[0] has begun */
+  atomic_fetch_add(&g_crowd_left, 1);
+  if (in) weft__handle_leave();
+  return NULL;
+}
+
+static void *remove_crowded(void *arg) {
+  (void)arg;
+  bool removed = weft__handle_remove(objects[0], WEFT__HANDLE_EXEC);
+  return (void *)(intptr_t)(removed && atomic_load(&g_crowd_left) == CROWD); /* only once all left */
+}
+
+static void test_more_threads_inside_than_records(void **state) {
+  (void)state;
+  assert_true(weft__handle_add(objects[0], WEFT__HANDLE_EXEC));
+  atomic_store(&g_crowd_left, 0);
+  atomic_store(&g_crowd_failed, 0);
+  assert_int_equal(pthread_barrier_init(&g_crowd_in, NULL, CROWD + 1), 0);
+  assert_int_equal(pthread_barrier_init(&g_crowd_out, NULL, CROWD + 1), 0);
+  pthread_attr_t at;
+  pthread_attr_init(&at);
+  pthread_attr_setstacksize(&at, 256 * 1024);
+  static pthread_t t[CROWD];
+  for (uintptr_t i = 0; i < CROWD; i++) assert_int_equal(pthread_create(&t[i], &at, crowd_member, (void *)i), 0);
+  pthread_attr_destroy(&at);
+  pthread_barrier_wait(&g_crowd_in); /* every thread has entered */
+  pthread_t r;
+  assert_int_equal(pthread_create(&r, NULL, remove_crowded, NULL), 0);
+  while (weft__handle_live(objects[0], WEFT__HANDLE_EXEC)) sched_yield(); /* marked dead: the removal waits */
+  pthread_barrier_wait(&g_crowd_out);
+  void *ok;
+  assert_int_equal(pthread_join(r, &ok), 0);
+  for (unsigned i = 0; i < CROWD; i++) pthread_join(t[i], NULL);
+  pthread_barrier_destroy(&g_crowd_in);
+  pthread_barrier_destroy(&g_crowd_out);
+  assert_int_equal(atomic_load(&g_crowd_failed), 0);
+  assert_true(ok != NULL);
 }
 
 int main(void) {
@@ -326,6 +401,8 @@ int main(void) {
       cmocka_unit_test(test_no_thread_is_inside_once_a_removal_returns),
       cmocka_unit_test(test_kept_entries_are_apart_from_nested_ones),
       cmocka_unit_test(test_a_removal_from_inside_the_object_is_refused),
+      cmocka_unit_test(test_deep_entries_make_hold_and_destroy_objects),
+      cmocka_unit_test(test_more_threads_inside_than_records),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
