@@ -126,7 +126,7 @@ SECTION_TITLES = {
     "pipeline": "Pipeline: copy-in -> compute -> copy-out",
     "comm": "Collectives: all-reduce through weft and raw NCCL",
     "dp": "Data-parallel step",
-    "alloc_torch": "Allocation: weft through the PyTorch adapter vs PyTorch's caching allocator",
+    "alloc_torch": "Allocation: weft (through the PyTorch adapter, and weft_alloc without it) vs PyTorch's caching allocator",
 }
 
 # Sections whose subject is the simulator's own speed (on the CPU that runs it): their simulator

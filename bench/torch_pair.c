@@ -1,8 +1,11 @@
 /* libtorch_pair.so: host time of one alloc + free pair made the way PyTorch makes them, through
  * (A) weft's CUDAPluggableAllocator adapter (weft_torch_alloc / weft_torch_free from
- * libweft_torch.so) and (B) PyTorch's own caching allocator (raw_alloc_with_stream / raw_delete),
- * in the same process and run. Driven by bench/torch_pair.py (ctypes) after `import torch` has
- * loaded libc10_cuda.so and initialised its allocator; nothing here links weft or torch.
+ * libweft_torch.so), (B) PyTorch's own caching allocator (raw_alloc_with_stream / raw_delete) and
+ * (C) weft without the adapter: weft_alloc + weft_block_ptr + weft_free (weft.h, the same
+ * library's exports) on the same stream, adopted by the same runtime (issue 17's goal names this
+ * pair), in the same process and run. Driven by bench/torch_pair.py (ctypes) after `import torch`
+ * has loaded libc10_cuda.so and initialised its allocator; nothing here links weft or torch
+ * (weft.h gives the types only).
  *
  * How (B) is reached. c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(size_t, cudaStream_t)
  * and raw_delete(void *) are tried first as exported functions (dlsym, RTLD_DEFAULT, then the
@@ -43,6 +46,8 @@
 #include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "weft/weft.h"
 
 #define TP_API __attribute__((visibility("default")))
 
@@ -93,6 +98,56 @@ static int load_weft(const char *path) {
   *(void **)&weft_error_fn = dlsym(h, "weft_torch_last_error");
   if (!weft_alloc_fn || !weft_free_fn) {
     fail("weft: %s lacks weft_torch_alloc / weft_torch_free", path);
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- (C) weft without the adapter ----------------------------------------------------------- */
+
+static weft_status_t (*w_runtime_get)(int, const weft_options_t *, weft_runtime_t **);
+static weft_status_t (*w_stream_adopt)(weft_runtime_t *, CUstream, weft_stream_t **);
+static weft_status_t (*w_alloc)(weft_runtime_t *, size_t, weft_stream_t *, const char *, weft_block_t *);
+static weft_status_t (*w_free)(weft_block_t, weft_stream_t *);
+static weft_status_t (*w_block_ptr)(weft_block_t, CUdeviceptr *);
+static const char *(*w_last_error)(void);
+static weft_runtime_t *w_rt;
+static weft_stream_t *w_stream;
+static weft_block_t w_block; /* the block of the pair under way (each pair frees it at once) */
+
+/* After load_weft: the weft.h calls of the same library, the adapter's runtime of `device` (made
+ * by one adapter pair first, with the adapter's options) and `stream` adopted there (the adapter's
+ * weft stream: adopting a handle again gives the same one). */
+static int load_direct(const char *path, int device, void *stream) {
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  if (!h) {
+    fail("weft_alloc: %s is not loaded", path);
+    return -1;
+  }
+  *(void **)&w_runtime_get = dlsym(h, "weft_runtime_get");
+  *(void **)&w_stream_adopt = dlsym(h, "weft_stream_adopt");
+  *(void **)&w_alloc = dlsym(h, "weft_alloc");
+  *(void **)&w_free = dlsym(h, "weft_free");
+  *(void **)&w_block_ptr = dlsym(h, "weft_block_ptr");
+  *(void **)&w_last_error = dlsym(h, "weft_last_error");
+  dlclose(h); /* (NOLOAD: load_weft's reference keeps it) */
+  if (!w_runtime_get || !w_stream_adopt || !w_alloc || !w_free || !w_block_ptr || !w_last_error) {
+    fail("weft_alloc: %s lacks weft.h's exports", path);
+    return -1;
+  }
+  void *p = weft_alloc_fn(256, device, stream);
+  if (!p) {
+    fail("weft_alloc: the adapter's first pair failed: %s", weft_error_fn ? weft_error_fn() : "");
+    return -1;
+  }
+  weft_free_fn(p, 256, device, stream);
+  weft_status_t st;
+  if (w_rt == NULL && (st = w_runtime_get(device, NULL, &w_rt)) != WEFT_OK) {
+    fail("weft_alloc: weft_runtime_get(%d): %s", device, w_last_error());
+    return -1;
+  }
+  if ((st = w_stream_adopt(w_rt, (CUstream)stream, &w_stream)) != WEFT_OK) {
+    fail("weft_alloc: weft_stream_adopt: %s", w_last_error());
     return -1;
   }
   return 0;
@@ -285,11 +340,26 @@ static void torch_op_free(void *p, size_t n, int device, void *stream) {
   else c10_virtual_delete(p);
 }
 
+static void *direct_op_alloc(size_t n, int device, void *stream) {
+  (void)device, (void)stream;
+  CUdeviceptr p = 0;
+  if (w_alloc(w_rt, n, w_stream, "torch", &w_block) != WEFT_OK) return NULL;
+  (void)w_block_ptr(w_block, &p);
+  return (void *)(uintptr_t)p;
+}
+static void direct_op_free(void *p, size_t n, int device, void *stream) {
+  (void)p, (void)n, (void)device, (void)stream;
+  (void)w_free(w_block, w_stream);
+}
+
 static const char *weft_op_error(void) { return weft_error_fn ? weft_error_fn() : ""; }
 static const char *torch_op_error(void) { return "raw_alloc_with_stream returned NULL"; }
+static const char *direct_op_error(void) { return w_last_error ? w_last_error() : ""; }
 
-static const ops_t all_ops[2] = {{"weft", weft_op_alloc, weft_op_free, weft_op_error},
-                                 {"torch", torch_op_alloc, torch_op_free, torch_op_error}};
+enum { N_OPS = 3 };
+static const ops_t all_ops[N_OPS] = {{"weft", weft_op_alloc, weft_op_free, weft_op_error},
+                                     {"torch", torch_op_alloc, torch_op_free, torch_op_error},
+                                     {"weft_alloc", direct_op_alloc, direct_op_free, direct_op_error}};
 
 static double now_ns(void) {
   struct timespec t;
@@ -324,33 +394,36 @@ static double time_pairs(const ops_t *o, int device, void *stream, const size_t 
 /* ---- exported -------------------------------------------------------------------------------- */
 
 /** Times alloc + free pairs of `sizes` (n_sizes of them, each > 0) on `stream` (a cudaStream_t;
- * NULL: the legacy default stream) of `device`: `which` bit 1 = weft (libweft_torch.so at
- * weft_so), bit 2 = PyTorch's caching allocator (c10_so: the path of the loaded libc10_cuda.so,
- * or NULL). For repeat r, out_ns[2 * r] is weft's ns per pair and out_ns[2 * r + 1] PyTorch's
- * (NAN when not timed); out_len >= 2 * repeats. Each timed loop is `pairs` rounds of the list.
- * Returns the bits of the allocators timed (an allocator that cannot be loaded is skipped, its
- * reason on stderr and in torch_pair_last_error()), or -1 for bad arguments. */
+ * NULL: the legacy default stream) of `device`: `which` bit 1 = weft's adapter (libweft_torch.so
+ * at weft_so), bit 2 = PyTorch's caching allocator (c10_so: the path of the loaded
+ * libc10_cuda.so, or NULL), bit 4 = weft_alloc + weft_free of the same library without the
+ * adapter (needs bit 1's library). For repeat r, out_ns[3 * r + k] is allocator k's ns per pair
+ * (k: 0 adapter, 1 PyTorch, 2 weft_alloc; NAN when not timed); out_len >= 3 * repeats. Each
+ * timed loop is `pairs` rounds of the list. Returns the bits of the allocators timed (an
+ * allocator that cannot be loaded is skipped, its reason on stderr and in
+ * torch_pair_last_error()), or -1 for bad arguments. */
 TP_API int torch_pair_run(const char *weft_so, const char *c10_so, int device, void *stream, const size_t *sizes,
                           int n_sizes, int pairs, int repeats, int which, double *out_ns, int out_len) {
   last_error[0] = 0;
-  if (!sizes || n_sizes < 1 || pairs < 1 || repeats < 1 || !out_ns || out_len < 2 * repeats || (which & ~3)) {
-    fail("bad arguments (sizes, n_sizes >= 1, pairs >= 1, repeats >= 1, out_len >= 2 * repeats, which in 0..3)");
+  if (!sizes || n_sizes < 1 || pairs < 1 || repeats < 1 || !out_ns || out_len < N_OPS * repeats || (which & ~7)) {
+    fail("bad arguments (sizes, n_sizes >= 1, pairs >= 1, repeats >= 1, out_len >= 3 * repeats, which in 0..7)");
     return -1;
   }
   for (int i = 0; i < n_sizes; i++)
     if (sizes[i] == 0) {
-      fail("bad arguments: size 0 (both allocators return NULL for it)");
+      fail("bad arguments: size 0 (the allocators return NULL for it)");
       return -1;
     }
-  for (int i = 0; i < 2 * repeats; i++) out_ns[i] = NAN;
+  for (int i = 0; i < N_OPS * repeats; i++) out_ns[i] = NAN;
   int ok = which;
-  if ((ok & 1) && load_weft(weft_so) != 0) ok &= ~1;
+  if ((ok & 5) && load_weft(weft_so) != 0) ok &= ~5;
   if ((ok & 2) && load_torch(c10_so) != 0) ok &= ~2;
+  if ((ok & 4) && load_direct(weft_so, device, stream) != 0) ok &= ~4;
   for (int r = 0; r < repeats; r++)
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < N_OPS; k++) {
       if (!(ok & (1 << k))) continue;
-      out_ns[2 * r + k] = time_pairs(&all_ops[k], device, stream, sizes, n_sizes, pairs);
-      if (isnan(out_ns[2 * r + k])) ok &= ~(1 << k);
+      out_ns[N_OPS * r + k] = time_pairs(&all_ops[k], device, stream, sizes, n_sizes, pairs);
+      if (isnan(out_ns[N_OPS * r + k])) ok &= ~(1 << k);
     }
   return ok;
 }

@@ -1,6 +1,8 @@
 """weft's PyTorch adapter against PyTorch's own caching allocator: host ns per alloc + free pair,
 timed in C (libtorch_pair.so, bench/torch_pair.c) in this one process and run, allocators
-interleaved repeat by repeat (weft, PyTorch, weft, PyTorch, ...).
+interleaved repeat by repeat (weft, PyTorch, weft_alloc, weft, PyTorch, ...): weft's adapter,
+PyTorch's allocator, and weft_alloc + weft_free (weft.h) of the same library without the adapter,
+on the same stream (issue 17's goal names that pair; the adapter adds its own calls).
 
     python3 bench/torch_pair.py --weft stage/torch/libweft_torch.so --bench stage/torch/libtorch_pair.so
 
@@ -98,17 +100,17 @@ def main():
                ("side torch.cuda.Stream()", side.cuda_stream)]
     rows, failed, how, samples = [], [], "", []
     for stream_name, handle in streams:
-        out = (ctypes.c_double * (2 * args.repeats))()
+        out = (ctypes.c_double * (NAMES_N * args.repeats))()
         torch.cuda.synchronize()
         rc = lib.torch_pair_run(args.weft.encode(), c10.encode() if c10 else None, device, handle or None,
-                                sizes, len(args.sizes), args.pairs, args.repeats, 3, out, len(out))
+                                sizes, len(args.sizes), args.pairs, args.repeats, 7, out, len(out))
         torch.cuda.synchronize()
         how = lib.torch_pair_torch_how().decode() or how
-        if rc != 3:
+        if rc != 7:
             failed.append("%s: %s" % (stream_name, lib.torch_pair_last_error().decode() or "rc %d" % rc))
         med = {}
-        for k, alloc in enumerate(("weft", "PyTorch")):
-            ns = [out[2 * r + k] for r in range(args.repeats)]
+        for k, alloc in enumerate(NAMES):
+            ns = [out[NAMES_N * r + k] for r in range(args.repeats)]
             if rc < 0 or not rc & (1 << k):
                 continue
             med[alloc] = statistics.median(ns)
@@ -116,9 +118,9 @@ def main():
             rows.append({"allocator": alloc, "stream": stream_name, "median_ns": med[alloc],
                          "min_ns": min(ns), "max_ns": max(ns), "ratio": None,
                          "repeats_ns": ";".join("%.1f" % x for x in ns)})
-        if "weft" in med and "PyTorch" in med:
-            for row in rows[-2:]:
-                row["ratio"] = med["weft"] / med["PyTorch"]
+        for row in rows:
+            if row["stream"] == stream_name and row["allocator"] != "PyTorch" and "PyTorch" in med:
+                row["ratio"] = med[row["allocator"]] / med["PyTorch"]
 
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     card = torch.cuda.get_device_name(device)
@@ -133,7 +135,7 @@ def main():
     print("|---|---|---:|---:|---:|---:|")
     for r in rows:
         print("| %s | %s | %.1f | %.1f | %.1f | %s |" % (r["allocator"], r["stream"], r["median_ns"], r["min_ns"],
-                                                     r["max_ns"], "%.2f" % r["ratio"] if r["ratio"] and r["allocator"] == "weft" else "-"))
+                                                     r["max_ns"], "%.2f" % r["ratio"] if r["ratio"] else "-"))
     if os.environ.get("OUT"):
         path = os.path.join(os.environ["OUT"], "torch_pair.csv")
         with open(path, "w", newline="") as f:
@@ -153,10 +155,16 @@ def main():
         die("not every allocator was timed: " + " | ".join(failed), 1)
 
 
-# The rows in weft_bench's CSV (bench/report.c): weft's pair compared with PyTorch's, each repeat
-# a sample (the two interleaved), the stream as x.
+# The allocators torch_pair_run times, in its order (its out_ns[3 * r + k]).
+NAMES = ("weft", "PyTorch", "weft_alloc")
+NAMES_N = len(NAMES)
+
+# The rows in weft_bench's CSV (bench/report.c): weft's pairs compared with PyTorch's, each repeat
+# a sample (interleaved), the stream as x.
 WEFT_ROW = "weft_alloc + weft_free through the PyTorch adapter (weft_torch_alloc / weft_torch_free)"
+DIRECT_ROW = "weft_alloc + weft_free on PyTorch's stream, without the adapter (weft.h)"
 TORCH_ROW = "PyTorch caching allocator (raw_alloc_with_stream + raw_delete)"
+ROW_OF = {"weft": WEFT_ROW, "weft_alloc": DIRECT_ROW, "PyTorch": TORCH_ROW}
 
 
 def write_harness(path, metric, samples):
@@ -166,9 +174,8 @@ def write_harness(path, metric, samples):
         if new:
             w.writerow(["section", "row", "metric", "unit", "baseline", "x", "rep", "value", "machine"])
         for alloc, stream, rep, value in samples:
-            weft = alloc == "weft"
-            w.writerow(["alloc_torch", WEFT_ROW if weft else TORCH_ROW, metric, "ns", TORCH_ROW if weft else "",
-                        stream, rep, "%.9g" % value, "gpu"])
+            base = TORCH_ROW if alloc != "PyTorch" else ""
+            w.writerow(["alloc_torch", ROW_OF[alloc], metric, "ns", base, stream, rep, "%.9g" % value, "gpu"])
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 # On a GPU machine with PyTorch (staged by tools/stage_gpu.sh into stage/torch/): the example on
 # weft's allocator and on PyTorch's, compared (examples/torch/compare.py), the checks
 # (examples/torch/checks.py), then the alloc+free
-# benchmark of both allocators in one process (bench/torch_pair.py). Results go to $OUT.
+# benchmark in one process (bench/torch_pair.py): weft's adapter, weft_alloc + weft_free without it,
+# and PyTorch's allocator. Results go to $OUT.
 #   bash stage/torch/run_torch_gpu.sh [steps] [replays]
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
