@@ -60,7 +60,8 @@ static void test_a_stream_of_the_program(void **state) {
   assert_non_null(w);
   void *(*sym)(const char *) = (void *(*)(const char *))dlsym(w, "weft_driver_symbol");
   assert_non_null(sym);
-  CUresult (*create)(CUstream *, unsigned, int) = (CUresult(*)(CUstream *, unsigned, int))sym("cuStreamCreateWithPriority");
+  typedef CUresult (*create_fn)(CUstream *, unsigned, int);
+  create_fn create = (create_fn)sym("cuStreamCreateWithPriority");
   assert_non_null(create);
   CUstream s;
   assert_int_equal(create(&s, CU_STREAM_NON_BLOCKING, 0), CUDA_SUCCESS);

@@ -114,6 +114,8 @@ static const char *(*w_last_error)(void);
 static weft_runtime_t *w_rt;
 static weft_stream_t *w_stream;
 static weft_block_t w_block; /* the block of the pair under way (each pair frees it at once) */
+static int w_free_failed;    /* a weft_free failed: its loop's figure is NAN */
+/* (w_rt stays retained for the process: the adapter's runtime lives as long anyway.) */
 
 /* After load_weft: the weft.h calls of the same library, the adapter's runtime of `device` (made
  * by one adapter pair first, with the adapter's options) and `stream` adopted there (the adapter's
@@ -349,7 +351,10 @@ static void *direct_op_alloc(size_t n, int device, void *stream) {
 }
 static void direct_op_free(void *p, size_t n, int device, void *stream) {
   (void)p, (void)n, (void)device, (void)stream;
-  (void)w_free(w_block, w_stream);
+  if (w_free(w_block, w_stream) != WEFT_OK && !w_free_failed) { /* the timings then say nothing */
+    fail("weft_alloc: weft_free: %s", w_last_error());
+    w_free_failed = 1;
+  }
 }
 
 static const char *weft_op_error(void) { return weft_error_fn ? weft_error_fn() : ""; }
@@ -388,7 +393,8 @@ static double time_pairs(const ops_t *o, int device, void *stream, const size_t 
       }
       o->free(p, sizes[i], device, stream);
     }
-  return (now_ns() - t0) / ((double)pairs * n_sizes);
+  double ns = (now_ns() - t0) / ((double)pairs * n_sizes);
+  return w_free_failed ? NAN : ns;
 }
 
 /* ---- exported -------------------------------------------------------------------------------- */
@@ -405,6 +411,7 @@ static double time_pairs(const ops_t *o, int device, void *stream, const size_t 
 TP_API int torch_pair_run(const char *weft_so, const char *c10_so, int device, void *stream, const size_t *sizes,
                           int n_sizes, int pairs, int repeats, int which, double *out_ns, int out_len) {
   last_error[0] = 0;
+  w_free_failed = 0;
   if (!sizes || n_sizes < 1 || pairs < 1 || repeats < 1 || !out_ns || out_len < N_OPS * repeats || (which & ~7)) {
     fail("bad arguments (sizes, n_sizes >= 1, pairs >= 1, repeats >= 1, out_len >= 3 * repeats, which in 0..7)");
     return -1;

@@ -541,8 +541,9 @@ weft_status_t weft__capture_redirect(weft_stream_t *s, weft__capture_t *c, weft_
                                      void (*on_drop)(weft__capture_t *c));
 /** Frees the session's memory and events (after end or abandon). */
 void weft__capture_free(weft__capture_t *c);
-/** The driver's word on s's capture state (cuStreamGetCaptureInfo, else cuStreamIsCapturing,
- * which gives no id: *id 0), raw: the one place weft asks it. id may be NULL. */
+/** The driver's word on s's capture state, raw: the one place weft asks it. cuStreamIsCapturing;
+ * cuStreamGetCaptureInfo as well, for the capture's id, only where a capture is there and id is
+ * wanted (*id 0 otherwise, or where the driver has no cuStreamGetCaptureInfo). id may be NULL. */
 CUresult weft__capture_status(const weft_stream_t *s, CUstreamCaptureStatus *cs, uint64_t *id);
 /** What the driver says of s: whether a capture is active on it, and its id. s is the calling
  * thread's (weft__tracker_owns): another thread's per-thread stream cannot be named. */

@@ -46,8 +46,8 @@ static inline bool seen_live(const seen_t *e, const void *p, weft__handle_kind_t
 }
 
 /* The calling thread holds the set's lock as a reader (weft__handle_enter with no record: no host
- * memory for one, or nested past every level): taking it as a writer would wait for ever, so such
- * a thread makes and destroys no object until it leaves. */
+ * memory for one): taking it as a writer would wait for ever, so such a thread makes and destroys
+ * no object until it leaves. */
 static _Thread_local unsigned tls_locked;  /* entries made under the set's lock (no record) */
 
 bool weft__handle_add(const void *p, weft__handle_kind_t kind) {
@@ -111,16 +111,17 @@ bool weft__handle_remove(const void *p, weft__handle_kind_t kind) {
  * Records: WEFT__HANDLE_THREADS static ones, then chunks of MORE made on demand (never freed: a
  * removal may be reading one) for more threads inside at once. A thread nested past
  * WEFT__HANDLE_DEPTH takes one more record per WEFT__HANDLE_DEPTH entries (LEVELS at most). Only a
- * thread that can get no record (no host memory for a chunk) holds the set's lock as a reader
- * instead, until it leaves. */
+ * thread that can get no record (no host memory for a chunk, or no thread-exit destructor to give
+ * it back) holds the set's lock as a reader instead, until it leaves. */
 typedef struct inside {
   _Atomic(const void *) p[WEFT__HANDLE_DEPTH];   /* nested entries of one level, innermost last */
   _Atomic(const void *) kept[WEFT__HANDLE_KEPT]; /* kept entries (level 0 only), any slot (NULL: free) */
   atomic_bool taken;
 } inside_t;
 
-#define MORE 256  /* records per chunk past the static ones */
-#define LEVELS 4  /* records a thread nests through: entries deeper than LEVELS * DEPTH take the lock */
+#define MORE 256 /* records per chunk past the static ones */
+#define LEVELS WEFT__HANDLE_LEVELS
+_Static_assert(LEVELS * WEFT__HANDLE_DEPTH <= 32, "tls_locked_at has a bit per nested entry");
 
 typedef struct chunk {
   struct chunk *next;
@@ -148,15 +149,15 @@ static void record_free(inside_t *h) {
 
 /* The ending thread's records, given back: entries it still published (a group it never ended)
  * end with it, so that no removal waits for them. */
+static bool mine(const inside_t *h);
+
 static void inside_release(void *rec) {
-  record_free(rec);
-  if (tls_rec[0] == rec) { /* (a later destructor's entry takes records again) */
-    for (unsigned k = 1; k < LEVELS; k++)
-      if (tls_rec[k] != NULL) record_free(tls_rec[k]);
-    for (unsigned k = 0; k < LEVELS; k++) tls_rec[k] = NULL;
-    tls_depth = 0;
-    tls_kept = 0;
-  }
+  if (!mine(rec)) return; /* (given back already: it may be another thread's now) */
+  for (unsigned k = 0; k < LEVELS; k++)
+    if (tls_rec[k] != NULL) record_free(tls_rec[k]);
+  for (unsigned k = 0; k < LEVELS; k++) tls_rec[k] = NULL;
+  tls_depth = 0;
+  tls_kept = 0;
 }
 static void inside_key(void) { (void)pthread_key_create(&g_inside_key, inside_release); }
 
@@ -175,7 +176,7 @@ static inside_t *record_take(void) {
     }
     return &g_inside[i];
   }
-  for (chunk_t *c = atomic_load_explicit(&g_chunks, memory_order_acquire); c != NULL; c = c->next)
+  for (chunk_t *c = atomic_load_explicit(&g_chunks, memory_order_seq_cst); c != NULL; c = c->next)
     for (unsigned i = 0; i < MORE; i++)
       if (take(&c->rec[i])) return &c->rec[i];
   chunk_t *c = weft__meta_calloc(1, sizeof *c);
@@ -183,7 +184,8 @@ static inside_t *record_take(void) {
   atomic_store_explicit(&c->rec[0].taken, true, memory_order_relaxed); /* the caller's */
   chunk_t *head = atomic_load_explicit(&g_chunks, memory_order_relaxed);
   do c->next = head;
-  while (!atomic_compare_exchange_weak_explicit(&g_chunks, &head, c, memory_order_release, memory_order_relaxed));
+  /* seq_cst (cold): a removal's scan after its fence sees the chunk of a record published in it */
+  while (!atomic_compare_exchange_weak_explicit(&g_chunks, &head, c, memory_order_seq_cst, memory_order_relaxed));
   return &c->rec[0];
 }
 
@@ -210,7 +212,9 @@ static bool mine(const inside_t *h) {
 }
 
 /* Entry d's slot in the calling thread's records (d < tls_depth). */
-static _Atomic(const void *) *slot_at(unsigned d) { return &tls_rec[d / WEFT__HANDLE_DEPTH]->p[d % WEFT__HANDLE_DEPTH]; }
+static _Atomic(const void *) *slot_at(unsigned d) {
+  return &tls_rec[d / WEFT__HANDLE_DEPTH]->p[d % WEFT__HANDLE_DEPTH];
+}
 
 /* Publishes p, live, in this thread's slot *slot (free): true; or false, the slot left free.
  * A dead object is refused before it is published: a removal waits until it sees each record
@@ -319,7 +323,7 @@ static void wait_outside(const void *p) {
   atomic_thread_fence(memory_order_seq_cst);
   unsigned top = atomic_load(&g_inside_top);
   for (unsigned i = 0; i < top; i++) wait_record(&g_inside[i], p);
-  for (chunk_t *c = atomic_load_explicit(&g_chunks, memory_order_acquire); c != NULL; c = c->next)
+  for (chunk_t *c = atomic_load_explicit(&g_chunks, memory_order_seq_cst); c != NULL; c = c->next)
     for (unsigned i = 0; i < MORE; i++) wait_record(&c->rec[i], p);
 }
 

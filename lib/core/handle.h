@@ -60,9 +60,10 @@ void weft__handle_restore(const void *p, weft__handle_kind_t kind);
  * what it is inside in a slot of its own (a hazard pointer: one store and a fence, no lock, no
  * shared line written). WEFT__HANDLE_THREADS records are static, more are made on demand (for
  * more threads inside at once), and a thread nested past WEFT__HANDLE_DEPTH takes one more record
- * per WEFT__HANDLE_DEPTH entries, up to 32 entries deep. A thread's entries end with it. Only a
- * thread that can get no record (no host memory for more, or deeper than 32) holds the set's lock
- * as a reader instead, until it leaves (and makes and destroys no object meanwhile). */
+ * per WEFT__HANDLE_DEPTH entries, up to WEFT__HANDLE_LEVELS records (32 entries deep at most). A
+ * thread's entries end with it. Only a thread that can get no record (no host memory for more, or
+ * no thread-exit destructor to give it back) holds the set's lock as a reader instead, until it
+ * leaves (and makes and destroys no object meanwhile). */
 bool weft__handle_enter(const void *p, weft__handle_kind_t kind);
 /** Leaves the object the calling thread entered last (weft__handle_enter returned true). */
 void weft__handle_leave(void);
@@ -89,6 +90,9 @@ bool weft__handle_inside(const void *p);
  * record), and entries kept at once (a group keeps up to COMM_HELD, comm/comm.c). */
 #define WEFT__HANDLE_DEPTH 8
 #define WEFT__HANDLE_KEPT 8
+/* Records one thread nests through: WEFT__HANDLE_LEVELS * WEFT__HANDLE_DEPTH (32) nested entries
+ * at most (a deeper one is a bug of weft's: its debug builds abort). */
+#define WEFT__HANDLE_LEVELS 4
 
 /** True when p was an object of that kind and was destroyed (and its address not reused since):
  * what tells a destroyed weft resource from a resource a user wrote, which weft never saw. */

@@ -27,7 +27,6 @@
 #include <string.h>
 
 #include "lib/core/debug.h"
-#include "lib/core/error.h"
 #include "lib/core/lock.h"
 #include "lib/runtime/runtime.h"
 

@@ -19,6 +19,7 @@
 #include <stdatomic.h>
 
 #include "lib/core/driver.h"
+#include "lib/core/lock.h"
 #include "lib/mem/mem.h"
 #include "streams/tracker.h"
 

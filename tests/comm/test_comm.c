@@ -1359,8 +1359,8 @@ static void test_faults_at_every_call_of_ranks_on_threads(void **state) {
 static void test_faults_at_every_call_of_captured_steps(void **state) {
   (void)state;
   if (!g_two || sim == NULL) skip(); /* fault injection */
-  static const char *const fns[] = {"cuStreamBeginCapture", "cuStreamEndCapture", "cuStreamGetCaptureInfo", "cuStreamIsCapturing",
-                                    "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphExecDestroy",
+  static const char *const fns[] = {"cuStreamBeginCapture", "cuStreamEndCapture", "cuStreamGetCaptureInfo",
+                                    "cuStreamIsCapturing", "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphExecDestroy",
                                     "cuGraphDestroy", "cuEventRecord", "cuStreamWaitEvent", "cuMemsetD32Async",
                                     "ncclGroupEnd", "ncclAllReduce"};
   sweep(fns, sizeof fns / sizeof fns[0], captured_workload);

@@ -336,6 +336,31 @@ static void test_deep_entries_make_hold_and_destroy_objects(void **state) {
   assert_true(weft__handle_remove(q, WEFT__HANDLE_GRAPH));
 }
 
+/* An entry only in a thread's second record (8 entries of another object below it) holds a
+ * removal on another thread until it is left, as one in the first record does. */
+static void test_a_removal_waits_for_an_entry_in_the_next_record(void **state) {
+  (void)state;
+  const void *q = objects[1];
+  assert_true(weft__handle_add(q, WEFT__HANDLE_GRAPH));
+  assert_true(weft__handle_add(objects[3], WEFT__HANDLE_EXEC));
+  for (int i = 0; i < WEFT__HANDLE_DEPTH; i++) assert_true(weft__handle_enter(q, WEFT__HANDLE_GRAPH));
+  assert_true(weft__handle_enter(objects[3], WEFT__HANDLE_EXEC)); /* entry 9: the next record */
+  atomic_store(&g_left, 0);
+  atomic_store(&g_returned, 0);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, remove_it, NULL), 0);
+  while (weft__handle_live(objects[3], WEFT__HANDLE_EXEC)) sched_yield(); /* marked dead: the removal waits */
+  for (int i = 0; i < 1000; i++) sched_yield();
+  assert_int_equal(atomic_load(&g_returned), 0);
+  atomic_store(&g_left, 1);
+  weft__handle_leave();
+  void *ok;
+  pthread_join(t, &ok);
+  assert_true(ok != NULL);
+  for (int i = 0; i < WEFT__HANDLE_DEPTH; i++) weft__handle_leave();
+  assert_true(weft__handle_remove(q, WEFT__HANDLE_GRAPH));
+}
+
 /* More threads inside objects at once than WEFT__HANDLE_THREADS: each still makes and destroys
  * an object of its own while inside (before, the threads past the static records held the set's
  * lock as readers and every make was refused), and a removal of the object they are all inside
@@ -402,6 +427,7 @@ int main(void) {
       cmocka_unit_test(test_kept_entries_are_apart_from_nested_ones),
       cmocka_unit_test(test_a_removal_from_inside_the_object_is_refused),
       cmocka_unit_test(test_deep_entries_make_hold_and_destroy_objects),
+      cmocka_unit_test(test_a_removal_waits_for_an_entry_in_the_next_record),
       cmocka_unit_test(test_more_threads_inside_than_records),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

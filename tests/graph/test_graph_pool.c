@@ -231,8 +231,8 @@ static int shared_pool_graphs(bool check) {
 static void test_faults_at_every_call_of_shared_pool_graphs(void **state) {
   (void)state;
   if (env.sim == NULL) skip(); /* fault injection */
-  static const char *const fns[] = {"cuStreamBeginCapture", "cuStreamEndCapture", "cuStreamGetCaptureInfo", "cuStreamIsCapturing",
-                                    "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphExecDestroy",
+  static const char *const fns[] = {"cuStreamBeginCapture", "cuStreamEndCapture", "cuStreamGetCaptureInfo",
+                                    "cuStreamIsCapturing", "cuGraphInstantiateWithFlags", "cuGraphLaunch", "cuGraphExecDestroy",
                                     "cuGraphDestroy", "cuLaunchKernel", "cuEventRecord", "cuStreamWaitEvent",
                                     "cuMemcpyDtoHAsync", "cuStreamSynchronize"};
   tu_reset_races(&env);

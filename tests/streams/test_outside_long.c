@@ -1329,8 +1329,11 @@ static void *thread_main(void *arg) {
      * invalidate that capture (CUDA_SEMANTICS.md). */
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
     CUresult r = drv->cuThreadExchangeStreamCaptureMode(&mode);
-    if (r == CUDA_SUCCESS) r = drv->cuEventSynchronize(w->pt_tail);
-    if (r == CUDA_SUCCESS) r = drv->cuThreadExchangeStreamCaptureMode(&mode);
+    if (r == CUDA_SUCCESS) {
+      r = drv->cuEventSynchronize(w->pt_tail);
+      CUresult back = drv->cuThreadExchangeStreamCaptureMode(&mode); /* whatever the wait said */
+      if (r == CUDA_SUCCESS) r = back;
+    }
     if (r != CUDA_SUCCESS && !w->failed) wfail(w, "cuEventSynchronize(per-thread tail): %s", weft_driver_error_name(r));
     drv->cuEventDestroy(w->pt_tail);
     w->pt_tail = NULL;
