@@ -124,10 +124,9 @@ static void *remove_it(void *arg) {
   return (void *)(intptr_t)(atomic_load(&g_left) == 1);
 }
 
-static void test_a_removal_waits_for_the_thread_inside(void **state) {
-  (void)state;
-  assert_true(weft__handle_add(objects[3], WEFT__HANDLE_EXEC));
-  assert_true(weft__handle_enter(objects[3], WEFT__HANDLE_EXEC));
+/* With the calling thread's innermost entry in objects[3]: another thread removes it, and the
+ * removal returns only once this thread has left that entry. */
+static void removal_waits_for_the_innermost_entry(void) {
   atomic_store(&g_left, 0);
   atomic_store(&g_returned, 0);
   pthread_t t;
@@ -140,6 +139,13 @@ static void test_a_removal_waits_for_the_thread_inside(void **state) {
   void *ok;
   pthread_join(t, &ok);
   assert_true(ok != NULL);
+}
+
+static void test_a_removal_waits_for_the_thread_inside(void **state) {
+  (void)state;
+  assert_true(weft__handle_add(objects[3], WEFT__HANDLE_EXEC));
+  assert_true(weft__handle_enter(objects[3], WEFT__HANDLE_EXEC));
+  removal_waits_for_the_innermost_entry();
   assert_false(weft__handle_enter(objects[3], WEFT__HANDLE_EXEC)); /* dead: nothing to enter */
   assert_false(weft__handle_enter(NULL, WEFT__HANDLE_EXEC));
 }
@@ -345,18 +351,7 @@ static void test_a_removal_waits_for_an_entry_in_the_next_record(void **state) {
   assert_true(weft__handle_add(objects[3], WEFT__HANDLE_EXEC));
   for (int i = 0; i < WEFT__HANDLE_DEPTH; i++) assert_true(weft__handle_enter(q, WEFT__HANDLE_GRAPH));
   assert_true(weft__handle_enter(objects[3], WEFT__HANDLE_EXEC)); /* entry 9: the next record */
-  atomic_store(&g_left, 0);
-  atomic_store(&g_returned, 0);
-  pthread_t t;
-  assert_int_equal(pthread_create(&t, NULL, remove_it, NULL), 0);
-  while (weft__handle_live(objects[3], WEFT__HANDLE_EXEC)) sched_yield(); /* marked dead: the removal waits */
-  for (int i = 0; i < 1000; i++) sched_yield();
-  assert_int_equal(atomic_load(&g_returned), 0);
-  atomic_store(&g_left, 1);
-  weft__handle_leave();
-  void *ok;
-  pthread_join(t, &ok);
-  assert_true(ok != NULL);
+  removal_waits_for_the_innermost_entry();
   for (int i = 0; i < WEFT__HANDLE_DEPTH; i++) weft__handle_leave();
   assert_true(weft__handle_remove(q, WEFT__HANDLE_GRAPH));
 }
