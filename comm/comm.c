@@ -952,17 +952,9 @@ weft_status_t weft_comm_destroy(weft_comm_t *c) {
     for (; i < g_ncalls && !in_group; i++) in_group = g_calls[i].c == c && g_calls[i].serial == serial;
   }
   if (in_group) return weft__error(WEFT_ERR_BUSY, "%s: this thread's open group calls on it: end the group first", fn);
-  switch (weft__handle_remove_unheld(c, WEFT__HANDLE_COMM)) {
-    case WEFT__HANDLE_REMOVED: break;
-    case WEFT__HANDLE_NOT_LIVE: return weft__error(WEFT_ERR_STALE_HANDLE, "%s: destroyed already", fn);
-    case WEFT__HANDLE_HELD:
-      return weft__error(WEFT_ERR_BUSY, "%s: another thread's group is ending with a call on it", fn);
-    case WEFT__HANDLE_INSIDE:
-      return weft__error(WEFT_ERR_BUSY,
-                         "%s: a call of this thread is inside it (its open group, or a capture handler that a call "
-                         "on it runs): end that first",
-                         fn);
-  }
+  weft_status_t unlisted =
+      weft__handle_unlist(c, WEFT__HANDLE_COMM, fn, "communicator", "another thread's group is ending with a call on it");
+  if (unlisted != WEFT_OK) return unlisted;
   /* Not while a capture holding its collectives is open: its graph would name a destroyed NCCL
    * communicator (the capture's owner ends it first, then destroys). */
   pthread_mutex_lock(&c->caps_lock);

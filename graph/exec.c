@@ -62,14 +62,7 @@ weft_status_t weft__graph_enter(const void *p, weft__handle_kind_t kind, const c
 }
 
 weft_status_t weft__graph_unlist(void *p, weft__handle_kind_t kind, const char *fn) {
-  switch (weft__handle_remove_unheld(p, kind)) {
-    case WEFT__HANDLE_REMOVED: return WEFT_OK;
-    case WEFT__HANDLE_NOT_LIVE:
-      return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the %s was destroyed already", fn, kind_name[kind]);
-    default: /* INSIDE (graph objects are never held) */
-      return weft__error(WEFT_ERR_BUSY, "%s: a call of this thread on the %s is running this destroy (a capture handler?)",
-                         fn, kind_name[kind]);
-  }
+  return weft__handle_unlist(p, kind, fn, kind_name[kind], "held (graph objects never are)");
 }
 
 weft_status_t weft__graph_remove(void *p, weft__handle_kind_t kind, const char *fn, weft_status_t (*busy)(void *p)) {

@@ -6,6 +6,7 @@
 
 #include "lib/core/container.h"
 #include "lib/core/debug.h"
+#include "lib/core/error.h"
 #include "lib/core/handle.h"
 #include "lib/core/meta.h"
 
@@ -100,6 +101,20 @@ weft__handle_removal_t weft__handle_remove_unheld(const void *p, weft__handle_ki
 
 bool weft__handle_remove(const void *p, weft__handle_kind_t kind) {
   return weft__handle_remove_unheld(p, kind) == WEFT__HANDLE_REMOVED;
+}
+
+weft_status_t weft__handle_unlist(const void *p, weft__handle_kind_t kind, const char *fn, const char *what,
+                                  const char *held) {
+  switch (weft__handle_remove_unheld(p, kind)) {
+    case WEFT__HANDLE_REMOVED: return WEFT_OK;
+    case WEFT__HANDLE_NOT_LIVE: return weft__error(WEFT_ERR_STALE_HANDLE, "%s: the %s was destroyed already", fn, what);
+    case WEFT__HANDLE_HELD: return weft__error(WEFT_ERR_BUSY, "%s: the %s: %s", fn, what, held);
+    default:
+      return weft__error(WEFT_ERR_BUSY,
+                         "%s: a call of this thread is inside the %s (its open group, or a capture handler that a "
+                         "call on it runs): end that first",
+                         fn, what);
+  }
 }
 
 /* ---- calls inside an object (weft__handle_enter) -------------------------------------------------

@@ -11,6 +11,8 @@
 
 #include <stdbool.h>
 
+#include "weft/weft.h"
+
 typedef enum weft__handle_kind {
   WEFT__HANDLE_GRAPH = 1,
   WEFT__HANDLE_EXEC = 2,
@@ -29,6 +31,12 @@ bool weft__handle_live(const void *p, weft__handle_kind_t kind);
 /** Marks p destroyed; false when it was not a live object of that kind (destroyed already), is
  * held (weft__handle_hold) or the calling thread is inside it. */
 bool weft__handle_remove(const void *p, weft__handle_kind_t kind);
+/** A destroy's removal of p as the status it returns: weft__handle_remove_unheld, then WEFT_OK
+ * (removed), STALE_HANDLE (destroyed already) or BUSY (held: `held` says by what; or the calling
+ * thread is inside p, a capture handler that a call on p runs), each recorded for `fn` with
+ * `what` naming p's kind ("exec", "communicator"). */
+weft_status_t weft__handle_unlist(const void *p, weft__handle_kind_t kind, const char *fn, const char *what,
+                                  const char *held);
 /** What weft__handle_remove_unheld did. */
 typedef enum weft__handle_removal {
   WEFT__HANDLE_REMOVED,  /* p is marked destroyed */

@@ -213,16 +213,11 @@ weft_status_t weft_resource_destroy(weft_resource_t *r) {
   bool locked = ours && weft__runtime_check(rt, who) != NULL;
   if (locked) pthread_mutex_lock(&rt->blocks_lock);
   weft_status_t refused = WEFT_OK;
-  weft__handle_removal_t removal = WEFT__HANDLE_REMOVED;
   if (locked && rt->top == r)
     refused = weft__error(WEFT_ERR_BUSY, "%s: the resource backs the runtime's weft_alloc (weft_runtime_set_resource)", who);
-  else if (ours && (removal = weft__handle_remove_unheld(r, WEFT__HANDLE_RESOURCE)) == WEFT__HANDLE_HELD)
-    refused = weft__error(WEFT_ERR_BUSY, "%s: resource '%s': another resource draws from it (destroy that one first)", who,
-                          r->ops->name ? r->ops->name : "?");
-  else if (removal == WEFT__HANDLE_NOT_LIVE)
-    refused = weft__error(WEFT_ERR_STALE_HANDLE, "%s: the resource was destroyed already", who);
-  else if (removal == WEFT__HANDLE_INSIDE) /* (no call enters a resource today) */
-    refused = weft__error(WEFT_ERR_BUSY, "%s: a call of this thread is inside the resource", who);
+  else if (ours)
+    refused = weft__handle_unlist(r, WEFT__HANDLE_RESOURCE, who, "resource",
+                                  "another resource draws from it (destroy that one first)");
   if (locked) pthread_mutex_unlock(&rt->blocks_lock);
   if (refused != WEFT_OK) return refused;
   weft_resource_t *upstream = r->upstream;
