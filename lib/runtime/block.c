@@ -246,7 +246,7 @@ static weft_status_t out_of_memory(weft_runtime_t *rt, weft_resource_t *r, size_
   pthread_mutex_unlock(&rt->blocks_lock);
   if (fn != NULL && fn(rt, &info, user) != 0) {
     /* The handler's frees may have gone to the streams' caches: they go back first. */
-    if (r == rt->top && atomic_load_explicit(&rt->cached, memory_order_relaxed) != 0)
+    if (r == rt->top && weft__cache_holds(rt))
       (void)weft__cache_flush(rt, false);
     weft_status_t again = weft__resource_allocate(r, bytes, s, tag, out);
     if (again == WEFT_OK || (again != WEFT_ERR_OUT_OF_MEMORY && again != WEFT_ERR_OVER_BUDGET)) return again;
@@ -368,7 +368,7 @@ weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, con
   rec->alloc_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
   st = weft__resource_allocate(r, bytes, s, itag, &rec->ptr);
   if ((st == WEFT_ERR_OUT_OF_MEMORY || st == WEFT_ERR_OVER_BUDGET) && r == rt->top &&
-      atomic_load_explicit(&rt->cached, memory_order_relaxed) != 0) {
+      weft__cache_holds(rt)) {
     /* The streams' cached blocks (the stack's memory) go back first, then once more. */
     (void)weft__cache_flush(rt, false);
     st = weft__resource_allocate(r, bytes, s, itag, &rec->ptr);

@@ -45,18 +45,15 @@ typedef struct weft__stream_cache {
   weft__lock_t lock; /* a leaf: nothing else is locked while it is held */
   struct weft__block *slot[WEFT__CACHE_SLOTS];
   unsigned n;
+  /* The bytes of the slots' blocks, and the lane's share of the bound (its room:
+   * weft_runtime_t.cache_room counts every lane's); bytes <= room. A take keeps its room, so
+   * that the lane's next put of as many bytes needs no word every thread shares (cache.c). */
+  uint64_t bytes, room;
   /* Blocks handed out again and frees kept, counted under the lock: weft_runtime_counters adds
    * them to allocs and frees, so the common pair makes no add to a counter every thread shares. */
   uint64_t takes, puts;
   uint64_t fast_takes; /* of takes, the allocation fast path's (block.c; tests check it ran) */
 } weft__stream_cache_t;
-
-/* Every lane's cached blocks and bytes in one word (weft_runtime_t.cached): one atomic add per
- * take or put. Bytes below 2^48 (more than any device), blocks below 2^16 (at most
- * WEFT__MAX_STREAMS * WEFT__CACHE_SLOTS). */
-#define WEFT__CACHED(blocks, bytes) (((uint64_t)(int64_t)(blocks) << 48) + (uint64_t)(int64_t)(bytes))
-#define WEFT__CACHED_BLOCKS(v) ((v) >> 48)
-#define WEFT__CACHED_BYTES(v) ((v) & ((1ull << 48) - 1))
 
 /** One allocation's record. */
 struct weft__block {
@@ -156,10 +153,10 @@ struct weft_runtime {
   weft_capture_handler_t capture_handler; /* blocks_lock */
   void *capture_user;
   /* The stream cache (cache.c): per lane; on when opts.stream_cache_bytes > 0 and the stack has
-   * no guard or log (they must see every free). cached_* count every lane's blocks. */
+   * no guard or log (they must see every free). */
   weft__stream_cache_t cache[WEFT__MAX_STREAMS];
   bool cache_on;
-  _Atomic uint64_t cached; /* WEFT__CACHED(blocks, bytes) of every lane */
+  _Atomic uint64_t cache_room; /* the lanes' rooms (bytes), at most opts.stream_cache_bytes */
   /* This life's number (process-wide, from 1), and for each device d the life of d's runtime
    * whose memory this runtime's device was given access to (weft_runtime_enable_peer_access;
    * 0: none). A peer's new life has new pools, so the access is granted again. */
@@ -381,6 +378,9 @@ struct weft__block *weft__cache_take(weft_stream_t *s, size_t bytes, weft_resour
  * capture (or cannot be used now) keep theirs. Returns the first failure (CAPTURE for a kept lane
  * only when `strict`). */
 weft_status_t weft__cache_flush(weft_runtime_t *rt, bool strict);
+/** Whether some lane may hold a block now (some lane has room): an allocation refused for want of
+ * memory flushes the caches first then. */
+bool weft__cache_holds(const weft_runtime_t *rt);
 /** Forgets every lane's blocks without freeing them (the runtime's release frees them as live
  * records). */
 void weft__cache_forget(weft_runtime_t *rt);

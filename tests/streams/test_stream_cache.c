@@ -214,6 +214,63 @@ static void test_cache_is_bounded(void **state) {
   teardown(&st);
 }
 
+/* The bound is shared by the streams: room a stream's cache stops using (its blocks taken back
+ * by its allocations) is room for another stream's frees, and a stream whose frees would pass the
+ * bound because of other streams' blocks gives its own oldest back first, never theirs. */
+static void test_cache_room_moves_between_streams(void **state) {
+  (void)state;
+  weft_options_t o = weft_options_default();
+  o.stream_cache_bytes = 4 * N * 4;
+  void *st;
+  setup_with(&st, &o);
+  tu_env_t *env = st;
+  weft_stream_t *s0 = tu_stream(env, 0), *s1 = tu_stream(env, 1), *s2 = tu_stream(env, 2);
+  weft_block_t a[4], b[4], c[2];
+  for (int i = 0; i < 4; i++) a[i] = tu_alloc(env, N * 4, 0, "a");
+  for (int i = 0; i < 4; i++) assert_int_equal(weft_free(a[i], s0), WEFT_OK);
+  assert_int_equal(counters(env).cached_bytes, 4 * N * 4); /* s0's cache holds the whole bound */
+  for (int i = 0; i < 4; i++) a[i] = tu_alloc(env, N * 4, 0, "a"); /* s0 takes all four back */
+  assert_int_equal(counters(env).cached_bytes, 0);
+  for (int i = 0; i < 4; i++) b[i] = tu_alloc(env, N * 4, 1, "b");
+  weft_resource_stats_t r0 = top_stats(env);
+  for (int i = 0; i < 4; i++) assert_int_equal(weft_free(b[i], s1), WEFT_OK);
+  weft_counters_t k = counters(env);
+  assert_int_equal(k.cached_bytes, 4 * N * 4); /* all of s1's frees kept: s0 holds no room now */
+  assert_int_equal(k.cached_blocks, 4);
+  assert_int_equal(top_stats(env).frees, r0.frees);
+  /* s0's frees: s1's blocks fill the bound, and s0 has none to give back: not kept. */
+  for (int i = 0; i < 4; i++) assert_int_equal(weft_free(a[i], s0), WEFT_OK);
+  assert_int_equal(counters(env).cached_bytes, 4 * N * 4);
+  assert_int_equal(top_stats(env).frees, r0.frees + 4);
+  /* s1 takes two back; s2 can keep two (the room s1 stopped using), not a third. */
+  for (int i = 0; i < 2; i++) b[i] = tu_alloc(env, N * 4, 1, "b");
+  for (int i = 0; i < 2; i++) c[i] = tu_alloc(env, N * 4, 2, "c");
+  weft_block_t third = tu_alloc(env, N * 4, 2, "c");
+  weft_resource_stats_t r1 = top_stats(env);
+  for (int i = 0; i < 2; i++) assert_int_equal(weft_free(c[i], s2), WEFT_OK);
+  assert_int_equal(top_stats(env).frees, r1.frees);
+  assert_int_equal(weft_free(third, s2), WEFT_OK); /* s2 gives its oldest back to keep it */
+  assert_int_equal(top_stats(env).frees, r1.frees + 1);
+  k = counters(env);
+  assert_int_equal(k.cached_bytes, 4 * N * 4);
+  assert_int_equal(k.cached_blocks, 4);
+  /* s1 keeps its two frees by giving back its own two oldest, not s2's. */
+  weft_resource_stats_t r2 = top_stats(env);
+  for (int i = 0; i < 2; i++) assert_int_equal(weft_free(b[i], s1), WEFT_OK);
+  assert_int_equal(top_stats(env).frees, r2.frees + 2);
+  assert_int_equal(counters(env).cached_bytes, 4 * N * 4);
+  weft_block_t again = tu_alloc(env, N * 4, 2, "c"); /* s2's cache still holds its two */
+  weft_block_t again2 = tu_alloc(env, N * 4, 2, "c");
+  assert_int_equal(top_stats(env).allocs, r2.allocs);
+  assert_int_equal(weft_free(again, s2), WEFT_OK);
+  assert_int_equal(weft_free(again2, s2), WEFT_OK);
+  assert_int_equal(weft_runtime_trim(env->rt), WEFT_OK);
+  k = counters(env);
+  assert_int_equal(k.cached_bytes, 0);
+  assert_int_equal(k.cached_blocks, 0);
+  teardown(&st);
+}
+
 /* An allocation refused for want of memory first takes back what the streams cached. */
 static void test_out_of_memory_empties_the_cache_first(void **state) {
   (void)state;
@@ -459,6 +516,38 @@ static void test_threads_share_the_cache(void **state) {
   assert_int_equal(counters(env).cached_bytes, 0);
 }
 
+/* Eight threads churn with a bound a few blocks large: the bound holds whatever the threads'
+ * streams did, no block is lost between the streams' caches, and trim gives everything back. */
+static void test_threads_share_a_small_cache(void **state) {
+  (void)state;
+  weft_options_t o = weft_options_default();
+  o.stream_cache_bytes = 6 * N * 4;
+  void *st;
+  setup_with(&st, &o);
+  tu_env_t *env = st;
+  uint64_t live0 = top_stats(env).live_bytes;
+  weft_counters_t c0 = counters(env);
+  worker_t w[8];
+  pthread_t t[8];
+  for (unsigned i = 0; i < 8; i++) {
+    w[i] = (worker_t){env, i, WEFT_OK, ""};
+    assert_int_equal(pthread_create(&t[i], NULL, churn, &w[i]), 0);
+  }
+  for (unsigned i = 0; i < 8; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
+  for (unsigned i = 0; i < 8; i++)
+    if (w[i].st != WEFT_OK) fail_msg("worker %u: %s: %s", i, weft_status_name(w[i].st), w[i].why);
+  weft_counters_t c1 = counters(env);
+  assert_int_equal(c1.allocs - c0.allocs, c1.frees - c0.frees);
+  assert_true(c1.cached_blocks > 0);
+  assert_true(c1.cached_bytes <= 6 * N * 4);
+  /* What the caches hold is exactly what the resource still counts live beyond the start. */
+  assert_int_equal(top_stats(env).live_bytes, live0 + c1.cached_bytes);
+  assert_int_equal(weft_runtime_trim(env->rt), WEFT_OK);
+  assert_int_equal(counters(env).cached_bytes, 0);
+  assert_int_equal(top_stats(env).live_bytes, live0);
+  teardown(&st);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_same_stream_same_size_reuses_without_the_resource, setup, teardown),
@@ -466,6 +555,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_reuse_after_a_read_elsewhere_is_ordered, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reused_block_written_elsewhere_waits_for_the_old_uses, setup, teardown),
       cmocka_unit_test(test_cache_is_bounded),
+      cmocka_unit_test(test_cache_room_moves_between_streams),
       cmocka_unit_test(test_out_of_memory_empties_the_cache_first),
       cmocka_unit_test_setup_teardown(test_runtime_trim_gives_cached_blocks_back, setup, teardown),
       cmocka_unit_test_setup_teardown(test_capture_does_not_use_the_cache, setup, teardown),
@@ -474,6 +564,7 @@ int main(void) {
       cmocka_unit_test(test_release_leaves_no_cached_memory),
       cmocka_unit_test_setup_teardown(test_a_stale_free_never_claims_the_records_next_block, setup, teardown),
       cmocka_unit_test_setup_teardown(test_threads_share_the_cache, setup, teardown),
+      cmocka_unit_test(test_threads_share_a_small_cache),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
