@@ -62,7 +62,8 @@ static void report(const char *path, unsigned n, uint64_t t0) {
 
 typedef struct ctx {
   weft_runtime_t *rt;
-  weft_stream_t *s[3]; /* s[0], s[1] wait on each other (eager); s[2]: nobody waits on it (lazy) */
+  weft_stream_t *s[5]; /* s[0], s[1] wait on each other (eager); s[2]: nobody waits on it (lazy);
+                        s[3], s[4]: the eager step's (path_step) */
   weft_block_t blk[BLOCKS], own[BLOCKS];
   weft_access_t acc[BLOCKS];
   weft_resource_t *res;
@@ -96,6 +97,17 @@ static weft_status_t nothing(weft_stream_t *s, void *arg) {
   (void)s;
   (void)arg;
   return WEFT_OK;
+}
+
+/* One kernel of bench/bench_replay.c's eager step (without the kernel's driver call): operation i
+ * writes one of two blocks and reads the other, on s[3] for ten operations, then on s[4] for ten,
+ * so every tenth needs a wait on the other stream. */
+__attribute__((noinline)) static void path_step(ctx_t *c) {
+  for (unsigned i = 0; i < c->n; i++) {
+    weft_access_t acc[2] = {{c->blk[i % 2], WEFT_WRITE}, {c->blk[(i + 1) % 2], WEFT_READ}};
+    CHECK(weft__use_run(c->s[3 + (i / 10) % 2], acc, 2, "instr", nothing, NULL));
+    evict();
+  }
 }
 
 /* A use with its work (the shape of weft_launch, without the kernel's driver call). */
@@ -224,7 +236,7 @@ int main(int argc, char **argv) {
   o.high_priority_streams = 0;
   o.memory = strcmp(path, "alloc") == 0 ? WEFT_MEMORY_ASYNC : WEFT_MEMORY_POOL;
   CHECK(weft_runtime_get(0, &o, &c.rt));
-  for (unsigned k = 0; k < 3; k++) CHECK(weft_stream_get(c.rt, k, &c.s[k]));
+  for (unsigned k = 0; k < 5; k++) CHECK(weft_stream_get(c.rt, k, &c.s[k]));
   c.res = weft_runtime_resource(c.rt);
   for (int i = 0; i < BLOCKS; i++) CHECK(weft_alloc(c.rt, 256, c.s[0], "instr", &c.blk[i]));
   for (int i = 0; i < BLOCKS; i++) CHECK(weft_alloc(c.rt, 256, c.s[2], "instr.own", &c.own[i]));
@@ -255,6 +267,8 @@ int main(int argc, char **argv) {
     } else if (strcmp(path, "launch") == 0) {
       accesses(&c, c.own, 4);
       path_run(&c, c.s[2], 4);
+    } else if (strcmp(path, "step") == 0) {
+      path_step(&c);
     } else if (strcmp(path, "alloc") == 0) {
       path_alloc(&c);
     } else if (strcmp(path, "pool") == 0) {
