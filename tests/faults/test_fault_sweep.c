@@ -32,7 +32,8 @@
  *
  * Environment: WEFT_FAULT_SWEEP_MAX_N (20), WEFT_FAULT_SWEEP_JOBS (2 children at a time),
  * WEFT_FAULT_SWEEP_STACKS (e.g. "pool,guard"), WEFT_FAULT_SWEEP_FUNCS (e.g.
- * "cuEventRecord,cuMemFree"); WEFT_FAULT_SWEEP_CELL=stack:entry:N runs one cell with W's calls
+ * "cuEventRecord,cuMemFree"), WEFT_FAULT_SWEEP_CACHE_BYTES (options.stream_cache_bytes; small
+ * bounds make W's frees give the streams' cached blocks back and move room between them); WEFT_FAULT_SWEEP_CELL=stack:entry:N runs one cell with W's calls
  * traced and the child's output on stderr (the reproducer of a reported cell).
  */
 #include <errno.h>
@@ -470,8 +471,11 @@ static void phases(weft_runtime_t *rt) {
   CLEANUP("weft_graph_memory_trim", weft_graph_memory_trim(rt));
 }
 
+static uint64_t g_cache_bytes = UINT64_MAX; /* WEFT_FAULT_SWEEP_CACHE_BYTES; UINT64_MAX: the default */
+
 static void workload(const fs_stack_t *stk) {
   weft_options_t o = weft_options_default();
+  if (g_cache_bytes != UINT64_MAX) o.stream_cache_bytes = g_cache_bytes;
   o.memory = stk->memory;
   o.guard = stk->guard;
   weft_runtime_t *rt = NULL;
@@ -942,6 +946,7 @@ static int setup(void **state) {
   g_shared = mmap(NULL, (MAX_JOBS + 1) * sizeof *g_shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (g_shared == MAP_FAILED) return -1;
   if ((s = getenv("WEFT_FAULT_SWEEP_FUNCS")) != NULL) snprintf(g_only_funcs, sizeof g_only_funcs, "%s", s);
+  if ((s = getenv("WEFT_FAULT_SWEEP_CACHE_BYTES")) != NULL) g_cache_bytes = strtoull(s, NULL, 10);
   /* Warm-up in this process, so that what weft keeps for the process's life exists before the
    * children count: interned tags, and block records, which stay with the runtime slot and are
    * reused only once WEFT__FREED_KEPT freed ones wait (lib/runtime/runtime.h). W runs on every
