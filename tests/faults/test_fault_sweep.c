@@ -33,8 +33,9 @@
  * Environment: WEFT_FAULT_SWEEP_MAX_N (20), WEFT_FAULT_SWEEP_JOBS (2 children at a time),
  * WEFT_FAULT_SWEEP_STACKS (e.g. "pool,guard"), WEFT_FAULT_SWEEP_FUNCS (e.g.
  * "cuEventRecord,cuMemFree"), WEFT_FAULT_SWEEP_CACHE_BYTES (options.stream_cache_bytes; small
- * bounds make W's frees give the streams' cached blocks back and move room between them); WEFT_FAULT_SWEEP_CELL=stack:entry:N runs one cell with W's calls
- * traced and the child's output on stderr (the reproducer of a reported cell).
+ * bounds make W's frees give the streams' cached blocks back and move room between them);
+ * WEFT_FAULT_SWEEP_CELL=stack:entry:N runs one cell with W's calls traced and the child's output
+ * on stderr (the reproducer of a reported cell).
  */
 #include <errno.h>
 #include <fcntl.h>
