@@ -37,41 +37,64 @@ void weft__cache_init(weft_runtime_t *rt) {
     rt->cache[i].n = 0;
     rt->cache[i].bytes = rt->cache[i].room = 0;
   }
+  atomic_store(&rt->cache_room, 0);
+  atomic_store(&rt->cache_spare, false);
 }
 
-/* Adds (or, negative, removes) bytes of room to the runtime's count; returns the new count. */
-static uint64_t move_room(weft_runtime_t *rt, int64_t bytes) {
-  return atomic_fetch_add_explicit(&rt->cache_room, (uint64_t)bytes, memory_order_relaxed) + (uint64_t)bytes;
+/* Takes `bytes` of room a lane gave back off the runtime's count. */
+static void drop_room(weft_runtime_t *rt, uint64_t bytes) {
+  atomic_fetch_sub_explicit(&rt->cache_room, bytes, memory_order_relaxed);
 }
 
 /* Lane c (locked) grows its room by `grow` bytes if the bound allows; false (nothing changed)
- * when it does not. */
+ * when it does not. The count never passes the bound, not even for a moment (a failed grow
+ * would otherwise refuse another lane's that fits). */
 static bool grow_room(weft_runtime_t *rt, weft__stream_cache_t *c, uint64_t grow) {
-  if (move_room(rt, (int64_t)grow) <= rt->opts.stream_cache_bytes) {
-    c->room += grow;
-    return true;
-  }
-  move_room(rt, -(int64_t)grow);
-  return false;
+  uint64_t cur = atomic_load_explicit(&rt->cache_room, memory_order_relaxed);
+  do {
+    if (grow > rt->opts.stream_cache_bytes - cur) return false;
+  } while (!atomic_compare_exchange_weak_explicit(&rt->cache_room, &cur, cur + grow, memory_order_relaxed,
+                                                  memory_order_relaxed));
+  c->room += grow;
+  return true;
+}
+
+/* Says that some lane may have room its blocks do not fill (a take kept it, or a put gave back
+ * more than it needed): the next put that finds the bound reached reclaims it. Stored only when
+ * not set already, so that the takes of a busy cache only read the word. */
+static void note_spare(weft_runtime_t *rt) {
+  if (!atomic_load_explicit(&rt->cache_spare, memory_order_relaxed))
+    atomic_store_explicit(&rt->cache_spare, true, memory_order_relaxed);
 }
 
 /* Every used lane gives back the room its blocks do not fill (a lane's takes keep theirs). Called
  * with no lane locked (they are leaves), when a put finds the bound reached, and by flushes. */
 static void reclaim_room(weft_runtime_t *rt) {
   weft__tracker_t *tr = &rt->tracker;
+  atomic_store_explicit(&rt->cache_spare, false, memory_order_relaxed); /* a take from now on sets it */
   for (unsigned i = 0; i < tr->n && weft__tracker_lane_used(tr, i); i++) {
     weft__stream_cache_t *c = &rt->cache[i];
     weft__lock(&c->lock);
     if (c->room > c->bytes) {
-      move_room(rt, -(int64_t)(c->room - c->bytes));
+      drop_room(rt, c->room - c->bytes);
       c->room = c->bytes;
     }
     weft__unlock(&c->lock);
   }
 }
 
-bool weft__cache_holds(const weft_runtime_t *rt) {
-  return atomic_load_explicit(&rt->cache_room, memory_order_relaxed) != 0;
+bool weft__cache_holds(weft_runtime_t *rt) {
+  if (atomic_load_explicit(&rt->cache_room, memory_order_relaxed) == 0) return false;
+  /* Room is kept after takes: ask the lanes whether they hold a block (a rare path). */
+  weft__tracker_t *tr = &rt->tracker;
+  bool any = false;
+  for (unsigned i = 0; !any && i < tr->n && weft__tracker_lane_used(tr, i); i++) {
+    weft__stream_cache_t *c = &rt->cache[i];
+    weft__lock(&c->lock);
+    any = c->n != 0;
+    weft__unlock(&c->lock);
+  }
+  return any;
 }
 
 /* Removes slot i of lane c (locked). */
@@ -103,10 +126,11 @@ bool weft__cache_accepts(const weft_stream_t *s, const struct weft__block *rec) 
 /* Room: a lane's blocks never pass its room, and the lanes' rooms never pass the bound
  * (opts.stream_cache_bytes). A take leaves the lane's room as it was and a put within the room
  * takes none, so the common pair (a block freed and allocated again on one stream) touches only
- * its lane; room grows by one atomic add on the runtime's count, checked against the bound. When
- * the bound is reached, every lane first gives back the room its blocks do not fill
- * (reclaim_room), then the lane makes room from its own blocks only (they can go back on s),
- * oldest first; when the other lanes' blocks alone leave no room, the free is not kept. */
+ * its lane; room grows by one atomic compare-and-swap on the runtime's count, within the bound.
+ * When the bound is reached, the lane makes room from its own blocks (they can go back on s),
+ * oldest first, as long as the other lanes' room leaves space for the block; where it does not,
+ * every lane first gives back the room its blocks do not fill (reclaim_room), and if the other
+ * lanes' blocks alone still leave no space, the free is not kept. */
 bool weft__cache_put(weft_stream_t *s, struct weft__block *rec) {
   weft_runtime_t *rt = s->runtime;
   uint64_t cap = rt->opts.stream_cache_bytes;
@@ -117,28 +141,32 @@ bool weft__cache_put(weft_stream_t *s, struct weft__block *rec) {
   bool kept = false;
   for (bool reclaimed = false;; reclaimed = true) {
     weft__lock(&c->lock);
-    if (c->bytes + rec->bytes <= c->room && c->n < WEFT__CACHE_SLOTS) {
-      kept = true; /* the hot case: within the lane's room */
-      break;
-    }
-    if (c->bytes + rec->bytes <= c->room || grow_room(rt, c, c->bytes + rec->bytes - c->room)) {
-      if (c->n == WEFT__CACHE_SLOTS) old[n_old++] = remove_slot(c, 0);
+    /* A full lane gives its oldest block back whatever happens: the room that leaves counts. */
+    uint64_t need = c->bytes + rec->bytes - (c->n == WEFT__CACHE_SLOTS ? c->slot[0]->bytes : 0);
+    if (need <= c->room || grow_room(rt, c, need - c->room)) {
+      if (c->n == WEFT__CACHE_SLOTS) {
+        old[n_old++] = remove_slot(c, 0);
+        if (need < c->room) note_spare(rt);
+      }
       kept = true;
       break;
     }
-    if (!reclaimed) {
+    uint64_t total = atomic_load_explicit(&rt->cache_room, memory_order_relaxed);
+    uint64_t others = total - (total >= c->room ? c->room : total);
+    if (others + rec->bytes > cap) {
+      /* Not kept where the other lanes' blocks fill the bound; a reclaim first, where a lane may
+       * hold room it does not fill. */
+      if (reclaimed || !atomic_load_explicit(&rt->cache_spare, memory_order_relaxed)) break;
       weft__unlock(&c->lock);
       reclaim_room(rt);
       continue;
     }
-    /* The other lanes' room: their blocks (just reclaimed), a moment ago. */
-    uint64_t total = atomic_load_explicit(&rt->cache_room, memory_order_relaxed);
-    uint64_t others = total - (total >= c->room ? c->room : total);
-    if (others + rec->bytes > cap) break;
     while (c->n > 0) {
       old[n_old++] = remove_slot(c, 0);
-      if (c->bytes + rec->bytes <= c->room || grow_room(rt, c, c->bytes + rec->bytes - c->room)) {
+      need = c->bytes + rec->bytes;
+      if (need <= c->room || grow_room(rt, c, need - c->room)) {
         kept = true;
+        if (need < c->room) note_spare(rt);
         break;
       }
     }
@@ -165,6 +193,7 @@ struct weft__block *weft__cache_take(weft_stream_t *s, size_t bytes, weft_resour
   for (unsigned i = c->n; i-- > 0;) /* the newest first: its memory is the most likely in cache */
     if (c->slot[i]->bytes == bytes && c->slot[i]->resource == r) {
       rec = remove_slot(c, i); /* the lane keeps the room */
+      note_spare(rt);
       c->takes++;
       c->fast_takes += fast;
       weft__block_set_state(rec, WEFT__BLOCK_FREEING);
@@ -199,7 +228,7 @@ weft_status_t weft__cache_flush(weft_runtime_t *rt, bool strict) {
     memcpy(all, c->slot, n * sizeof all[0]);
     c->n = 0;
     c->bytes = 0;
-    move_room(rt, -(int64_t)c->room);
+    drop_room(rt, c->room);
     c->room = 0;
     weft__unlock(&c->lock);
     for (unsigned k = 0; k < n; k++) {
@@ -220,6 +249,7 @@ void weft__cache_forget(weft_runtime_t *rt) {
     weft__unlock(&rt->cache[i].lock);
   }
   atomic_store(&rt->cache_room, 0);
+  atomic_store(&rt->cache_spare, false);
 }
 
 void weft__cache_counts(weft_runtime_t *rt, uint64_t *takes, uint64_t *puts, uint64_t *blocks, uint64_t *bytes) {

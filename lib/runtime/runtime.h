@@ -157,6 +157,7 @@ struct weft_runtime {
   weft__stream_cache_t cache[WEFT__MAX_STREAMS];
   bool cache_on;
   _Atomic uint64_t cache_room; /* the lanes' rooms (bytes), at most opts.stream_cache_bytes */
+  _Atomic bool cache_spare;    /* some lane may have room its blocks do not fill (cache.c) */
   /* This life's number (process-wide, from 1), and for each device d the life of d's runtime
    * whose memory this runtime's device was given access to (weft_runtime_enable_peer_access;
    * 0: none). A peer's new life has new pools, so the access is granted again. */
@@ -378,9 +379,9 @@ struct weft__block *weft__cache_take(weft_stream_t *s, size_t bytes, weft_resour
  * capture (or cannot be used now) keep theirs. Returns the first failure (CAPTURE for a kept lane
  * only when `strict`). */
 weft_status_t weft__cache_flush(weft_runtime_t *rt, bool strict);
-/** Whether some lane may hold a block now (some lane has room): an allocation refused for want of
- * memory flushes the caches first then. */
-bool weft__cache_holds(const weft_runtime_t *rt);
+/** Whether some lane holds a block now (each used lane asked under its lock, where some lane has
+ * room): an allocation refused for want of memory flushes the caches and asks again only then. */
+bool weft__cache_holds(weft_runtime_t *rt);
 /** Forgets every lane's blocks without freeing them (the runtime's release frees them as live
  * records). */
 void weft__cache_forget(weft_runtime_t *rt);

@@ -289,6 +289,28 @@ static void test_out_of_memory_empties_the_cache_first(void **state) {
   teardown(&st);
 }
 
+/* ... and only then: a stream that cached a block and took it back holds nothing, so an
+ * allocation refused for want of memory asks the resource once, not again after an empty flush. */
+static void test_out_of_memory_asks_once_when_nothing_is_cached(void **state) {
+  (void)state;
+  weft_options_t o = weft_options_default();
+  o.budget_bytes = 6 * MIB;
+  void *st;
+  setup_with(&st, &o);
+  tu_env_t *env = st;
+  weft_stream_t *s0 = tu_stream(env, 0), *s1 = tu_stream(env, 1);
+  weft_block_t a = tu_alloc(env, 4 * MIB, 0, "a");
+  assert_int_equal(weft_free(a, s0), WEFT_OK);
+  a = tu_alloc(env, 4 * MIB, 0, "a"); /* taken back from s0's cache */
+  assert_int_equal(counters(env).cached_blocks, 0);
+  weft_resource_stats_t r0 = top_stats(env);
+  weft_block_t b;
+  assert_int_equal(weft_alloc(env->rt, 3 * MIB, s1, "b", &b), WEFT_ERR_OVER_BUDGET);
+  assert_int_equal(top_stats(env).failures, r0.failures + 1);
+  assert_int_equal(weft_free(a, s0), WEFT_OK);
+  teardown(&st);
+}
+
 /* weft_runtime_trim gives every cached block back, then trims the resource stack. */
 static void test_runtime_trim_gives_cached_blocks_back(void **state) {
   tu_env_t *env = *state;
@@ -557,6 +579,7 @@ int main(void) {
       cmocka_unit_test(test_cache_is_bounded),
       cmocka_unit_test(test_cache_room_moves_between_streams),
       cmocka_unit_test(test_out_of_memory_empties_the_cache_first),
+      cmocka_unit_test(test_out_of_memory_asks_once_when_nothing_is_cached),
       cmocka_unit_test_setup_teardown(test_runtime_trim_gives_cached_blocks_back, setup, teardown),
       cmocka_unit_test_setup_teardown(test_capture_does_not_use_the_cache, setup, teardown),
       cmocka_unit_test_setup_teardown(test_snapshot_shows_cached_blocks, setup, teardown),
