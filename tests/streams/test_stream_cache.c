@@ -271,18 +271,24 @@ static void test_cache_room_moves_between_streams(void **state) {
   teardown(&st);
 }
 
+/* A runtime with a budget of 6 MiB whose stream 0 caches a 4 MiB block. */
+static tu_env_t *budget_with_a_cached_block(void **st) {
+  weft_options_t o = weft_options_default();
+  o.budget_bytes = 6 * MIB;
+  setup_with(st, &o);
+  tu_env_t *env = *st;
+  weft_block_t a = tu_alloc(env, 4 * MIB, 0, "a");
+  assert_int_equal(weft_free(a, tu_stream(env, 0)), WEFT_OK);
+  assert_int_equal(counters(env).cached_bytes, 4 * MIB);
+  return env;
+}
+
 /* An allocation refused for want of memory first takes back what the streams cached. */
 static void test_out_of_memory_empties_the_cache_first(void **state) {
   (void)state;
-  weft_options_t o = weft_options_default();
-  o.budget_bytes = 6 * MIB;
   void *st;
-  setup_with(&st, &o);
-  tu_env_t *env = st;
-  weft_stream_t *s0 = tu_stream(env, 0), *s1 = tu_stream(env, 1);
-  weft_block_t a = tu_alloc(env, 4 * MIB, 0, "a");
-  assert_int_equal(weft_free(a, s0), WEFT_OK);
-  assert_int_equal(counters(env).cached_bytes, 4 * MIB);
+  tu_env_t *env = budget_with_a_cached_block(&st);
+  weft_stream_t *s1 = tu_stream(env, 1);
   weft_block_t b = tu_alloc(env, 3 * MIB, 1, "b"); /* 4 + 3 > 6: the cache gives a back */
   assert_int_equal(counters(env).cached_bytes, 0);
   assert_int_equal(weft_free(b, s1), WEFT_OK);
@@ -293,15 +299,10 @@ static void test_out_of_memory_empties_the_cache_first(void **state) {
  * allocation refused for want of memory asks the resource once, not again after an empty flush. */
 static void test_out_of_memory_asks_once_when_nothing_is_cached(void **state) {
   (void)state;
-  weft_options_t o = weft_options_default();
-  o.budget_bytes = 6 * MIB;
   void *st;
-  setup_with(&st, &o);
-  tu_env_t *env = st;
+  tu_env_t *env = budget_with_a_cached_block(&st);
   weft_stream_t *s0 = tu_stream(env, 0), *s1 = tu_stream(env, 1);
-  weft_block_t a = tu_alloc(env, 4 * MIB, 0, "a");
-  assert_int_equal(weft_free(a, s0), WEFT_OK);
-  a = tu_alloc(env, 4 * MIB, 0, "a"); /* taken back from s0's cache */
+  weft_block_t a = tu_alloc(env, 4 * MIB, 0, "a"); /* taken back from s0's cache */
   assert_int_equal(counters(env).cached_blocks, 0);
   weft_resource_stats_t r0 = top_stats(env);
   weft_block_t b;
@@ -518,8 +519,9 @@ static void *churn(void *arg) {
   return NULL;
 }
 
-static void test_threads_share_the_cache(void **state) {
-  tu_env_t *env = *state;
+/* Eight threads run churn on env; returns the counters after (every allocation freed, some
+ * frees cached). */
+static weft_counters_t churn_eight_threads(tu_env_t *env) {
   worker_t w[8];
   pthread_t t[8];
   weft_counters_t c0 = counters(env);
@@ -533,6 +535,12 @@ static void test_threads_share_the_cache(void **state) {
   weft_counters_t c1 = counters(env);
   assert_int_equal(c1.allocs - c0.allocs, c1.frees - c0.frees);
   assert_true(c1.cached_blocks > 0);
+  return c1;
+}
+
+static void test_threads_share_the_cache(void **state) {
+  tu_env_t *env = *state;
+  (void)churn_eight_threads(env);
   assert_int_equal(tu_races(env), 0);
   assert_int_equal(weft_runtime_trim(env->rt), WEFT_OK);
   assert_int_equal(counters(env).cached_bytes, 0);
@@ -548,19 +556,7 @@ static void test_threads_share_a_small_cache(void **state) {
   setup_with(&st, &o);
   tu_env_t *env = st;
   uint64_t live0 = top_stats(env).live_bytes;
-  weft_counters_t c0 = counters(env);
-  worker_t w[8];
-  pthread_t t[8];
-  for (unsigned i = 0; i < 8; i++) {
-    w[i] = (worker_t){env, i, WEFT_OK, ""};
-    assert_int_equal(pthread_create(&t[i], NULL, churn, &w[i]), 0);
-  }
-  for (unsigned i = 0; i < 8; i++) assert_int_equal(pthread_join(t[i], NULL), 0);
-  for (unsigned i = 0; i < 8; i++)
-    if (w[i].st != WEFT_OK) fail_msg("worker %u: %s: %s", i, weft_status_name(w[i].st), w[i].why);
-  weft_counters_t c1 = counters(env);
-  assert_int_equal(c1.allocs - c0.allocs, c1.frees - c0.frees);
-  assert_true(c1.cached_blocks > 0);
+  weft_counters_t c1 = churn_eight_threads(env);
   assert_true(c1.cached_bytes <= 6 * N * 4);
   /* What the caches hold is exactly what the resource still counts live beyond the start. */
   assert_int_equal(top_stats(env).live_bytes, live0 + c1.cached_bytes);
