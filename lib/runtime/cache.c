@@ -6,9 +6,9 @@
  * of at most WEFT__CACHE_SLOTS records: no tracker call, no resource call, no address-map or
  * live-list update, no record recycling, no driver call, and (the lane keeping the room its
  * take freed: weft__cache_put) no write to a word every thread shares. This is PyTorch's
- * caching allocator's fast path (a block freed on a stream is reused by that stream), and issue 13's measurement
- * asked for it: on an H100 the adapter's alloc + free pair took 408 ns through the resource stack against
- * PyTorch's 379 ns.
+ * caching allocator's fast path (a block freed on a stream is reused by that stream), and issue
+ * 13's measurement asked for it: on an H100 the adapter's alloc + free pair took 408 ns through
+ * the resource stack against PyTorch's 379 ns.
  *
  * What a cached block is: state WEFT__BLOCK_CACHED, still in the runtime's live list and address
  * map (no other block can start at its address while the cache holds its memory), still live for
