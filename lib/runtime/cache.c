@@ -46,10 +46,12 @@ static void drop_room(weft_runtime_t *rt, uint64_t bytes) {
   atomic_fetch_sub_explicit(&rt->cache_room, bytes, memory_order_relaxed);
 }
 
-/* Lane c (locked) grows its room by `grow` bytes if the bound allows; false (nothing changed)
- * when it does not. The count never passes the bound, not even for a moment (a failed grow
- * would otherwise refuse another lane's that fits). */
-static bool grow_room(weft_runtime_t *rt, weft__stream_cache_t *c, uint64_t grow) {
+/* Whether lane c (locked) has room for `need` bytes of blocks, growing its room if the bound
+ * allows; false (nothing changed) when it does not. The count never passes the bound, not even
+ * for a moment (a failed grow would otherwise refuse another lane's that fits). */
+static bool has_room(weft_runtime_t *rt, weft__stream_cache_t *c, uint64_t need) {
+  if (need <= c->room) return true;
+  uint64_t grow = need - c->room;
   uint64_t cur = atomic_load_explicit(&rt->cache_room, memory_order_relaxed);
   do {
     if (grow > rt->opts.stream_cache_bytes - cur) return false;
@@ -143,7 +145,7 @@ bool weft__cache_put(weft_stream_t *s, struct weft__block *rec) {
     weft__lock(&c->lock);
     /* A full lane gives its oldest block back whatever happens: the room that leaves counts. */
     uint64_t need = c->bytes + rec->bytes - (c->n == WEFT__CACHE_SLOTS ? c->slot[0]->bytes : 0);
-    if (need <= c->room || grow_room(rt, c, need - c->room)) {
+    if (has_room(rt, c, need)) {
       if (c->n == WEFT__CACHE_SLOTS) {
         old[n_old++] = remove_slot(c, 0);
         if (need < c->room) note_spare(rt);
@@ -164,7 +166,7 @@ bool weft__cache_put(weft_stream_t *s, struct weft__block *rec) {
     while (c->n > 0) {
       old[n_old++] = remove_slot(c, 0);
       need = c->bytes + rec->bytes;
-      if (need <= c->room || grow_room(rt, c, need - c->room)) {
+      if (has_room(rt, c, need)) {
         kept = true;
         if (need < c->room) note_spare(rt);
         break;
