@@ -377,7 +377,7 @@ void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t
 }
 
 weft_status_t weft__clock_record(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, uint64_t *tick) {
-  *tick = weft__clock_reserve(d, s, false);
+  *tick = weft__clock_pending_tick(d, weft__at(d, s));
   return weft__clock_flush(tr, d, s);
 }
 
@@ -439,7 +439,7 @@ static weft_status_t refused(const weft_stream_t *t) {
 }
 
 weft_status_t weft__clock_record_for_host(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t *tick) {
-  (void)weft__clock_reserve(d, t, false);
+  (void)weft__clock_pending_tick(d, weft__at(d, t));
   weft_status_t st = record_for_others(tr, d, t);
   *tick = d->lane[weft__at(d, t)].recorded;
   return st == WEFT_ERR_CAPTURE ? refused(t) : st;
@@ -449,7 +449,7 @@ weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stre
   weft__lane_t *l = &d->lane[weft__at(d, t)];
   /* A busy lane's pending tick is its busy use's (tracker.h): nobody records it but that use,
    * and only an older tick is asked for here. */
-  bool busy = d->capture == NULL && (d->busy & weft__lane_bit(weft__at(d, t))) != 0;
+  bool busy = d->capture == NULL && weft__lanes_has(d->busy, weft__at(d, t));
   if (l->recorded != l->tick && !busy) { /* (record_for_others' own first test, without its call) */
     weft_status_t st = record_for_others(tr, d, t);
     if (st == WEFT_ERR_CAPTURE) /* k's event, where it exists, serves: only the pending tick waits */

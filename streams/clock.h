@@ -117,50 +117,52 @@ static inline uint64_t weft__clock_newest_use(const weft__domain_t *d, unsigned 
  * older tick between, turns lazy again: those waiters would have been served exactly by a
  * deferred tick, so the records after each use bought nothing. */
 void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, bool newest);
-/** Publishes lane `at`'s point for lock-free readers (weft_stream_t.point): 1 + its tick while
- * it is not dirty, else 0; always 0 for a per-thread stream, whose point is taken under the lock
- * (point_locked records it at once: only its owner can). Live domain only. Called wherever a live
- * lane's tick or dirtiness changes, and when a stream is adopted; lock held. */
-static inline void weft__clock_publish(const weft__domain_t *d, unsigned at) {
-  weft_stream_t *s = d->capture == NULL ? d->stream[at] : NULL;
-  if (s == NULL) return;
+/** Publishes lane `at`'s point for lock-free readers (weft_stream_t.point of s, the lane's
+ * stream in the live domain): 1 + its tick while it is not dirty, else 0; always 0 for a
+ * per-thread stream, whose point is taken under the lock (point_locked records it at once: only
+ * its owner can). Called wherever a live lane's tick or dirtiness changes, and when a stream is
+ * adopted; lock held. */
+static inline void weft__clock_publish_stream(const weft__domain_t *d, unsigned at, weft_stream_t *s) {
   const weft__lane_t *l = &d->lane[at];
   atomic_store_explicit(&s->point, l->dirty || s->per_thread ? 0 : l->tick + 1, memory_order_release);
 }
-/** Withdraws lane `at`'s published point (readers take the lock): for a busy use's reserved tick,
- * which a failure takes back. */
-static inline void weft__clock_unpublish(const weft__domain_t *d, unsigned at) {
+/** weft__clock_publish_stream for lane `at` of d, whose stream d knows (nothing for a capture's
+ * domain, or a lane without a stream). */
+static inline void weft__clock_publish(const weft__domain_t *d, unsigned at) {
   weft_stream_t *s = d->capture == NULL ? d->stream[at] : NULL;
-  if (s != NULL) atomic_store_explicit(&s->point, 0, memory_order_release);
+  if (s != NULL) weft__clock_publish_stream(d, at, s);
 }
-/** Lane `at`'s pending tick, a new one when it has none (its event, recorded later, lands after
- * the work enqueued meanwhile too); the lane's work is then covered by it (not dirty). Inline,
- * as the three below: every use takes a tick. */
-static inline uint64_t weft__clock_pending_tick(weft__domain_t *d, unsigned at) {
+/** Lane `at`'s tick for the work enqueued next, its point left as it was (the caller publishes
+ * or withdraws it): the pending tick, a new one when it has none (its event, recorded later,
+ * lands after the work enqueued meanwhile too), or with `defer` (lazy records, tracker.h) the
+ * deferred tick it joins. The lane's work is then covered by it (not dirty). Inline, as the ones
+ * below: every use takes a tick. A busy use (tracker.h, "Busy lanes") takes its tick so, before
+ * its work is enqueued, and withdraws the lane's point: a failure takes the tick back. */
+static inline uint64_t weft__clock_take(weft__domain_t *d, unsigned at, bool defer) {
   weft__lane_t *l = &d->lane[at];
   if (l->tick == l->recorded) {
     l->tick++;
     WEFT__ROW(d, at)[at] = l->tick;
+  } else if (defer && l->deferred) {
+    l->joined++; /* joins the deferred tick */
   }
   l->dirty = false;
-  weft__clock_publish(d, at);
+  if (defer) l->deferred = true;
   return l->tick;
 }
-/** Gives the work of the use just enqueued on s a tick without recording its event (lazy
- * records, tracker.h): a new pending tick, or the deferred one it joins. */
-static inline uint64_t weft__clock_defer(weft__domain_t *d, weft_stream_t *s) {
-  unsigned at = weft__at(d, s);
-  weft__lane_t *l = &d->lane[at];
-  if (l->tick != l->recorded && l->deferred) l->joined++; /* joins the deferred tick */
-  uint64_t k = weft__clock_pending_tick(d, at);
-  l->deferred = true;
+/** Lane `at`'s pending tick (weft__clock_take), published. */
+static inline uint64_t weft__clock_pending_tick(weft__domain_t *d, unsigned at) {
+  uint64_t k = weft__clock_take(d, at, false);
+  weft__clock_publish(d, at);
   return k;
 }
-/** The tick a busy use's work will have (tracker.h, "Busy lanes"), before that work is
- * enqueued: its pending one, recorded after the work by weft__clock_flush; a new tick, or, with
- * `defer` (lazy records), the deferred tick it joins as weft__clock_defer does. */
-static inline uint64_t weft__clock_reserve(weft__domain_t *d, weft_stream_t *s, bool defer) {
-  return defer ? weft__clock_defer(d, s) : weft__clock_pending_tick(d, weft__at(d, s));
+/** Gives the work of the use just enqueued on s a tick without recording its event (lazy
+ * records, tracker.h): a new pending tick, or the deferred one it joins; published. */
+static inline uint64_t weft__clock_defer(weft__domain_t *d, weft_stream_t *s) {
+  unsigned at = weft__at(d, s);
+  uint64_t k = weft__clock_take(d, at, true);
+  weft__clock_publish(d, at);
+  return k;
 }
 /** A tick covering everything enqueued on s so far, recorded lazily (see tracker.h). */
 static inline uint64_t weft__clock_point(weft__domain_t *d, const weft_stream_t *s) {

@@ -367,7 +367,7 @@ weft_status_t weft__tracker_reclaim(weft__tracker_t *tr, weft_stream_t **out) {
   for (unsigned i = tr->n_pool; i < tr->n_pool + n && s == NULL; i++) {
     weft_stream_t *c = &tr->streams[i];
     const weft__lane_t *l = &d->lane[c->lane];
-    if (!c->per_thread || c->capture != NULL || c->holds != 0 || (d->busy & weft__lane_bit(c->lane)) != 0 ||
+    if (!c->per_thread || c->capture != NULL || c->holds != 0 || weft__lanes_has(d->busy, c->lane) ||
         l->recorded != l->tick || !weft__tracker_owner_ended(c))
       continue;
     if (!weft__clock_newest_event(d, c->lane, &ev)) continue; /* no event covers its work */
@@ -560,7 +560,7 @@ static weft__lanes_t collect_needs(weft__tracker_t *tr, const weft__domain_t *d,
 static inline weft_status_t wait_need(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const needs_t *nd,
                                       unsigned t, unsigned slot) {
   /* Only a wait issued can be late: a need another kept one implies costs nothing more. */
-  weft__clock_needed(tr, d, d->stream[t], nd->tick[t], (nd->newest & weft__lane_bit(t)) != 0);
+  weft__clock_needed(tr, d, d->stream[t], nd->tick[t], weft__lanes_has(nd->newest, t));
   return weft__clock_wait_at(tr, d, s, d->stream[t], nd->tick[t], slot);
 }
 
@@ -712,7 +712,7 @@ typedef struct lane_was {
 typedef struct undo {
   weft__point_t write;
   weft__lanes_t reader_mask;
-  uint64_t read; /* reads[lane] */
+  uint64_t read; /* reads[lane] (a read's; a write leaves reads[] alone) */
   uint64_t last_use;
 } undo_t;
 
@@ -726,12 +726,15 @@ static inline __attribute__((always_inline)) bool reserve_use(weft__tracker_t *t
   weft__lane_t *l = &d->lane[at];
   *was = (lane_was_t){l->tick, l->recorded, l->last_use, l->joined, l->dirty, l->deferred};
   bool defer = live_defers(tr, d, s);
-  uint64_t k = weft__clock_reserve(d, s, defer);
-  weft__clock_unpublish(d, at); /* the reserved tick is taken back if the work fails */
+  uint64_t k = weft__clock_take(d, at, defer);
+  atomic_store_explicit(&s->point, 0, memory_order_release); /* withdrawn: a failure takes k back */
   uint64_t stamp = stamp_of(d, at, defer);
   for (size_t i = 0; i < n; i++) {
     weft__access_state_t *a = uses[i].state;
-    undo[i] = (undo_t){a->write, a->reader_mask, a->reads[at], a->last_use};
+    /* A write leaves reads[] as it is (its reader_mask is what it clears), so only a read keeps
+     * its lane's entry (one cache line fewer for a write). */
+    bool write = weft__rule_starts_history(uses[i].kind);
+    undo[i] = (undo_t){a->write, a->reader_mask, write ? 0 : a->reads[at], a->last_use};
     note_access(a, at, k, uses[i].kind, stamp);
   }
   return defer;
@@ -759,8 +762,7 @@ static inline __attribute__((always_inline)) void finish_use(weft__tracker_t *tr
         /* A write: every other access of the block waited for this busy use; nothing else
          * changed its history meanwhile. */
         a->write = undo[i].write;
-        a->reader_mask = undo[i].reader_mask;
-        a->reads[at] = undo[i].read;
+        a->reader_mask = undo[i].reader_mask; /* reads[] stayed as it was (reserve_use) */
         a->last_use = undo[i].last_use;
       } else {
         /* A read: other streams may have read the block meanwhile (a read waits for no read),
@@ -1006,7 +1008,7 @@ static inline __attribute__((always_inline)) bool live_plain(const weft__tracker
                                                              const weft_stream_t *s, const weft__use_t *uses,
                                                              size_t n) {
   unsigned at = s->lane;
-  if (n > LIVE_USES || tr->no_fast_path || s->capture != NULL || s->per_thread || (d->busy & weft__lane_bit(at)) != 0 ||
+  if (n > LIVE_USES || tr->no_fast_path || s->capture != NULL || s->per_thread || weft__lanes_has(d->busy, at) ||
       weft__trace_device_on())
     return false;
   for (size_t i = 0; i < n; i++)
@@ -1440,7 +1442,7 @@ bool weft__tracker_poll(weft__tracker_t *tr, weft__point_t p) {
   weft__domain_t *d = tr->live;
   if (p.stream >= d->n || d->stream[p.stream] == NULL || d->host_known[p.stream] >= p.tick) {
     done = true; /* (a lane given back: its runtime synchronised everything) */
-  } else if ((d->busy & weft__lane_bit(p.stream)) != 0) {
+  } else if (weft__lanes_has(d->busy, p.stream)) {
     done = false; /* its use is enqueuing (tracker.h, "Busy lanes"): look again later */
   } else {
     unsigned slot;
@@ -1568,7 +1570,7 @@ static bool lane_is_valid(const weft__domain_t *d, unsigned s) {
   if (l->recorded > l->tick) return weft__debug_report("tracker", "recorded tick beyond tick");
   if (l->tick - l->recorded > 1) return weft__debug_report("tracker", "more than one pending tick");
   const weft_stream_t *st = d->capture == NULL ? d->stream[s] : NULL;
-  if (st != NULL && (d->busy & weft__lane_bit(s)) == 0 &&
+  if (st != NULL && !weft__lanes_has(d->busy, s) &&
       atomic_load_explicit(&st->point, memory_order_relaxed) != (l->dirty || st->per_thread ? 0 : l->tick + 1))
     return weft__debug_report("tracker", "published point differs from the lane's");
   for (unsigned t = 0; t < d->n; t++) {

@@ -66,6 +66,11 @@
 #define WEFT__MAX_LANES 128
 typedef unsigned __int128 weft__lanes_t;
 static inline weft__lanes_t weft__lane_bit(unsigned i) { return (weft__lanes_t)1 << i; }
+/** Whether lane i is in m: one 64-bit word tested, shorter code than m & weft__lane_bit(i). */
+static inline bool weft__lanes_has(weft__lanes_t m, unsigned i) {
+  uint64_t w = (i & 64u) != 0 ? (uint64_t)(m >> 64) : (uint64_t)m;
+  return ((w >> (i & 63u)) & 1u) != 0;
+}
 /** The lowest lane of a non-empty set. */
 static inline unsigned weft__lanes_first(weft__lanes_t m) {
   uint64_t lo = (uint64_t)m;
@@ -170,50 +175,52 @@ typedef struct weft__domain {
 /** A pool stream. `raw`, `index`, `tr`, `runtime`, `high`, `priority` never change after the
  * tracker's init; the rest is guarded by the tracker lock unless its comment says otherwise. */
 struct weft_stream {
-  weft__tracker_t *tr;   /* owner */
+  /* What every use reads and writes comes first, in one cache line (the struct is aligned to
+   * one), the rest in the next. */
+  _Alignas(64) weft__tracker_t *tr; /* owner */
   void *runtime;         /* the weft_runtime_t it belongs to (opaque here) */
-  unsigned index;        /* position in the pool (its lane in its runtime's capture domains) */
-  unsigned lane;         /* its lane in the live domain: tr->base + index */
-  int priority;          /* driver priority value */
-  bool high;             /* one of the high-priority streams */
   CUstream raw;          /* pool: CU_STREAM_NON_BLOCKING; adopted: the caller's (NULL is the legacy stream) */
-  /* A stream weft did not create, taken in by weft__tracker_adopt (set once, under the lock,
-   * before n_adopted counts it): never destroyed by weft. */
-  bool adopted;
-  /* CU_STREAM_PER_THREAD names a different stream on each thread: adopted, it is the adopting
-   * thread's (`owner`, that thread's serial: weft__tracker_owns), usable only there, and its
-   * ticks are recorded at once (nobody else may record on it). `owner` changes, under the lock,
-   * only when an ended owner's slot is taken back (weft__tracker_reclaim); read without it. */
-  bool per_thread;
-  _Atomic uint64_t owner;
-  struct weft__owner *owner_of; /* the owner thread's record: whether it has ended (tracker.c;
-                                   read and swapped under its own lock, g_owner_lock) */
-  uint64_t last_used;    /* tracker-wide use sequence at the last use here (LRU) */
   /* The capture this stream takes part in, or NULL. Written under the tracker lock; read without
    * it (acquire) only by the thread that may begin or end that capture. */
   _Atomic(weft__capture_t *) capture;
-  /* Set once code outside weft may have touched the raw stream (weft_stream_raw gave it out, or
-   * it waited on an outside event): only then can a capture weft did not begin reach it, so only
-   * then does the runtime ask the driver about it before each call. */
-  _Atomic bool exposed;
-  /* Its live lane is exact (weft__lane_t.exact), readable without the lock: set under it, once
-   * (cleared only when an ended thread's per-thread slot is taken back: weft__tracker_reclaim). */
-  _Atomic bool exact;
   /* 1 + the tick weft__tracker_point would give now in the live domain, published under the
    * lock whenever the lane changes (weft__clock_publish), or 0: take it under the lock (the lane
    * has work or waits since its tick, a busy use holds it, or the stream is per-thread). Read
    * without the lock (acquire) by weft__tracker_point: the pool stamps each free with it. */
   _Atomic uint64_t point;
-  unsigned holds;        /* host waits on the raw stream in progress (weft__tracker_hold) */
-  bool use_open;         /* weft_use_begin without its weft_use_end yet */
-  weft__trace_span_t *span; /* the device-timestamp span of the use in progress (trace.h), or NULL */
-  uint64_t use_print;    /* fingerprint of the open use's accesses (weft__tracker_fingerprint) */
-  /* The newest driver id of a foreign capture whose capture handler has returned on this stream
-   * (0: none yet): until then other threads' calls on the stream wait (lib/runtime/stream.c). */
-  _Atomic uint64_t handled;
+  uint64_t last_used;    /* tracker-wide use sequence at the last use here (LRU) */
+  unsigned index;        /* position in the pool (its lane in its runtime's capture domains) */
+  unsigned lane;         /* its lane in the live domain: tr->base + index */
   /* Threads dropping a foreign capture of this stream its owner ended, from before they unlink it
    * until its on_drop has run (lib/runtime/stream.c): a call that finds no capture waits for them. */
   _Atomic unsigned dropping;
+  /* CU_STREAM_PER_THREAD names a different stream on each thread: adopted, it is the adopting
+   * thread's (`owner`, that thread's serial: weft__tracker_owns), usable only there, and its
+   * ticks are recorded at once (nobody else may record on it). `owner` changes, under the lock,
+   * only when an ended owner's slot is taken back (weft__tracker_reclaim); read without it. */
+  bool per_thread;
+  /* Set once code outside weft may have touched the raw stream (weft_stream_raw gave it out, or
+   * it waited on an outside event): only then can a capture weft did not begin reach it, so only
+   * then does the runtime ask the driver about it before each call. */
+  _Atomic bool exposed;
+  bool use_open;         /* weft_use_begin without its weft_use_end yet */
+  /* Its live lane is exact (weft__lane_t.exact), readable without the lock: set under it, once
+   * (cleared only when an ended thread's per-thread slot is taken back: weft__tracker_reclaim). */
+  _Atomic bool exact;
+  uint64_t use_print;    /* fingerprint of the open use's accesses (weft__tracker_fingerprint) */
+  _Atomic uint64_t owner;
+  struct weft__owner *owner_of; /* the owner thread's record: whether it has ended (tracker.c;
+                                   read and swapped under its own lock, g_owner_lock) */
+  weft__trace_span_t *span; /* the device-timestamp span of the use in progress (trace.h), or NULL */
+  /* The newest driver id of a foreign capture whose capture handler has returned on this stream
+   * (0: none yet): until then other threads' calls on the stream wait (lib/runtime/stream.c). */
+  _Atomic uint64_t handled;
+  int priority;          /* driver priority value */
+  unsigned holds;        /* host waits on the raw stream in progress (weft__tracker_hold) */
+  bool high;             /* one of the high-priority streams */
+  /* A stream weft did not create, taken in by weft__tracker_adopt (set once, under the lock,
+   * before n_adopted counts it): never destroyed by weft. */
+  bool adopted;
 };
 
 /** A block as a capture sees it: its history inside the capture, keyed by its live history. */
@@ -257,46 +264,49 @@ struct weft__capture {
 /** The tracker of one runtime: its device context, stream pool, and its lanes in the process's
  * live clock domain. */
 struct weft__tracker {
+  /* What every use reads comes first, in one cache line (the counters a use adds to follow): a
+   * use's cost on a GPU host grows with the lines it touches beside the driver's (tools/host_instr.sh,
+   * "lines, cold"). The embedded streams come last. */
   /* Rank 30: one lock for every tracker of the process (weft__clock_lock), as they share the
    * live domain. */
-  weft__lock_t *lock;
-  weft__cond_t unheld;    /* signalled when a stream's holds drop to 0 (with lock) */
-  bool ending;            /* its last release began: no new host wait (owner_exit) */
+  _Alignas(64) weft__lock_t *lock;
   const weft__driver_t *drv;
-  CUdevice device;
   CUcontext ctx;          /* the device's primary context, retained */
-  int ordinal;
-  unsigned n;             /* lanes: the pool streams, then room for adopted streams */
+  weft__domain_t *live;   /* the process's live domain (weft__clock_lanes_take) */
+  uint64_t use_seq;       /* uses so far (LRU clock) */
+  uint64_t fast_uses;     /* uses and split opens / closes the fast path took (tests check it ran) */
   unsigned n_pool;        /* pool streams: [0, n_pool) */
-  unsigned n_high;        /* the last n_high pool streams are high priority */
   /* Adopted streams so far, in lanes [n_pool, n_pool + n_adopted): written under the lock (after
    * the lane is set up, release), read anywhere (acquire). */
   _Atomic unsigned n_adopted;
+  unsigned base;          /* its first lane in the live domain */
+  bool lazy;              /* options.lazy_records (set once after init) */
+  bool no_fast_path;      /* testing: every use and every weft_alloc / weft_free takes its general
+                           * path (tracker.c, "the live fast path"; lib/runtime/block.c, "the
+                           * allocation fast path"), which the fast one must match step for step */
+  bool no_waits;          /* testing: issue no waits at all (positive controls) */
+  bool mem_ops64;         /* CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS */
+  weft_counters_t counters;
+  weft__cond_t unheld;    /* signalled when a stream's holds drop to 0 (with lock) */
+  bool ending;            /* its last release began: no new host wait (owner_exit) */
+  CUdevice device;
+  int ordinal;
+  unsigned n;             /* lanes: the pool streams, then room for adopted streams */
+  unsigned n_high;        /* the last n_high pool streams are high priority */
   unsigned ring_size;     /* power of two */
-  /* Embedded (never freed), so a stream handle outlives its runtime's release and is then
-   * reported stale instead of dangling. Entries [0, n) are live. */
-  weft_stream_t streams[WEFT__MAX_STREAMS];
-  weft__domain_t *live;   /* the process's live domain (weft__clock_lanes_take) */
-  unsigned base;          /* its first lane there */
   /* Events of ended captures (CUevent), under the lock: the next captures' rings take them, so a
    * capture creates events only beyond what earlier ones made, and ending one destroys nothing
    * (what cannot fail cannot leak). Capacity for every event captures made, which is
    * `capture_events`. Destroyed with the tracker. */
   weft__vec_t spare_events;
   size_t capture_events;
-  uint64_t use_seq;       /* uses so far (LRU clock) */
   unsigned rr[2];         /* round-robin cursors per priority */
   /* Active captures (any mode) on this runtime's streams. Written under the lock, read anywhere. */
   _Atomic unsigned captures;
-  bool no_waits;          /* testing: issue no waits at all (positive controls) */
-  bool no_fast_path;      /* testing: every use and every weft_alloc / weft_free takes its general
-                           * path (tracker.c, "the live fast path"; lib/runtime/block.c, "the
-                           * allocation fast path"), which the fast one must match step for step */
-  uint64_t fast_uses;     /* uses and split opens / closes the fast path took (tests check it ran) */
   uint64_t fast_frees;    /* frees into a stream's cache the fast path took (free_live) */
-  bool lazy;              /* options.lazy_records (set once after init) */
-  bool mem_ops64;         /* CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS */
-  weft_counters_t counters;
+  /* Embedded (never freed), so a stream handle outlives its runtime's release and is then
+   * reported stale instead of dangling. Entries [0, n) are live. */
+  weft_stream_t streams[WEFT__MAX_STREAMS];
 };
 
 /* ---- life cycle (tracker.c) ------------------------------------------------------------------- */
