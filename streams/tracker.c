@@ -542,15 +542,14 @@ static __attribute__((noinline)) void consider(weft__tracker_t *tr, const weft__
 /* The needs of a use on s (needs_t); returns nd->mask. */
 static weft__lanes_t collect_needs(weft__tracker_t *tr, const weft__domain_t *d, unsigned s, const weft__use_t *uses,
                                    size_t n, needs_t *nd) {
-  weft__lanes_t others = ~weft__lane_bit(s);
   nd->mask = nd->newest = 0;
   for (size_t i = 0; i < n; i++) {
     const weft__access_state_t *st = uses[i].state;
     if (st->write.tick != 0 && st->write.stream != s) consider(tr, d, s, st->write.stream, st->write.tick, nd, st, true);
     if (weft__rule_follows_reads(uses[i].kind))
-      for (weft__lanes_t m = st->reader_mask & others; m != 0; m &= m - 1) {
+      for (weft__lanes_t m = st->reader_mask; m != 0; m &= m - 1) {
         unsigned t = weft__lanes_first(m);
-        consider(tr, d, s, t, st->reads[t], nd, st, false);
+        if (t != s) consider(tr, d, s, t, st->reads[t], nd, st, false);
       }
   }
   return nd->mask;
@@ -813,11 +812,12 @@ static weft_status_t use_unlocked(weft__tracker_t *tr, weft__domain_t *d, weft_s
 }
 
 /* The work is on the stream: the use is recorded whatever happens to its event (a failed record
- * leaves the tick pending; whoever needs it records it first, or fails without waiting). */
-static void end_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n) {
+ * leaves the tick pending; whoever needs it records it first, or fails without waiting). `defer`:
+ * its tick stays pending (a live use where live_defers says so). */
+static void end_locked(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s, const weft__use_t *uses, size_t n,
+                       bool defer) {
   uint64_t k;
   unsigned at = weft__at(d, s);
-  bool defer = d == tr->live && live_defers(tr, d, s);
   uint64_t stamp = stamp_of(d, at, defer); /* before the record: its ring slot keeps the number */
   if (defer) k = weft__clock_defer(d, s);
   else (void)weft__clock_record(tr, d, s, &k);
@@ -953,7 +953,7 @@ again:
       else weft__trace_device_drop(s->span);
       s->span = NULL;
     }
-    if (st == WEFT_OK && (what & (DO_END | DO_CLOSE))) end_locked(tr, d, s, du, n);
+    if (st == WEFT_OK && (what & (DO_END | DO_CLOSE))) end_locked(tr, d, s, du, n, d == tr->live && live_defers(tr, d, s));
     if (st == WEFT_OK && (what & DO_OPEN)) {
       s->use_open = true;
       s->use_print = print;
@@ -1072,8 +1072,9 @@ static inline __attribute__((always_inline)) bool split_live(weft_stream_t *s, c
   }
   tr->fast_uses++;
   /* The close records its event unless its tick stays pending (end_locked). */
-  if (st == WEFT_OK && !open && !live_defers(tr, d, s)) st = weft__tracker_bind(tr);
-  if (st == WEFT_OK && !open) end_locked(tr, d, s, uses, n);
+  bool defer = !open && live_defers(tr, d, s);
+  if (st == WEFT_OK && !open && !defer) st = weft__tracker_bind(tr);
+  if (st == WEFT_OK && !open) end_locked(tr, d, s, uses, n, defer);
   if (st == WEFT_OK) {
     s->use_open = open;
     s->use_print = print;

@@ -172,24 +172,30 @@ void weft__trace_use(weft_stream_t *s, const char *name, const weft_access_t *ac
  * any block (streams/capture.c) and joins the graph's access summary, so each launch of the graph
  * is ordered against B's work as a use across devices. */
 
-/* The split form: open (waits) or close (record) the use of s, checked against each other. */
-static weft_status_t split(weft_stream_t *s, const weft_access_t *acc, size_t n, bool open) {
+/* The split form: open (waits) or close (record) the use of s, checked against each other.
+ * split_general takes every use prepare_fast does not (out of line: the common case runs no
+ * more code than its own). */
+static __attribute__((noinline)) weft_status_t split_general(weft_stream_t *s, const weft_access_t *acc, size_t n,
+                                                             bool open) {
   weft__use_t small[SMALL], *uses;
   const char *fn = open ? "weft_use_begin" : "weft_use_end";
   uint64_t print;
-  weft_status_t st;
-  if (prepare_fast(s, acc, n, false, small, &print, &st)) {
-    if (st != WEFT_OK) return st;
-    return weft__tracker_bracket(s, small, n, print, open);
-  }
-  st = prepare(s, acc, n, small, &uses, fn, open, &print);
+  weft_status_t st = prepare(s, acc, n, small, &uses, fn, open, &print);
   if (st != WEFT_OK) return st;
   uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   st = open ? weft__tracker_open(s, uses, n, print) : weft__tracker_close(s, uses, n, print);
-  if (st == WEFT_OK && weft__trace_on()) weft__trace_use(s, open ? "weft_use_begin" : "weft_use_end", acc, n, t0);
-  if (st == WEFT_OK) weft__nvtx_mark(open ? "weft_use_begin" : "weft_use_end");
+  if (st == WEFT_OK && weft__trace_on()) weft__trace_use(s, fn, acc, n, t0);
+  if (st == WEFT_OK) weft__nvtx_mark(fn);
   weft__small_free(small, uses);
   return st;
+}
+
+static weft_status_t split(weft_stream_t *s, const weft_access_t *acc, size_t n, bool open) {
+  weft__use_t small[SMALL];
+  uint64_t print;
+  weft_status_t st;
+  if (!prepare_fast(s, acc, n, false, small, &print, &st)) return split_general(s, acc, n, open);
+  return st == WEFT_OK ? weft__tracker_bracket(s, small, n, print, open) : st;
 }
 
 weft_status_t weft_use_begin(weft_stream_t *s, const weft_access_t *accesses, size_t n) {
