@@ -953,7 +953,8 @@ again:
       else weft__trace_device_drop(s->span);
       s->span = NULL;
     }
-    if (st == WEFT_OK && (what & (DO_END | DO_CLOSE))) end_locked(tr, d, s, du, n, d == tr->live && live_defers(tr, d, s));
+    if (st == WEFT_OK && (what & (DO_END | DO_CLOSE)))
+      end_locked(tr, d, s, du, n, d == tr->live && live_defers(tr, d, s));
     if (st == WEFT_OK && (what & DO_OPEN)) {
       s->use_open = true;
       s->use_print = print;

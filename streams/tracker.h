@@ -223,6 +223,10 @@ struct weft_stream {
   bool adopted;
 };
 
+/* The fields a use reads and writes share the stream's first cache line (above). */
+_Static_assert(offsetof(struct weft_stream, exact) < 64 && sizeof(struct weft_stream) == 128,
+               "weft_stream_t: the hot fields fit its first line, the whole two");
+
 /** A block as a capture sees it: its history inside the capture, keyed by its live history. */
 typedef struct weft__capture_block {
   weft__access_state_t *live; /* the block's live history (key) */
@@ -308,6 +312,9 @@ struct weft__tracker {
    * reported stale instead of dangling. Entries [0, n) are live. */
   weft_stream_t streams[WEFT__MAX_STREAMS];
 };
+
+/* The fields every use reads share the tracker's first cache line (above). */
+_Static_assert(offsetof(struct weft__tracker, mem_ops64) < 64, "weft__tracker_t: the hot fields fit its first line");
 
 /* ---- life cycle (tracker.c) ------------------------------------------------------------------- */
 
