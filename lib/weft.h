@@ -1040,9 +1040,9 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_comm_adopt(weft_runtime_t *rt, void *
  * (weft cannot see graphs launched outside it). An open group of another thread that calls on it
  * is inside it until its weft_comm_group_end, for the group's first 8 communicators (host memory
  * permitting): the destroy waits for that end. So two threads must not each destroy a
- * communicator that the other's open group calls on: each would wait for the other. A further communicator of a group is entered at
- * each call, and held during the end (a destroy then is BUSY); destroyed between its call and the
- * end, it makes the end fail (STALE_HANDLE).
+ * communicator that the other's open group calls on: each would wait for the other. A further
+ * communicator of a group is entered at each call, and held during the end (a destroy then is
+ * BUSY); destroyed between its call and the end, it makes the end fail (STALE_HANDLE).
  * Errors: STALE_HANDLE, BUSY (a capture holding its collectives is still open; the calling
  * thread's open group calls on it; a call of this thread on it runs this destroy from a capture
  * handler, the group's end included; another thread's group end holds it: nothing done), COMM

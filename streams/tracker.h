@@ -268,9 +268,9 @@ struct weft__capture {
 /** The tracker of one runtime: its device context, stream pool, and its lanes in the process's
  * live clock domain. */
 struct weft__tracker {
-  /* What every use reads comes first, in one cache line (the counters a use adds to follow): a
-   * use's cost on a GPU host grows with the lines it touches beside the driver's (tools/host_instr.sh,
-   * "lines, cold"). The embedded streams come last. */
+  /* What every use reads comes first, in one cache line (the counters a use adds to follow):
+   * a use's cost on a GPU host grows with the lines it touches beside the driver's
+   * (tools/host_instr.sh, "lines, cold"). The embedded streams come last. */
   /* Rank 30: one lock for every tracker of the process (weft__clock_lock), as they share the
    * live domain. */
   _Alignas(64) weft__lock_t *lock;
