@@ -1036,8 +1036,9 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_comm_init_all(weft_runtime_t *const *
  * library weft loads): weft tracks its collectives but never destroys it. */
 WEFT_API WEFT_NODISCARD weft_status_t weft_comm_adopt(weft_runtime_t *rt, void *nccl_comm, weft_comm_t **out);
 /** Destroys the communicator (ncclCommDestroy, unless adopted); its collectives already enqueued
- * complete. A graph captured with its collectives names it: destroy it only after those graphs
- * (weft cannot see graphs launched outside it). An open group of another thread that calls on it
+ * complete. A graph captured with its collectives names it: destroy it only after those graphs and
+ * their execs (NCCL's destroy waits until they are gone: with them alive it blocks, for ever when
+ * the calling thread is the one to destroy them; weft cannot see graphs made outside it). An open group of another thread that calls on it
  * is inside it until its weft_comm_group_end, for the group's first 8 communicators (host memory
  * permitting): the destroy waits for that end. So two threads must not each destroy a
  * communicator that the other's open group calls on: each would wait for the other. A further

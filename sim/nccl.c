@@ -91,6 +91,11 @@ struct sim__comm {
    * (all-reduce, all-gather, broadcast, reduce, reduce-scatter share them), its point-to-point
    * ones at its first send or receive (connect, below). */
   int coll_connected, p2p_connected;
+  /* Graph nodes holding its collectives as templates (captured, cloned, instantiated). NCCL's
+   * ncclCommDestroy waits until the graphs that captured the communicator's collectives are
+   * destroyed (CUDA_SEMANTICS.md; conformance_nccl "destroy with a live graph"): here it refuses
+   * while any is alive. An aborted communicator's memory stays until its last one goes. */
+  size_t graph_refs;
 };
 typedef struct sim__comm sim__comm_t;
 
@@ -506,6 +511,14 @@ static ncclResult_t comm_destroy(ncclComm_t h) {
   if (c == NULL) return fail(ncclInvalidArgument, "ncclCommDestroy: not a communicator");
   if (sim__run_until(comm_idle, c) != CUDA_SUCCESS)
     return fail(ncclInvalidUsage, "ncclCommDestroy: operations of this rank cannot run (partners never posted)");
+  if (c->graph_refs != 0) { /* NCCL would wait for the graphs' destruction: for ever, on this thread */
+    char first[128];
+    snprintf(first, sizeof first, "ncclCommDestroy of rank %d with %zu graph node(s) of its collectives alive", c->rank,
+             c->graph_refs);
+    sim__hazard_report(first, "NCCL waits until those graphs are destroyed (on a GPU the call blocks)");
+    return fail(ncclInvalidUsage, "ncclCommDestroy: graphs that captured this communicator's collectives are still "
+                                  "alive; NCCL waits until they are destroyed (destroy the graphs and their execs first)");
+  }
   comm_free(c);
   return ncclSuccess;
 }
@@ -520,7 +533,7 @@ static ncclResult_t comm_abort(ncclComm_t h) {
   for (fused_t *f = c->q->queued; f != NULL; f = f->next)
     if (f->comm == c) f->aborted = pending = 1;
   comm_leave(c);
-  if (pending) c->aborted = 1;
+  if (pending || c->graph_refs != 0) c->aborted = 1; /* freed with its last operation or graph node */
   else comm_release(c);
   return ncclSuccess;
 }
@@ -617,6 +630,7 @@ static ncclResult_t submit_fused(sim__comm_t *c, sim__stream_t *s, part_t *parts
   f->comm = c;
   f->parts = parts;
   f->n = n;
+  c->graph_refs++; /* a template (sim__nccl_release lets go of it) */
   sim__action_t act = {.kind = SIM_ACT_NCCL};
   act.u.nccl.fused = f;
   return sim__capture_add(s, &act, CU_GRAPH_NODE_TYPE_KERNEL, NULL) == CUDA_SUCCESS ? ncclSuccess : ncclInvalidUsage;
@@ -900,6 +914,7 @@ void sim__nccl_clone(sim__action_t *dst, const sim__action_t *src) {
   const fused_t *t = src->u.nccl.fused;
   fused_t *f = sim__xcalloc(1, sizeof *f);
   f->comm = t->comm;
+  f->comm->graph_refs++;
   f->n = t->n;
   f->parts = sim__xmalloc(t->n * sizeof *f->parts);
   memcpy(f->parts, t->parts, t->n * sizeof *f->parts);
@@ -1017,7 +1032,7 @@ static void retire_set(sim__clique_t *q, fused_t **set, size_t n) {
       free(m);
       sim__exec_finish_node(x, node);
     }
-    if (!c->aborted) continue;
+    if (!c->aborted || c->graph_refs != 0) continue;
     int left = 0;
     for (fused_t *g = q->queued; g != NULL && !left; g = g->next) left = g->comm == c;
     if (!left) comm_release(c); /* frees q too when it was the last of it */
@@ -1216,7 +1231,12 @@ int sim__nccl_remote_pending(void) {
 void sim__nccl_release(sim__action_t *act) {
   fused_t *f = act->u.nccl.fused;
   if (f == NULL) return;
+  sim__comm_t *c = f->stream == NULL && f->exec == NULL ? f->comm : NULL; /* a graph node's template */
   free(f->parts);
   free(f);
   act->u.nccl.fused = NULL;
+  if (c == NULL || --c->graph_refs != 0 || !c->aborted) return;
+  for (const fused_t *g = c->q->queued; g != NULL; g = g->next)
+    if (g->comm == c) return; /* its last queued operation frees it (retire_set) */
+  comm_release(c);
 }

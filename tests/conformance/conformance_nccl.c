@@ -15,6 +15,7 @@
 #include <nccl.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -464,6 +465,85 @@ static void test_destroy_waits_for_queued_operations(void **state) {
   printf("conformance-nccl: ncclCommDestroy with the rank's all-reduce still queued waits for it ok\n");
 }
 
+/* ---- a communicator destroyed while a graph of its collectives is alive ---------------------------
+ * ncclCommDestroy waits until the graphs that captured the communicator's collectives are
+ * destroyed, so a thread that destroys the communicator before its graphs never returns (NCCL
+ * 2.28.3 on 2 x H200: CUDA_SEMANTICS.md, and tests/comm test_comm_edges hung there for 300 s).
+ * With the graphs and their execs destroyed first it returns ncclSuccess. The simulator's NCCL
+ * refuses such a destroy (ncclInvalidUsage, a hazard reported) instead of hanging. Shown in a child
+ * process (this program with --graph-child MODE), killed after 20 s. */
+
+/* The child: both ranks connected by an eager all-reduce, an all-reduce of each captured (RELAXED,
+ * one group), instantiated and launched once; then, with mode "graphs_first", the execs and graphs
+ * destroyed; then both communicators destroyed. Exit 0: both destroys returned ncclSuccess; 3: one
+ * refused (the simulator); 2: a set-up step failed. */
+static int graph_child(const char *mode) {
+  if (setup(NULL) != 0 || !g_two) return 2;
+  bool graphs_first = strcmp(mode, "graphs_first") == 0;
+  CUgraph g[2] = {NULL, NULL};
+  CUgraphExec x[2] = {NULL, NULL};
+  for (int pass = 0; pass < 2; pass++) { /* eager, then captured */
+    for (int r = 0; r < 2 && pass == 1; r++)
+      if (d->cuCtxSetCurrent(ctx[r]) != CUDA_SUCCESS ||
+          d->cuStreamBeginCapture(st[r], CU_STREAM_CAPTURE_MODE_RELAXED) != CUDA_SUCCESS)
+        return 2;
+    ncclResult_t e = NCCL(ncclGroupStart)();
+    for (int r = 0; r < 2 && e == ncclSuccess; r++)
+      e = NCCL(ncclAllReduce)((void *)buf[r], (void *)buf[r], N, ncclFloat32, ncclSum, comm[r], (cudaStream_t)st[r]);
+    ncclResult_t end = NCCL(ncclGroupEnd)();
+    if (e != ncclSuccess || end != ncclSuccess) return 2;
+    for (int r = 0; r < 2 && pass == 1; r++)
+      if (d->cuCtxSetCurrent(ctx[r]) != CUDA_SUCCESS || d->cuStreamEndCapture(st[r], &g[r]) != CUDA_SUCCESS ||
+          d->cuGraphInstantiateWithFlags(&x[r], g[r], 0) != CUDA_SUCCESS)
+        return 2;
+  }
+  for (int r = 0; r < 2; r++)
+    if (d->cuCtxSetCurrent(ctx[r]) != CUDA_SUCCESS || d->cuGraphLaunch(x[r], st[r]) != CUDA_SUCCESS) return 2;
+  for (int r = 0; r < 2; r++)
+    if (d->cuCtxSetCurrent(ctx[r]) != CUDA_SUCCESS || d->cuStreamSynchronize(st[r]) != CUDA_SUCCESS) return 2;
+  for (int r = 0; r < 2 && graphs_first; r++)
+    if (d->cuCtxSetCurrent(ctx[r]) != CUDA_SUCCESS || d->cuGraphExecDestroy(x[r]) != CUDA_SUCCESS ||
+        d->cuGraphDestroy(g[r]) != CUDA_SUCCESS)
+      return 2;
+  for (int r = 0; r < 2; r++)
+    if (NCCL(ncclCommDestroy)(comm[r]) != ncclSuccess) return 3;
+  return 0;
+}
+
+/* Runs the child in `mode`; its exit status, or -1 when it was still running after `seconds`. */
+static int run_graph_child(const char *mode, int seconds) {
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    execl("/proc/self/exe", "conformance_nccl", "--graph-child", mode, (char *)NULL);
+    _exit(127);
+  }
+  int status = 0;
+  struct timespec tick = {0, 10 * 1000 * 1000};
+  for (int i = 0; i < seconds * 100; i++) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    nanosleep(&tick, NULL);
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  return -1;
+}
+
+static void test_destroy_with_a_live_graph(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  fflush(stdout);
+  int live = run_graph_child("live", 20);
+  int graphs_first = run_graph_child("graphs_first", 60);
+  printf("probe ncclCommDestroy with a live graph of its all-reduce: child %s; graphs destroyed first: child %d\n",
+         live == -1 ? "still running after 20 s, killed" : live == 3 ? "refused (3)" : "ended", graphs_first);
+  assert_int_not_equal(live, 2);
+  assert_int_equal(live, g_nccl != NULL ? -1 : 3); /* the GPU blocks; the simulator refuses */
+  assert_int_equal(graphs_first, 0);
+  printf("conformance-nccl: ncclCommDestroy blocks while a graph of its collectives is alive (the simulator refuses "
+         "it), and returns once the graphs are destroyed first ok\n");
+}
+
 static void test_bad_arguments(void **state) {
   (void)state;
   if (!g_two) skip();
@@ -581,6 +661,7 @@ static void test_two_processes_all_reduce(void **state) {
 
 int main(int argc, char **argv) {
   if (argc == 3 && strcmp(argv[1], "--rank1") == 0) return child_main(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "--graph-child") == 0) return graph_child(argv[2]);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_first_collectives_under_capture), /* first: no devices connected yet */
       cmocka_unit_test(test_communicators),
@@ -590,6 +671,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_send_receive),
       cmocka_unit_test(test_captured_all_reduce),
       cmocka_unit_test(test_destroy_waits_for_queued_operations),
+      cmocka_unit_test(test_destroy_with_a_live_graph),
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_a_failed_group_runs_nothing_and_the_next_pairs),
       cmocka_unit_test(test_two_processes_all_reduce),
