@@ -45,8 +45,9 @@ struct weft_comm {
   weft_block_t order;
   struct weft__block *order_rec; /* its record (live while c is) */
   /* Captures its collectives were captured into (stream, driver capture id): while one is still
-   * active, weft_comm_destroy says BUSY (the graph's collective nodes name the NCCL
-   * communicator). Entries of ended captures are dropped when the list is looked at. */
+   * active, or a weft graph it made holds them (weft__capture_held: NCCL's destroy would wait for
+   * that graph), weft_comm_destroy says BUSY (the graph's collective nodes name the NCCL
+   * communicator). Other entries of ended captures are dropped when the list is looked at. */
   pthread_mutex_t caps_lock;
   struct comm_cap { weft_stream_t *s; uint64_t id; } *caps;
   size_t ncaps, capcaps;
@@ -219,12 +220,19 @@ static bool cap_active(weft_stream_t *s, uint64_t id) {
   return active && now == id;
 }
 
-/* Drops c's entries of ended captures; the caller holds c->caps_lock. */
-static void caps_prune(weft_comm_t *c) {
-  size_t k = 0;
-  for (size_t i = 0; i < c->ncaps; i++)
-    if (cap_active(c->caps[i].s, c->caps[i].id)) c->caps[k++] = c->caps[i];
+/* Drops c's entries of ended captures whose collectives no weft graph holds (weft__capture_held:
+ * NCCL's destroy would wait for that graph); the caller holds c->caps_lock. Returns how many of
+ * those kept are held by a graph alone. */
+static size_t caps_prune(weft_comm_t *c) {
+  size_t k = 0, held = 0;
+  for (size_t i = 0; i < c->ncaps; i++) {
+    bool active = cap_active(c->caps[i].s, c->caps[i].id);
+    bool graph = !active && weft__capture_held(c->caps[i].id);
+    held += graph;
+    if (active || graph) c->caps[k++] = c->caps[i];
+  }
   c->ncaps = k;
+  return held;
 }
 
 /* Before a collective of c on s is enqueued: when s captures, remembers the capture (its driver
@@ -958,14 +966,18 @@ weft_status_t weft_comm_destroy(weft_comm_t *c) {
   /* Not while a capture holding its collectives is open: its graph would name a destroyed NCCL
    * communicator (the capture's owner ends it first, then destroys). */
   pthread_mutex_lock(&c->caps_lock);
-  if (c->ncaps > 0 && weft__tracker_bind(&c->rt->tracker) == WEFT_OK) caps_prune(c);
-  size_t open = c->ncaps;
-  unsigned on = open > 0 ? c->caps[0].s->index : 0;
+  size_t graphs = c->ncaps > 0 && weft__tracker_bind(&c->rt->tracker) == WEFT_OK ? caps_prune(c) : 0;
+  size_t open = c->ncaps - graphs;
+  unsigned on = c->ncaps > 0 ? c->caps[0].s->index : 0;
   pthread_mutex_unlock(&c->caps_lock);
-  if (open > 0) {
+  if (open > 0 || graphs > 0) {
     weft__handle_restore(c, WEFT__HANDLE_COMM);
-    return weft__error(WEFT_ERR_BUSY, "%s: %zu open capture(s) hold its collectives (one on stream %u): end them first",
-                       fn, open, on);
+    if (graphs == 0)
+      return weft__error(WEFT_ERR_BUSY, "%s: %zu open capture(s) hold its collectives (one on stream %u): end them first",
+                         fn, open, on);
+    /* NCCL's ncclCommDestroy would wait until the graphs are destroyed: for ever on this thread. */
+    return weft__error(WEFT_ERR_BUSY, "%s: %zu open capture(s) and %zu weft graph(s) hold its collectives: end the "
+                       "captures and destroy the graphs (and their execs) first", fn, open, graphs);
   }
   if (!c->adopted) {
     const weft__nccl_t *nl;

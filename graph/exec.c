@@ -137,6 +137,7 @@ weft_status_t weft_graph_destroy(weft_graph_t *g) {
     return weft__driver_fail(r, "cuGraphDestroy");
   }
   weft__runtime_depend(g->rt, -1);
+  weft__capture_hold_unlink(&g->hold);
   /* The graph is gone whatever its private pool's destroy says (the pool then stays, reported). */
   if (g->pool != NULL) st = weft__gpool_unuse(g->pool);
   pthread_mutex_destroy(&g->lock);

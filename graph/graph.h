@@ -84,6 +84,9 @@ struct weft_graph {
    * rank's graph is launched apart, and a later event standing in for a point before the launch
    * would cover collectives that wait for another rank's launch, posted behind that wait. */
   bool collectives;
+  /* With collectives: linked under its capture's id while it lives (its exec keeps it alive), so
+   * a communicator whose collectives it holds is not destroyed under it (weft__capture_held). */
+  weft__capture_hold_t hold;
 };
 
 struct weft_exec {

@@ -296,3 +296,38 @@ weft_status_t weft__capture_probe(weft_stream_t *s, bool *active, uint64_t *id) 
   *active = cs == CU_STREAM_CAPTURE_STATUS_ACTIVE;
   return WEFT_OK;
 }
+
+/* ---- holds ---- */
+
+/* The linked holds, under their own lock (a leaf: nothing is taken inside it). */
+static pthread_mutex_t holds_lock = PTHREAD_MUTEX_INITIALIZER;
+static weft__capture_hold_t *holds;
+
+void weft__capture_hold_link(weft__capture_hold_t *h, uint64_t id) {
+  if (id == 0) return; /* (no id known: nothing to hold by) */
+  pthread_mutex_lock(&holds_lock);
+  h->id = id;
+  h->prev = NULL;
+  h->next = holds;
+  if (holds != NULL) holds->prev = h;
+  holds = h;
+  pthread_mutex_unlock(&holds_lock);
+}
+
+void weft__capture_hold_unlink(weft__capture_hold_t *h) {
+  if (h->id == 0) return;
+  pthread_mutex_lock(&holds_lock);
+  if (h->prev != NULL) h->prev->next = h->next;
+  else holds = h->next;
+  if (h->next != NULL) h->next->prev = h->prev;
+  h->id = 0;
+  pthread_mutex_unlock(&holds_lock);
+}
+
+bool weft__capture_held(uint64_t id) {
+  pthread_mutex_lock(&holds_lock);
+  const weft__capture_hold_t *h = holds;
+  while (h != NULL && h->id != id) h = h->next;
+  pthread_mutex_unlock(&holds_lock);
+  return h != NULL;
+}

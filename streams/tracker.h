@@ -566,4 +566,20 @@ CUresult weft__capture_status(const weft_stream_t *s, CUstreamCaptureStatus *cs,
  * thread's (weft__tracker_owns): another thread's per-thread stream cannot be named. */
 weft_status_t weft__capture_probe(weft_stream_t *s, bool *active, uint64_t *id);
 
+/* A capture's collectives held alive: by the weft graph a capture made (graph/), or by
+ * weft_capture_end while it makes that graph. NCCL's ncclCommDestroy waits until the graphs that
+ * captured a communicator's collectives are destroyed (on the thread that would destroy them, for
+ * ever: tests/conformance conformance_nccl), so weft_comm_destroy (comm/) asks first. */
+typedef struct weft__capture_hold {
+  uint64_t id; /* the driver's capture id; 0: not linked */
+  struct weft__capture_hold *prev, *next;
+} weft__capture_hold_t;
+/** Links h (not linked) under capture `id`: weft__capture_held(id) is true until h is unlinked.
+ * An id of 0 (none known) links nothing. */
+void weft__capture_hold_link(weft__capture_hold_t *h, uint64_t id);
+/** Unlinks h if it is linked. */
+void weft__capture_hold_unlink(weft__capture_hold_t *h);
+/** Whether a hold of capture `id` is linked. */
+bool weft__capture_held(uint64_t id);
+
 #endif /* WEFT_STREAMS_TRACKER_H */
