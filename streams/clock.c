@@ -308,11 +308,16 @@ static weft_status_t keep_room(weft__tracker_t *own, weft__domain_t *d, unsigned
     if (old == 0 || old <= d->host_known[at]) return WEFT_OK;
     uint64_t ahead = old + l->ring_size / 2; /* recorded: the ring holds (k - ring_size, k) */
     unsigned half = (unsigned)(ahead & mask);
-    if (ahead < k && l->ring_tick[half] == ahead && own->drv->cuEventQuery(l->ring[half]) == CUDA_SUCCESS) {
+    /* The queries relax this thread's capture mode: a live lane's events are no capture's, and
+     * a GLOBAL capture this thread began elsewhere (another rank's, or code outside weft) would
+     * refuse a plain query and be invalidated by it (CUDA_SEMANTICS.md). */
+    CUresult r = CUDA_ERROR_NOT_READY;
+    if (ahead < k && l->ring_tick[half] == ahead) WEFT__RELAXED(own->drv, r = own->drv->cuEventQuery(l->ring[half]));
+    if (r == CUDA_SUCCESS) {
       d->host_known[at] = ahead;
       return WEFT_OK;
     }
-    CUresult r = own->drv->cuEventQuery(l->ring[slot]);
+    WEFT__RELAXED(own->drv, r = own->drv->cuEventQuery(l->ring[slot]));
     if (r == CUDA_SUCCESS) {
       d->host_known[at] = old;
       return WEFT_OK;

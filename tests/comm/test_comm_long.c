@@ -888,6 +888,20 @@ static void test_repro_thread_per_rank_ring4_seed3_hang(void **state) {
   bring_down();
 }
 
+/* Reproduction found by a longer class hunt (seeds 9500-9620, 600 steps, ring 4): seed 9500, one
+ * thread driving both ranks, step 69 begins rank 1's capture while rank 0's GLOBAL capture (this
+ * thread's) is open. Rank 1's comm stream keeps exact waits, and before its record weft asked
+ * whether a ring slot's event had completed (cuEventQuery) without relaxing the thread's capture
+ * mode: the driver refuses that in a GLOBAL capture (STREAM_CAPTURE_UNSUPPORTED; on a GPU it also
+ * invalidates the capture, CUDA_SEMANTICS.md) and weft_capture_begin failed with CAPTURE. */
+static void test_repro_one_thread_ring4_seed9500_global_capture(void **state) {
+  (void)state;
+  if (NR != 2 || no_waits_control) skip();
+  if (bring_up(4) != WEFT_OK) skip();
+  (void)run_program(9500, 80, false);
+  bring_down();
+}
+
 /* ---- minimal cases: a thread per rank, each running one function ---- */
 
 typedef struct min_arg {
@@ -1173,6 +1187,7 @@ int main(void) {
       cmocka_unit_test_setup(test_random_programs_one_thread, case_setup),
       cmocka_unit_test_setup(test_random_programs_thread_per_rank, case_setup),
       cmocka_unit_test_setup(test_repro_thread_per_rank_ring4_seed3_hang, case_setup),
+      cmocka_unit_test_setup(test_repro_one_thread_ring4_seed9500_global_capture, case_setup),
   };
   if (getenv("WEFT_TEST_FILTER") != NULL) cmocka_set_test_filter(getenv("WEFT_TEST_FILTER"));
   return cmocka_run_group_tests(tests, setup, NULL);
