@@ -139,8 +139,8 @@ weft_status_t weft_capture_end(weft_stream_t *s, weft_graph_t **out) {
   weft_runtime_t *rt = s->runtime;
   CUgraph g = NULL;
   weft__capture_t *cap = NULL;
-  /* The capture's collectives stay held from before it ends until its graph holds them (or no
-   * graph is made): a concurrent weft_comm_destroy never sees them in neither. */
+  /* The capture's collectives are held from before it ends until its graph holds them (or no
+   * graph is made): a concurrent weft_comm_destroy finds them held throughout. */
   weft__capture_hold_t making = {0};
   bool active = false;
   uint64_t id = 0;

@@ -1039,17 +1039,16 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_comm_adopt(weft_runtime_t *rt, void *
  * complete. A graph captured with its collectives names it: destroy it only after those graphs and
  * their execs (NCCL's destroy waits until they are gone: with them alive it blocks, for ever when
  * the calling thread is the one to destroy them). A weft graph (weft_capture_end) holding them
- * makes the destroy BUSY; weft cannot see graphs of captures that ended outside it. An open group of another thread that calls on it
- * is inside it until its weft_comm_group_end, for the group's first 8 communicators (host memory
- * permitting): the destroy waits for that end. So two threads must not each destroy a
+ * makes the destroy BUSY; weft cannot see graphs of captures that ended outside it. An open group
+ * of another thread that calls on it is inside it until its weft_comm_group_end, for the group's
+ * first 8 communicators (host memory permitting): the destroy waits for that end. So two threads must not each destroy a
  * communicator that the other's open group calls on: each would wait for the other. A further
  * communicator of a group is entered at each call, and held during the end (a destroy then is
  * BUSY); destroyed between its call and the end, it makes the end fail (STALE_HANDLE).
  * Errors: STALE_HANDLE, BUSY (a capture holding its collectives is still open, or a weft graph
- * made by one is alive; the calling
- * thread's open group calls on it; a call of this thread on it runs this destroy from a capture
- * handler, the group's end included; another thread's group end holds it: nothing done), COMM
- * (NCCL refused: the communicator stays). */
+ * made by one is alive; the calling thread's open group calls on it; a call of this thread on it
+ * runs this destroy from a capture handler, the group's end included; another thread's group end
+ * holds it: nothing done), COMM (NCCL refused: the communicator stays). */
 WEFT_API weft_status_t weft_comm_destroy(weft_comm_t *c);
 /** This rank, the number of ranks, the runtime, and the stream collectives run on by default (a
  * pool stream of the runtime chosen at creation, the last high-priority one when there is one). */
