@@ -24,6 +24,7 @@
 
 #include "lib/core/driver.h"
 #include "sim/weft_sim.h"
+#include "tests/util/child.h"
 #include "tests/kernels/conformance_kernels.h"
 #include "tests/kernels/conformance_kernels_sim.h"
 
@@ -682,15 +683,7 @@ static int run_child(const char *mode, int seconds) {
   int r = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ);
   unsetenv("WEFT_CONF_CHILD");
   assert_int_equal(r, 0);
-  struct timespec tick = {0, 10 * 1000 * 1000};
-  for (int i = 0; i < seconds * 100; i++) {
-    int status;
-    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    nanosleep(&tick, NULL);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, NULL, 0);
-  return -1;
+  return tu_wait_child(pid, seconds);
 }
 
 static void test_per_thread_stream_at_a_threads_end(void **state) {

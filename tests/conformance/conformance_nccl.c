@@ -28,6 +28,7 @@
 
 #include "lib/core/driver.h"
 #include "sim/weft_sim.h"
+#include "tests/util/child.h"
 
 #define N 4096
 #define OK(expr) assert_int_equal((int)(expr), (int)CUDA_SUCCESS)
@@ -518,15 +519,7 @@ static int run_graph_child(const char *mode, int seconds) {
     execl("/proc/self/exe", "conformance_nccl", "--graph-child", mode, (char *)NULL);
     _exit(127);
   }
-  int status = 0;
-  struct timespec tick = {0, 10 * 1000 * 1000};
-  for (int i = 0; i < seconds * 100; i++) {
-    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    nanosleep(&tick, NULL);
-  }
-  kill(pid, SIGKILL);
-  waitpid(pid, NULL, 0);
-  return -1;
+  return tu_wait_child(pid, seconds);
 }
 
 static void test_destroy_with_a_live_graph(void **state) {
