@@ -139,17 +139,8 @@ weft_status_t weft_capture_end(weft_stream_t *s, weft_graph_t **out) {
   weft_runtime_t *rt = s->runtime;
   CUgraph g = NULL;
   weft__capture_t *cap = NULL;
-  /* The capture's collectives are held from before it ends until its graph holds them (or no
-   * graph is made): a concurrent weft_comm_destroy finds them held throughout. */
-  weft__capture_hold_t making = {0};
-  bool active = false;
-  uint64_t id = 0;
-  if (weft__capture_probe(s, &active, &id) == WEFT_OK && active && id != 0) weft__capture_hold_link(&making, id);
   st = weft__capture_end(s, &cap, &g);
-  if (cap == NULL) {
-    weft__capture_hold_unlink(&making);
-    return st;
-  }
+  if (cap == NULL) return st;
   weft_graph_pool_t *pool = weft__gpool_of(cap->alloc_to);
   weft__gsummary_t *summary = NULL;
   weft__goutput_t *outputs = NULL;
@@ -160,8 +151,8 @@ weft_status_t weft_capture_end(weft_stream_t *s, weft_graph_t **out) {
     st = weft__graph_make(rt, g, pool ? WEFT_GRAPH_MEMORY_PRIVATE_POOL : WEFT_GRAPH_MEMORY_NODES, pool, summary, ns,
                           outputs, no, &graph);
   if (st == WEFT_OK) graph->collectives = cap->collectives; /* (nobody else has the graph yet) */
-  if (st == WEFT_OK && cap->collectives) weft__capture_hold_link(&graph->hold, cap->id != 0 ? cap->id : id);
-  weft__capture_hold_unlink(&making);
+  /* The graph takes over the capture's hold of its collectives (weft__capture_free drops that). */
+  if (st == WEFT_OK && cap->collectives) weft__capture_hold_link(&graph->hold, cap->id);
   if (st != WEFT_OK && g != NULL) {
     weft__meta_free(summary);
     weft__meta_free(outputs);

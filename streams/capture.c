@@ -188,6 +188,13 @@ weft_status_t weft__capture_end(weft_stream_t *s, weft__capture_t **out, CUgraph
     st = weft__clock_record(tr, &c->dom, t, &tick);
     if (st == WEFT_OK) st = weft__clock_wait(tr, &c->dom, c->origin, t, tick);
   }
+  /* Its collectives held before the driver's capture ends: a concurrent weft_comm_destroy never
+   * finds the capture ended and its graph not yet holding them (weft_capture_end). */
+  if (c->collectives) {
+    CUstreamCaptureStatus cs;
+    if (c->id == 0) (void)weft__capture_status(c->origin, &cs, &c->id); /* (begin could not ask) */
+    weft__capture_hold_link(&c->hold, c->id);
+  }
   CUgraph g = NULL, dropped[2] = {NULL, NULL};
   CUresult r = tr->drv->cuStreamEndCapture(c->origin->raw, &g);
   if (r != CUDA_SUCCESS) {
@@ -267,6 +274,7 @@ weft__capture_t *weft__capture_drop_foreign(weft_stream_t *s, uint64_t id) {
 
 void weft__capture_free(weft__capture_t *c) {
   if (c == NULL) return;
+  weft__capture_hold_unlink(&c->hold);
   for (size_t i = 0; i < c->blocks.len; i++) weft__meta_free(WEFT__VEC_AT(&c->blocks, weft__capture_block_t, i).local.reads);
   weft__vec_free(&c->blocks);
   weft__map_free(&c->index);

@@ -227,6 +227,15 @@ struct weft_stream {
 _Static_assert(offsetof(struct weft_stream, exact) < 64 && sizeof(struct weft_stream) == 128,
                "weft_stream_t: the hot fields fit its first line, the whole two");
 
+/* A capture's collectives held alive: by the capture itself while it ends (weft__capture_t.hold),
+ * then by the weft graph it made (graph/). NCCL's ncclCommDestroy waits until the graphs that
+ * captured a communicator's collectives are destroyed (on the thread that would destroy them, for
+ * ever: tests/conformance conformance_nccl), so weft_comm_destroy (comm/) asks first. */
+typedef struct weft__capture_hold {
+  uint64_t id; /* the driver's capture id; 0: not linked */
+  struct weft__capture_hold *prev, *next;
+} weft__capture_hold_t;
+
 /** A block as a capture sees it: its history inside the capture, keyed by its live history. */
 typedef struct weft__capture_block {
   weft__access_state_t *live; /* the block's live history (key) */
@@ -251,6 +260,9 @@ struct weft__capture {
   /* Collectives, sends or receives were posted into it (weft__capture_note_collective): a launch
    * of its graph waits for what other ranks launch, so its stream keeps exact waits. */
   bool collectives;
+  /* With collectives: held under id from just before the driver's capture ends until freed
+   * (weft__capture_end, weft__capture_free), so its graph can take over the hold. */
+  weft__capture_hold_t hold;
   pthread_t thread;           /* the beginning thread (THREAD_LOCAL / GLOBAL must end there) */
   /* Where weft_alloc on a taking-part stream allocates: the capture's allocation context, set by
    * whoever began it (a graph memory-node resource, or a graph pool), as PyTorch's
@@ -566,14 +578,6 @@ CUresult weft__capture_status(const weft_stream_t *s, CUstreamCaptureStatus *cs,
  * thread's (weft__tracker_owns): another thread's per-thread stream cannot be named. */
 weft_status_t weft__capture_probe(weft_stream_t *s, bool *active, uint64_t *id);
 
-/* A capture's collectives held alive: by the weft graph a capture made (graph/), or by
- * weft_capture_end while it makes that graph. NCCL's ncclCommDestroy waits until the graphs that
- * captured a communicator's collectives are destroyed (on the thread that would destroy them, for
- * ever: tests/conformance conformance_nccl), so weft_comm_destroy (comm/) asks first. */
-typedef struct weft__capture_hold {
-  uint64_t id; /* the driver's capture id; 0: not linked */
-  struct weft__capture_hold *prev, *next;
-} weft__capture_hold_t;
 /** Links h (not linked) under capture `id`: weft__capture_held(id) is true until h is unlinked.
  * An id of 0 (none known) links nothing. */
 void weft__capture_hold_link(weft__capture_hold_t *h, uint64_t id);
