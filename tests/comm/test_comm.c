@@ -822,6 +822,107 @@ static void test_a_communicator_destroyed_while_a_thread_runs_groups_on_it(void 
   assert_int_equal(races(), 0);
 }
 
+/* The same race with captures: a thread captures each rank's all-reduce (one group), ends the
+ * captures, on every other round instantiates and launches the graphs, and destroys them, while
+ * this thread destroys rank 0's communicator over and over. A captured collective holds the
+ * communicator from its call until its graph (and exec) go, so each destroy is BUSY until one
+ * lands between a round's last graph destroy and its next call, and then the loop's next call is
+ * STALE_HANDLE. Never another status, never the simulated NCCL's refusal to destroy a
+ * communicator that a graph still names (a hazard, counted as a race): on a GPU that destroy
+ * waits for ever (CUDA_SEMANTICS.md "Teardown order"). */
+static atomic_int g_phase; /* where the loop is: 1 captures begun, 2 their group ended, 3 the captures
+                              ended, 4 the graphs launched, 5 the graphs destroyed */
+static void *captured_group_loop(void *arg) {
+  destroy_grouper_t *g = arg;
+  weft_capture_options_t o = weft_capture_options_default();
+  o.mode = WEFT_CAPTURE_RELAXED;
+  for (unsigned round = 0;; round++) {
+    weft_status_t st = WEFT_OK;
+    int begun = 0;
+    for (int r = 0; r < 2 && st == WEFT_OK; r++)
+      if ((st = weft_capture_begin(stream(r, 2), &o)) == WEFT_OK) begun++;
+    atomic_store(&g_phase, 1);
+    if (st == WEFT_OK) st = weft_comm_group_begin();
+    if (st == WEFT_OK) {
+      for (int r = 0; r < 2; r++) {
+        weft_status_t c = weft_all_reduce(g->x[r], g->a[r], 0, g->a[r], 0, N, WEFT_FLOAT32, WEFT_SUM, stream(r, 2));
+        if (st == WEFT_OK) st = c;
+      }
+      weft_status_t e = weft_comm_group_end();
+      if (st == WEFT_OK) st = e;
+    }
+    if (st != WEFT_OK) snprintf(g->why, sizeof g->why, "%s", weft_last_error());
+    if (st == WEFT_OK) atomic_store(&g_phase, 2);
+    weft_graph_t *graph[2] = {NULL, NULL};
+    weft_exec_t *ex[2] = {NULL, NULL};
+    for (int r = 0; r < begun; r++) {
+      weft_status_t e = weft_capture_end(stream(r, 2), &graph[r]);
+      if (st == WEFT_OK && e != WEFT_OK) st = e, snprintf(g->why, sizeof g->why, "end: %s", weft_last_error());
+    }
+    if (st == WEFT_OK) atomic_store(&g_phase, 3);
+    for (int r = 0; r < 2 && st == WEFT_OK && round % 2 == 1; r++)
+      if ((st = weft_graph_instantiate(graph[r], stream(r, 3), &ex[r])) != WEFT_OK)
+        snprintf(g->why, sizeof g->why, "instantiate: %s", weft_last_error());
+    for (int r = 0; r < 2 && st == WEFT_OK && round % 2 == 1; r++)
+      if ((st = weft_exec_launch(ex[r], stream(r, 3))) != WEFT_OK)
+        snprintf(g->why, sizeof g->why, "launch: %s", weft_last_error());
+    if (st == WEFT_OK && round % 2 == 1) atomic_store(&g_phase, 4);
+    for (int r = 0; r < 2 && st == WEFT_OK && round % 2 == 1; r++)
+      if ((st = weft_stream_synchronize(stream(r, 3))) != WEFT_OK)
+        snprintf(g->why, sizeof g->why, "synchronize: %s", weft_last_error());
+    for (int r = 0; r < 2; r++) {
+      weft_status_t e = ex[r] != NULL ? weft_exec_destroy(ex[r]) : WEFT_OK;
+      if (e == WEFT_OK && graph[r] != NULL) e = weft_graph_destroy(graph[r]);
+      if (st == WEFT_OK && e != WEFT_OK) st = e, snprintf(g->why, sizeof g->why, "destroy: %s", weft_last_error());
+    }
+    if (st != WEFT_OK) {
+      g->last = st;
+      return NULL;
+    }
+    atomic_store(&g_phase, 5);
+    atomic_fetch_add(&g->done, 1);
+  }
+}
+
+static void test_a_communicator_destroyed_while_a_thread_captures_groups_on_it(void **state) {
+  (void)state;
+  if (!g_two) skip();
+  weft_block_t a[2] = {alloc(0, N * 4), alloc(1, N * 4)};
+  unsigned busy = 0, rounds = 0;
+  for (int round = 0; round < 12; round++) {
+    weft_comm_t *x[2];
+    assert_int_equal(weft_comm_init_all(rt, 2, x), WEFT_OK);
+    destroy_grouper_t g = {x, a, 0, WEFT_OK, ""};
+    atomic_store(&g_phase, 0);
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, captured_group_loop, &g), 0);
+    /* The first destroy lands while the loop holds the communicator: its captures open, its
+     * graphs made, or its execs launched, by round. */
+    int target = 2 + round % 3;
+    while ((atomic_load(&g.done) < 3 || atomic_load(&g_phase) != target) && g.last == WEFT_OK) continue;
+    weft_status_t st;
+    int victim = round % 2;
+    while ((st = weft_comm_destroy(x[victim])) == WEFT_ERR_BUSY) busy++;
+    if (st != WEFT_OK) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", weft_last_error());
+      pthread_join(t, NULL);
+      fail_msg("round %d: weft_comm_destroy: %s (%s), want BUSY or OK", round, weft_status_name(st), why);
+    }
+    pthread_join(t, NULL);
+    rounds += atomic_load(&g.done);
+    if (g.last != WEFT_ERR_STALE_HANDLE)
+      fail_msg("round %d: the capture loop ended with %s (%s), not STALE_HANDLE", round, weft_status_name(g.last), g.why);
+    assert_int_equal(weft_comm_destroy(x[1 - victim]), WEFT_OK);
+    if (races() != 0) fail_msg("round %d: %llu races or hazards", round, (unsigned long long)races());
+  }
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_free(a[r], stream(r, 0)), WEFT_OK);
+  for (int r = 0; r < 2; r++) assert_int_equal(weft_runtime_synchronize(rt[r]), WEFT_OK);
+  assert_int_equal(races(), 0);
+  print_message("%u destroys refused (BUSY) over %u captured rounds\n", busy, rounds);
+  if (busy == 0) skip(); /* no destroy met a held communicator: the race was not tested */
+}
+
 /* The rest of that class: a buffer freed, or the runtime of a call's stream released, between a
  * group's call and its end. The end refuses the group (STALE_HANDLE) and enqueues nothing: no use
  * is recorded on any rank, and the oracle sees no race. */
@@ -1436,6 +1537,7 @@ int main(void) {
       cmocka_unit_test(test_a_group_ended_after_the_threads_weft_state_went_is_no_group),
       cmocka_unit_test(test_a_group_over_more_communicators_than_it_stays_inside),
       cmocka_unit_test(test_a_communicator_destroyed_while_a_thread_runs_groups_on_it),
+      cmocka_unit_test(test_a_communicator_destroyed_while_a_thread_captures_groups_on_it),
       cmocka_unit_test(test_a_destroyed_communicators_address_reused_inside_a_group_is_not_its_call),
       cmocka_unit_test(test_a_buffer_freed_inside_a_group_fails_its_end),
       cmocka_unit_test(test_a_threads_group_buffer_goes_with_the_thread),
