@@ -1,0 +1,287 @@
+/* driver_share: where the host time of a use goes on a GPU host, inside the driver calls weft
+ * makes or in weft's own code (issue 17: the rows 'a stream others wait on' of the tracker table
+ * cost more over one cuEventRecord than a use that records nothing costs in all).
+ *
+ * The process's driver table (lib/core/driver.c) is patched so that cuEventRecord and
+ * cuCtxGetCurrent run through timers (the time-stamp counter, converted to ns by the run's own
+ * calibration) that sum the time spent inside each call. Three series, interleaved, REPS samples
+ * of N operations each:
+ *   raw      cuEventRecord on a raw stream, cycling 64 events (the tracker table's baseline)
+ *   eager    weft_use_begin + weft_use_end, one write, on a stream another stream waited on for an
+ *            older use (so each use records its event: the tracker table's "others wait on" row)
+ *   lazy     the same use on a stream nobody waits on (it records nothing)
+ *   launch   cuLaunchKernel of a one-block kernel on a raw stream (the launch table's baseline)
+ *   weft_launch  the same kernel through weft_launch, one READ_WRITE access, on a stream nobody
+ *            waits on
+ * For each: ns per operation in all, inside cuEventRecord, cuCtxGetCurrent and cuLaunchKernel,
+ * and the rest (weft's own code, plus the timers' own cost, which the raw rows show). Whether
+ * the driver's own calls take longer when weft's code runs between them is the question.
+ *   bazel build -c opt //bench:driver_share && bazel-bin/bench/driver_share [N] [REPS]
+ * On the simulator (WEFT_DRIVER=sim) it runs as well: no performance numbers. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <x86intrin.h>
+
+#include "examples/pipeline/pipeline_kernels.h"
+#include "examples/pipeline/pipeline_kernels_sim.h"
+#include "lib/core/driver.h"
+#include "lib/runtime/runtime.h"
+#include "weft/weft.h"
+
+#define RING 64
+
+static CUresult(CUDAAPI *real_record)(CUevent, CUstream);
+static CUresult(CUDAAPI *real_ctx_get)(CUcontext *);
+static CUresult(CUDAAPI *real_launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                      CUstream, void **, void **);
+static uint64_t record_ticks, record_calls, ctx_ticks, ctx_calls, launch_ticks;
+
+static CUresult CUDAAPI timed_record(CUevent e, CUstream s) {
+  uint64_t t0 = __rdtsc();
+  CUresult r = real_record(e, s);
+  record_ticks += __rdtsc() - t0;
+  record_calls++;
+  return r;
+}
+
+static CUresult CUDAAPI timed_ctx_get(CUcontext *c) {
+  uint64_t t0 = __rdtsc();
+  CUresult r = real_ctx_get(c);
+  ctx_ticks += __rdtsc() - t0;
+  ctx_calls++;
+  return r;
+}
+
+static CUresult CUDAAPI timed_launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                     unsigned bz, unsigned shared, CUstream s, void **params, void **extra) {
+  uint64_t t0 = __rdtsc();
+  CUresult r = real_launch(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
+  launch_ticks += __rdtsc() - t0;
+  return r;
+}
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+#define CU(x)                                                                   \
+  do {                                                                          \
+    CUresult r_ = (x);                                                          \
+    if (r_ != CUDA_SUCCESS) {                                                   \
+      fprintf(stderr, "driver_share: %s failed: %d (line %d)\n", #x, r_, __LINE__); \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+#define W(x)                                                                    \
+  do {                                                                          \
+    if ((x) != WEFT_OK) {                                                       \
+      fprintf(stderr, "driver_share: %s: %s\n", #x, weft_last_error());         \
+      exit(1);                                                                  \
+    }                                                                           \
+  } while (0)
+
+enum { RAW, EAGER, LAZY, LAUNCH, WEFT_LAUNCH, RAW_WEFT, RAW_CTX, RAW_CODE4, RAW_CODE8, RAW_AFTER_USE, RAW_ON_WEFT,
+       RAW_OWN_RING, RAW_WAITED_EVENTS, RAW_WAITED_STREAM, SERIES };
+static const char *const names[SERIES] = {
+    "raw cuEventRecord (baseline)", "weft use, a stream others wait on", "weft use, a stream nobody waits on",
+    "raw cuLaunchKernel (baseline)", "weft_launch, a stream nobody waits on",
+    "raw cuEventRecord of weft's ring events on weft's stream", "cuCtxGetCurrent, then raw cuEventRecord",
+    "4 KiB of code run, then raw cuEventRecord", "8 KiB of code run, then raw cuEventRecord",
+    "weft use on a stream nobody waits on, then raw cuEventRecord",
+    "raw cuEventRecord of raw events on weft's stream", "raw cuEventRecord of the ring events of a weft stream nobody waited on",
+    "raw cuEventRecord of raw events each waited on once by another stream",
+    "raw cuEventRecord of raw events on a raw stream another stream once waited on"};
+
+/* Code run once with no data and no calls (eight-byte no-ops): 4 KiB, about the code of a
+ * recording use (tools/host_instr.sh eager1: 58 lines), and 8 KiB. */
+static __attribute__((noinline)) void code4(void) {
+  __asm__ volatile(".rept 512\n\t.byte 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00\n\t.endr" ::: "memory");
+}
+static __attribute__((noinline)) void code8(void) {
+  __asm__ volatile(".rept 1024\n\t.byte 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00\n\t.endr" ::: "memory");
+}
+
+static int cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, unsigned n) {
+  qsort(v, n, sizeof *v, cmp);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+int main(int argc, char **argv) {
+  unsigned n = argc > 1 ? (unsigned)atoi(argv[1]) : 100000, reps = argc > 2 ? (unsigned)atoi(argv[2]) : 15;
+  if (n == 0 || reps == 0 || reps > 101) {
+    fprintf(stderr, "usage: driver_share [N > 0] [REPS 1-101]\n");
+    return 2;
+  }
+  weft_runtime_t *rt;
+  weft_options_t o = weft_options_default();
+  o.high_priority_streams = 0; /* plain streams, as the raw one */
+  W(weft_runtime_get(0, &o, &rt));
+  const weft__driver_t *cd;
+  W(weft__driver_get(&cd));
+  weft__driver_t *d = (weft__driver_t *)cd; /* the process's table: writable storage */
+  weft_stream_t *s[3];
+  for (unsigned k = 0; k < 3; k++) W(weft_stream_get(rt, k, &s[k]));
+  weft_block_t blk, own, late[2];
+  W(weft_alloc(rt, 256, s[0], "share", &blk));
+  W(weft_alloc(rt, 256, s[2], "share.own", &own));
+  for (int i = 0; i < 2; i++) W(weft_alloc(rt, 256, s[0], "share.late", &late[i]));
+  CUstream raw, raw2, other;
+  CUevent ev[RING], ev2[RING], waited[RING];
+  CU(d->cuStreamCreateWithPriority(&raw, CU_STREAM_NON_BLOCKING, 0));
+  CU(d->cuStreamCreateWithPriority(&raw2, CU_STREAM_NON_BLOCKING, 0));
+  CU(d->cuStreamCreateWithPriority(&other, CU_STREAM_NON_BLOCKING, 0));
+  for (int i = 0; i < RING; i++) {
+    CU(d->cuEventCreate(&ev2[i], CU_EVENT_DISABLE_TIMING));
+    CU(d->cuEventCreate(&waited[i], CU_EVENT_DISABLE_TIMING));
+    CU(d->cuEventRecord(waited[i], raw)); /* each waited on once by another stream */
+    CU(d->cuStreamWaitEvent(other, waited[i], 0));
+  }
+  { /* raw2: another stream waited on one event of it, once */
+    CUevent e;
+    CU(d->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    CU(d->cuEventRecord(e, raw2));
+    CU(d->cuStreamWaitEvent(other, e, 0));
+    CU(d->cuStreamSynchronize(other));
+    CU(d->cuEventDestroy(e));
+  }
+  /* The harness's kernel (examples/pipeline), one block of 256 threads, one LCG round. */
+  pipeline_kernels_register_sim();
+  CUmodule module;
+  CUfunction fn;
+  CU(d->cuModuleLoadData(&module, pipeline_kernels_fatbin));
+  CU(d->cuModuleGetFunction(&fn, module, "pipeline_transform"));
+  CUdeviceptr ptr;
+  W(weft_block_ptr(own, &ptr));
+  unsigned elems = 64, rounds = 1;
+  void *params[] = {&ptr, &ptr, &elems, &rounds};
+  weft_launch_t launch = {.func = fn, .grid = {1}, .block = {256}, .params = params};
+  for (int i = 0; i < RING; i++) CU(d->cuEventCreate(&ev[i], CU_EVENT_DISABLE_TIMING));
+  W(weft_runtime_synchronize(rt));
+
+  real_record = d->cuEventRecord;
+  real_ctx_get = d->cuCtxGetCurrent;
+  real_launch = d->cuLaunchKernel;
+  d->cuEventRecord = timed_record;
+  d->cuCtxGetCurrent = timed_ctx_get;
+  d->cuLaunchKernel = timed_launch;
+
+  /* The time-stamp counter's ns, from this run. */
+  uint64_t c0 = __rdtsc(), n0 = now_ns();
+  while (now_ns() - n0 < 200000000u) {
+  }
+  double ns_per_tick = (double)(now_ns() - n0) / (double)(__rdtsc() - c0);
+
+  static double v[SERIES][5][101];
+  for (unsigned rep = 0; rep < reps + 1; rep++) { /* rep 0 warms up */
+    for (unsigned k = 0; k < SERIES; k++) {
+      if (k == EAGER || k == RAW_WEFT) { /* s[1] waits for an older use of s[0]: s[0] records each use (bench_tracker.c keep_eager) */
+        weft_access_t w0 = {late[0], WEFT_WRITE}, w1 = {late[1], WEFT_WRITE}, r0 = {late[0], WEFT_READ};
+        W(weft_use_begin(s[0], &w0, 1));
+        W(weft_use_end(s[0], &w0, 1));
+        W(weft_use_begin(s[0], &w1, 1));
+        W(weft_use_end(s[0], &w1, 1));
+        W(weft_use_begin(s[1], &r0, 1));
+        W(weft_use_end(s[1], &r0, 1));
+      }
+      weft_access_t a = {k == EAGER ? blk : own, k == WEFT_LAUNCH ? WEFT_READ_WRITE : WEFT_WRITE};
+      weft_stream_t *on = s[k == EAGER ? 0 : 2];
+      record_ticks = record_calls = ctx_ticks = ctx_calls = launch_ticks = 0;
+      uint64_t t0 = __rdtsc();
+      for (unsigned i = 0; i < n; i++) {
+        if (k == RAW) {
+          CU(d->cuEventRecord(ev[i % RING], raw));
+        } else if (k == RAW_WEFT) {
+          const weft__lane_t *l = &s[0]->tr->live->lane[s[0]->lane];
+          CU(d->cuEventRecord(l->ring[i & (l->ring_size - 1)], s[0]->raw));
+        } else if (k == RAW_CTX) {
+          CUcontext cur;
+          CU(d->cuCtxGetCurrent(&cur));
+          CU(d->cuEventRecord(ev[i % RING], raw));
+        } else if (k == RAW_CODE4 || k == RAW_CODE8) {
+          if (k == RAW_CODE4) code4();
+          else code8();
+          CU(d->cuEventRecord(ev[i % RING], raw));
+        } else if (k == RAW_AFTER_USE) {
+          W(weft_use_begin(on, &a, 1));
+          W(weft_use_end(on, &a, 1));
+          CU(d->cuEventRecord(ev[i % RING], raw));
+        } else if (k == RAW_ON_WEFT) {
+          CU(d->cuEventRecord(ev[i % RING], s[0]->raw));
+        } else if (k == RAW_OWN_RING) {
+          const weft__lane_t *l = &s[2]->tr->live->lane[s[2]->lane];
+          CU(d->cuEventRecord(l->ring[i & (l->ring_size - 1)], s[2]->raw));
+        } else if (k == RAW_WAITED_EVENTS) {
+          CU(d->cuEventRecord(waited[i % RING], raw));
+        } else if (k == RAW_WAITED_STREAM) {
+          CU(d->cuEventRecord(ev2[i % RING], raw2));
+        } else if (k == LAUNCH) {
+          CU(d->cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, raw, params, NULL));
+        } else if (k == WEFT_LAUNCH) {
+          W(weft_launch(on, &launch, &a, 1));
+        } else {
+          W(weft_use_begin(on, &a, 1));
+          W(weft_use_end(on, &a, 1));
+        }
+      }
+      uint64_t t1 = __rdtsc();
+      if (rep > 0) {
+        v[k][0][rep - 1] = (double)(t1 - t0) * ns_per_tick / n;
+        v[k][1][rep - 1] = (double)record_ticks * ns_per_tick / n;
+        v[k][2][rep - 1] = (double)ctx_ticks * ns_per_tick / n;
+        v[k][3][rep - 1] = (double)record_calls / n;
+        v[k][4][rep - 1] = (double)launch_ticks * ns_per_tick / n;
+      }
+      CU(d->cuStreamSynchronize(raw));
+      CU(d->cuStreamSynchronize(raw2));
+      W(weft_runtime_synchronize(rt));
+      if (k == RAW_WEFT || k == RAW_OWN_RING) W(weft_runtime_synchronize(rt)); /* (weft's events recorded behind its back: all complete now) */
+    }
+  }
+  d->cuEventRecord = real_record;
+  d->cuCtxGetCurrent = real_ctx_get;
+  d->cuLaunchKernel = real_launch;
+
+  printf("driver_share: %u samples of %u operations per series, interleaved; medians, ns per operation "
+         "(time-stamp counter, %.4f ns per tick)\n\n", reps, n, ns_per_tick);
+  printf("| series | total | inside cuEventRecord | inside cuCtxGetCurrent | inside cuLaunchKernel | the rest | "
+         "records per op |\n");
+  printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  double med[SERIES][5];
+  for (unsigned k = 0; k < SERIES; k++) {
+    double rest[101];
+    for (unsigned r = 0; r < reps; r++) rest[r] = v[k][0][r] - v[k][1][r] - v[k][2][r] - v[k][4][r];
+    for (unsigned m = 0; m < 5; m++) med[k][m] = median(v[k][m], reps);
+    printf("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |\n", names[k], med[k][0], med[k][1], med[k][2],
+           med[k][4], median(rest, reps), med[k][3]);
+  }
+  printf("\nweft eager - raw record: %.1f ns (inside the record: %+.1f ns per record against the raw one's); "
+         "the lazy use in all: %.1f ns\n",
+         med[EAGER][0] - med[RAW][0], med[EAGER][3] > 0 ? med[EAGER][1] / med[EAGER][3] - med[RAW][1] : 0.0,
+         med[LAZY][0]);
+  printf("weft_launch - cuLaunchKernel: %.1f ns (inside the launch: %+.1f ns against the raw one's)\n",
+         med[WEFT_LAUNCH][0] - med[LAUNCH][0], med[WEFT_LAUNCH][4] - med[LAUNCH][4]);
+  W(weft_free(blk, s[0]));
+  W(weft_free(own, s[2]));
+  for (int i = 0; i < 2; i++) W(weft_free(late[i], s[0]));
+  for (int i = 0; i < RING; i++) {
+    CU(d->cuEventDestroy(ev[i]));
+    CU(d->cuEventDestroy(ev2[i]));
+    CU(d->cuEventDestroy(waited[i]));
+  }
+  CU(d->cuStreamDestroy(raw));
+  CU(d->cuStreamDestroy(raw2));
+  CU(d->cuStreamDestroy(other));
+  CU(d->cuModuleUnload(module));
+  W(weft_runtime_release(rt));
+  return 0;
+}
