@@ -1,21 +1,25 @@
-/* driver_share: where the host time of a use goes on a GPU host, inside the driver calls weft
- * makes or in weft's own code (issue 17: the rows 'a stream others wait on' of the tracker table
- * cost more over one cuEventRecord than a use that records nothing costs in all).
+/* driver_share: where the host time of weft's hot calls goes on a GPU host, inside the driver
+ * calls weft makes or in weft's own code (issue 17's goals that are not met: their bounds).
  *
- * The process's driver table (lib/core/driver.c) is patched so that cuEventRecord and
- * cuCtxGetCurrent run through timers (the time-stamp counter, converted to ns by the run's own
- * calibration) that sum the time spent inside each call. Three series, interleaved, REPS samples
- * of N operations each:
- *   raw      cuEventRecord on a raw stream, cycling 64 events (the tracker table's baseline)
- *   eager    weft_use_begin + weft_use_end, one write, on a stream another stream waited on for an
- *            older use (so each use records its event: the tracker table's "others wait on" row)
- *   lazy     the same use on a stream nobody waits on (it records nothing)
- *   launch   cuLaunchKernel of a one-block kernel on a raw stream (the launch table's baseline)
- *   weft_launch  the same kernel through weft_launch, one READ_WRITE access, on a stream nobody
- *            waits on
- * For each: ns per operation in all, inside cuEventRecord, cuCtxGetCurrent and cuLaunchKernel,
- * and the rest (weft's own code, plus the timers' own cost, which the raw rows show). Whether
- * the driver's own calls take longer when weft's code runs between them is the question.
+ * The process's driver table (lib/core/driver.c) is patched so that cuEventRecord,
+ * cuCtxGetCurrent, cuLaunchKernel, cuStreamWaitEvent and cuStreamIsCapturing (weft's capture
+ * probe) run through timers (the time-stamp counter, converted to ns by the run's own
+ * calibration) that sum the time spent inside each call. The series (names[] below) run
+ * interleaved, REPS samples of N operations each:
+ *   - weft's uses (begin + end, one write): on a stream others wait on (it records each use's
+ *     event: the tracker table's "others wait on" rows), on a stream nobody waits on (it records
+ *     nothing), and with one edge (two streams writing one block in turn); weft_launch of a
+ *     one-block kernel on a stream nobody waits on; weft_alloc + weft_free of 1 MiB on a pool
+ *     stream, an adopted raw stream and the adopted legacy stream (the last two are exposed:
+ *     weft asks the driver about captures before each call, as for PyTorch's streams);
+ *   - their raw baselines: cuEventRecord on a raw stream, cuStreamWaitEvent + cuEventRecord in a
+ *     ping-pong of two raw streams, cuLaunchKernel;
+ *   - raw records that take the record's cost apart: of weft's ring events on weft's stream (no
+ *     weft code), of raw events on weft's stream, of the ring events of a weft stream nobody
+ *     waited on, of raw events each waited on once, on a raw stream another stream once waited
+ *     on, after a cuCtxGetCurrent, after 4 or 8 KiB of code, after a weft use.
+ * For each: ns per operation in all, inside each timed call, and the rest (weft's own code, plus
+ * the timers' own cost, which the raw rows show).
  *   bazel build -c opt //bench:driver_share && bazel-bin/bench/driver_share [N] [REPS]
  * On the simulator (WEFT_DRIVER=sim) it runs as well: no performance numbers. */
 #include <stdint.h>
@@ -37,7 +41,10 @@ static CUresult(CUDAAPI *real_record)(CUevent, CUstream);
 static CUresult(CUDAAPI *real_ctx_get)(CUcontext *);
 static CUresult(CUDAAPI *real_launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                                       CUstream, void **, void **);
-static uint64_t record_ticks, record_calls, ctx_ticks, ctx_calls, launch_ticks;
+static CUresult(CUDAAPI *real_wait)(CUstream, CUevent, unsigned);
+static CUresult(CUDAAPI *real_is_capturing)(CUstream, CUstreamCaptureStatus *);
+static uint64_t record_ticks, record_calls, ctx_ticks, ctx_calls, launch_ticks, wait_ticks, wait_calls, probe_ticks,
+    probe_calls;
 
 static CUresult CUDAAPI timed_record(CUevent e, CUstream s) {
   uint64_t t0 = __rdtsc();
@@ -60,6 +67,22 @@ static CUresult CUDAAPI timed_launch(CUfunction f, unsigned gx, unsigned gy, uns
   uint64_t t0 = __rdtsc();
   CUresult r = real_launch(f, gx, gy, gz, bx, by, bz, shared, s, params, extra);
   launch_ticks += __rdtsc() - t0;
+  return r;
+}
+
+static CUresult CUDAAPI timed_wait(CUstream s, CUevent e, unsigned flags) {
+  uint64_t t0 = __rdtsc();
+  CUresult r = real_wait(s, e, flags);
+  wait_ticks += __rdtsc() - t0;
+  wait_calls++;
+  return r;
+}
+
+static CUresult CUDAAPI timed_is_capturing(CUstream s, CUstreamCaptureStatus *status) {
+  uint64_t t0 = __rdtsc();
+  CUresult r = real_is_capturing(s, status);
+  probe_ticks += __rdtsc() - t0;
+  probe_calls++;
   return r;
 }
 
@@ -86,7 +109,8 @@ static uint64_t now_ns(void) {
   } while (0)
 
 enum { RAW, EAGER, LAZY, LAUNCH, WEFT_LAUNCH, RAW_WEFT, RAW_CTX, RAW_CODE4, RAW_CODE8, RAW_AFTER_USE, RAW_ON_WEFT,
-       RAW_OWN_RING, RAW_WAITED_EVENTS, RAW_WAITED_STREAM, SERIES };
+       RAW_OWN_RING, RAW_WAITED_EVENTS, RAW_WAITED_STREAM, EDGE, RAW_EDGE, ALLOC_POOL, ALLOC_ADOPTED, ALLOC_LEGACY,
+       SERIES };
 static const char *const names[SERIES] = {
     "raw cuEventRecord (baseline)", "weft use, a stream others wait on", "weft use, a stream nobody waits on",
     "raw cuLaunchKernel (baseline)", "weft_launch, a stream nobody waits on",
@@ -95,7 +119,10 @@ static const char *const names[SERIES] = {
     "weft use on a stream nobody waits on, then raw cuEventRecord",
     "raw cuEventRecord of raw events on weft's stream", "raw cuEventRecord of the ring events of a weft stream nobody waited on",
     "raw cuEventRecord of raw events each waited on once by another stream",
-    "raw cuEventRecord of raw events on a raw stream another stream once waited on"};
+    "raw cuEventRecord of raw events on a raw stream another stream once waited on",
+    "weft use with one edge (write after write, 2 streams)", "raw cuStreamWaitEvent + cuEventRecord (ping-pong)",
+    "weft_alloc + weft_free, 1 MiB, a pool stream", "weft_alloc + weft_free, 1 MiB, an adopted raw stream",
+    "weft_alloc + weft_free, 1 MiB, the adopted legacy stream"};
 
 /* Code run once with no data and no calls (eight-byte no-ops): 4 KiB, about the code of a
  * recording use (tools/host_instr.sh eager1: 58 lines), and 8 KiB. */
@@ -162,6 +189,13 @@ int main(int argc, char **argv) {
   CU(d->cuModuleGetFunction(&fn, module, "pipeline_transform"));
   CUdeviceptr ptr;
   W(weft_block_ptr(own, &ptr));
+  /* Streams weft adopts (exposed: code outside weft may begin captures on them, so weft asks
+   * the driver before each use), as the PyTorch adapter does with PyTorch's streams. */
+  CUstream raw3;
+  CU(d->cuStreamCreateWithPriority(&raw3, CU_STREAM_NON_BLOCKING, 0));
+  weft_stream_t *adopted, *legacy;
+  W(weft_stream_adopt(rt, raw3, &adopted));
+  W(weft_stream_adopt(rt, CU_STREAM_LEGACY, &legacy));
   unsigned elems = 64, rounds = 1;
   void *params[] = {&ptr, &ptr, &elems, &rounds};
   weft_launch_t launch = {.func = fn, .grid = {1}, .block = {256}, .params = params};
@@ -171,6 +205,10 @@ int main(int argc, char **argv) {
   real_record = d->cuEventRecord;
   real_ctx_get = d->cuCtxGetCurrent;
   real_launch = d->cuLaunchKernel;
+  real_wait = d->cuStreamWaitEvent;
+  real_is_capturing = d->cuStreamIsCapturing;
+  d->cuStreamWaitEvent = timed_wait;
+  d->cuStreamIsCapturing = timed_is_capturing;
   d->cuEventRecord = timed_record;
   d->cuCtxGetCurrent = timed_ctx_get;
   d->cuLaunchKernel = timed_launch;
@@ -181,7 +219,7 @@ int main(int argc, char **argv) {
   }
   double ns_per_tick = (double)(now_ns() - n0) / (double)(__rdtsc() - c0);
 
-  static double v[SERIES][5][101];
+  static double v[SERIES][9][101];
   for (unsigned rep = 0; rep < reps + 1; rep++) { /* rep 0 warms up */
     for (unsigned k = 0; k < SERIES; k++) {
       if (k == EAGER || k == RAW_WEFT) { /* s[1] waits for an older use of s[0]: s[0] records each use (bench_tracker.c keep_eager) */
@@ -195,7 +233,8 @@ int main(int argc, char **argv) {
       }
       weft_access_t a = {k == EAGER ? blk : own, k == WEFT_LAUNCH ? WEFT_READ_WRITE : WEFT_WRITE};
       weft_stream_t *on = s[k == EAGER ? 0 : 2];
-      record_ticks = record_calls = ctx_ticks = ctx_calls = launch_ticks = 0;
+      record_ticks = record_calls = ctx_ticks = ctx_calls = launch_ticks = wait_ticks = wait_calls = probe_ticks =
+          probe_calls = 0;
       uint64_t t0 = __rdtsc();
       for (unsigned i = 0; i < n; i++) {
         if (k == RAW) {
@@ -224,6 +263,20 @@ int main(int argc, char **argv) {
           CU(d->cuEventRecord(waited[i % RING], raw));
         } else if (k == RAW_WAITED_STREAM) {
           CU(d->cuEventRecord(ev2[i % RING], raw2));
+        } else if (k == EDGE) {
+          weft_access_t w = {blk, WEFT_WRITE};
+          W(weft_use_begin(s[i & 1], &w, 1));
+          W(weft_use_end(s[i & 1], &w, 1));
+        } else if (k == RAW_EDGE) {
+          CUstream me = i & 1 ? raw2 : raw, other_s = i & 1 ? raw : raw2;
+          (void)other_s;
+          CU(d->cuStreamWaitEvent(me, i & 1 ? ev[(i + RING - 1) % RING] : ev2[(i + RING - 1) % RING], 0));
+          CU(d->cuEventRecord(i & 1 ? ev2[i % RING] : ev[i % RING], me));
+        } else if (k == ALLOC_POOL || k == ALLOC_ADOPTED || k == ALLOC_LEGACY) {
+          weft_stream_t *as = k == ALLOC_POOL ? s[2] : k == ALLOC_ADOPTED ? adopted : legacy;
+          weft_block_t b;
+          W(weft_alloc(rt, 1u << 20, as, "share.pair", &b));
+          W(weft_free(b, as));
         } else if (k == LAUNCH) {
           CU(d->cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, raw, params, NULL));
         } else if (k == WEFT_LAUNCH) {
@@ -240,6 +293,10 @@ int main(int argc, char **argv) {
         v[k][2][rep - 1] = (double)ctx_ticks * ns_per_tick / n;
         v[k][3][rep - 1] = (double)record_calls / n;
         v[k][4][rep - 1] = (double)launch_ticks * ns_per_tick / n;
+        v[k][5][rep - 1] = (double)wait_ticks * ns_per_tick / n;
+        v[k][6][rep - 1] = (double)probe_ticks * ns_per_tick / n;
+        v[k][7][rep - 1] = (double)probe_calls / n;
+        v[k][8][rep - 1] = (double)ctx_calls / n;
       }
       CU(d->cuStreamSynchronize(raw));
       CU(d->cuStreamSynchronize(raw2));
@@ -250,19 +307,23 @@ int main(int argc, char **argv) {
   d->cuEventRecord = real_record;
   d->cuCtxGetCurrent = real_ctx_get;
   d->cuLaunchKernel = real_launch;
+  d->cuStreamWaitEvent = real_wait;
+  d->cuStreamIsCapturing = real_is_capturing;
 
   printf("driver_share: %u samples of %u operations per series, interleaved; medians, ns per operation "
          "(time-stamp counter, %.4f ns per tick)\n\n", reps, n, ns_per_tick);
-  printf("| series | total | inside cuEventRecord | inside cuCtxGetCurrent | inside cuLaunchKernel | the rest | "
-         "records per op |\n");
-  printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-  double med[SERIES][5];
+  printf("| series | total | inside cuEventRecord | inside cuCtxGetCurrent | inside cuLaunchKernel | inside "
+         "cuStreamWaitEvent | inside cuStreamIsCapturing | the rest | records per op | context gets per op | "
+         "capture probes per op |\n");
+  printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  double med[SERIES][9];
   for (unsigned k = 0; k < SERIES; k++) {
     double rest[101];
-    for (unsigned r = 0; r < reps; r++) rest[r] = v[k][0][r] - v[k][1][r] - v[k][2][r] - v[k][4][r];
-    for (unsigned m = 0; m < 5; m++) med[k][m] = median(v[k][m], reps);
-    printf("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f |\n", names[k], med[k][0], med[k][1], med[k][2],
-           med[k][4], median(rest, reps), med[k][3]);
+    for (unsigned r = 0; r < reps; r++)
+      rest[r] = v[k][0][r] - v[k][1][r] - v[k][2][r] - v[k][4][r] - v[k][5][r] - v[k][6][r];
+    for (unsigned m = 0; m < 9; m++) med[k][m] = median(v[k][m], reps);
+    printf("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f |\n", names[k], med[k][0],
+           med[k][1], med[k][2], med[k][4], med[k][5], med[k][6], median(rest, reps), med[k][3], med[k][8], med[k][7]);
   }
   printf("\nweft eager - raw record: %.1f ns (inside the record: %+.1f ns per record against the raw one's); "
          "the lazy use in all: %.1f ns\n",
@@ -280,8 +341,9 @@ int main(int argc, char **argv) {
   }
   CU(d->cuStreamDestroy(raw));
   CU(d->cuStreamDestroy(raw2));
+  W(weft_runtime_synchronize(rt));
   CU(d->cuStreamDestroy(other));
   CU(d->cuModuleUnload(module));
-  W(weft_runtime_release(rt));
+  W(weft_runtime_release(rt)); /* (raw3 goes with the primary context weft releases) */
   return 0;
 }
