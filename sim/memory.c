@@ -271,8 +271,8 @@ static CUresult copy_async_as(sim__copy_dir_t dir, CUdeviceptr dst_dev, void *ds
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
   CUresult li_ = sim__legacy_implicit(hs, 1);
   if (li_ != CUDA_SUCCESS) return li_;
-  CUresult r = sim__need_ctx();
-  if (r != CUDA_SUCCESS) return r;
+  /* (No current context needed: the stream names it; the default streams, without one, were
+   * refused above. H200, tests/conformance "no current context".) */
   if ((dir == SIM_HTOD && src_host == NULL) || (dir == SIM_DTOH && dst_host == NULL)) return CUDA_ERROR_INVALID_VALUE;
   if (n > 0 && (dir == SIM_HTOD || dir == SIM_DTOD) && !sim__addr_contains(dst_dev, n)) return CUDA_ERROR_INVALID_VALUE;
   if (n > 0 && (dir == SIM_DTOH || dir == SIM_DTOD) && !sim__addr_contains(src_dev, n)) return CUDA_ERROR_INVALID_VALUE;
@@ -432,8 +432,7 @@ static CUresult set_async(CUdeviceptr dst, unsigned value, unsigned elem, size_t
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
   CUresult li_ = sim__legacy_implicit(hs, 1);
   if (li_ != CUDA_SUCCESS) return li_;
-  CUresult r = sim__need_ctx();
-  if (r != CUDA_SUCCESS) return r;
+  /* (No current context needed: the stream names it. H200, tests/conformance.) */
   if ((dst & (elem - 1)) != 0 || (count > 0 && !sim__addr_contains(dst, count * elem))) return CUDA_ERROR_INVALID_VALUE;
   /* Memory of another device: refused at enqueue unless the stream's device may touch it (2 x
    * H100: INVALID_VALUE without peer access). */

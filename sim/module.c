@@ -161,8 +161,9 @@ static CUresult launch(CUfunction f, const unsigned grid[3], const unsigned bloc
   if (s == NULL) return CUDA_ERROR_INVALID_HANDLE;
   CUresult li_ = sim__legacy_implicit(hs, 1);
   if (li_ != CUDA_SUCCESS) return li_;
-  CUresult r = sim__need_ctx();
-  if (r != CUDA_SUCCESS) return r;
+  /* No current context needed: the stream names it; the default streams, without one, were
+   * refused above (H200, tests/conformance "no current context"). */
+  CUresult r;
   if (s->cap != NULL && s->cap->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
   sim__action_t act;
   if ((r = sim__kernel_action(&act, f, grid, block, shared, params, extra)) != CUDA_SUCCESS) return r;

@@ -249,8 +249,7 @@ static CUresult alloc_async(CUdeviceptr *out, size_t bytes, sim__pool_t *p, CUst
   CUresult li_ = sim__legacy_implicit(hs, 1);
   if (li_ != CUDA_SUCCESS) return li_;
   if (out == NULL) return CUDA_ERROR_INVALID_VALUE;
-  CUresult r = sim__need_ctx();
-  if (r != CUDA_SUCCESS) return r;
+  CUresult r; /* (no current context needed: the stream names it. H200, tests/conformance) */
   /* On a stream that is not capturing, stream-ordered allocation is unsafe under capture: while
    * another stream is in a GLOBAL capture (begun by this or another thread), or this thread's own
    * capture is not RELAXED, it fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates

@@ -1102,6 +1102,85 @@ static void test_graph_get_nodes_needs_room(void **state) {
        "answers 0 nodes");
 }
 
+/* Stream calls with no context current on the thread (a thread that never called CUDA, or one
+ * that set none): the stream-ordered calls weft makes on its streams (a launch, an event record,
+ * a wait, a memset, a copy, a graph launch, a stream-ordered allocation and free, a host
+ * function, the capture questions) take their context from the stream; only the legacy stream, which names the current
+ * context's, needs one (INVALID_CONTEXT without). Each answer is printed before it is checked,
+ * so a GPU that answers otherwise shows all its answers at once. */
+static void CUDA_CB count_call(void *arg) { atomic_fetch_add((_Atomic int *)arg, 1); }
+
+static void test_stream_calls_need_no_current_context(void **state) {
+  (void)state;
+  CUstream s = new_stream(), s2 = new_stream();
+  CUevent e;
+  OK(d->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  CUdeviceptr m, m2;
+  OK(d->cuMemAlloc(&m, 4096));
+  OK(d->cuMemAlloc(&m2, 4096));
+  /* A graph that fills m2's second half with 0x99, made while the context is current. */
+  CUstream gs = new_stream();
+  CUgraph g;
+  CUgraphExec x;
+  OK(d->cuStreamBeginCapture(gs, CU_STREAM_CAPTURE_MODE_RELAXED));
+  OK(d->cuMemsetD32Async(m2 + 2048, 0x99, 512, gs));
+  OK(d->cuStreamEndCapture(gs, &g));
+  OK(d->cuGraphInstantiateWithFlags(&x, g, 0));
+  static _Atomic int called;
+  atomic_store(&called, 0);
+  OK(d->cuCtxSetCurrent(NULL));
+  CUcontext none = (CUcontext)1;
+  OK(d->cuCtxGetCurrent(&none));
+  enum { N = 13 };
+  static const char *const what[N] = {"launch", "record", "wait", "memset", "query", "copy", "graph launch",
+                                      "alloc async", "free async", "host function", "capture question",
+                                      "capture info", "legacy record"};
+  CUresult r[N];
+  CUdeviceptr a = 0;
+  r[0] = fill(s, m, 1024, 0x77);
+  r[1] = d->cuEventRecord(e, s);
+  r[2] = d->cuStreamWaitEvent(s2, e, 0);
+  r[3] = d->cuMemsetD32Async(m + 2048, 0x55, 512, s2);
+  r[4] = d->cuEventQuery(e);
+  r[5] = d->cuMemcpyDtoDAsync(m2, m, 2048, s2);
+  r[6] = d->cuGraphLaunch(x, s2);
+  r[7] = d->cuMemAllocAsync(&a, 4096, s2);
+  r[8] = r[7] == CUDA_SUCCESS ? d->cuMemFreeAsync(a, s2) : r[7];
+  r[9] = d->cuLaunchHostFunc(s2, count_call, (void *)&called);
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_ACTIVE, cs2 = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+  cuuint64_t cid = 1;
+  r[10] = d->cuStreamIsCapturing(s2, &cs);
+  r[11] = d->cuStreamGetCaptureInfo(s2, &cs2, &cid, NULL, NULL, NULL, NULL);
+  r[12] = d->cuEventRecord(e, NULL); /* the legacy stream: the current context's */
+  OK(d->cuCtxSetCurrent(g_ctx));
+  printf("conformance: no current context (%p):", (void *)none);
+  for (int i = 0; i < N; i++) printf(" %s %d%s", what[i], (int)r[i], i + 1 < N ? "," : "\n");
+  assert_null(none);
+  for (int i = 0; i < N - 1; i++)
+    if (i != 4 && r[i] != CUDA_SUCCESS) fail_msg("with no context current, %s: %d, want 0", what[i], (int)r[i]);
+  assert_true(r[4] == CUDA_SUCCESS || r[4] == CUDA_ERROR_NOT_READY);
+  assert_int_equal(cs, CU_STREAM_CAPTURE_STATUS_NONE);
+  assert_int_equal(cs2, CU_STREAM_CAPTURE_STATUS_NONE);
+  IS(CUDA_ERROR_INVALID_CONTEXT, r[N - 1]);
+  OK(d->cuStreamSynchronize(s2));
+  assert_int_equal(read_at(m, 0), 0x77);
+  assert_int_equal(read_at(m, 511), 0x77);
+  assert_int_equal(read_at(m, 512), 0x55);
+  assert_int_equal(read_at(m, 1023), 0x55);
+  assert_int_equal(read_at(m2, 0), 0x77);
+  assert_int_equal(read_at(m2, 511), 0x77);
+  assert_int_equal(read_at(m2, 512), 0x99);
+  assert_int_equal(atomic_load(&called), 1);
+  OK(d->cuGraphExecDestroy(x));
+  OK(d->cuGraphDestroy(g));
+  OK(d->cuMemFree(m));
+  OK(d->cuMemFree(m2));
+  OK(d->cuEventDestroy(e));
+  PASS("with no context current, launches, event records, waits, memsets, copies, graph launches, stream-ordered "
+       "allocations and frees, host functions and capture questions on streams run (the stream names the "
+       "context); a record on the legacy stream is INVALID_CONTEXT");
+}
+
 static void test_stream_priority_range_and_events(void **state) {
   (void)state;
   int least = 1, greatest = 1;
@@ -1511,6 +1590,7 @@ int main(void) {
       CASE(test_pool_max_size_limits_allocations),
       CASE(test_pool_ipc_needs_a_handle_type),
       CASE(test_graph_get_nodes_needs_room),
+      CASE(test_stream_calls_need_no_current_context),
       CASE(test_stream_priority_range_and_events),
       CASE(test_cuMemAlloc_memory_can_be_freed_in_stream_order),
       CASE(test_launches_of_one_exec_keep_their_order_across_streams),
