@@ -210,10 +210,14 @@ WEFT_API WEFT_NODISCARD weft_status_t weft_driver_info(weft_driver_info_t *info)
 
 /** One per CUDA device ordinal and process: owns the stream pool, the tracker, the memory
  * resources and the counters. Reference counted; every function on it is thread-safe.
- * The calling thread's current context: a call that reaches the driver for a runtime makes that
- * device's primary context current on the thread (as cudaSetDevice would) and leaves it current.
- * A thread that mixes weft with other CUDA code and several devices sets its device again after
- * a weft call for another device; the PyTorch adapter (lib/torch) does so for every call. */
+ * The calling thread's current context: a call that reaches the driver for a runtime and needs a
+ * current context (an allocation, a synchronisation, a capture, work on the legacy or per-thread
+ * stream) makes that device's primary context current on the thread (as cudaSetDevice would) and
+ * leaves it current; weft_launch and weft_use_begin / weft_use_end on a stream that names its
+ * context need none (the driver's stream-ordered calls take it from the stream) and leave the
+ * thread's current context as it was. A thread that mixes weft with other CUDA code and several
+ * devices sets its device again after a weft call for another device; the PyTorch adapter
+ * (lib/torch) does so for every call. */
 typedef struct weft_runtime weft_runtime_t;
 /** A pooled CU_STREAM_NON_BLOCKING stream of a runtime (never the legacy NULL stream). Stream
  * handles stay valid as long as their runtime. */

@@ -80,6 +80,13 @@ weft_status_t weft__lane_init(weft__tracker_t *tr, weft__domain_t *d, weft__lane
     (void)weft__lane_free(tr, d, l); /* the live domain has no events yet; a capture's go back */
     return weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for an event ring");
   }
+  /* Event creation needs tr's context current (a use on a stream that names its context does
+   * not bind it). */
+  weft_status_t bound = taken < l->ring_size ? weft__tracker_bind(tr) : WEFT_OK;
+  if (bound != WEFT_OK) {
+    (void)weft__lane_free(tr, d, l);
+    return bound;
+  }
   for (unsigned i = taken; i < l->ring_size; i++) {
     CUresult r = tr->drv->cuEventCreate(&l->ring[i], CU_EVENT_DISABLE_TIMING);
     if (r != CUDA_SUCCESS) {
@@ -250,6 +257,9 @@ static weft_status_t grow_ring(weft__tracker_t *own, weft__domain_t *d, weft__la
                              g.ring_clock != NULL && fresh != NULL
                          ? WEFT_OK
                          : weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory to grow an event ring");
+  /* Event creation needs the owner's context current (a record on a stream that names its
+   * context, this ring's caller, does not bind it). */
+  if (st == WEFT_OK) st = weft__tracker_bind(own);
   unsigned made = 0;
   for (; st == WEFT_OK && made < old; made++) {
     CUresult r = own->drv->cuEventCreate(&fresh[made], CU_EVENT_DISABLE_TIMING);
@@ -334,13 +344,15 @@ weft_status_t weft__clock_flush(weft__tracker_t *tr, weft__domain_t *d, weft_str
   weft__lane_t *l = &d->lane[at];
   if (l->recorded == l->tick) return WEFT_OK;
   /* s may be another runtime's stream (a use across devices needs its tick): its events and
-   * its counters are its runtime's, and the record runs in its context (a legacy NULL stream
-   * means the current context's), which is then given back. */
+   * its counters are its runtime's. The record needs no current context on a stream that names
+   * its own; on a default stream (the legacy NULL stream means the current context's) it runs
+   * in s's runtime's context, which stays current, and for another runtime's stream the
+   * caller's is then made current again. */
   weft__tracker_t *own = s->tr;
   weft_status_t st = weft__lane_init(own, d, l);
   if (st != WEFT_OK) return st;
-  bool away = own != tr;
-  if (away && (st = weft__tracker_bind(own)) != WEFT_OK) return st;
+  bool away = own != tr && !weft__stream_names_context(s); /* another runtime's default stream */
+  if ((st = weft__tracker_bind_for(own, s)) != WEFT_OK) return st;
   uint64_t k = l->tick;
   if (l->exact && d->capture == NULL && (st = keep_room(own, d, at, k)) != WEFT_OK) {
     if (away) (void)weft__tracker_bind(tr);

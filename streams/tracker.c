@@ -1027,7 +1027,7 @@ static inline __attribute__((always_inline)) bool live_begin(weft__tracker_t *tr
   (void)needs_locked(tr, d, s, uses, n, &nd, &busy);
   if (busy != 0) return false;
   bool issues = issue_calls_driver(d, s, &nd);
-  *st = issues ? weft__tracker_bind(tr) : WEFT_OK;
+  *st = issues ? weft__tracker_bind_for(tr, s) : WEFT_OK;
   if (*st == WEFT_OK && issues) *st = issue_locked(tr, d, s, &nd);
   return true;
 }
@@ -1074,7 +1074,7 @@ static inline __attribute__((always_inline)) bool split_live(weft_stream_t *s, c
   tr->fast_uses++;
   /* The close records its event unless its tick stays pending (end_locked). */
   bool defer = !open && live_defers(tr, d, s);
-  if (st == WEFT_OK && !open && !defer) st = weft__tracker_bind(tr);
+  if (st == WEFT_OK && !open && !defer) st = weft__tracker_bind_for(tr, s);
   if (st == WEFT_OK && !open) end_locked(tr, d, s, uses, n, defer);
   if (st == WEFT_OK) {
     s->use_open = open;

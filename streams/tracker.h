@@ -227,6 +227,15 @@ struct weft_stream {
 _Static_assert(offsetof(struct weft_stream, exact) < 64 && sizeof(struct weft_stream) == 128,
                "weft_stream_t: the hot fields fit its first line, the whole two");
 
+/** Whether s's raw handle names its context: every stream but the default ones (the legacy NULL
+ * stream, CU_STREAM_PER_THREAD), which stand for the calling thread's current context's. A
+ * stream-ordered call on a stream that names its context (a launch, a record, a wait, a memset, a
+ * copy, a graph launch, a stream-ordered allocation or free, a host function) needs no context
+ * current on the thread: with none, each runs (H200, tests/conformance "no current context"). */
+static inline bool weft__stream_names_context(const weft_stream_t *s) {
+  return s->raw != NULL && s->raw != CU_STREAM_LEGACY && s->raw != CU_STREAM_PER_THREAD;
+}
+
 /* A capture's collectives held alive: by the capture itself while it ends (weft__capture_t.hold),
  * then by the weft graph it made (graph/). NCCL's ncclCommDestroy waits until the graphs that
  * captured a communicator's collectives are destroyed (on the thread that would destroy them, for
@@ -372,6 +381,13 @@ static inline bool weft__tracker_lane_used(weft__tracker_t *tr, unsigned i) {
 weft_status_t weft__tracker_destroy(weft__tracker_t *tr);
 /** Makes the tracker's context current on the calling thread (cheap when it already is). */
 weft_status_t weft__tracker_bind(weft__tracker_t *tr);
+/** weft__tracker_bind where the stream-ordered calls about to be made on s (of tr) need it: only
+ * for a default stream (weft__stream_names_context); otherwise nothing, and the thread's current
+ * context stays as it was (the cuCtxGetCurrent a bind makes costs 25-50 ns on a GPU host:
+ * bench/data/h200-driver-share-bfb22d0). */
+static inline weft_status_t weft__tracker_bind_for(weft__tracker_t *tr, const weft_stream_t *s) {
+  return weft__stream_names_context(s) ? WEFT_OK : weft__tracker_bind(tr);
+}
 
 /* ---- uses (tracker.c) -------------------------------------------------------------------------- */
 

@@ -116,9 +116,11 @@ static weft_status_t prepare(weft_stream_t *s, const weft_access_t *acc, size_t 
  * runtime with a valid kind, no trace and no NVTX tool. Resolves the accesses into uses[] with
  * their fingerprint, then readies an exposed stream (weft__stream_quiet asks the driver; a
  * capture that code outside weft began on it is met by weft__stream_prepare first), into *st:
- * prepare's checks, in its order. The context is bound only with `bind` (or for the legacy
- * stream's question): weft__tracker_open/close bind it themselves where the use makes a driver
- * call. Returns false, nothing done and no error recorded, where prepare must look. */
+ * prepare's checks, in its order. The context is bound only with `bind` (the use's work needs
+ * the thread's current context) or where s is a default stream (weft__stream_names_context; and
+ * for the legacy stream's question): the tracker binds it itself where the use's waits and
+ * record need it (weft__tracker_bind_for). Returns false, nothing done and no error recorded,
+ * where prepare must look. */
 static inline __attribute__((always_inline)) bool prepare_fast(weft_stream_t *s, const weft_access_t *acc, size_t n,
                                                                bool bind, weft__use_t *uses, uint64_t *print,
                                                                weft_status_t *st) {
@@ -133,7 +135,7 @@ static inline __attribute__((always_inline)) bool prepare_fast(weft_stream_t *s,
   if (atomic_load_explicit(&s->exposed, memory_order_relaxed) && !weft__stream_quiet(s, &q))
     *st = weft__stream_prepare(s);
   else
-    *st = q != WEFT_OK ? q : bind ? weft__tracker_bind(s->tr) : WEFT_OK;
+    *st = q != WEFT_OK ? q : bind ? weft__tracker_bind(s->tr) : weft__tracker_bind_for(s->tr, s);
   return true;
 }
 
@@ -206,13 +208,15 @@ weft_status_t weft_use_end(weft_stream_t *s, const weft_access_t *accesses, size
   return split(s, accesses, n, false);
 }
 
-/* A use of s around fn; `peer`: far blocks need s's device to access their memory. */
+/* A use of s around fn; `peer`: far blocks need s's device to access their memory; `context`: fn
+ * needs s's runtime's context current on the thread (not a launch: the stream names it). */
 static weft_status_t use_run(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name, bool peer,
-                             weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
+                             bool context, weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
   weft__use_t small[SMALL], *uses;
   uint64_t print;
   weft_status_t st;
-  if (prepare_fast(s, acc, n, true, small, &print, &st)) return st == WEFT_OK ? weft__tracker_use(s, small, n, fn, arg) : st;
+  if (prepare_fast(s, acc, n, context, small, &print, &st))
+    return st == WEFT_OK ? weft__tracker_use(s, small, n, fn, arg) : st;
   st = prepare(s, acc, n, small, &uses, name, peer, NULL);
   if (st != WEFT_OK) return st;
   uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
@@ -226,7 +230,7 @@ static weft_status_t use_run(weft_stream_t *s, const weft_access_t *acc, size_t 
 
 weft_status_t weft__use_run(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name,
                            weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
-  return use_run(s, acc, n, name, true, fn, arg);
+  return use_run(s, acc, n, name, true, true, fn, arg);
 }
 
 /* A joint use where a stream takes part in a capture: every use opens (its waits), fn runs, and
@@ -305,7 +309,8 @@ static weft_status_t do_launch(weft_stream_t *s, void *arg) {
 weft_status_t weft_launch(weft_stream_t *s, const weft_launch_t *launch, const weft_access_t *accesses, size_t n) {
   if (launch == NULL || launch->func == NULL)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_launch: launch or its function is NULL");
-  return use_run(s, accesses, n, "weft_launch", true, do_launch, (void *)launch);
+  /* The launch needs no current context on a stream that names its own (tests/conformance). */
+  return use_run(s, accesses, n, "weft_launch", true, false, do_launch, (void *)launch);
 }
 
 /* ---- tracked stream operations -------------------------------------------------------------- */
@@ -518,7 +523,7 @@ weft_status_t weft_copy_block(weft_stream_t *s, weft_block_t dst, size_t dst_off
     o.what = OP_PEER;
     o.dctx = dr->tracker.ctx;
     o.sctx = sr->tracker.ctx;
-    return use_run(s, a, 2, "weft_copy_block", false, do_op, &o);
+    return use_run(s, a, 2, "weft_copy_block", false, true, do_op, &o);
   }
   /* A copy within one block reads and writes it. */
   if (dst.rec == src.rec) a[0].kind = WEFT_READ_WRITE;

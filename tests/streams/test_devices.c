@@ -911,6 +911,78 @@ static void *ping_main(void *arg) {
   return NULL;
 }
 
+/* The thread's current context: weft_launch and the split form on a stream that names its
+ * context (a pool stream) need none (tests/conformance "no current context"), and leave the
+ * thread's as it was, none or another device's; their waits and records run all the same. On the
+ * adopted legacy stream, which stands for the current context's, weft makes its runtime's context
+ * current first, so the work runs on its device. */
+typedef struct ctx_run {
+  const kernels_t *k;
+  weft_runtime_t **rt;
+  weft_stream_t *(*s)[3];
+  weft_block_t a, b, c;
+  CUcontext seen[5]; /* the current context after each step */
+  weft_status_t st[5];
+} ctx_run_t;
+
+static void *ctx_steps(void *arg) {
+  ctx_run_t *r = arg;
+  CUcontext none = (CUcontext)1;
+  r->st[0] = drv->cuCtxGetCurrent(&none) == CUDA_SUCCESS && none == NULL ? WEFT_OK : WEFT_ERR_DRIVER;
+  /* No context current: b = 5 + 20 a on s[0][1] (it waits for a's memset on s[0][0]). */
+  r->st[1] = combine(r->k, 0, r->s[0][1], r->b, r->a, r->a, N, 5);
+  (void)drv->cuCtxGetCurrent(&r->seen[1]);
+  /* The split form on s[0][2], reading b (a wait on s[0][1], whose pending point is recorded). */
+  weft_access_t rb = {r->b, WEFT_READ};
+  r->st[2] = weft_use_begin(r->s[0][2], &rb, 1);
+  if (r->st[2] == WEFT_OK) r->st[2] = weft_use_end(r->s[0][2], &rb, 1);
+  (void)drv->cuCtxGetCurrent(&r->seen[2]);
+  /* Device 1's context current: c = 1 + 20 b on device 0's s[0][0]. */
+  if (drv->cuCtxSetCurrent(r->rt[1]->tracker.ctx) != CUDA_SUCCESS) return NULL;
+  r->st[3] = combine(r->k, 0, r->s[0][0], r->c, r->b, r->b, N, 1);
+  (void)drv->cuCtxGetCurrent(&r->seen[3]);
+  /* Still device 1's: a = 2 + 20 c on device 0's legacy stream, adopted: weft binds device 0's. */
+  weft_stream_t *legacy;
+  r->st[4] = weft_stream_adopt(r->rt[0], CU_STREAM_LEGACY, &legacy);
+  if (r->st[4] == WEFT_OK) r->st[4] = combine(r->k, 0, legacy, r->a, r->c, r->c, N, 2);
+  (void)drv->cuCtxGetCurrent(&r->seen[4]);
+  if (r->st[4] == WEFT_OK) r->st[4] = weft_stream_synchronize(legacy);
+  return NULL;
+}
+
+static void test_launches_and_uses_leave_the_current_context_alone(void **state) {
+  (void)state;
+  weft_runtime_t *rt[2];
+  weft_stream_t *s[2][3];
+  kernels_t k;
+  const weft_sim_api_t *sim = open_two(rt, s, &k);
+  ctx_run_t r = {.k = &k, .rt = rt, .s = s};
+  assert_int_equal(weft_alloc(rt[0], N * 4, s[0][0], "ctx.a", &r.a), WEFT_OK);
+  assert_int_equal(weft_alloc(rt[0], N * 4, s[0][0], "ctx.b", &r.b), WEFT_OK);
+  assert_int_equal(weft_alloc(rt[0], N * 4, s[0][0], "ctx.c", &r.c), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(rt[0]), WEFT_OK);
+  assert_int_equal(weft_memset32(s[0][0], r.a, 0, 3, N * 4), WEFT_OK);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, ctx_steps, &r), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  static const char *const step[5] = {"a new thread has no context", "weft_launch", "weft_use_begin / end",
+                                      "weft_launch with device 1's context current",
+                                      "weft_launch on the adopted legacy stream"};
+  for (int i = 0; i < 5; i++)
+    if (r.st[i] != WEFT_OK) fail_msg("%s: %s (%s)", step[i], weft_status_name(r.st[i]), weft_last_error());
+  CUcontext want[5] = {NULL, NULL, NULL, rt[1]->tracker.ctx, rt[0]->tracker.ctx};
+  for (int i = 1; i < 5; i++)
+    if (r.seen[i] != want[i])
+      fail_msg("after %s the thread's current context is %p, want %p", step[i], (void *)r.seen[i], (void *)want[i]);
+  expect_uniform(s[0][0], r.b, 5 + 20 * 3);
+  expect_uniform(s[0][0], r.c, 1 + 20 * (5 + 20 * 3));
+  expect_uniform(s[0][0], r.a, 2 + 20 * (1 + 20 * (5 + 20 * 3)));
+  expect_no_race(sim);
+  for (int i = 0; i < 3; i++) assert_int_equal(weft_free((&r.a)[i], s[0][0]), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(rt[0]), WEFT_OK);
+  close_two(rt, &k);
+}
+
 static void test_threads_pass_data_between_devices(void **state) {
   (void)state;
   weft_runtime_t *rt[MAXD];
@@ -1040,6 +1112,7 @@ int main(void) {
       cmocka_unit_test(test_lanes_of_a_released_runtime_are_taken_again_safely),
       cmocka_unit_test(test_a_runtime_without_free_lanes_is_refused_cleanly),
       cmocka_unit_test(test_threads_pass_data_between_devices),
+      cmocka_unit_test(test_launches_and_uses_leave_the_current_context_alone),
       cmocka_unit_test(test_a_thread_that_worked_on_per_thread_streams_of_two_devices_ends),
       cmocka_unit_test(test_without_peer_access_uses_are_refused_copies_work),
   };

@@ -67,6 +67,52 @@ static run_t run_program(const prog_t *p, unsigned lazy, int split, bool fast) {
   return r;
 }
 
+/* The same programs from a thread with no current context before each tracked launch (weft_launch
+ * or the split form around a raw launch), which weft must leave so: each launch, its waits and
+ * its records take their context from weft's streams (tests/conformance "no current context").
+ * The data must be the sequential program's, with no race, and the fast path must take every use. */
+static void no_context(unsigned lazy, int split) {
+  for (unsigned seed = 1; seed <= 3; seed++) {
+    prog_t p;
+    prog_init(&p, 50, 8, 64);
+    prog_random(&p, 1000, seed);
+    weft_options_t o = weft_options_default();
+    o.stream_count = 8;
+    o.high_priority_streams = 0;
+    o.lazy_records = lazy;
+    tu_env_t env;
+    assert_int_equal(tu_init(&env, &o), 0);
+    env.split = split;
+    env.no_context = 1;
+    tu_reset_races(&env);
+    uint64_t f0 = env.rt->tracker.fast_uses, waits;
+    assert_int_equal(prog_run(&env, &p, &waits, 1), 0);
+    uint64_t fast = env.rt->tracker.fast_uses - f0;
+    uint64_t races = tu_races(&env);
+    if (races != 0) tu_print_races(&env);
+    assert_int_equal(races, 0);
+    /* Every use of the program (and its 50 fills): the fast path's (split: begin and end). */
+    if (fast < (uint64_t)(p.uses + p.blocks) * (split ? 2 : 1))
+      fail_msg("seed %u: the fast path took %llu uses of %u", seed, (unsigned long long)fast, p.uses + p.blocks);
+    printf("%s, %s records, seed %u, no current context: %llu waits, %llu fast uses\n", split ? "split" : "launch",
+           lazy ? "lazy" : "eager", seed, (unsigned long long)waits, (unsigned long long)fast);
+    tu_fini(&env);
+    prog_free(&p);
+  }
+}
+
+static void test_launches_need_no_current_context(void **state) {
+  (void)state;
+  no_context(1, 0);
+  no_context(0, 0);
+}
+
+static void test_split_uses_need_no_current_context(void **state) {
+  (void)state;
+  no_context(1, 1);
+  no_context(0, 1);
+}
+
 static void same_steps(unsigned lazy, int split) {
   for (unsigned seed = 1; seed <= seeds(); seed++) {
     prog_t p;
@@ -181,6 +227,8 @@ int main(void) {
       cmocka_unit_test(test_split_uses_on_exposed_streams_take_the_same_steps_lazy),
       cmocka_unit_test(test_split_uses_on_exposed_streams_take_the_same_steps_eager),
       cmocka_unit_test(test_refused_calls_are_the_general_paths),
+      cmocka_unit_test(test_launches_need_no_current_context),
+      cmocka_unit_test(test_split_uses_need_no_current_context),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -70,9 +70,9 @@ static CUdeviceptr ptr_of(weft_block_t b) {
   return p;
 }
 
-/* One tracked launch: weft_launch, or (env->split) the split form around a raw launch. */
-static weft_status_t launch(const tu_env_t *env, weft_stream_t *s, const weft_launch_t *l, const weft_access_t *acc,
-                            size_t n) {
+/* weft_launch, or (env->split) the split form around a raw launch. */
+static weft_status_t launch_as_asked(const tu_env_t *env, weft_stream_t *s, const weft_launch_t *l,
+                                     const weft_access_t *acc, size_t n) {
   if (!env->split) return weft_launch(s, l, acc, n);
   const weft__driver_t *drv;
   weft_status_t st = weft__driver_get(&drv);
@@ -81,6 +81,24 @@ static weft_status_t launch(const tu_env_t *env, weft_stream_t *s, const weft_la
   CUresult r = drv->cuLaunchKernel(l->func, l->grid[0], 1, 1, l->block[0], 1, 1, 0, weft_stream_raw(s), l->params, NULL);
   st = weft_use_end(s, acc, n);
   return r != CUDA_SUCCESS ? WEFT_ERR_DRIVER : st;
+}
+
+/* One tracked launch: weft_launch, or (env->split) the split form around a raw launch; with
+ * env->no_context, from no current context, which it must leave so. */
+static weft_status_t launch(const tu_env_t *env, weft_stream_t *s, const weft_launch_t *l, const weft_access_t *acc,
+                            size_t n) {
+  const weft__driver_t *drv = NULL;
+  if (env->no_context && (weft__driver_get(&drv) != WEFT_OK || drv->cuCtxSetCurrent(NULL) != CUDA_SUCCESS)) {
+    fprintf(stderr, "tu: no current context could be set\n");
+    return WEFT_ERR_DRIVER;
+  }
+  weft_status_t st = launch_as_asked(env, s, l, acc, n);
+  CUcontext cur = NULL;
+  if (st == WEFT_OK && env->no_context && (drv->cuCtxGetCurrent(&cur) != CUDA_SUCCESS || cur != NULL)) {
+    fprintf(stderr, "tu: a tracked launch on stream %d made context %p current\n", weft_stream_index(s), (void *)cur);
+    return WEFT_ERR_INVALID_ARGUMENT; /* (the caller's test fails on it) */
+  }
+  return st;
 }
 
 weft_status_t tu_combine(const tu_env_t *env, weft_stream_t *s, weft_block_t out0, weft_block_t out1, weft_block_t in0,

@@ -16,6 +16,8 @@ typedef struct tu_env {
   CUcontext ctx;             /* the device's primary context, where the module is loaded */
   int split;                 /* tu_combine / tu_fill: weft_use_begin, the raw launch on
                               * weft_stream_raw's handle, weft_use_end (else one weft_launch) */
+  int no_context;            /* tu_combine / tu_fill: each from a thread with no current context,
+                              * which weft must leave so (the test fails otherwise) */
 } tu_env_t;
 
 /** Gets the runtime of device 0 with `opts` (NULL: defaults), loads the kernels. Returns 0 or
