@@ -17,7 +17,9 @@
  *   - raw records that take the record's cost apart: of weft's ring events on weft's stream (no
  *     weft code), of raw events on weft's stream, of the ring events of a weft stream nobody
  *     waited on, of raw events each waited on once, on a raw stream another stream once waited
- *     on, after a cuCtxGetCurrent, after 4 or 8 KiB of code, after a weft use.
+ *     on, after a cuCtxGetCurrent, after 4 or 8 KiB of code, after a weft use;
+ *   - 16 loads that miss the caches, chained (each address read from the last) or independent,
+ *     alone and before a raw launch: what a miss costs after a driver call.
  * For each: ns per operation in all, inside each timed call, and the rest (weft's own code, plus
  * the timers' own cost, which the raw rows show).
  *   bazel build -c opt //bench:driver_share && bazel-bin/bench/driver_share [N] [REPS]
@@ -110,7 +112,7 @@ static uint64_t now_ns(void) {
 
 enum { RAW, EAGER, LAZY, LAUNCH, WEFT_LAUNCH, RAW_WEFT, RAW_CTX, RAW_CODE4, RAW_CODE8, RAW_AFTER_USE, RAW_ON_WEFT,
        RAW_OWN_RING, RAW_WAITED_EVENTS, RAW_WAITED_STREAM, EDGE, RAW_EDGE, ALLOC_POOL, ALLOC_ADOPTED, ALLOC_LEGACY,
-       SERIES };
+       CHASE, CHASE_LAUNCH, SPREAD, SPREAD_LAUNCH, SERIES };
 static const char *const names[SERIES] = {
     "raw cuEventRecord (baseline)", "weft use, a stream others wait on", "weft use, a stream nobody waits on",
     "raw cuLaunchKernel (baseline)", "weft_launch, a stream nobody waits on",
@@ -122,7 +124,47 @@ static const char *const names[SERIES] = {
     "raw cuEventRecord of raw events on a raw stream another stream once waited on",
     "weft use with one edge (write after write, 2 streams)", "raw cuStreamWaitEvent + cuEventRecord (ping-pong)",
     "weft_alloc + weft_free, 1 MiB, a pool stream", "weft_alloc + weft_free, 1 MiB, an adopted raw stream",
-    "weft_alloc + weft_free, 1 MiB, the adopted legacy stream"};
+    "weft_alloc + weft_free, 1 MiB, the adopted legacy stream",
+    "16 dependent loads (a pointer chase over 512 KiB) alone", "16 dependent loads, then raw cuLaunchKernel",
+    "16 independent loads (of the same 512 KiB) alone", "16 independent loads, then raw cuLaunchKernel"};
+
+/* A cyclic chain of 64-byte nodes over 512 KiB (more than a first-level cache, less than a
+ * second-level one) in random order: each load's address is the previous
+ * load's value (what a use's walk from its stream to its lane, events and blocks' histories
+ * looks like to the processor); beside it the same count of loads whose addresses are all known
+ * at once. What a cache miss costs after a driver call, chained or not. */
+#define CHASE_LINES ((512u << 10) / 64u)
+static void **g_chain; /* g_chain[i * 8]: the next node */
+static void *g_at;
+static unsigned g_spread_at;
+static void chain_make(void) {
+  g_chain = aligned_alloc(64, (size_t)CHASE_LINES * 64);
+  unsigned *order = malloc(CHASE_LINES * sizeof *order);
+  if (g_chain == NULL || order == NULL) exit(1);
+  for (unsigned i = 0; i < CHASE_LINES; i++) order[i] = i;
+  uint64_t x = 88172645463325252ull;
+  for (unsigned i = CHASE_LINES - 1; i > 0; i--) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    unsigned j = (unsigned)(x % (i + 1)), t = order[i];
+    order[i] = order[j], order[j] = t;
+  }
+  for (unsigned i = 0; i < CHASE_LINES; i++) g_chain[(size_t)order[i] * 8] = &g_chain[(size_t)order[(i + 1) % CHASE_LINES] * 8];
+  g_at = &g_chain[(size_t)order[0] * 8];
+  free(order);
+}
+static __attribute__((noinline)) void chase16(void) {
+  void *p = g_at;
+  for (int i = 0; i < 16; i++) p = *(void *volatile *)p;
+  g_at = p;
+}
+static __attribute__((noinline)) void spread16(void) {
+  uintptr_t sum = 0;
+  for (unsigned i = 0; i < 16; i++) {
+    g_spread_at = (g_spread_at + 2531u) % CHASE_LINES; /* far apart, not a stride the prefetcher follows */
+    sum += (uintptr_t)*(void *volatile *)&g_chain[(size_t)g_spread_at * 8];
+  }
+  __asm__ volatile("" ::"r"(sum));
+}
 
 /* Code run once with no data and no calls (eight-byte no-ops): 4 KiB, about the code of a
  * recording use (tools/host_instr.sh eager1: 58 lines), and 8 KiB. */
@@ -202,6 +244,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < RING; i++) CU(d->cuEventCreate(&ev[i], CU_EVENT_DISABLE_TIMING));
   W(weft_runtime_synchronize(rt));
 
+  chain_make();
   real_record = d->cuEventRecord;
   real_ctx_get = d->cuCtxGetCurrent;
   real_launch = d->cuLaunchKernel;
@@ -277,6 +320,10 @@ int main(int argc, char **argv) {
           weft_block_t b;
           W(weft_alloc(rt, 1u << 20, as, "share.pair", &b));
           W(weft_free(b, as));
+        } else if (k == CHASE || k == CHASE_LAUNCH || k == SPREAD || k == SPREAD_LAUNCH) {
+          if (k == CHASE || k == CHASE_LAUNCH) chase16();
+          else spread16();
+          if (k == CHASE_LAUNCH || k == SPREAD_LAUNCH) CU(d->cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, raw, params, NULL));
         } else if (k == LAUNCH) {
           CU(d->cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, raw, params, NULL));
         } else if (k == WEFT_LAUNCH) {
@@ -345,5 +392,6 @@ int main(int argc, char **argv) {
   CU(d->cuStreamDestroy(other));
   CU(d->cuModuleUnload(module));
   W(weft_runtime_release(rt)); /* (raw3 goes with the primary context weft releases) */
+  free(g_chain);
   return 0;
 }
