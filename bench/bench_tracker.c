@@ -18,12 +18,9 @@
 #define BLOCKS 16
 #define RING 64 /* raw events per stream, as many as weft's default ring */
 
-/* s[0], s[1]: the ping-pong pair of the edge row; s[2]: a stream s[1] waits on now and then, as the
- * weft rows' s[0] (the driver's cuEventRecord costs more on a stream another stream has waited on:
- * bench/driver_share.c). */
 typedef struct raw {
-  CUstream s[3];
-  CUevent ev[3][RING];
+  CUstream s[2];
+  CUevent ev[2][RING];
 } raw_t;
 
 /* What the samples share: the raw streams and events, weft's runtime and streams, the count. */
@@ -63,23 +60,6 @@ static double raw_record_floor(tctx_t *t, bool floor) {
 }
 
 static double raw_record(void *arg) { return raw_record_floor(arg, false); }
-
-/* ns per cuEventRecord on a stream others wait on: before the sample, as keep_eager does for
- * weft's s[0], another stream waits for an older record of it. What a hand-written program pays
- * for the event of a point other streams wait for: the baseline of the weft rows 'a stream others
- * wait on' (a record on a stream nobody waits on costs the driver less). */
-static double raw_record_waited(void *arg) {
-  tctx_t *t = arg;
-  const raw_t *r = t->r;
-  const weft__driver_t *d = t->b->drv;
-  BENCH_CU(d->cuEventRecord(r->ev[2][RING - 1], r->s[2]));
-  BENCH_CU(d->cuStreamWaitEvent(r->s[1], r->ev[2][RING - 1], 0));
-  uint64_t t0 = bench_now_ns();
-  for (unsigned i = 0; i < t->n; i++) BENCH_CU(d->cuEventRecord(r->ev[2][i % RING], r->s[2]));
-  uint64_t t1 = bench_now_ns();
-  for (int k = 1; k < 3; k++) BENCH_CU(d->cuStreamSynchronize(r->s[k]));
-  return (double)(t1 - t0) / t->n;
-}
 static double raw_record_tracked(void *arg) { return raw_record_floor(arg, true); }
 
 /* ns per operation that waits for the other stream's last event, then records its own: what a
@@ -330,14 +310,12 @@ void bench_tracker(bench_t *b) {
                 "on one stream; the edge row writes one block alternately from two streams, so every use "
                 "waits once. The plain no-edge rows run on a stream nobody waits on, which records no "
                 "event (options.lazy_records); the rows 'a stream others wait on' record one per use (before each "
-                "of their samples another stream waits for an older use of that stream, which keeps it eager), "
-                "and their raw calls are a `cuEventRecord` on a raw stream treated the same way: the driver's "
-                "record costs more on a stream another stream has waited on (bench/driver_share.c). "
+                "of their samples another stream waits for an older use of that stream, which keeps it eager). "
                 "Goal (issues 4, 17): a use with no edge at most 30 ns over one raw `cuEventRecord`.");
   const weft__driver_t *d = b->drv;
   unsigned n = bench_count(b, 100000, 64);
   raw_t r;
-  for (int k = 0; k < 3; k++) {
+  for (int k = 0; k < 2; k++) {
     BENCH_CU(d->cuStreamCreateWithPriority(&r.s[k], CU_STREAM_NON_BLOCKING, 0));
     /* Flags as weft's ring events (streams/pool.c). */
     for (int i = 0; i < RING; i++) BENCH_CU(d->cuEventCreate(&r.ev[k][i], CU_EVENT_DISABLE_TIMING));
@@ -367,8 +345,7 @@ void bench_tracker(bench_t *b) {
       "no edge, 1 access",     "no edge, 4 accesses",     "no edge, 16 accesses",
       "no edge, 1 access, a stream others wait on", "no edge, 4 accesses, a stream others wait on",
       "no edge, 16 accesses, a stream others wait on", "one edge (write after write, 2 streams)"};
-  static const char rec_name[] = "raw cuEventRecord", pair_name[] = "raw cuStreamWaitEvent + cuEventRecord",
-                    waited_name[] = "raw cuEventRecord, a stream others wait on";
+  static const char rec_name[] = "raw cuEventRecord", pair_name[] = "raw cuStreamWaitEvent + cuEventRecord";
   /* No-edge uses: k accesses, a quarter written (at least one), the rest read, on one stream: s[2]
    * (nobody waits on it) or s[0] (s[1] does). The edge use writes blk[0] alternately from s[0]
    * and s[1], so every use waits once. */
@@ -379,9 +356,9 @@ void bench_tracker(bench_t *b) {
     for (size_t i = 0; i < q[j].k; i++)
       q[j].acc[i] = (weft_access_t){j < 3 ? own[i] : blk[i], i < writes ? WEFT_WRITE : WEFT_READ};
   }
-  bench_series_t series[NQ + 5];
+  bench_series_t series[NQ + 4];
   for (int j = 0; j < NQ; j++)
-    series[j] = (bench_series_t){names[j], j < 3 ? rec_name : j < 6 ? waited_name : pair_name, NULL, weft_uses, &q[j]};
+    series[j] = (bench_series_t){names[j], j < 6 ? rec_name : pair_name, NULL, weft_uses, &q[j]};
   series[NQ] = (bench_series_t){rec_name, NULL, NULL, raw_record, &t};
   series[NQ + 1] = (bench_series_t){pair_name, NULL, NULL, raw_wait_record, &t};
   /* What the least thread-safe tracker would add to the raw calls (bench.h, "the floor"). */
@@ -389,9 +366,8 @@ void bench_tracker(bench_t *b) {
                                     raw_record_tracked, &t};
   series[NQ + 3] = (bench_series_t){"raw cuStreamWaitEvent + cuEventRecord + the floor of a tracker (diagnostic)",
                                     pair_name, NULL, raw_wait_record_tracked, &t};
-  series[NQ + 4] = (bench_series_t){waited_name, NULL, NULL, raw_record_waited, &t};
-  double med[NQ + 5], ctx_get;
-  bench_measure(b, "tracker", "ns per use, begin+end", "ns", series, NQ + 5, med);
+  double med[NQ + 4], ctx_get;
+  bench_measure(b, "tracker", "ns per use, begin+end", "ns", series, NQ + 4, med);
   bench_series_t ctx_series = {"raw cuCtxGetCurrent", NULL, NULL, raw_ctx_get, &t};
   bench_measure(b, "tracker", "ns per call", "ns", &ctx_series, 1, &ctx_get);
 
@@ -399,7 +375,7 @@ void bench_tracker(bench_t *b) {
                                      "tracker share, ns/use", "share, ns/access", "waits/use", "events/use"};
   bench_table(cols, 9);
   for (int j = 0; j < NQ; j++) {
-    double driver = j < 3 ? med[NQ] : j < 6 ? med[NQ + 4] : med[NQ + 1], share = med[j] - driver;
+    double driver = j < 6 ? med[NQ] : med[NQ + 1], share = med[j] - driver;
     printf("| %s | %zu | %.0f | %.0f | %.2fx | %.0f | %.1f | %.2f | %.2f |\n", names[j], q[j].k, med[j], driver,
            med[j] / driver, share, share / (double)q[j].k, q[j].waits, q[j].records);
     bench_sample(b, "tracker", names[j], "waits issued per use", "waits", NULL, NULL, 0, q[j].waits);
@@ -414,15 +390,12 @@ void bench_tracker(bench_t *b) {
   launch_breakdown(b, t.rt, ls, other, bench_count(b, 20000, 16));
   BENCH_WEFT(weft_runtime_release(t.rt));
 
-  printf("\nRaw driver calls in the same run, ns each (medians): `cuEventRecord` %.0f on a stream nobody waits on, "
-         "%.0f on a stream others wait on (the baseline of the rows 'a stream others wait on'; against the first "
-         "those rows' share would read %.0f, %.0f and %.0f ns), `cuStreamWaitEvent` + `cuEventRecord` %.0f, "
-         "`cuCtxGetCurrent` %.0f (weft's share includes two of these). %u uses per sample, the series interleaved. "
-         "The floor of a tracker (one mutex hold and the blocks' histories, bench.h) beside them: record %.0f "
-         "(%.3fx), wait + record %.0f (%.3fx).\n\n",
-         med[NQ], med[NQ + 4], med[3] - med[NQ], med[4] - med[NQ], med[5] - med[NQ], med[NQ + 1], ctx_get, n,
-         med[NQ + 2], med[NQ + 2] / med[NQ], med[NQ + 3], med[NQ + 3] / med[NQ + 1]);
-  for (int k = 0; k < 3; k++) {
+  printf("\nRaw driver calls in the same run, ns each (medians): `cuEventRecord` %.0f, `cuStreamWaitEvent` + "
+         "`cuEventRecord` %.0f, `cuCtxGetCurrent` %.0f (weft's share includes two of these). %u uses per sample, "
+         "the series interleaved. The floor of a tracker (one mutex hold and the blocks' histories, bench.h) "
+         "beside them: record %.0f (%.3fx), wait + record %.0f (%.3fx).\n\n",
+         med[NQ], med[NQ + 1], ctx_get, n, med[NQ + 2], med[NQ + 2] / med[NQ], med[NQ + 3], med[NQ + 3] / med[NQ + 1]);
+  for (int k = 0; k < 2; k++) {
     for (int i = 0; i < RING; i++) BENCH_CU(d->cuEventDestroy(r.ev[k][i]));
     BENCH_CU(d->cuStreamDestroy(r.s[k]));
   }

@@ -93,7 +93,7 @@ GOALS = [
          text="`pool` resource alone: alloc + free pair <= 1/10 of the driver's pool pair, same size (issue 17)"),
     dict(section=r"^tracker$", row=r"no edge", metric=r"ns per use", where=None,
          baseline=r"cuEventRecord", how="diff<=", limit="30",
-         text="a use that needs no edge: <= 30 ns over one raw cuEventRecord on a like stream (issue 4)"),
+         text="a use that needs no edge: <= 30 ns over one raw cuEventRecord (issue 4)"),
     dict(section=r"^tracker$", row=r"one edge", metric=r"ns per use", where=None,
          baseline=None, how="ratio<=", limit="1.3",
          text="a use with one edge: <= 1.3 x raw cuStreamWaitEvent + cuEventRecord"),
