@@ -1,0 +1,105 @@
+/* probe_record_cost: what one cuEventRecord costs the host on streams with different histories
+ * (bench/driver_share.c found records on some streams 50-130 ns dearer than on others; this asks
+ * which history does it). Each stream records into its own 64 events, cycling; the streams'
+ * samples are interleaved, 11 samples of 100,000 records; medians, ns per record.
+ *   A  a fresh stream
+ *   B  another stream waited once on an event of it (at setup)
+ *   C  another stream waited 200,000 times on its events (at setup: C records, W waits)
+ *   W  the stream that waited on C 200,000 times
+ *   E  1,000 stream-ordered pool allocations and frees ran on it (at setup)
+ *   E1 one pool allocation on it, never freed; E2 one allocation and its free on it; E3 one
+ *      free on it of memory allocated on another stream; E4 cuMemAllocAsync and cuMemFreeAsync on it (the
+ *      device's default pool) (all at setup)
+ *   H  created with the greatest priority
+ *   P  waited on by another stream before every sample (as the tracker table's weft rows are)
+ * Prints what the driver answers; asserts nothing. Run by hand on a GPU machine:
+ *   bazel build -c opt //tools/probes:probe_record_cost && bazel-bin/tools/probes/probe_record_cost */
+#include <stdint.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "tools/probes/probe.h"
+
+#define RING 64
+#define N 100000
+#define REPS 11
+
+enum { A, B, C, W, E, E1, E2, E3, E4, H, P, K };
+static const char *const names[K] = {"A fresh", "B waited on once", "C waited on 200,000 times", "W waited 200,000 times",
+                                     "E 1,000 pool alloc/free pairs ran on it", "E1 one pool allocation on it, kept",
+                                     "E2 one pool allocation and its free on it", "E3 one pool free on it (allocated on another stream)",
+                                     "E4 one cuMemAllocAsync and its free on it (the device's default pool)",
+                                     "H greatest priority", "P waited on before each sample"};
+
+static uint64_t now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static int cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+int main(void) {
+  int rc;
+  if (!probe_start(&rc)) return rc;
+  CUstream s[K], other;
+  CUevent ev[K][RING];
+  int least, greatest;
+  TRY(d->cuCtxGetStreamPriorityRange(&least, &greatest));
+  for (int k = 0; k < K; k++) {
+    TRY(d->cuStreamCreateWithPriority(&s[k], CU_STREAM_NON_BLOCKING, k == H ? greatest : 0));
+    for (int i = 0; i < RING; i++) TRY(d->cuEventCreate(&ev[k][i], CU_EVENT_DISABLE_TIMING));
+  }
+  TRY(d->cuStreamCreateWithPriority(&other, CU_STREAM_NON_BLOCKING, 0));
+  TRY(d->cuEventRecord(ev[B][0], s[B]));
+  TRY(d->cuStreamWaitEvent(other, ev[B][0], 0));
+  for (int i = 0; i < 200000; i++) {
+    TRY(d->cuEventRecord(ev[C][i % RING], s[C]));
+    TRY(d->cuStreamWaitEvent(s[W], ev[C][i % RING], 0));
+  }
+  CUmemoryPool pool;
+  CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+                          .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = (int)dev}};
+  TRY(d->cuMemPoolCreate(&pool, &props));
+  for (int i = 0; i < 1000; i++) {
+    CUdeviceptr p;
+    TRY(d->cuMemAllocFromPoolAsync(&p, 1 << 20, pool, s[E]));
+    TRY(d->cuMemFreeAsync(p, s[E]));
+  }
+  CUdeviceptr p1, p2, p3, p4;
+  TRY(d->cuMemAllocFromPoolAsync(&p1, 1 << 20, pool, s[E1]));
+  TRY(d->cuMemAllocFromPoolAsync(&p2, 1 << 20, pool, s[E2]));
+  TRY(d->cuMemFreeAsync(p2, s[E2]));
+  TRY(d->cuMemAllocFromPoolAsync(&p3, 1 << 20, pool, other));
+  TRY(d->cuStreamSynchronize(other));
+  TRY(d->cuMemFreeAsync(p3, s[E3]));
+  TRY(d->cuMemAllocAsync(&p4, 1 << 20, s[E4]));
+  TRY(d->cuMemFreeAsync(p4, s[E4]));
+  for (int k = 0; k < K; k++) TRY(d->cuStreamSynchronize(s[k]));
+  TRY(d->cuStreamSynchronize(other));
+  static double v[K][REPS];
+  for (int rep = 0; rep <= REPS; rep++)
+    for (int k = 0; k < K; k++) {
+      if (k == P) {
+        TRY(d->cuEventRecord(ev[P][RING - 1], s[P]));
+        TRY(d->cuStreamWaitEvent(other, ev[P][RING - 1], 0));
+      }
+      uint64_t t0 = now();
+      for (int i = 0; i < N; i++) TRY(d->cuEventRecord(ev[k][i % RING], s[k]));
+      uint64_t t1 = now();
+      TRY(d->cuStreamSynchronize(s[k]));
+      TRY(d->cuStreamSynchronize(other));
+      if (rep > 0) v[k][rep - 1] = (double)(t1 - t0) / N;
+    }
+  printf("probe_record_cost: ns per cuEventRecord, median of %d samples of %d (min-max)\n", REPS, N);
+  for (int k = 0; k < K; k++) {
+    qsort(v[k], REPS, sizeof v[k][0], cmp);
+    printf("  %-70s %6.1f  (%.1f-%.1f)\n", names[k], v[k][REPS / 2], v[k][0], v[k][REPS - 1]);
+  }
+  TRY(d->cuMemFreeAsync(p1, s[E1]));
+  TRY(d->cuStreamSynchronize(s[E1]));
+  return 0;
+}
