@@ -9,9 +9,12 @@
  *   E  1,000 stream-ordered pool allocations and frees ran on it (at setup)
  *   E1 one pool allocation on it, never freed; E2 one allocation and its free on it; E3 one
  *      free on it of memory allocated on another stream; E4 cuMemAllocAsync and cuMemFreeAsync on it (the
- *      device's default pool) (all at setup)
+ *      device's default pool); E5 as E2 from a pool whose
+ *      CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES is 0, E6 from one with all three reuse
+ *      attributes 0 (all at setup)
  *   H  created with the greatest priority
  *   P  waited on by another stream before every sample (as the tracker table's weft rows are)
+ * Then a 4-byte memset and a wait on a complete event, on A and E2 alike.
  * Prints what the driver answers; asserts nothing. Run by hand on a GPU machine:
  *   bazel build -c opt //tools/probes:probe_record_cost && bazel-bin/tools/probes/probe_record_cost */
 #include <stdint.h>
@@ -24,11 +27,13 @@
 #define N 100000
 #define REPS 11
 
-enum { A, B, C, W, E, E1, E2, E3, E4, H, P, K };
+enum { A, B, C, W, E, E1, E2, E3, E4, E5, E6, H, P, K };
 static const char *const names[K] = {"A fresh", "B waited on once", "C waited on 200,000 times", "W waited 200,000 times",
                                      "E 1,000 pool alloc/free pairs ran on it", "E1 one pool allocation on it, kept",
                                      "E2 one pool allocation and its free on it", "E3 one pool free on it (allocated on another stream)",
                                      "E4 one cuMemAllocAsync and its free on it (the device's default pool)",
+                                     "E5 as E2, a pool that does not follow event dependencies",
+                                     "E6 as E2, a pool with none of the three reuse policies",
                                      "H greatest priority", "P waited on before each sample"};
 
 static uint64_t now(void) {
@@ -69,6 +74,19 @@ int main(void) {
     TRY(d->cuMemAllocFromPoolAsync(&p, 1 << 20, pool, s[E]));
     TRY(d->cuMemFreeAsync(p, s[E]));
   }
+  CUmemoryPool nofollow, noreuse;
+  TRY(d->cuMemPoolCreate(&nofollow, &props));
+  TRY(d->cuMemPoolCreate(&noreuse, &props));
+  int zero = 0;
+  TRY(d->cuMemPoolSetAttribute(nofollow, CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, &zero));
+  TRY(d->cuMemPoolSetAttribute(noreuse, CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES, &zero));
+  TRY(d->cuMemPoolSetAttribute(noreuse, CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC, &zero));
+  TRY(d->cuMemPoolSetAttribute(noreuse, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES, &zero));
+  CUdeviceptr p5, p6;
+  TRY(d->cuMemAllocFromPoolAsync(&p5, 1 << 20, nofollow, s[E5]));
+  TRY(d->cuMemFreeAsync(p5, s[E5]));
+  TRY(d->cuMemAllocFromPoolAsync(&p6, 1 << 20, noreuse, s[E6]));
+  TRY(d->cuMemFreeAsync(p6, s[E6]));
   CUdeviceptr p1, p2, p3, p4;
   TRY(d->cuMemAllocFromPoolAsync(&p1, 1 << 20, pool, s[E1]));
   TRY(d->cuMemAllocFromPoolAsync(&p2, 1 << 20, pool, s[E2]));
@@ -99,6 +117,39 @@ int main(void) {
     qsort(v[k], REPS, sizeof v[k][0], cmp);
     printf("  %-70s %6.1f  (%.1f-%.1f)\n", names[k], v[k][REPS / 2], v[k][0], v[k][REPS - 1]);
   }
+  /* The same for a 4-byte memset (work) and for a wait on a complete event, on A (fresh) and E2
+   * (one pool allocation and its free): whether the pool's mark reaches other calls too. */
+  CUdeviceptr m;
+  TRY(d->cuMemAlloc(&m, 4096));
+  CUevent done;
+  TRY(d->cuEventCreate(&done, CU_EVENT_DISABLE_TIMING));
+  TRY(d->cuEventRecord(done, other));
+  TRY(d->cuStreamSynchronize(other));
+  static const int pick[2] = {A, E2};
+  static double u[2][2][REPS];
+  (void)pick;
+  for (int rep = 0; rep <= REPS; rep++)
+    for (int op = 0; op < 2; op++)
+      for (int j = 0; j < 2; j++) {
+        CUstream st = s[pick[j]];
+        uint64_t t0 = now();
+        for (int i = 0; i < N; i++) {
+          if (op == 0) TRY(d->cuMemsetD32Async(m + (CUdeviceptr)(4 * j), (unsigned)i, 1, st));
+          else TRY(d->cuStreamWaitEvent(st, done, 0));
+        }
+        uint64_t t1 = now();
+        TRY(d->cuStreamSynchronize(st));
+        if (rep > 0) u[op][j][rep - 1] = (double)(t1 - t0) / N;
+      }
+  static const char *const opname[2] = {"cuMemsetD32Async of 4 bytes", "cuStreamWaitEvent on a complete event"};
+  for (int op = 0; op < 2; op++)
+    for (int j = 0; j < 2; j++) {
+      qsort(u[op][j], REPS, sizeof u[op][j][0], cmp);
+      printf("  %-40s on %-30s %6.1f  (%.1f-%.1f)\n", opname[op], names[pick[j]], u[op][j][REPS / 2], u[op][j][0],
+             u[op][j][REPS - 1]);
+    }
+  TRY(d->cuMemFree(m));
+  TRY(d->cuEventDestroy(done));
   TRY(d->cuMemFreeAsync(p1, s[E1]));
   TRY(d->cuStreamSynchronize(s[E1]));
   return 0;
