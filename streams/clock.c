@@ -257,14 +257,18 @@ static weft_status_t grow_ring(weft__tracker_t *own, weft__domain_t *d, weft__la
                              g.ring_clock != NULL && fresh != NULL
                          ? WEFT_OK
                          : weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory to grow an event ring");
-  /* Event creation needs the owner's context current (a record on a stream that names its
-   * context, this ring's caller, does not bind it). */
+  /* Event creation needs the owner's context current; a record on a stream that names its
+   * context (this ring's caller) does not bind it, and leaves the thread's context as it found
+   * it: so the creation does too. */
+  CUcontext before = NULL;
+  bool restore = st == WEFT_OK && own->drv->cuCtxGetCurrent(&before) == CUDA_SUCCESS && before != own->ctx;
   if (st == WEFT_OK) st = weft__tracker_bind(own);
   unsigned made = 0;
   for (; st == WEFT_OK && made < old; made++) {
     CUresult r = own->drv->cuEventCreate(&fresh[made], CU_EVENT_DISABLE_TIMING);
     if (r != CUDA_SUCCESS) st = weft__driver_fail(r, "cuEventCreate");
   }
+  if (restore) (void)own->drv->cuCtxSetCurrent(before); /* (weft__tracker_bind checks the driver's answer) */
   if (st != WEFT_OK) {
     for (unsigned i = 0; i + 1 < made; i++) (void)own->drv->cuEventDestroy(fresh[i]);
     ring_arrays_free(&g);

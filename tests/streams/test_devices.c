@@ -983,6 +983,57 @@ static void test_launches_and_uses_leave_the_current_context_alone(void **state)
   close_two(rt, &k);
 }
 
+/* The same for the one use path that creates events: an exact lane (weft__tracker_exact, as a
+ * collective's stream is) whose ring is full of events the device has not reached grows it
+ * (keep_room), which needs the runtime's context; from a thread with no current context the
+ * growth makes it current for the creation and then leaves the thread as it was. The ring grows
+ * only where the device lags (the lazy simulator: test_devices_lazy); elsewhere a skip. */
+typedef struct grow_run {
+  weft_stream_t *s;
+  weft_block_t b;
+  int uses;
+  weft_status_t st;
+  CUcontext seen;
+} grow_run_t;
+
+static void *grow_steps(void *arg) {
+  grow_run_t *g = arg;
+  weft_access_t w = {g->b, WEFT_WRITE};
+  for (int i = 0; i < g->uses && g->st == WEFT_OK; i++) {
+    if ((g->st = weft_use_begin(g->s, &w, 1)) == WEFT_OK) g->st = weft_use_end(g->s, &w, 1);
+    (void)drv->cuCtxGetCurrent(&g->seen);
+    if (g->seen != NULL) break;
+  }
+  return NULL;
+}
+
+static void test_an_exact_lanes_ring_grows_without_a_current_context(void **state) {
+  (void)state;
+  weft_runtime_t *rt[2];
+  weft_stream_t *s[2][3];
+  kernels_t k;
+  const weft_sim_api_t *sim = open_two(rt, s, &k);
+  grow_run_t g = {.s = s[0][1], .uses = 300, .st = WEFT_OK};
+  assert_int_equal(weft_alloc(rt[0], N * 4, s[0][1], "grow", &g.b), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(rt[0]), WEFT_OK);
+  assert_int_equal(weft__tracker_exact(s[0][1]), WEFT_OK);
+  weft_counters_t c0, c1;
+  assert_int_equal(weft_runtime_counters(rt[0], &c0), WEFT_OK);
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, grow_steps, &g), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  assert_int_equal(weft_runtime_counters(rt[0], &c1), WEFT_OK);
+  if (g.st != WEFT_OK) fail_msg("a use on the exact lane: %s", weft_status_name(g.st));
+  if (g.seen != NULL) fail_msg("after a use on the exact lane the thread's current context is %p, want none", (void *)g.seen);
+  assert_int_equal(weft_free(g.b, s[0][1]), WEFT_OK);
+  assert_int_equal(weft_runtime_synchronize(rt[0]), WEFT_OK);
+  expect_no_race(sim);
+  uint64_t grew = c1.ring_growths - c0.ring_growths;
+  close_two(rt, &k);
+  printf("exact lane: %llu ring growths over %d uses from no current context\n", (unsigned long long)grew, g.uses);
+  if (grew == 0) skip(); /* the device kept up: no growth to check */
+}
+
 static void test_threads_pass_data_between_devices(void **state) {
   (void)state;
   weft_runtime_t *rt[MAXD];
@@ -1113,6 +1164,7 @@ int main(void) {
       cmocka_unit_test(test_a_runtime_without_free_lanes_is_refused_cleanly),
       cmocka_unit_test(test_threads_pass_data_between_devices),
       cmocka_unit_test(test_launches_and_uses_leave_the_current_context_alone),
+      cmocka_unit_test(test_an_exact_lanes_ring_grows_without_a_current_context),
       cmocka_unit_test(test_a_thread_that_worked_on_per_thread_streams_of_two_devices_ends),
       cmocka_unit_test(test_without_peer_access_uses_are_refused_copies_work),
   };
