@@ -33,15 +33,21 @@ typedef struct run {
   uint64_t waits, fast, races;
 } run_t;
 
-static run_t run_program(const prog_t *p, unsigned lazy, int split, bool fast) {
+/* A fresh runtime for a program: 8 plain streams, a ring of `ring` events, lazy records or not,
+ * the tracked launches in the split form or not. */
+static void env_open(tu_env_t *env, unsigned lazy, int split, unsigned ring) {
   weft_options_t o = weft_options_default();
   o.stream_count = 8;
   o.high_priority_streams = 0;
-  o.event_ring = 4096;
+  o.event_ring = ring;
   o.lazy_records = lazy;
+  assert_int_equal(tu_init(env, &o), 0);
+  env->split = split;
+}
+
+static run_t run_program(const prog_t *p, unsigned lazy, int split, bool fast) {
   tu_env_t env;
-  assert_int_equal(tu_init(&env, &o), 0);
-  env.split = split;
+  env_open(&env, lazy, split, 4096);
   env.rt->tracker.no_fast_path = !fast;
   tu_reset_races(&env);
   weft_counters_t c0;
@@ -76,13 +82,8 @@ static void no_context(unsigned lazy, int split) {
     prog_t p;
     prog_init(&p, 50, 8, 64);
     prog_random(&p, 1000, seed);
-    weft_options_t o = weft_options_default();
-    o.stream_count = 8;
-    o.high_priority_streams = 0;
-    o.lazy_records = lazy;
     tu_env_t env;
-    assert_int_equal(tu_init(&env, &o), 0);
-    env.split = split;
+    env_open(&env, lazy, split, 64);
     env.no_context = 1;
     tu_reset_races(&env);
     uint64_t f0 = env.rt->tracker.fast_uses, waits;
