@@ -28,9 +28,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <x86intrin.h>
 
+#include "bench/bench.h"
 #include "examples/pipeline/pipeline_kernels.h"
 #include "examples/pipeline/pipeline_kernels_sim.h"
 #include "lib/core/driver.h"
@@ -88,27 +88,6 @@ static CUresult CUDAAPI timed_is_capturing(CUstream s, CUstreamCaptureStatus *st
   return r;
 }
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-#define CU(x)                                                                   \
-  do {                                                                          \
-    CUresult r_ = (x);                                                          \
-    if (r_ != CUDA_SUCCESS) {                                                   \
-      fprintf(stderr, "driver_share: %s failed: %d (line %d)\n", #x, r_, __LINE__); \
-      exit(1);                                                                  \
-    }                                                                           \
-  } while (0)
-#define W(x)                                                                    \
-  do {                                                                          \
-    if ((x) != WEFT_OK) {                                                       \
-      fprintf(stderr, "driver_share: %s: %s\n", #x, weft_last_error());         \
-      exit(1);                                                                  \
-    }                                                                           \
-  } while (0)
 
 enum { RAW, EAGER, LAZY, LAUNCH, WEFT_LAUNCH, RAW_WEFT, RAW_CTX, RAW_CODE4, RAW_CODE8, RAW_AFTER_USE, RAW_ON_WEFT,
        RAW_OWN_RING, RAW_WAITED_EVENTS, RAW_WAITED_STREAM, EDGE, RAW_EDGE, ALLOC_POOL, ALLOC_ADOPTED, ALLOC_LEGACY,
@@ -175,16 +154,6 @@ static __attribute__((noinline)) void code8(void) {
   __asm__ volatile(".rept 1024\n\t.byte 0x0f, 0x1f, 0x84, 0x00, 0x00, 0x00, 0x00, 0x00\n\t.endr" ::: "memory");
 }
 
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, unsigned n) {
-  qsort(v, n, sizeof *v, cmp);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 int main(int argc, char **argv) {
   unsigned n = argc > 1 ? (unsigned)atoi(argv[1]) : 100000, reps = argc > 2 ? (unsigned)atoi(argv[2]) : 15;
   if (n == 0 || reps == 0 || reps > 101) {
@@ -194,55 +163,55 @@ int main(int argc, char **argv) {
   weft_runtime_t *rt;
   weft_options_t o = weft_options_default();
   o.high_priority_streams = 0; /* plain streams, as the raw one */
-  W(weft_runtime_get(0, &o, &rt));
+  BENCH_WEFT(weft_runtime_get(0, &o, &rt));
   const weft__driver_t *cd;
-  W(weft__driver_get(&cd));
+  BENCH_WEFT(weft__driver_get(&cd));
   weft__driver_t *d = (weft__driver_t *)cd; /* the process's table: writable storage */
   weft_stream_t *s[3];
-  for (unsigned k = 0; k < 3; k++) W(weft_stream_get(rt, k, &s[k]));
+  for (unsigned k = 0; k < 3; k++) BENCH_WEFT(weft_stream_get(rt, k, &s[k]));
   weft_block_t blk, own, late[2];
-  W(weft_alloc(rt, 256, s[0], "share", &blk));
-  W(weft_alloc(rt, 256, s[2], "share.own", &own));
-  for (int i = 0; i < 2; i++) W(weft_alloc(rt, 256, s[0], "share.late", &late[i]));
+  BENCH_WEFT(weft_alloc(rt, 256, s[0], "share", &blk));
+  BENCH_WEFT(weft_alloc(rt, 256, s[2], "share.own", &own));
+  for (int i = 0; i < 2; i++) BENCH_WEFT(weft_alloc(rt, 256, s[0], "share.late", &late[i]));
   CUstream raw, raw2, other;
   CUevent ev[RING], ev2[RING], waited[RING];
-  CU(d->cuStreamCreateWithPriority(&raw, CU_STREAM_NON_BLOCKING, 0));
-  CU(d->cuStreamCreateWithPriority(&raw2, CU_STREAM_NON_BLOCKING, 0));
-  CU(d->cuStreamCreateWithPriority(&other, CU_STREAM_NON_BLOCKING, 0));
+  BENCH_CU(d->cuStreamCreateWithPriority(&raw, CU_STREAM_NON_BLOCKING, 0));
+  BENCH_CU(d->cuStreamCreateWithPriority(&raw2, CU_STREAM_NON_BLOCKING, 0));
+  BENCH_CU(d->cuStreamCreateWithPriority(&other, CU_STREAM_NON_BLOCKING, 0));
   for (int i = 0; i < RING; i++) {
-    CU(d->cuEventCreate(&ev2[i], CU_EVENT_DISABLE_TIMING));
-    CU(d->cuEventCreate(&waited[i], CU_EVENT_DISABLE_TIMING));
-    CU(d->cuEventRecord(waited[i], raw)); /* each waited on once by another stream */
-    CU(d->cuStreamWaitEvent(other, waited[i], 0));
+    BENCH_CU(d->cuEventCreate(&ev2[i], CU_EVENT_DISABLE_TIMING));
+    BENCH_CU(d->cuEventCreate(&waited[i], CU_EVENT_DISABLE_TIMING));
+    BENCH_CU(d->cuEventRecord(waited[i], raw)); /* each waited on once by another stream */
+    BENCH_CU(d->cuStreamWaitEvent(other, waited[i], 0));
   }
   { /* raw2: another stream waited on one event of it, once */
     CUevent e;
-    CU(d->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
-    CU(d->cuEventRecord(e, raw2));
-    CU(d->cuStreamWaitEvent(other, e, 0));
-    CU(d->cuStreamSynchronize(other));
-    CU(d->cuEventDestroy(e));
+    BENCH_CU(d->cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
+    BENCH_CU(d->cuEventRecord(e, raw2));
+    BENCH_CU(d->cuStreamWaitEvent(other, e, 0));
+    BENCH_CU(d->cuStreamSynchronize(other));
+    BENCH_CU(d->cuEventDestroy(e));
   }
   /* The harness's kernel (examples/pipeline), one block of 256 threads, one LCG round. */
   pipeline_kernels_register_sim();
   CUmodule module;
   CUfunction fn;
-  CU(d->cuModuleLoadData(&module, pipeline_kernels_fatbin));
-  CU(d->cuModuleGetFunction(&fn, module, "pipeline_transform"));
+  BENCH_CU(d->cuModuleLoadData(&module, pipeline_kernels_fatbin));
+  BENCH_CU(d->cuModuleGetFunction(&fn, module, "pipeline_transform"));
   CUdeviceptr ptr;
-  W(weft_block_ptr(own, &ptr));
+  BENCH_WEFT(weft_block_ptr(own, &ptr));
   /* Streams weft adopts (exposed: code outside weft may begin captures on them, so weft asks
    * the driver before each use), as the PyTorch adapter does with PyTorch's streams. */
   CUstream raw3;
-  CU(d->cuStreamCreateWithPriority(&raw3, CU_STREAM_NON_BLOCKING, 0));
+  BENCH_CU(d->cuStreamCreateWithPriority(&raw3, CU_STREAM_NON_BLOCKING, 0));
   weft_stream_t *adopted, *legacy;
-  W(weft_stream_adopt(rt, raw3, &adopted));
-  W(weft_stream_adopt(rt, CU_STREAM_LEGACY, &legacy));
+  BENCH_WEFT(weft_stream_adopt(rt, raw3, &adopted));
+  BENCH_WEFT(weft_stream_adopt(rt, CU_STREAM_LEGACY, &legacy));
   unsigned elems = 64, rounds = 1;
   void *params[] = {&ptr, &ptr, &elems, &rounds};
   weft_launch_t launch = {.func = fn, .grid = {1}, .block = {256}, .params = params};
-  for (int i = 0; i < RING; i++) CU(d->cuEventCreate(&ev[i], CU_EVENT_DISABLE_TIMING));
-  W(weft_runtime_synchronize(rt));
+  for (int i = 0; i < RING; i++) BENCH_CU(d->cuEventCreate(&ev[i], CU_EVENT_DISABLE_TIMING));
+  BENCH_WEFT(weft_runtime_synchronize(rt));
 
   chain_make();
   real_record = d->cuEventRecord;
@@ -257,22 +226,22 @@ int main(int argc, char **argv) {
   d->cuLaunchKernel = timed_launch;
 
   /* The time-stamp counter's ns, from this run. */
-  uint64_t c0 = __rdtsc(), n0 = now_ns();
-  while (now_ns() - n0 < 200000000u) {
+  uint64_t c0 = __rdtsc(), n0 = bench_now_ns();
+  while (bench_now_ns() - n0 < 200000000u) {
   }
-  double ns_per_tick = (double)(now_ns() - n0) / (double)(__rdtsc() - c0);
+  double ns_per_tick = (double)(bench_now_ns() - n0) / (double)(__rdtsc() - c0);
 
   static double v[SERIES][9][101];
   for (unsigned rep = 0; rep < reps + 1; rep++) { /* rep 0 warms up */
     for (unsigned k = 0; k < SERIES; k++) {
       if (k == EAGER || k == RAW_WEFT) { /* s[1] waits for an older use of s[0]: s[0] records each use (bench_tracker.c keep_eager) */
         weft_access_t w0 = {late[0], WEFT_WRITE}, w1 = {late[1], WEFT_WRITE}, r0 = {late[0], WEFT_READ};
-        W(weft_use_begin(s[0], &w0, 1));
-        W(weft_use_end(s[0], &w0, 1));
-        W(weft_use_begin(s[0], &w1, 1));
-        W(weft_use_end(s[0], &w1, 1));
-        W(weft_use_begin(s[1], &r0, 1));
-        W(weft_use_end(s[1], &r0, 1));
+        BENCH_WEFT(weft_use_begin(s[0], &w0, 1));
+        BENCH_WEFT(weft_use_end(s[0], &w0, 1));
+        BENCH_WEFT(weft_use_begin(s[0], &w1, 1));
+        BENCH_WEFT(weft_use_end(s[0], &w1, 1));
+        BENCH_WEFT(weft_use_begin(s[1], &r0, 1));
+        BENCH_WEFT(weft_use_end(s[1], &r0, 1));
       }
       weft_access_t a = {k == EAGER ? blk : own, k == WEFT_LAUNCH ? WEFT_READ_WRITE : WEFT_WRITE};
       weft_stream_t *on = s[k == EAGER ? 0 : 2];
@@ -281,56 +250,56 @@ int main(int argc, char **argv) {
       uint64_t t0 = __rdtsc();
       for (unsigned i = 0; i < n; i++) {
         if (k == RAW) {
-          CU(d->cuEventRecord(ev[i % RING], raw));
+          BENCH_CU(d->cuEventRecord(ev[i % RING], raw));
         } else if (k == RAW_WEFT) {
           const weft__lane_t *l = &s[0]->tr->live->lane[s[0]->lane];
-          CU(d->cuEventRecord(l->ring[i & (l->ring_size - 1)], s[0]->raw));
+          BENCH_CU(d->cuEventRecord(l->ring[i & (l->ring_size - 1)], s[0]->raw));
         } else if (k == RAW_CTX) {
           CUcontext cur;
-          CU(d->cuCtxGetCurrent(&cur));
-          CU(d->cuEventRecord(ev[i % RING], raw));
+          BENCH_CU(d->cuCtxGetCurrent(&cur));
+          BENCH_CU(d->cuEventRecord(ev[i % RING], raw));
         } else if (k == RAW_CODE4 || k == RAW_CODE8) {
           if (k == RAW_CODE4) code4();
           else code8();
-          CU(d->cuEventRecord(ev[i % RING], raw));
+          BENCH_CU(d->cuEventRecord(ev[i % RING], raw));
         } else if (k == RAW_AFTER_USE) {
-          W(weft_use_begin(on, &a, 1));
-          W(weft_use_end(on, &a, 1));
-          CU(d->cuEventRecord(ev[i % RING], raw));
+          BENCH_WEFT(weft_use_begin(on, &a, 1));
+          BENCH_WEFT(weft_use_end(on, &a, 1));
+          BENCH_CU(d->cuEventRecord(ev[i % RING], raw));
         } else if (k == RAW_ON_WEFT) {
-          CU(d->cuEventRecord(ev[i % RING], s[0]->raw));
+          BENCH_CU(d->cuEventRecord(ev[i % RING], s[0]->raw));
         } else if (k == RAW_OWN_RING) {
           const weft__lane_t *l = &s[2]->tr->live->lane[s[2]->lane];
-          CU(d->cuEventRecord(l->ring[i & (l->ring_size - 1)], s[2]->raw));
+          BENCH_CU(d->cuEventRecord(l->ring[i & (l->ring_size - 1)], s[2]->raw));
         } else if (k == RAW_WAITED_EVENTS) {
-          CU(d->cuEventRecord(waited[i % RING], raw));
+          BENCH_CU(d->cuEventRecord(waited[i % RING], raw));
         } else if (k == RAW_WAITED_STREAM) {
-          CU(d->cuEventRecord(ev2[i % RING], raw2));
+          BENCH_CU(d->cuEventRecord(ev2[i % RING], raw2));
         } else if (k == EDGE) {
           weft_access_t w = {blk, WEFT_WRITE};
-          W(weft_use_begin(s[i & 1], &w, 1));
-          W(weft_use_end(s[i & 1], &w, 1));
+          BENCH_WEFT(weft_use_begin(s[i & 1], &w, 1));
+          BENCH_WEFT(weft_use_end(s[i & 1], &w, 1));
         } else if (k == RAW_EDGE) {
           CUstream me = i & 1 ? raw2 : raw, other_s = i & 1 ? raw : raw2;
           (void)other_s;
-          CU(d->cuStreamWaitEvent(me, i & 1 ? ev[(i + RING - 1) % RING] : ev2[(i + RING - 1) % RING], 0));
-          CU(d->cuEventRecord(i & 1 ? ev2[i % RING] : ev[i % RING], me));
+          BENCH_CU(d->cuStreamWaitEvent(me, i & 1 ? ev[(i + RING - 1) % RING] : ev2[(i + RING - 1) % RING], 0));
+          BENCH_CU(d->cuEventRecord(i & 1 ? ev2[i % RING] : ev[i % RING], me));
         } else if (k == ALLOC_POOL || k == ALLOC_ADOPTED || k == ALLOC_LEGACY) {
           weft_stream_t *as = k == ALLOC_POOL ? s[2] : k == ALLOC_ADOPTED ? adopted : legacy;
           weft_block_t b;
-          W(weft_alloc(rt, 1u << 20, as, "share.pair", &b));
-          W(weft_free(b, as));
+          BENCH_WEFT(weft_alloc(rt, 1u << 20, as, "share.pair", &b));
+          BENCH_WEFT(weft_free(b, as));
         } else if (k == CHASE || k == CHASE_LAUNCH || k == SPREAD || k == SPREAD_LAUNCH) {
           if (k == CHASE || k == CHASE_LAUNCH) chase16();
           else spread16();
-          if (k == CHASE_LAUNCH || k == SPREAD_LAUNCH) CU(d->cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, raw, params, NULL));
+          if (k == CHASE_LAUNCH || k == SPREAD_LAUNCH) BENCH_CU(d->cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, raw, params, NULL));
         } else if (k == LAUNCH) {
-          CU(d->cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, raw, params, NULL));
+          BENCH_CU(d->cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, raw, params, NULL));
         } else if (k == WEFT_LAUNCH) {
-          W(weft_launch(on, &launch, &a, 1));
+          BENCH_WEFT(weft_launch(on, &launch, &a, 1));
         } else {
-          W(weft_use_begin(on, &a, 1));
-          W(weft_use_end(on, &a, 1));
+          BENCH_WEFT(weft_use_begin(on, &a, 1));
+          BENCH_WEFT(weft_use_end(on, &a, 1));
         }
       }
       uint64_t t1 = __rdtsc();
@@ -345,10 +314,10 @@ int main(int argc, char **argv) {
         v[k][7][rep - 1] = (double)probe_calls / n;
         v[k][8][rep - 1] = (double)ctx_calls / n;
       }
-      CU(d->cuStreamSynchronize(raw));
-      CU(d->cuStreamSynchronize(raw2));
-      W(weft_runtime_synchronize(rt));
-      if (k == RAW_WEFT || k == RAW_OWN_RING) W(weft_runtime_synchronize(rt)); /* (weft's events recorded behind its back: all complete now) */
+      BENCH_CU(d->cuStreamSynchronize(raw));
+      BENCH_CU(d->cuStreamSynchronize(raw2));
+      BENCH_WEFT(weft_runtime_synchronize(rt));
+      if (k == RAW_WEFT || k == RAW_OWN_RING) BENCH_WEFT(weft_runtime_synchronize(rt)); /* (weft's events recorded behind its back: all complete now) */
     }
   }
   d->cuEventRecord = real_record;
@@ -368,9 +337,9 @@ int main(int argc, char **argv) {
     double rest[101];
     for (unsigned r = 0; r < reps; r++)
       rest[r] = v[k][0][r] - v[k][1][r] - v[k][2][r] - v[k][4][r] - v[k][5][r] - v[k][6][r];
-    for (unsigned m = 0; m < 9; m++) med[k][m] = median(v[k][m], reps);
+    for (unsigned m = 0; m < 9; m++) med[k][m] = bench_median(v[k][m], reps);
     printf("| %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.2f | %.2f |\n", names[k], med[k][0],
-           med[k][1], med[k][2], med[k][4], med[k][5], med[k][6], median(rest, reps), med[k][3], med[k][8], med[k][7]);
+           med[k][1], med[k][2], med[k][4], med[k][5], med[k][6], bench_median(rest, reps), med[k][3], med[k][8], med[k][7]);
   }
   printf("\nweft eager - raw record: %.1f ns (inside the record: %+.1f ns per record against the raw one's); "
          "the lazy use in all: %.1f ns\n",
@@ -378,20 +347,20 @@ int main(int argc, char **argv) {
          med[LAZY][0]);
   printf("weft_launch - cuLaunchKernel: %.1f ns (inside the launch: %+.1f ns against the raw one's)\n",
          med[WEFT_LAUNCH][0] - med[LAUNCH][0], med[WEFT_LAUNCH][4] - med[LAUNCH][4]);
-  W(weft_free(blk, s[0]));
-  W(weft_free(own, s[2]));
-  for (int i = 0; i < 2; i++) W(weft_free(late[i], s[0]));
+  BENCH_WEFT(weft_free(blk, s[0]));
+  BENCH_WEFT(weft_free(own, s[2]));
+  for (int i = 0; i < 2; i++) BENCH_WEFT(weft_free(late[i], s[0]));
   for (int i = 0; i < RING; i++) {
-    CU(d->cuEventDestroy(ev[i]));
-    CU(d->cuEventDestroy(ev2[i]));
-    CU(d->cuEventDestroy(waited[i]));
+    BENCH_CU(d->cuEventDestroy(ev[i]));
+    BENCH_CU(d->cuEventDestroy(ev2[i]));
+    BENCH_CU(d->cuEventDestroy(waited[i]));
   }
-  CU(d->cuStreamDestroy(raw));
-  CU(d->cuStreamDestroy(raw2));
-  W(weft_runtime_synchronize(rt));
-  CU(d->cuStreamDestroy(other));
-  CU(d->cuModuleUnload(module));
-  W(weft_runtime_release(rt)); /* (raw3 goes with the primary context weft releases) */
+  BENCH_CU(d->cuStreamDestroy(raw));
+  BENCH_CU(d->cuStreamDestroy(raw2));
+  BENCH_WEFT(weft_runtime_synchronize(rt));
+  BENCH_CU(d->cuStreamDestroy(other));
+  BENCH_CU(d->cuModuleUnload(module));
+  BENCH_WEFT(weft_runtime_release(rt)); /* (raw3 goes with the primary context weft releases) */
   free(g_chain);
   return 0;
 }
