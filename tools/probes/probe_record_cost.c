@@ -14,6 +14,10 @@
  *      attributes 0 (all at setup)
  *   H  created with the greatest priority
  *   P  waited on by another stream before every sample (as the tracker table's weft rows are)
+ *   M  it waited once (at setup) on an event recorded on another stream right after a pool
+ *      allocation there (whether the mark travels with a wait, as it would if weft's pool took
+ *      its chunks on a stream of its own and made the user's stream wait for it)
+ *   F  it waited once on an event recorded on another stream right after a pool free there
  * Then a 4-byte memset and a wait on a complete event, on A and E2 alike.
  * Prints what the driver answers; asserts nothing. Run by hand on a GPU machine:
  *   bazel build -c opt //tools/probes:probe_record_cost && bazel-bin/tools/probes/probe_record_cost */
@@ -27,14 +31,16 @@
 #define N 100000
 #define REPS 11
 
-enum { A, B, C, W, E, E1, E2, E3, E4, E5, E6, H, P, K };
+enum { A, B, C, W, E, E1, E2, E3, E4, E5, E6, H, P, M, F, K };
 static const char *const names[K] = {"A fresh", "B waited on once", "C waited on 200,000 times", "W waited 200,000 times",
                                      "E 1,000 pool alloc/free pairs ran on it", "E1 one pool allocation on it, kept",
                                      "E2 one pool allocation and its free on it", "E3 one pool free on it (allocated on another stream)",
                                      "E4 one cuMemAllocAsync and its free on it (the device's default pool)",
                                      "E5 as E2, a pool that does not follow event dependencies",
                                      "E6 as E2, a pool with none of the three reuse policies",
-                                     "H greatest priority", "P waited on before each sample"};
+                                     "H greatest priority", "P waited on before each sample",
+                                     "M waited once on a record after a pool allocation elsewhere",
+                                     "F waited once on a record after a pool free elsewhere"};
 
 static uint64_t now(void) {
   struct timespec t;
@@ -95,6 +101,19 @@ int main(void) {
   TRY(d->cuStreamSynchronize(other));
   TRY(d->cuMemFreeAsync(p3, s[E3]));
   TRY(d->cuMemAllocAsync(&p4, 1 << 20, s[E4]));
+  CUstream q;
+  CUevent qe;
+  CUdeviceptr pm, pf;
+  TRY(d->cuStreamCreateWithPriority(&q, CU_STREAM_NON_BLOCKING, 0));
+  TRY(d->cuEventCreate(&qe, CU_EVENT_DISABLE_TIMING));
+  TRY(d->cuMemAllocFromPoolAsync(&pm, 1 << 20, pool, q));
+  TRY(d->cuEventRecord(qe, q));
+  TRY(d->cuStreamWaitEvent(s[M], qe, 0));
+  TRY(d->cuMemAllocFromPoolAsync(&pf, 1 << 20, pool, q));
+  TRY(d->cuMemFreeAsync(pf, q));
+  TRY(d->cuEventRecord(qe, q));
+  TRY(d->cuStreamWaitEvent(s[F], qe, 0));
+  TRY(d->cuStreamSynchronize(q));
   TRY(d->cuMemFreeAsync(p4, s[E4]));
   for (int k = 0; k < K; k++) TRY(d->cuStreamSynchronize(s[k]));
   TRY(d->cuStreamSynchronize(other));
@@ -151,6 +170,8 @@ int main(void) {
   TRY(d->cuMemFree(m));
   TRY(d->cuEventDestroy(done));
   TRY(d->cuMemFreeAsync(p1, s[E1]));
+  TRY(d->cuMemFreeAsync(pm, q));
+  TRY(d->cuStreamSynchronize(q));
   TRY(d->cuStreamSynchronize(s[E1]));
   return 0;
 }
