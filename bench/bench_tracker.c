@@ -18,9 +18,13 @@
 #define BLOCKS 16
 #define RING 64 /* raw events per stream, as many as weft's default ring */
 
+/* s[0], s[1]: raw streams that never touch a pool; s[2], s[3]: the same after one stream-ordered
+ * allocation and its free on each (at setup), which makes every later record there dearer
+ * (tools/probes/probe_record_cost: the driver's mark; a stream that waits for such a point carries
+ * it too), as on weft's streams, whose blocks come from a stream-ordered pool. */
 typedef struct raw {
-  CUstream s[2];
-  CUevent ev[2][RING];
+  CUstream s[4];
+  CUevent ev[4][RING];
 } raw_t;
 
 /* What the samples share: the raw streams and events, weft's runtime and streams, the count. */
@@ -45,43 +49,46 @@ typedef struct useq {
   double records;            /* events recorded per use in the last sample */
 } useq_t;
 
-/* ns per cuEventRecord on one stream; with `floor`, each after the floor of a tracker's
- * bookkeeping for a write on that stream (bench.h; it never needs a wait there). */
-static double raw_record_floor(tctx_t *t, bool floor) {
+/* ns per cuEventRecord on raw stream `on` (0, or 2: marked by a pool); with `floor`, each after
+ * the floor of a tracker's bookkeeping for a write on that stream (bench.h; it never needs a wait
+ * there). */
+static double raw_record_floor(tctx_t *t, unsigned on, bool floor) {
   bench_floor_reset();
   uint64_t t0 = bench_now_ns();
   for (unsigned i = 0; i < t->n; i++) {
     if (floor && bench_floor_use(0, 0, -1, 1)) bench_die("the floor of a tracker placed a wait on one stream");
-    BENCH_CU(t->b->drv->cuEventRecord(t->r->ev[0][i % RING], t->r->s[0]));
+    BENCH_CU(t->b->drv->cuEventRecord(t->r->ev[on][i % RING], t->r->s[on]));
   }
   uint64_t t1 = bench_now_ns();
-  BENCH_CU(t->b->drv->cuStreamSynchronize(t->r->s[0]));
+  BENCH_CU(t->b->drv->cuStreamSynchronize(t->r->s[on]));
   return (double)(t1 - t0) / t->n;
 }
 
-static double raw_record(void *arg) { return raw_record_floor(arg, false); }
-static double raw_record_tracked(void *arg) { return raw_record_floor(arg, true); }
+static double raw_record(void *arg) { return raw_record_floor(arg, 0, false); }
+static double raw_record_tracked(void *arg) { return raw_record_floor(arg, 0, true); }
+static double raw_record_marked(void *arg) { return raw_record_floor(arg, 2, false); }
 
 /* ns per operation that waits for the other stream's last event, then records its own: what a
  * hand-written ping-pong between two streams costs; with `floor`, each after the floor of a
  * tracker's bookkeeping for that write (bench.h), which must find the wait (from the second on). */
-static double raw_wait_record_floor(tctx_t *t, bool floor) {
+static double raw_wait_record_floor(tctx_t *t, unsigned base, bool floor) {
   const raw_t *r = t->r;
-  BENCH_CU(t->b->drv->cuEventRecord(r->ev[1][RING - 1], r->s[1]));
+  BENCH_CU(t->b->drv->cuEventRecord(r->ev[base + 1][RING - 1], r->s[base + 1]));
   bench_floor_reset();
   uint64_t t0 = bench_now_ns();
   for (unsigned i = 0; i < t->n; i++) {
-    unsigned me = i & 1, other = me ^ 1;
+    unsigned me = base + (i & 1), other = me ^ 1;
     if (floor && bench_floor_use(me, 0, -1, 1) != (i > 0)) bench_die("the floor of a tracker missed a wait");
     BENCH_CU(t->b->drv->cuStreamWaitEvent(r->s[me], r->ev[other][(i + RING - 1) % RING], 0));
     BENCH_CU(t->b->drv->cuEventRecord(r->ev[me][i % RING], r->s[me]));
   }
   uint64_t t1 = bench_now_ns();
-  for (int k = 0; k < 2; k++) BENCH_CU(t->b->drv->cuStreamSynchronize(r->s[k]));
+  for (unsigned k = base; k < base + 2; k++) BENCH_CU(t->b->drv->cuStreamSynchronize(r->s[k]));
   return (double)(t1 - t0) / t->n;
 }
-static double raw_wait_record(void *arg) { return raw_wait_record_floor(arg, false); }
-static double raw_wait_record_tracked(void *arg) { return raw_wait_record_floor(arg, true); }
+static double raw_wait_record(void *arg) { return raw_wait_record_floor(arg, 0, false); }
+static double raw_wait_record_tracked(void *arg) { return raw_wait_record_floor(arg, 0, true); }
+static double raw_wait_record_marked(void *arg) { return raw_wait_record_floor(arg, 2, false); }
 
 /* ns per cuCtxGetCurrent, the call weft's per-thread context check makes. */
 static double raw_ctx_get(void *arg) {
@@ -315,10 +322,16 @@ void bench_tracker(bench_t *b) {
   const weft__driver_t *d = b->drv;
   unsigned n = bench_count(b, 100000, 64);
   raw_t r;
-  for (int k = 0; k < 2; k++) {
+  for (int k = 0; k < 4; k++) {
     BENCH_CU(d->cuStreamCreateWithPriority(&r.s[k], CU_STREAM_NON_BLOCKING, 0));
     /* Flags as weft's ring events (streams/pool.c). */
     for (int i = 0; i < RING; i++) BENCH_CU(d->cuEventCreate(&r.ev[k][i], CU_EVENT_DISABLE_TIMING));
+  }
+  for (int k = 2; k < 4; k++) { /* the pool's mark (raw_t) */
+    CUdeviceptr p;
+    BENCH_CU(d->cuMemAllocAsync(&p, 256, r.s[k]));
+    BENCH_CU(d->cuMemFreeAsync(p, r.s[k]));
+    BENCH_CU(d->cuStreamSynchronize(r.s[k]));
   }
 
   weft_options_t o = weft_options_default();
@@ -356,7 +369,7 @@ void bench_tracker(bench_t *b) {
     for (size_t i = 0; i < q[j].k; i++)
       q[j].acc[i] = (weft_access_t){j < 3 ? own[i] : blk[i], i < writes ? WEFT_WRITE : WEFT_READ};
   }
-  bench_series_t series[NQ + 4];
+  bench_series_t series[NQ + 6];
   for (int j = 0; j < NQ; j++)
     series[j] = (bench_series_t){names[j], j < 6 ? rec_name : pair_name, NULL, weft_uses, &q[j]};
   series[NQ] = (bench_series_t){rec_name, NULL, NULL, raw_record, &t};
@@ -366,8 +379,15 @@ void bench_tracker(bench_t *b) {
                                     raw_record_tracked, &t};
   series[NQ + 3] = (bench_series_t){"raw cuStreamWaitEvent + cuEventRecord + the floor of a tracker (diagnostic)",
                                     pair_name, NULL, raw_wait_record_tracked, &t};
-  double med[NQ + 4], ctx_get;
-  bench_measure(b, "tracker", "ns per use, begin+end", "ns", series, NQ + 4, med);
+  /* The same raw calls on streams a stream-ordered pool operation marked, as weft's are (raw_t):
+   * the driver's part of the gap between a weft row and its raw baseline. */
+  series[NQ + 4] = (bench_series_t){"raw cuEventRecord on a stream that made a stream-ordered allocation (diagnostic)",
+                                    rec_name, NULL, raw_record_marked, &t};
+  series[NQ + 5] = (bench_series_t){
+      "raw cuStreamWaitEvent + cuEventRecord on streams that made a stream-ordered allocation (diagnostic)", pair_name,
+      NULL, raw_wait_record_marked, &t};
+  double med[NQ + 6], ctx_get;
+  bench_measure(b, "tracker", "ns per use, begin+end", "ns", series, NQ + 6, med);
   bench_series_t ctx_series = {"raw cuCtxGetCurrent", NULL, NULL, raw_ctx_get, &t};
   bench_measure(b, "tracker", "ns per call", "ns", &ctx_series, 1, &ctx_get);
 
@@ -393,9 +413,11 @@ void bench_tracker(bench_t *b) {
   printf("\nRaw driver calls in the same run, ns each (medians): `cuEventRecord` %.0f, `cuStreamWaitEvent` + "
          "`cuEventRecord` %.0f, `cuCtxGetCurrent` %.0f (weft's share includes two of these). %u uses per sample, "
          "the series interleaved. The floor of a tracker (one mutex hold and the blocks' histories, bench.h) "
-         "beside them: record %.0f (%.3fx), wait + record %.0f (%.3fx).\n\n",
-         med[NQ], med[NQ + 1], ctx_get, n, med[NQ + 2], med[NQ + 2] / med[NQ], med[NQ + 3], med[NQ + 3] / med[NQ + 1]);
-  for (int k = 0; k < 2; k++) {
+         "beside them: record %.0f (%.3fx), wait + record %.0f (%.3fx). On streams that made one stream-ordered "
+         "allocation, as weft's have (the driver's mark): record %.0f (%.3fx), wait + record %.0f (%.3fx).\n\n",
+         med[NQ], med[NQ + 1], ctx_get, n, med[NQ + 2], med[NQ + 2] / med[NQ], med[NQ + 3], med[NQ + 3] / med[NQ + 1],
+         med[NQ + 4], med[NQ + 4] / med[NQ], med[NQ + 5], med[NQ + 5] / med[NQ + 1]);
+  for (int k = 0; k < 4; k++) {
     for (int i = 0; i < RING; i++) BENCH_CU(d->cuEventDestroy(r.ev[k][i]));
     BENCH_CU(d->cuStreamDestroy(r.s[k]));
   }
