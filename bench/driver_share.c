@@ -19,7 +19,10 @@
  *     waited on, of raw events each waited on once, on a raw stream another stream once waited
  *     on, after a cuCtxGetCurrent, after 4 or 8 KiB of code, after a weft use;
  *   - 16 loads that miss the caches, chained (each address read from the last) or independent,
- *     alone and before a raw launch: what a miss costs after a driver call.
+ *     alone and before a raw launch: what a miss costs after a driver call;
+ *   - weft_launch taken apart: the same use (begin + end) with nothing inside, then the raw launch
+ *     on the same stream's handle (weft's code all before the launch instead of around it), and
+ *     4 or 8 KiB of code before a raw launch.
  * For each: ns per operation in all, inside each timed call, and the rest (weft's own code, plus
  * the timers' own cost, which the raw rows show).
  *   bazel build -c opt //bench:driver_share && bazel-bin/bench/driver_share [N] [REPS]
@@ -91,7 +94,7 @@ static CUresult CUDAAPI timed_is_capturing(CUstream s, CUstreamCaptureStatus *st
 
 enum { RAW, EAGER, LAZY, LAUNCH, WEFT_LAUNCH, RAW_WEFT, RAW_CTX, RAW_CODE4, RAW_CODE8, RAW_AFTER_USE, RAW_ON_WEFT,
        RAW_OWN_RING, RAW_WAITED_EVENTS, RAW_WAITED_STREAM, EDGE, RAW_EDGE, ALLOC_POOL, ALLOC_ADOPTED, ALLOC_LEGACY,
-       CHASE, CHASE_LAUNCH, SPREAD, SPREAD_LAUNCH, SERIES };
+       CHASE, CHASE_LAUNCH, SPREAD, SPREAD_LAUNCH, USE_THEN_LAUNCH, CODE4_LAUNCH, CODE8_LAUNCH, SERIES };
 static const char *const names[SERIES] = {
     "raw cuEventRecord (baseline)", "weft use, a stream others wait on", "weft use, a stream nobody waits on",
     "raw cuLaunchKernel (baseline)", "weft_launch, a stream nobody waits on",
@@ -105,7 +108,9 @@ static const char *const names[SERIES] = {
     "weft_alloc + weft_free, 1 MiB, a pool stream", "weft_alloc + weft_free, 1 MiB, an adopted raw stream",
     "weft_alloc + weft_free, 1 MiB, the adopted legacy stream",
     "16 dependent loads (a pointer chase over 512 KiB) alone", "16 dependent loads, then raw cuLaunchKernel",
-    "16 independent loads (of the same 512 KiB) alone", "16 independent loads, then raw cuLaunchKernel"};
+    "16 independent loads (of the same 512 KiB) alone", "16 independent loads, then raw cuLaunchKernel",
+    "weft use on a stream nobody waits on, then raw cuLaunchKernel on that stream",
+    "4 KiB of code run, then raw cuLaunchKernel", "8 KiB of code run, then raw cuLaunchKernel"};
 
 /* A cyclic chain of 64-byte nodes over 512 KiB (more than a first-level cache, less than a
  * second-level one) in random order: each load's address is the previous
@@ -243,7 +248,7 @@ int main(int argc, char **argv) {
         BENCH_WEFT(weft_use_begin(s[1], &r0, 1));
         BENCH_WEFT(weft_use_end(s[1], &r0, 1));
       }
-      weft_access_t a = {k == EAGER ? blk : own, k == WEFT_LAUNCH ? WEFT_READ_WRITE : WEFT_WRITE};
+      weft_access_t a = {k == EAGER ? blk : own, k == WEFT_LAUNCH || k == USE_THEN_LAUNCH ? WEFT_READ_WRITE : WEFT_WRITE};
       weft_stream_t *on = s[k == EAGER ? 0 : 2];
       record_ticks = record_calls = ctx_ticks = ctx_calls = launch_ticks = wait_ticks = wait_calls = probe_ticks =
           probe_calls = 0;
@@ -293,6 +298,14 @@ int main(int argc, char **argv) {
           if (k == CHASE || k == CHASE_LAUNCH) chase16();
           else spread16();
           if (k == CHASE_LAUNCH || k == SPREAD_LAUNCH) BENCH_CU(d->cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, raw, params, NULL));
+        } else if (k == USE_THEN_LAUNCH) {
+          BENCH_WEFT(weft_use_begin(on, &a, 1));
+          BENCH_WEFT(weft_use_end(on, &a, 1));
+          BENCH_CU(d->cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, on->raw, params, NULL));
+        } else if (k == CODE4_LAUNCH || k == CODE8_LAUNCH) {
+          if (k == CODE4_LAUNCH) code4();
+          else code8();
+          BENCH_CU(d->cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, raw, params, NULL));
         } else if (k == LAUNCH) {
           BENCH_CU(d->cuLaunchKernel(fn, 1, 1, 1, 256, 1, 1, 0, raw, params, NULL));
         } else if (k == WEFT_LAUNCH) {
