@@ -44,7 +44,7 @@ static void unlock(weft__tracker_t *tr) { weft__unlock(tr->lock); }
 static void wait_free(weft__tracker_t *tr, weft_stream_t *s) {
   for (;;) {
     if (s->holds != 0) weft__cond_wait(&tr->unheld, tr->lock);
-    else if (weft__lanes_has(tr->live->busy, s->lane)) weft__clock_idle_wait(tr->lock);
+    else if (weft__lanes_atomic_has(&tr->live->busy, s->lane)) weft__clock_idle_wait(tr, weft__lane_bit(s->lane));
     else return;
   }
 }

@@ -18,6 +18,21 @@
 weft__lock_t weft__clock_lock = WEFT__LOCK_INIT;
 weft__cond_t weft__clock_idle = WEFT__COND_INIT;
 
+typedef struct idle_ask {
+  const weft__lanes_atomic_t *busy;
+  weft__lanes_t lanes;
+} idle_ask_t;
+
+static bool lanes_idle(const void *arg) {
+  const idle_ask_t *a = arg;
+  return (weft__lanes_load(a->busy) & a->lanes) == 0;
+}
+
+void weft__clock_idle_wait(weft__tracker_t *tr, weft__lanes_t lanes) {
+  idle_ask_t a = {&tr->live->busy, lanes};
+  weft__cond_wait_unless(&weft__clock_idle, tr->lock, lanes_idle, &a);
+}
+
 /* The process's live domain: created with the first runtime, kept for the process (its lanes'
  * events go with their runtimes). `used` marks lanes some runtime holds. */
 static weft__domain_t g_live;
@@ -470,7 +485,7 @@ weft_status_t weft__clock_slot(weft__tracker_t *tr, weft__domain_t *d, weft_stre
   weft__lane_t *l = &d->lane[weft__at(d, t)];
   /* A busy lane's pending tick is its busy use's (tracker.h): nobody records it but that use,
    * and only an older tick is asked for here. */
-  bool busy = d->capture == NULL && weft__lanes_has(d->busy, weft__at(d, t));
+  bool busy = d->capture == NULL && weft__lanes_atomic_has(&d->busy, weft__at(d, t));
   if (l->recorded != l->tick && !busy) { /* (record_for_others' own first test, without its call) */
     weft_status_t st = record_for_others(tr, d, t);
     if (st == WEFT_ERR_CAPTURE) /* k's event, where it exists, serves: only the pending tick waits */

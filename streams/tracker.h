@@ -35,7 +35,13 @@
  * Under the lock it issues its waits and records its accesses at a pending tick of its stream,
  * and marks the stream's lane busy; it enqueues the work unlocked; under the lock again it
  * records the tick's event (or leaves it deferred) and clears the lane, or, if the work failed,
- * puts the histories and the lane back as they were. While a lane is busy nobody else enqueues
+ * puts the histories and the lane back as they were. A use that leaves its tick deferred (lazy
+ * records, the common case: tracker.c, use_live) finishes everything but its stream's published
+ * point before the work, and after it publishes the point and clears the lane without the lock
+ * (the busy set is atomic, weft__lanes_atomic_t); only a failed work takes the lock again. A
+ * thread that waits for a busy lane therefore counts itself a waiter and looks again before it
+ * sleeps (weft__clock_idle_wait), so that the clearing thread, which wakes the counted waiters,
+ * cannot miss it (tests/streams/test_busy_unlocked). While a lane is busy nobody else enqueues
  * on its stream, records on it, or waits for its pending tick: whoever must (a use of the same
  * stream, a use that conflicts with the busy use's accesses, a host wait) first waits until the
  * lane is idle (weft__clock_idle), then looks again. Nothing else observes a busy use's pending
@@ -75,6 +81,28 @@ static inline bool weft__lanes_has(weft__lanes_t m, unsigned i) {
 static inline unsigned weft__lanes_first(weft__lanes_t m) {
   uint64_t lo = (uint64_t)m;
   return lo != 0 ? (unsigned)__builtin_ctzll(lo) : 64u + (unsigned)__builtin_ctzll((uint64_t)(m >> 64));
+}
+
+/** A set of lanes that a thread not holding the tracker lock may leave: the live domain's busy
+ * lanes (above, "Busy lanes"), whose fast uses clear their lane without the lock. Two words, each
+ * changed by atomic read-modify-writes and read sequentially consistent (for
+ * weft__cond_wait_unless); a reader sees each lane's bit as it was at some moment of its read. */
+typedef struct weft__lanes_atomic {
+  _Atomic uint64_t w[2];
+} weft__lanes_atomic_t;
+static inline weft__lanes_t weft__lanes_load(const weft__lanes_atomic_t *a) {
+  return (weft__lanes_t)atomic_load(&a->w[1]) << 64 | atomic_load(&a->w[0]);
+}
+static inline bool weft__lanes_atomic_has(const weft__lanes_atomic_t *a, unsigned i) {
+  return ((atomic_load(&a->w[(i >> 6) & 1u]) >> (i & 63u)) & 1u) != 0;
+}
+static inline void weft__lanes_add(weft__lanes_atomic_t *a, weft__lanes_t m) {
+  if ((uint64_t)m != 0) atomic_fetch_or(&a->w[0], (uint64_t)m);
+  if ((uint64_t)(m >> 64) != 0) atomic_fetch_or(&a->w[1], (uint64_t)(m >> 64));
+}
+static inline void weft__lanes_remove(weft__lanes_atomic_t *a, weft__lanes_t m) {
+  if ((uint64_t)m != 0) atomic_fetch_and(&a->w[0], ~(uint64_t)m);
+  if ((uint64_t)(m >> 64) != 0) atomic_fetch_and(&a->w[1], ~(uint64_t)(m >> 64));
 }
 
 /** A position in a stream: all work enqueued on `stream` up to tick `tick`. */
@@ -168,7 +196,7 @@ typedef struct weft__domain {
   weft_stream_t **stream; /* the stream of each lane (NULL: none) */
   weft__lane_t *lane;
   weft__capture_t *capture; /* NULL for the live domain */
-  weft__lanes_t busy;       /* live domain: lanes whose use enqueues its work unlocked (above) */
+  weft__lanes_atomic_t busy; /* live domain: lanes whose use enqueues its work unlocked (above) */
   uint64_t use_seq;         /* deferred uses numbered so far (weft__access_state_t.last_use) */
 } weft__domain_t;
 

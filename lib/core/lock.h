@@ -11,6 +11,7 @@
 #define WEFT_CORE_LOCK_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 
 #include "lib/core/debug.h"
 
@@ -46,7 +47,9 @@ static inline void weft__unlock(weft__lock_t *l) {
  * on the predicate, as with pthread_cond_wait. */
 typedef struct weft__cond {
   atomic_uint seq;
-  unsigned waiters; /* threads in weft__cond_wait (under the lock): a broadcast without any is free */
+  /* Threads in weft__cond_wait or weft__cond_wait_unless (counted under the lock): a broadcast
+   * without any is free. */
+  atomic_uint waiters;
 } weft__cond_t;
 
 #define WEFT__COND_INIT {0, 0}
@@ -57,5 +60,15 @@ void weft__cond_wait(weft__cond_t *c, weft__lock_t *l);
 /** Wakes every thread waiting on c; with the lock held (after changing the predicate): no system
  * call when none waits. */
 void weft__cond_broadcast(weft__cond_t *c);
+
+/** weft__cond_wait for a predicate that a thread not holding l may end (and then calls
+ * weft__cond_broadcast_unlocked): counts itself a waiter first, then asks done(arg) again (both
+ * sequentially consistent), and sleeps only if it says no, so that either this thread sees the
+ * change or the changing thread sees it waiting. l held; released while asleep. */
+void weft__cond_wait_unless(weft__cond_t *c, weft__lock_t *l, bool (*done)(const void *arg), const void *arg);
+/** Wakes every thread waiting on c, from a thread that need not hold the lock: call it after the
+ * predicate's change, made sequentially consistent (weft__cond_wait_unless). No system call when
+ * none waits. */
+void weft__cond_broadcast_unlocked(weft__cond_t *c);
 
 #endif /* WEFT_CORE_LOCK_H */
