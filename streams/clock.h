@@ -36,18 +36,12 @@ static inline weft__domain_t *weft__clock_domain(weft__tracker_t *tr, const weft
 
 /** The lock of every tracker (rank 30): the live domain is shared. */
 extern weft__lock_t weft__clock_lock;
-/** Signalled when a busy lane becomes idle (tracker.h, "Busy lanes"), with the lock or, by a fast
- * use, without it (weft__clock_idle_signal_unlocked); every use ends a busy time, and the signal
- * costs nothing while no thread waits. */
-extern weft__cond_t weft__clock_idle;
 /** Waits (the lock held, released meanwhile) for weft__clock_idle unless no lane of `lanes` is
  * busy any more: a fast use clears its lane without the lock, so the lanes are asked again after
  * this thread counts itself a waiter (weft__cond_wait_unless). The caller loops. */
 void weft__clock_idle_wait(weft__tracker_t *tr, weft__lanes_t lanes);
-/** Wakes the threads waiting for weft__clock_idle, if any (lock held). */
+/** Wakes the threads waiting for weft__clock_idle (tracker.h), if any (lock held). */
 static inline void weft__clock_idle_signal(void) { weft__cond_broadcast(&weft__clock_idle); }
-/** The same from a thread that cleared its lane without the lock (after the clear). */
-static inline void weft__clock_idle_signal_unlocked(void) { weft__cond_broadcast_unlocked(&weft__clock_idle); }
 /** Gives tr n consecutive lanes of the live domain (creating the domain on first use): tr->live,
  * tr->base. Lock held. BUSY when the process has no n consecutive lanes free (WEFT__MAX_LANES
  * over all runtimes), HOST_OUT_OF_MEMORY. */

@@ -700,20 +700,8 @@ static void note_access(weft__access_state_t *a, unsigned at, uint64_t k, unsign
   }
 }
 
-/* What a busy use changed in its lane, to put back if its work fails. */
-typedef struct lane_was {
-  uint64_t tick, recorded, last_use;
-  unsigned joined;
-  bool dirty, deferred;
-} lane_was_t;
-
-/* What a busy use changed in a block's history, to put back if its work fails. */
-typedef struct undo {
-  weft__point_t write;
-  weft__lanes_t reader_mask;
-  uint64_t read; /* reads[lane] (a read's; a write leaves reads[] alone) */
-  uint64_t last_use;
-} undo_t;
+typedef weft__lane_was_t lane_was_t;
+typedef weft__undo_t undo_t;
 
 /* Records a busy use's accesses at the pending tick of s that its work will have (tracker.h,
  * "Busy lanes"), saving in undo[0..n) and *was what putting them back needs. Returns whether
@@ -999,7 +987,7 @@ weft_status_t weft__tracker_end(weft_stream_t *s, const weft__use_t *uses, size_
  * finish_use, ...) are always inline: GCC would keep them out of line, used from several places,
  * and each call adds code the use runs (bench/data/h200x2-ab81606/trim_ab). */
 
-#define LIVE_USES 16 /* accesses of a plain use: its undo records live on the stack */
+#define LIVE_USES WEFT__LIVE_USES /* accesses of a plain use: its undo records live on the stack */
 
 /* Whether a use of s may take the fast path (lock held): a live use of at most LIVE_USES
  * accesses on a stream that takes part in no capture, is no per-thread stream and is not busy,
@@ -1034,27 +1022,67 @@ static inline __attribute__((always_inline)) bool live_begin(weft__tracker_t *tr
 
 /* A deferred fast use whose work failed: under the lock again, what it counted is taken back,
  * its histories and lane are put back (finish_use), and the lane is cleared. */
-static __attribute__((noinline)) void live_failed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s,
-                                                  const weft__use_t *uses, size_t n, const undo_t *undo,
-                                                  const lane_was_t *was, uint64_t last_used) {
+void weft__tracker_exit_failed(weft__use_ticket_t *t) {
+  weft_stream_t *s = t->s;
+  weft__tracker_t *tr = s->tr;
+  weft__domain_t *d = tr->live;
   lock(tr);
   tr->counters.uses--;
-  tr->counters.accesses -= n;
-  s->last_used = last_used;
-  finish_use(tr, d, s, uses, n, undo, was, true, false);
+  tr->counters.accesses -= t->n;
+  s->last_used = t->last_used;
+  finish_use(tr, d, s, t->uses, t->n, t->undo, &t->was, true, false);
   weft__lanes_remove(&d->busy, weft__lane_bit(s->lane));
   weft__clock_idle_signal();
   WEFT_ASSERT_EXPENSIVE(lane_is_valid(d, s->lane));
   unlock(tr);
 }
 
+/* A plain use that leaves its tick deferred (lazy records), its waits issued (lock held): records
+ * its accesses at the pending tick and finishes everything but the stream's published point
+ * (finish_use's success), marks its lane busy and releases the lock. Its work then runs, and
+ * weft__tracker_exit ends it without the lock (or, after a failure, puts everything back). */
+static inline __attribute__((always_inline)) void live_enter_deferred(weft__tracker_t *tr, weft__domain_t *d,
+                                                                      weft_stream_t *s, const weft__use_t *uses,
+                                                                      size_t n, weft__use_ticket_t *t) {
+  (void)reserve_use(tr, d, s, uses, n, t->undo, &t->was); /* (defers: the caller asked live_defers) */
+  tr->counters.uses++;
+  tr->counters.accesses += n;
+  t->s = s;
+  t->uses = uses;
+  t->n = n;
+  t->last_used = s->last_used;
+  s->last_used = ++tr->use_seq;
+  const weft__lane_t *l = &d->lane[s->lane];
+  t->point = l->dirty ? 0 : l->tick + 1; /* (weft__clock_publish_stream; no per-thread stream here) */
+  weft__lanes_add(&d->busy, weft__lane_bit(s->lane));
+  unlock(tr);
+}
+
+bool weft__tracker_enter(weft_stream_t *s, const weft__use_t *uses, size_t n, weft__use_ticket_t *t,
+                         weft_status_t *st) {
+  weft__tracker_t *tr = s->tr;
+  lock(tr);
+  weft__domain_t *d = tr->live;
+  if (!live_plain(tr, d, s, uses, n) || !live_defers(tr, d, s) || !live_begin(tr, d, s, uses, n, st)) {
+    unlock(tr);
+    return false;
+  }
+  tr->fast_uses++;
+  if (*st != WEFT_OK) {
+    unlock(tr);
+    return true;
+  }
+  live_enter_deferred(tr, d, s, uses, n, t);
+  return true;
+}
+
 /* weft__tracker_use's fast path: false, the lock released, where run_use must take the use.
  * A use that leaves its tick deferred (lazy records: the common case) is finished before its
  * work is enqueued, its lane busy meanwhile (tracker.h, "Busy lanes": nobody observes it), and
- * after the work only its point is published and its lane cleared, without the lock: the same
- * bookkeeping costs 58-112 ns less on an H200 host all before the driver's launch than around it
- * (bench/data/h200-driver-share-115f37d). A failed work takes the lock and puts everything back
- * (live_failed). A use that records its event after the work takes the lock again (run_busy). */
+ * after the work only its point is published and its lane cleared, without the lock
+ * (weft__tracker_exit): the same bookkeeping costs 58-112 ns less on an H200 host all before the
+ * driver's launch than around it (bench/data/h200-driver-share-115f37d). A use that records its
+ * event after the work takes the lock again (run_busy). */
 static inline __attribute__((always_inline)) bool use_live(weft_stream_t *s, const weft__use_t *uses, size_t n,
                      weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg, weft_status_t *out) {
   weft__tracker_t *tr = s->tr;
@@ -1066,32 +1094,16 @@ static inline __attribute__((always_inline)) bool use_live(weft_stream_t *s, con
     return false;
   }
   tr->fast_uses++;
+  if (st == WEFT_OK && live_defers(tr, d, s)) {
+    weft__use_ticket_t t;
+    live_enter_deferred(tr, d, s, uses, n, &t);
+    *out = weft__tracker_exit(&t, fn(s, arg));
+    return true;
+  }
   if (st == WEFT_OK) {
     undo_t undo[LIVE_USES];
     lane_was_t was;
     bool defer = reserve_use(tr, d, s, uses, n, undo, &was);
-    if (defer) {
-      /* finish_use's success, but the point: published once the work is enqueued. */
-      tr->counters.uses++;
-      tr->counters.accesses += n;
-      uint64_t last_used = s->last_used;
-      s->last_used = ++tr->use_seq;
-      const weft__lane_t *l = &d->lane[s->lane];
-      uint64_t point = l->dirty ? 0 : l->tick + 1; /* (weft__clock_publish_stream; no per-thread stream here) */
-      weft__lanes_t bit = weft__lane_bit(s->lane);
-      weft__lanes_add(&d->busy, bit);
-      unlock(tr);
-      st = fn(s, arg);
-      if (__builtin_expect(st == WEFT_OK, 1)) {
-        atomic_store_explicit(&s->point, point, memory_order_release);
-        weft__lanes_remove(&d->busy, bit);
-        weft__clock_idle_signal_unlocked();
-      } else {
-        live_failed(tr, d, s, uses, n, undo, &was, last_used);
-      }
-      *out = st;
-      return true;
-    }
     st = run_busy(tr, d, weft__lane_bit(s->lane), fn, s, arg);
     finish_use(tr, d, s, uses, n, undo, &was, defer, st == WEFT_OK);
   }

@@ -445,6 +445,66 @@ unsigned weft__tracker_runtimes(void);
  * recorded even when its event cannot be recorded at once (the tick stays pending, see above):
  * work that reached the stream stays ordered. */
 weft_status_t weft__tracker_end(weft_stream_t *s, const weft__use_t *uses, size_t n);
+/* What a busy use changed in its lane and in a block's history, to put back if its work fails
+ * (tracker.c; here for weft__use_ticket_t's size). */
+typedef struct weft__lane_was {
+  uint64_t tick, recorded, last_use;
+  unsigned joined;
+  bool dirty, deferred;
+} weft__lane_was_t;
+typedef struct weft__undo {
+  weft__point_t write;
+  weft__lanes_t reader_mask;
+  uint64_t read; /* reads[lane] (a read's; a write leaves reads[] alone) */
+  uint64_t last_use;
+} weft__undo_t;
+#define WEFT__LIVE_USES 16 /* accesses of a use the live fast path takes */
+
+/** A deferred fast use in progress (weft__tracker_enter .. weft__tracker_exit): its accesses
+ * recorded at its stream's pending tick, its lane busy, the lock not held. Lives in the caller's
+ * frame; `uses` must stay valid until the exit. Fields private to tracker.c. */
+typedef struct weft__use_ticket {
+  weft_stream_t *s;
+  const weft__use_t *uses;
+  size_t n;
+  uint64_t point;     /* the stream's point to publish after the work */
+  uint64_t last_used; /* s->last_used before, put back after a failure */
+  weft__lane_was_t was;
+  weft__undo_t undo[WEFT__LIVE_USES];
+} weft__use_ticket_t;
+
+/** Signalled when a busy lane becomes idle ("Busy lanes" above), with the lock or, after a
+ * deferred fast use's work, without it (weft__tracker_exit); every use ends a busy time, and the
+ * signal costs nothing while no thread waits (clock.c; clock.h waits for it). */
+extern weft__cond_t weft__clock_idle;
+
+/** weft__tracker_use in two halves around work the caller enqueues itself (weft_launch: the
+ * driver's call from the caller's own frame, with nothing of weft's after it but the exit). True
+ * where the use is a plain live use that leaves its tick deferred (lazy records): its waits are
+ * issued, into *st; with *st OK its accesses are recorded and s is busy ("Busy lanes" above) until
+ * weft__tracker_exit(t, ...), which the caller must call after enqueuing the work (or failing
+ * to). False, nothing done, otherwise: the caller takes weft__tracker_use. */
+bool weft__tracker_enter(weft_stream_t *s, const weft__use_t *uses, size_t n, weft__use_ticket_t *t,
+                         weft_status_t *st);
+/** weft__tracker_exit after a failed work: under the lock, everything the use recorded is put
+ * back (its histories, lane, counters) and s is idle again. */
+void weft__tracker_exit_failed(weft__use_ticket_t *t);
+/** Ends a use begun by weft__tracker_enter: `work` is whether its work was enqueued (WEFT_OK) or
+ * why not. After success, without the lock: s's point is published, its lane cleared, and the
+ * threads waiting for it woken (weft__clock_idle_wait's second look makes the unlocked clear
+ * safe). Returns `work`. */
+static inline weft_status_t weft__tracker_exit(weft__use_ticket_t *t, weft_status_t work) {
+  if (__builtin_expect(work != WEFT_OK, 0)) {
+    weft__tracker_exit_failed(t);
+    return work;
+  }
+  weft_stream_t *s = t->s;
+  atomic_store_explicit(&s->point, t->point, memory_order_release);
+  weft__lanes_remove(&s->tr->live->busy, weft__lane_bit(s->lane));
+  weft__cond_broadcast_unlocked(&weft__clock_idle);
+  return WEFT_OK;
+}
+
 /** begin; fn(s, arg) (enqueues the work; its failure aborts the use, leaving every history as
  * it was); end. A live use runs fn without the lock, s busy meanwhile ("Busy lanes" above): to
  * other threads' uses it is one step all the same. tr's context must be current. A plain use

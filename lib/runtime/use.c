@@ -208,16 +208,14 @@ weft_status_t weft_use_end(weft_stream_t *s, const weft_access_t *accesses, size
   return split(s, accesses, n, false);
 }
 
-/* A use of s around fn; `peer`: far blocks need s's device to access their memory; `context`: fn
- * needs s's runtime's context current on the thread (not a launch: the stream names it). */
-static weft_status_t use_run(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name, bool peer,
-                             bool context, weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
+/* use_run's general case: every use prepare_fast does not take (out of line: the common case
+ * runs no more code than its own). */
+static __attribute__((noinline)) weft_status_t use_run_general(weft_stream_t *s, const weft_access_t *acc, size_t n,
+                                                               const char *name, bool peer,
+                                                               weft_status_t (*fn)(weft_stream_t *, void *),
+                                                               void *arg) {
   weft__use_t small[SMALL], *uses;
-  uint64_t print;
-  weft_status_t st;
-  if (prepare_fast(s, acc, n, context, small, &print, &st))
-    return st == WEFT_OK ? weft__tracker_use(s, small, n, fn, arg) : st;
-  st = prepare(s, acc, n, small, &uses, name, peer, NULL);
+  weft_status_t st = prepare(s, acc, n, small, &uses, name, peer, NULL);
   if (st != WEFT_OK) return st;
   uint64_t t0 = weft__trace_on() ? weft__trace_now_us() : 0;
   weft__nvtx_push(name);
@@ -226,6 +224,18 @@ static weft_status_t use_run(weft_stream_t *s, const weft_access_t *acc, size_t 
   if (st == WEFT_OK && weft__trace_on()) weft__trace_use(s, name, acc, n, t0);
   weft__small_free(small, uses);
   return st;
+}
+
+/* A use of s around fn; `peer`: far blocks need s's device to access their memory; `context`: fn
+ * needs s's runtime's context current on the thread (not a launch: the stream names it). */
+static weft_status_t use_run(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name, bool peer,
+                             bool context, weft_status_t (*fn)(weft_stream_t *, void *), void *arg) {
+  weft__use_t small[SMALL];
+  uint64_t print;
+  weft_status_t st;
+  if (prepare_fast(s, acc, n, context, small, &print, &st))
+    return st == WEFT_OK ? weft__tracker_use(s, small, n, fn, arg) : st;
+  return use_run_general(s, acc, n, name, peer, fn, arg);
 }
 
 weft_status_t weft__use_run(weft_stream_t *s, const weft_access_t *acc, size_t n, const char *name,
@@ -306,11 +316,24 @@ static weft_status_t do_launch(weft_stream_t *s, void *arg) {
   return WEFT_OK;
 }
 
+/* The launch needs no current context on a stream that names its own (tests/conformance). Its
+ * common case, a plain use that leaves its tick deferred (lazy records), calls the driver from
+ * this frame between weft__tracker_enter and _exit, so that nothing of weft's runs after the
+ * driver's call but the exit (bench/data/h200-driver-share-115f37d: what weft runs around a
+ * launch costs more than the same run before it). */
 weft_status_t weft_launch(weft_stream_t *s, const weft_launch_t *launch, const weft_access_t *accesses, size_t n) {
   if (launch == NULL || launch->func == NULL)
     return weft__error(WEFT_ERR_INVALID_ARGUMENT, "weft_launch: launch or its function is NULL");
-  /* The launch needs no current context on a stream that names its own (tests/conformance). */
-  return use_run(s, accesses, n, "weft_launch", true, false, do_launch, (void *)launch);
+  weft__use_t small[SMALL];
+  uint64_t print;
+  weft_status_t st;
+  if (!prepare_fast(s, accesses, n, false, small, &print, &st))
+    return use_run_general(s, accesses, n, "weft_launch", true, do_launch, (void *)launch);
+  if (st != WEFT_OK) return st;
+  weft__use_ticket_t t;
+  if (n <= WEFT__LIVE_USES && weft__tracker_enter(s, small, n, &t, &st))
+    return st == WEFT_OK ? weft__tracker_exit(&t, do_launch(s, (void *)launch)) : st;
+  return weft__tracker_use(s, small, n, do_launch, (void *)launch);
 }
 
 /* ---- tracked stream operations -------------------------------------------------------------- */

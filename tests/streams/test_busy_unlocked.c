@@ -2,7 +2,8 @@
  * work is enqueued and, once the work is in, clears its busy lane without weft's lock
  * (streams/tracker.c, use_live; tracker.h, "Busy lanes"):
  *   - a failed work puts everything back: the blocks' histories, the lane, the stream's published
- *     point, the use counters and the stream's place in the least-recently-used order;
+ *     point, the use counters and the stream's place in the least-recently-used order; also a
+ *     failed weft_launch, which calls the driver between weft__tracker_enter and _exit;
  *   - a thread that waits for the lane is always woken: the lane is cleared by a thread that does
  *     not hold the lock, so the waiter counts itself first and looks again before it sleeps
  *     (weft__cond_wait_unless). Two threads in lockstep, many rounds, random delays on both sides:
@@ -92,8 +93,24 @@ static weft_status_t refused_work(weft_stream_t *s, void *arg) {
   return weft__error(WEFT_ERR_INVALID_ARGUMENT, "test: the work was refused");
 }
 
-static void test_a_failed_deferred_use_puts_everything_back(void **state) {
-  (void)state;
+/* A use of s0 writing x whose work fails: weft__use_run with a work function that refuses, or
+ * weft_launch (tu_fill) whose cuLaunchKernel the simulator fails. Returns its status. */
+typedef weft_status_t (*failing_use_t)(weft_stream_t *s0, weft_block_t x, weft_block_t y);
+
+static weft_status_t refused_use(weft_stream_t *s0, weft_block_t x, weft_block_t y) {
+  weft_access_t w[2] = {{x, WEFT_WRITE}, {y, WEFT_READ}};
+  return weft__use_run(s0, w, 2, "refused", refused_work, NULL);
+}
+
+static weft_status_t failed_launch(weft_stream_t *s0, weft_block_t x, weft_block_t y) {
+  (void)y;
+  assert_int_equal((env.sim->fail)("cuLaunchKernel:1:CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"), 0);
+  weft_status_t st = tu_fill(&env, s0, x, N, 5);
+  assert_int_equal((env.sim->fail)(NULL), 0);
+  return st;
+}
+
+static void failed_deferred_use(failing_use_t use, weft_status_t want) {
   weft_stream_t *s0 = stream(0), *s1 = stream(1), *s2 = stream(2);
   weft_block_t x = alloc(s1), y = alloc(s0);
   assert_int_equal(tu_fill(&env, s1, x, N, 3), WEFT_OK);
@@ -105,8 +122,7 @@ static void test_a_failed_deferred_use_puts_everything_back(void **state) {
   weft_counters_t c0 = counters();
   uint64_t point = atomic_load(&s0->point), last_used = s0->last_used;
   if (point == 0) fail_msg("s0's point is not published before the use");
-  weft_access_t w[2] = {{x, WEFT_WRITE}, {y, WEFT_READ}};
-  assert_int_equal(weft__use_run(s0, w, 2, "refused", refused_work, NULL), WEFT_ERR_INVALID_ARGUMENT);
+  assert_int_equal(use(s0, x, y), want);
   weft_counters_t c1 = counters();
   assert_int_equal(c1.uses, c0.uses);
   assert_int_equal(c1.accesses, c0.accesses);
@@ -127,6 +143,19 @@ static void test_a_failed_deferred_use_puts_everything_back(void **state) {
   assert_int_equal(tu_races(&env), 0);
   assert_int_equal(weft_free(x, s2), WEFT_OK);
   assert_int_equal(weft_free(y, s2), WEFT_OK);
+}
+
+static void test_a_failed_deferred_use_puts_everything_back(void **state) {
+  (void)state;
+  failed_deferred_use(refused_use, WEFT_ERR_INVALID_ARGUMENT);
+}
+
+/* The same through weft_launch, whose deferred case calls the driver between weft__tracker_enter
+ * and weft__tracker_exit (the simulator fails the launch). */
+static void test_a_failed_deferred_launch_puts_everything_back(void **state) {
+  (void)state;
+  if (env.sim == NULL || env.split) skip(); /* (fault injection is the simulator's) */
+  failed_deferred_use(failed_launch, WEFT_ERR_DRIVER);
 }
 
 /* ---- lockstep rounds ---- */
@@ -247,6 +276,7 @@ static void test_a_waiter_is_always_woken_by_a_lane_cleared_without_the_lock(voi
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_a_failed_deferred_use_puts_everything_back),
+      cmocka_unit_test(test_a_failed_deferred_launch_puts_everything_back),
       cmocka_unit_test(test_a_waiter_is_always_woken_by_a_lane_cleared_without_the_lock),
   };
   return cmocka_run_group_tests_name("busy lanes cleared without the lock", tests, setup, teardown);
