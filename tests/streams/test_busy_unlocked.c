@@ -7,7 +7,8 @@
  *   - a thread that waits for the lane is always woken: the lane is cleared by a thread that does
  *     not hold the lock, so the waiter counts itself first and looks again before it sleeps
  *     (weft__cond_wait_unless). Two threads in lockstep, many rounds, random delays on both sides:
- *     a waiter that misses the clear sleeps for good, and the test's alarm fails it.
+ *     a waiter that misses the clear sleeps for good, and the test's alarm fails it; and four such
+ *     pairs at once (eight threads), whose waiters share one condition.
  * Data and the simulator's oracle check every result; the tests run on a GPU too. */
 #include <pthread.h>
 #include <sched.h>
@@ -35,7 +36,7 @@ static const weft__driver_t *drv;
 static int setup(void **state) {
   (void)state;
   weft_options_t o = weft_options_default();
-  o.stream_count = 4;
+  o.stream_count = 8;
   o.high_priority_streams = 0;
   o.lazy_records = 1;
   alarm(300); /* a waiter that missed the lane's clear would sleep for good: fail instead */
@@ -246,31 +247,59 @@ static void *reader(void *arg) {
   return NULL;
 }
 
+/* `pairs` writer/reader pairs, each on its own two streams and block, all at once: every lane's
+ * waiters share one condition (weft__clock_idle), so each clear must wake the waiters of every
+ * lane that became idle, whoever else counted itself a waiter meanwhile. */
+static void lockstep_pairs(unsigned pairs) {
+  lockstep_t l[4];
+  pthread_t a[4], b[4];
+  assert_true(pairs <= 4);
+  for (unsigned p = 0; p < pairs; p++) {
+    l[p] = (lockstep_t){.sa = stream(p), .sb = stream(4 + p)};
+    l[p].x = alloc(l[p].sa);
+    l[p].y = alloc(l[p].sb);
+  }
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  for (unsigned p = 0; p < pairs; p++)
+    if (!defers(l[p].sa)) skip();
+  weft_counters_t c0 = counters();
+  for (unsigned p = 0; p < pairs; p++) {
+    assert_int_equal(pthread_create(&a[p], NULL, writer, &l[p]), 0);
+    assert_int_equal(pthread_create(&b[p], NULL, reader, &l[p]), 0);
+  }
+  for (unsigned p = 0; p < pairs; p++) {
+    pthread_join(a[p], NULL);
+    pthread_join(b[p], NULL);
+  }
+  for (unsigned p = 0; p < pairs; p++) {
+    assert_int_equal(l[p].st_a, WEFT_OK);
+    assert_int_equal(l[p].st_b, WEFT_OK);
+    assert_int_equal(atomic_load(&l[p].read), ROUNDS);
+  }
+  weft_counters_t c1 = counters();
+  /* The precondition: readers met their writers' busy lanes (else nothing here was tested). */
+  print_message("%u pairs: busy waits %llu over %u rounds each\n", pairs,
+                (unsigned long long)(c1.busy_waits - c0.busy_waits), ROUNDS);
+  if (c1.busy_waits == c0.busy_waits) skip();
+  for (unsigned p = 0; p < pairs; p++) {
+    assert_true(defers(l[p].sa)); /* the writers' uses took the deferred fast path throughout */
+    expect_all(l[p].sb, l[p].x, ROUNDS);
+  }
+  assert_int_equal(tu_races(&env), 0);
+  for (unsigned p = 0; p < pairs; p++) {
+    assert_int_equal(weft_free(l[p].x, l[p].sb), WEFT_OK);
+    assert_int_equal(weft_free(l[p].y, l[p].sb), WEFT_OK);
+  }
+}
+
 static void test_a_waiter_is_always_woken_by_a_lane_cleared_without_the_lock(void **state) {
   (void)state;
-  lockstep_t l = {.sa = stream(2), .sb = stream(3)};
-  l.x = alloc(l.sa);
-  l.y = alloc(l.sb);
-  assert_int_equal(weft_stream_synchronize(l.sa), WEFT_OK);
-  if (!defers(l.sa)) skip();
-  weft_counters_t c0 = counters();
-  pthread_t a, b;
-  assert_int_equal(pthread_create(&a, NULL, writer, &l), 0);
-  assert_int_equal(pthread_create(&b, NULL, reader, &l), 0);
-  pthread_join(a, NULL);
-  pthread_join(b, NULL);
-  assert_int_equal(l.st_a, WEFT_OK);
-  assert_int_equal(l.st_b, WEFT_OK);
-  assert_int_equal(atomic_load(&l.read), ROUNDS);
-  weft_counters_t c1 = counters();
-  /* The precondition: the reader met the writer's busy lane (else nothing here was tested). */
-  print_message("busy waits: %llu over %u rounds\n", (unsigned long long)(c1.busy_waits - c0.busy_waits), ROUNDS);
-  if (c1.busy_waits == c0.busy_waits) skip();
-  assert_true(defers(l.sa)); /* the writer's uses took the deferred fast path throughout */
-  expect_all(l.sb, l.x, ROUNDS);
-  assert_int_equal(tu_races(&env), 0);
-  assert_int_equal(weft_free(l.x, l.sb), WEFT_OK);
-  assert_int_equal(weft_free(l.y, l.sb), WEFT_OK);
+  lockstep_pairs(1);
+}
+
+static void test_eight_threads_waiting_on_four_lanes_are_always_woken(void **state) {
+  (void)state;
+  lockstep_pairs(4);
 }
 
 int main(void) {
@@ -278,6 +307,7 @@ int main(void) {
       cmocka_unit_test(test_a_failed_deferred_use_puts_everything_back),
       cmocka_unit_test(test_a_failed_deferred_launch_puts_everything_back),
       cmocka_unit_test(test_a_waiter_is_always_woken_by_a_lane_cleared_without_the_lock),
+      cmocka_unit_test(test_eight_threads_waiting_on_four_lanes_are_always_woken),
   };
   return cmocka_run_group_tests_name("busy lanes cleared without the lock", tests, setup, teardown);
 }
