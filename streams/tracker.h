@@ -41,7 +41,7 @@
  * (the busy set is atomic, weft__lanes_atomic_t); only a failed work takes the lock again. A
  * thread that waits for a busy lane therefore counts itself a waiter and looks again before it
  * sleeps (weft__clock_idle_wait), so that the clearing thread, which wakes the counted waiters,
- * cannot miss it (tests/streams/test_busy_unlocked). While a lane is busy nobody else enqueues
+ * cannot miss it (tests/streams/test_busy_lanes). While a lane is busy nobody else enqueues
  * on its stream, records on it, or waits for its pending tick: whoever must (a use of the same
  * stream, a use that conflicts with the busy use's accesses, a host wait) first waits until the
  * lane is idle (weft__clock_idle), then looks again. Nothing else observes a busy use's pending
