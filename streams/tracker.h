@@ -212,9 +212,11 @@ struct weft_stream {
    * it (acquire) only by the thread that may begin or end that capture. */
   _Atomic(weft__capture_t *) capture;
   /* 1 + the tick weft__tracker_point would give now in the live domain, published under the
-   * lock whenever the lane changes (weft__clock_publish), or 0: take it under the lock (the lane
-   * has work or waits since its tick, a busy use holds it, or the stream is per-thread). Read
-   * without the lock (acquire) by weft__tracker_point: the pool stamps each free with it. */
+   * lock whenever the lane changes (weft__clock_publish), or by a deferred fast use after its
+   * work, before it clears its busy lane (weft__tracker_exit: nothing changes a busy lane), or
+   * 0: take it under the lock (the lane has work or waits since its tick, a busy use holds it,
+   * or the stream is per-thread). Read without the lock (acquire) by weft__tracker_point: the
+   * pool stamps each free with it. */
   _Atomic uint64_t point;
   uint64_t last_used;    /* tracker-wide use sequence at the last use here (LRU) */
   unsigned index;        /* position in the pool (its lane in its runtime's capture domains) */
