@@ -482,7 +482,8 @@ extern weft__cond_t weft__clock_idle;
 
 /** weft__tracker_use in two halves around work the caller enqueues itself (weft_launch: the
  * driver's call from the caller's own frame, with nothing of weft's after it but the exit). True
- * where the use is a plain live use that leaves its tick deferred (lazy records): its waits are
+ * where the use is a plain live use (at most WEFT__LIVE_USES accesses, the ticket's room) that
+ * leaves its tick deferred (lazy records): its waits are
  * issued, into *st; with *st OK its accesses are recorded and s is busy ("Busy lanes" above) until
  * weft__tracker_exit(t, ...), which the caller must call after enqueuing the work (or failing
  * to). False, nothing done, otherwise: the caller takes weft__tracker_use. */

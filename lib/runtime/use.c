@@ -331,7 +331,7 @@ weft_status_t weft_launch(weft_stream_t *s, const weft_launch_t *launch, const w
     return use_run_general(s, accesses, n, "weft_launch", true, do_launch, (void *)launch);
   if (st != WEFT_OK) return st;
   weft__use_ticket_t t;
-  if (n <= WEFT__LIVE_USES && weft__tracker_enter(s, small, n, &t, &st))
+  if (weft__tracker_enter(s, small, n, &t, &st)) /* (it refuses more than WEFT__LIVE_USES accesses) */
     return st == WEFT_OK ? weft__tracker_exit(&t, do_launch(s, (void *)launch)) : st;
   return weft__tracker_use(s, small, n, do_launch, (void *)launch);
 }
