@@ -1020,6 +1020,31 @@ static inline __attribute__((always_inline)) bool live_begin(weft__tracker_t *tr
   return true;
 }
 
+/* A deferred use's counting, done before its work (the lock held): the tracker's use counters and
+ * s's place in the least-recently-used order; returns s->last_used as it was, which
+ * uncount_deferred puts back after a failed work. */
+static inline __attribute__((always_inline)) uint64_t count_deferred(weft__tracker_t *tr, weft_stream_t *s,
+                                                                     size_t n) {
+  uint64_t was = s->last_used;
+  tr->counters.uses++;
+  tr->counters.accesses += n;
+  s->last_used = ++tr->use_seq;
+  return was;
+}
+
+static void uncount_deferred(weft__tracker_t *tr, weft_stream_t *s, size_t n, uint64_t last_used) {
+  tr->counters.uses--;
+  tr->counters.accesses -= n;
+  s->last_used = last_used;
+}
+
+/* The point s publishes once a deferred use's work is in (weft__clock_publish_stream; no
+ * per-thread stream takes a deferred use). */
+static inline __attribute__((always_inline)) uint64_t deferred_point(const weft__domain_t *d, const weft_stream_t *s) {
+  const weft__lane_t *l = &d->lane[s->lane];
+  return l->dirty ? 0 : l->tick + 1;
+}
+
 /* A deferred fast use whose work failed: under the lock again, what it counted is taken back,
  * its histories and lane are put back (finish_use), and the lane is cleared. */
 void weft__tracker_exit_failed(weft__use_ticket_t *t) {
@@ -1027,9 +1052,7 @@ void weft__tracker_exit_failed(weft__use_ticket_t *t) {
   weft__tracker_t *tr = s->tr;
   weft__domain_t *d = tr->live;
   lock(tr);
-  tr->counters.uses--;
-  tr->counters.accesses -= t->n;
-  s->last_used = t->last_used;
+  uncount_deferred(tr, s, t->n, t->last_used);
   finish_use(tr, d, s, t->uses, t->n, t->undo, &t->was, true, false);
   weft__lanes_remove(&d->busy, weft__lane_bit(s->lane));
   weft__clock_idle_signal();
@@ -1045,15 +1068,11 @@ static inline __attribute__((always_inline)) void live_enter_deferred(weft__trac
                                                                       weft_stream_t *s, const weft__use_t *uses,
                                                                       size_t n, weft__use_ticket_t *t) {
   (void)reserve_use(tr, d, s, uses, n, t->undo, &t->was); /* (defers: the caller asked live_defers) */
-  tr->counters.uses++;
-  tr->counters.accesses += n;
   t->s = s;
   t->uses = uses;
   t->n = n;
-  t->last_used = s->last_used;
-  s->last_used = ++tr->use_seq;
-  const weft__lane_t *l = &d->lane[s->lane];
-  t->point = l->dirty ? 0 : l->tick + 1; /* (weft__clock_publish_stream; no per-thread stream here) */
+  t->last_used = count_deferred(tr, s, n);
+  t->point = deferred_point(d, s);
   weft__lanes_add(&d->busy, weft__lane_bit(s->lane));
   unlock(tr);
 }
@@ -1180,6 +1199,49 @@ weft_status_t weft__tracker_use(weft_stream_t *s, const weft__use_t *uses, size_
   return use_live(s, uses, n, fn, arg, &st) ? st : run_use(s, uses, n, DO_BEGIN | DO_END, fn, arg, 0);
 }
 
+/* Per stream of a joint use: its lane as it was, the lanes it waits for and their ticks, and for
+ * a deferred group (every stream's tick stays deferred) s->last_used as it was and the point s
+ * publishes after the work. */
+typedef struct joint_stream {
+  lane_was_t was;
+  needs_t need;
+  uint64_t last_used, point;
+} joint_stream_t;
+
+/* A group whose every stream leaves its tick deferred (lazy records: the common case), its uses
+ * reserved (lock held): as weft__tracker_enter / weft__tracker_exit for each stream, the uses are
+ * finished before the work, the lanes busy while it is enqueued and cleared after it without the
+ * lock; a failed work takes the lock again and puts every stream back, the last first. Returns
+ * with the lock released. */
+static weft_status_t joint_deferred(weft__domain_t *d, weft_stream_t *const *s, weft__use_t *const *uses,
+                                    const size_t *n, size_t k, size_t total, const undo_t *undo, joint_stream_t *js,
+                                    weft__lanes_t lanes, weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg) {
+  weft__tracker_t *tr0 = s[0]->tr;
+  for (size_t i = 0; i < k; i++) {
+    js[i].last_used = count_deferred(s[i]->tr, s[i], n[i]);
+    js[i].point = deferred_point(d, s[i]);
+  }
+  weft__lanes_add(&d->busy, lanes);
+  unlock(tr0);
+  weft_status_t st = fn(s[0], arg);
+  if (st == WEFT_OK) {
+    for (size_t i = 0; i < k; i++) atomic_store_explicit(&s[i]->point, js[i].point, memory_order_release);
+    weft__lanes_remove(&d->busy, lanes);
+    weft__cond_broadcast_unlocked(&weft__clock_idle);
+    return WEFT_OK;
+  }
+  lock(tr0);
+  for (size_t i = k, off = total; i-- > 0;) {
+    off -= n[i];
+    uncount_deferred(s[i]->tr, s[i], n[i], js[i].last_used);
+    finish_use(s[i]->tr, d, s[i], uses[i], n[i], undo + off, &js[i].was, true, false);
+  }
+  weft__lanes_remove(&d->busy, lanes);
+  weft__clock_idle_signal();
+  unlock(tr0);
+  return st;
+}
+
 weft_status_t weft__tracker_use_joint(weft_stream_t *const *s, weft__use_t *const *uses, const size_t *n, size_t k,
                                       weft_status_t (*fn)(weft_stream_t *s, void *arg), void *arg) {
   if (k == 0) return WEFT_OK;
@@ -1187,16 +1249,12 @@ weft_status_t weft__tracker_use_joint(weft_stream_t *const *s, weft__use_t *cons
   weft__tracker_t *tr0 = s[0]->tr;
   size_t total = 0;
   for (size_t i = 0; i < k; i++) total += n[i];
-  /* Per stream: its undo records, its lane as it was, the lanes it waits for and their ticks. */
   undo_t small_undo[32];
-  lane_was_t small_was[4];
-  needs_t small_need[4];
+  joint_stream_t small_js[8];
   undo_t *undo = weft__small_alloc(small_undo, 32, total, sizeof *undo);
-  lane_was_t *was = weft__small_alloc(small_was, 4, k, sizeof *was);
-  needs_t *need = weft__small_alloc(small_need, 4, k, sizeof *need);
-  weft_status_t st = undo != NULL && was != NULL && need != NULL
-                         ? WEFT_OK
-                         : weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for a joint use");
+  joint_stream_t *js = weft__small_alloc(small_js, 8, k, sizeof *js);
+  weft_status_t st = undo != NULL && js != NULL ? WEFT_OK
+                                                : weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for a joint use");
   weft__lanes_t lanes = 0;
   uint64_t defer = 0; /* bit i: stream i's tick stays deferred */
   for (size_t i = 0; i < k; i++) lanes |= weft__lane_bit(s[i]->lane);
@@ -1211,7 +1269,7 @@ again:
       st = weft__error(WEFT_ERR_CAPTURE, "weft: stream %u of a joint use began capturing meanwhile", s[i]->index);
     else if ((st = admit_live(d, s[i], s[i]->lane, uses[i], n[i])) == WEFT_OK) {
       weft__lanes_t b;
-      (void)needs_locked(s[i]->tr, d, s[i], uses[i], n[i], &need[i], &b);
+      (void)needs_locked(s[i]->tr, d, s[i], uses[i], n[i], &js[i].need, &b);
       busy |= b;
     }
   }
@@ -1222,12 +1280,16 @@ again:
   }
   /* The waits; a stream's context is bound only when it gets a driver call. */
   for (size_t i = 0; i < k && st == WEFT_OK; i++) {
-    if (issue_calls_driver(d, s[i], &need[i]) && (st = weft__tracker_bind(s[i]->tr)) != WEFT_OK) break;
-    st = issue_locked(s[i]->tr, d, s[i], &need[i]);
+    if (issue_calls_driver(d, s[i], &js[i].need) && (st = weft__tracker_bind(s[i]->tr)) != WEFT_OK) break;
+    st = issue_locked(s[i]->tr, d, s[i], &js[i].need);
   }
   if (st != WEFT_OK) goto out; /* waits issued stay (harmless, conservative); nothing recorded */
   for (size_t i = 0, off = 0; i < k; off += n[i], i++)
-    if (reserve_use(s[i]->tr, d, s[i], uses[i], n[i], undo + off, &was[i])) defer |= 1ull << i;
+    if (reserve_use(s[i]->tr, d, s[i], uses[i], n[i], undo + off, &js[i].was)) defer |= 1ull << i;
+  if (defer == (k == 64 ? ~0ull : (1ull << k) - 1)) {
+    st = joint_deferred(d, s, uses, n, k, total, undo, js, lanes, fn, arg);
+    goto done;
+  }
   st = run_busy(tr0, d, lanes, fn, s[0], arg);
   /* Last reserved, first finished: two streams of the group may touch one block, and a later
    * stream's undo holds what an earlier one reserved, so a failure puts them back in reverse. */
@@ -1235,14 +1297,13 @@ again:
     off -= n[i];
     bool keep = (defer >> i) & 1;
     if (st == WEFT_OK && !keep) (void)weft__tracker_bind(s[i]->tr); /* a failed bind makes the record fail: it stays pending */
-    finish_use(s[i]->tr, d, s[i], uses[i], n[i], undo + off, &was[i], keep, st == WEFT_OK);
+    finish_use(s[i]->tr, d, s[i], uses[i], n[i], undo + off, &js[i].was, keep, st == WEFT_OK);
   }
 out:
   unlock(tr0);
 done:
   if (undo != NULL) weft__small_free(small_undo, undo);
-  if (was != NULL) weft__small_free(small_was, was);
-  if (need != NULL) weft__small_free(small_need, need);
+  if (js != NULL) weft__small_free(small_js, js);
   return st;
 }
 

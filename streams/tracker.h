@@ -39,6 +39,7 @@
  * records, the common case: tracker.c, use_live) finishes everything but its stream's published
  * point before the work, and after it publishes the point and clears the lane without the lock
  * (the busy set is atomic, weft__lanes_atomic_t); only a failed work takes the lock again. A
+ * joint use (an NCCL group) whose every stream defers does the same for all its streams. A
  * thread that waits for a busy lane therefore counts itself a waiter and looks again before it
  * sleeps (weft__clock_idle_wait), so that the clearing thread, which wakes the counted waiters,
  * cannot miss it (tests/streams/test_busy_lanes). While a lane is busy nobody else enqueues
@@ -517,8 +518,11 @@ weft_status_t weft__tracker_use(weft_stream_t *s, const weft__use_t *uses, size_
 /** One use of each of k distinct live streams around one fn(s[0], arg) that enqueues the work
  * of all of them (an NCCL group: one call for every rank, on several devices): each stream
  * waits for what uses[i][0..n[i]) need, fn runs once without the lock (every stream busy
- * meanwhile), then each stream's uses are recorded, or, when fn failed, nothing is. A stream's
- * context is bound only for its own waits and record. CAPTURE when a stream takes part in a
+ * meanwhile), then each stream's uses are recorded, or, when fn failed, nothing is. Where every
+ * stream leaves its tick deferred (lazy records), the uses are recorded before fn and the lanes
+ * cleared after it without the lock, as weft__tracker_enter / _exit do for one stream (a failed
+ * fn takes the lock again and puts every stream back). A stream's context is bound only for its
+ * own waits and record. CAPTURE when a stream takes part in a
  * capture or is a per-thread stream (take the split form there); INVALID_ARGUMENT for more than
  * 64 streams. */
 weft_status_t weft__tracker_use_joint(weft_stream_t *const *s, weft__use_t *const *uses, const size_t *n, size_t k,

@@ -22,7 +22,10 @@
  *     (weft__cond_wait_unless). Two threads in lockstep, many rounds, random delays on both sides:
  *     a waiter that misses the clear sleeps for good, and the test's alarm fails it (without the
  *     second look it hung in every run); and four such pairs at once (eight threads), whose
- *     waiters share one condition.
+ *     waiters share one condition;
+ *   - the same for a joint use (an NCCL group) whose streams all defer: its failed work puts
+ *     every stream back, and two groups of two streams in lockstep with two readers always wake
+ *     them.
  * Data and the simulator's oracle check every result; the tests run on a GPU too. */
 #include <pthread.h>
 #include <sched.h>
@@ -729,13 +732,78 @@ static void test_a_failed_deferred_launch_puts_everything_back(void **state) {
   failed_deferred_use(failed_launch, WEFT_ERR_DRIVER);
 }
 
+/* A joint use (an NCCL group) whose streams all defer takes the same path for every stream: its
+ * bookkeeping is done before the work (the work function sees the uses counted) and the lanes are
+ * cleared without the lock. Its failed work puts every stream back: s0 writes x and reads y, s3
+ * writes z and reads y too (both streams' parts of y's history). */
+static weft_status_t refuse_counting(weft_stream_t *s, void *arg) {
+  (void)s;
+  *(weft_counters_t *)arg = counters(); /* (the lock is not held while a use's work runs) */
+  return weft__error(WEFT_ERR_INVALID_ARGUMENT, "test: the joint work was refused");
+}
+
+static void test_a_failed_deferred_joint_use_puts_everything_back(void **state) {
+  (void)state;
+  weft_stream_t *s0 = stream(0), *s1 = stream(1), *s2 = stream(2), *s3 = stream(3);
+  weft_block_t x = alloc(s1), y = alloc(s0), z = alloc(s3);
+  assert_int_equal(tu_fill(&env, s1, x, N, 3), WEFT_OK);
+  assert_int_equal(tu_fill(&env, s0, y, N, 4), WEFT_OK);
+  assert_int_equal(tu_fill(&env, s3, z, N, 6), WEFT_OK);
+  /* Everything complete and known so: the group needs no wait, so its lanes must come back
+   * exactly as they were. */
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  if (!defers(s0) || !defers(s3)) skip();
+  weft_counters_t c0 = counters(), seen = {0};
+  uint64_t point0 = atomic_load(&s0->point), point3 = atomic_load(&s3->point);
+  uint64_t last0 = s0->last_used, last3 = s3->last_used;
+  if (point0 == 0 || point3 == 0) fail_msg("the points are not published before the group");
+  weft_stream_t *s[2] = {s0, s3};
+  weft_access_t a0[2] = {{x, WEFT_WRITE}, {y, WEFT_READ}}, a3[2] = {{z, WEFT_WRITE}, {y, WEFT_READ}};
+  const weft_access_t *acc[2] = {a0, a3};
+  size_t n[2] = {2, 2};
+  assert_int_equal(weft__use_joint(s, acc, n, 2, "joint", refuse_counting, &seen), WEFT_ERR_INVALID_ARGUMENT);
+  /* The precondition: the group took the deferred path (its uses were counted before its work). */
+  if (seen.uses != c0.uses + 2) skip();
+  assert_int_equal(seen.accesses, c0.accesses + 4);
+  weft_counters_t c1 = counters();
+  assert_int_equal(c1.uses, c0.uses);
+  assert_int_equal(c1.accesses, c0.accesses);
+  assert_int_equal(c1.waits_issued, c0.waits_issued);
+  if (atomic_load(&s0->point) != point0 || atomic_load(&s3->point) != point3)
+    fail_msg("points %llu / %llu after the failure, %llu / %llu before", (unsigned long long)atomic_load(&s0->point),
+             (unsigned long long)atomic_load(&s3->point), (unsigned long long)point0, (unsigned long long)point3);
+  assert_int_equal(s0->last_used, last0);
+  assert_int_equal(s3->last_used, last3);
+  /* Nothing of the failed group is in a history: readers on each block's last writer's stream
+   * need no wait. */
+  expect_all(s1, x, 3);
+  expect_all(s0, y, 4);
+  expect_all(s3, z, 6);
+  assert_int_equal(counters().waits_issued, c1.waits_issued);
+  /* The same group, not refused, runs; its points are the locked ones, and s2 reads its writes. */
+  set_two_t t = {x, z, s3};
+  weft_access_t w0[1] = {{x, WEFT_WRITE}}, w3[1] = {{z, WEFT_WRITE}};
+  const weft_access_t *wacc[2] = {w0, w3};
+  size_t wn[2] = {1, 1};
+  assert_int_equal(weft__use_joint(s, wacc, wn, 2, "joint", set_two, &t), WEFT_OK);
+  expect_published(s0);
+  expect_published(s3);
+  expect_all(s2, x, 7);
+  expect_all(s2, z, 9);
+  expect_all(s2, y, 4);
+  assert_int_equal(tu_races(&env), 0);
+  assert_int_equal(weft_free(x, s2), WEFT_OK);
+  assert_int_equal(weft_free(y, s2), WEFT_OK);
+  assert_int_equal(weft_free(z, s2), WEFT_OK);
+}
+
 /* ---- lockstep rounds ---- */
 
 #define ROUNDS 20000 /* lockstep rounds per pair */
 
 typedef struct lockstep {
-  weft_stream_t *sa, *sb;
-  weft_block_t x, y;
+  weft_stream_t *sa, *sb, *sc; /* sc: the writer's second stream (a joint use), or NULL */
+  weft_block_t x, y, w;        /* w: what sc writes */
   _Atomic unsigned started, read; /* the writer's round begun; the reader's round done */
   _Atomic int failed;
   weft_status_t st_a, st_b;
@@ -772,6 +840,26 @@ static weft_status_t fill_work(weft_stream_t *s, void *arg) {
   return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuMemsetD32Async");
 }
 
+/* A joint use's work: x on s0 and w on the second stream set to the round's value. */
+typedef struct fill_two {
+  weft_block_t x, w;
+  weft_stream_t *sc;
+  unsigned value;
+  unsigned *rng;
+} fill_two_t;
+
+static weft_status_t fill_two_work(weft_stream_t *s0, void *arg) {
+  fill_two_t *f = arg;
+  jitter(f->rng);
+  CUdeviceptr x, w;
+  weft_status_t st = weft_block_ptr(f->x, &x);
+  if (st == WEFT_OK) st = weft_block_ptr(f->w, &w);
+  if (st != WEFT_OK) return st;
+  CUresult r = drv->cuMemsetD32Async(x, f->value, N, s0->raw);
+  if (r == CUDA_SUCCESS) r = drv->cuMemsetD32Async(w, f->value, N, f->sc->raw);
+  return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuMemsetD32Async");
+}
+
 /* Waits until *word reaches `want` or the other thread failed; false then. */
 static bool await_round(_Atomic unsigned *word, unsigned want, _Atomic int *failed) {
   while (atomic_load(word) < want)
@@ -785,9 +873,19 @@ static void *writer(void *arg) {
   unsigned rng = 0x9e3779b9u;
   for (unsigned r = 1; r <= ROUNDS; r++) {
     atomic_store(&l->started, r);
-    fill_arg_t f = {l->x, r, &rng};
-    weft_access_t w = {l->x, WEFT_WRITE};
-    weft_status_t st = weft__use_run(l->sa, &w, 1, "lockstep.write", fill_work, &f);
+    weft_status_t st;
+    if (l->sc == NULL) {
+      fill_arg_t f = {l->x, r, &rng};
+      weft_access_t w = {l->x, WEFT_WRITE};
+      st = weft__use_run(l->sa, &w, 1, "lockstep.write", fill_work, &f);
+    } else { /* a joint use of sa and sc, as an NCCL group is */
+      fill_two_t f = {l->x, l->w, l->sc, r, &rng};
+      weft_stream_t *s[2] = {l->sa, l->sc};
+      weft_access_t wa[1] = {{l->x, WEFT_WRITE}}, wc[1] = {{l->w, WEFT_WRITE}};
+      const weft_access_t *acc[2] = {wa, wc};
+      size_t n[2] = {1, 1};
+      st = weft__use_joint(s, acc, n, 2, "lockstep.joint", fill_two_work, &f);
+    }
     if (st != WEFT_OK) {
       l->st_a = st;
       atomic_store(&l->failed, 1);
@@ -804,9 +902,8 @@ static void *reader(void *arg) {
   for (unsigned r = 1; r <= ROUNDS; r++) {
     if (!await_round(&l->started, r, &l->failed)) return NULL;
     jitter(&rng);
-    /* y = f(x): a tracked kernel reading what the writer's round wrote (or is writing). */
-    weft_status_t st = tu_combine(&env, l->sb, l->y, (weft_block_t){0}, l->x, (weft_block_t){0}, (weft_block_t){0},
-                                  N, r);
+    /* y = f(x[, w]): a tracked kernel reading what the writer's round wrote (or is writing). */
+    weft_status_t st = tu_combine(&env, l->sb, l->y, (weft_block_t){0}, l->x, l->w, (weft_block_t){0}, N, r);
     if (st != WEFT_OK) {
       l->st_b = st;
       atomic_store(&l->failed, 1);
@@ -819,19 +916,22 @@ static void *reader(void *arg) {
 
 /* `pairs` writer/reader pairs, each on its own two streams and block, all at once: every lane's
  * waiters share one condition (weft__clock_idle), so each clear must wake the waiters of every
- * lane that became idle, whoever else counted itself a waiter meanwhile. */
-static void lockstep_pairs(unsigned pairs) {
+ * lane that became idle, whoever else counted itself a waiter meanwhile. With `joint`, each
+ * writer is a joint use of two streams (at most two pairs: six streams), and its reader reads
+ * both streams' blocks: the group clears both lanes without the lock. */
+static void lockstep_pairs(unsigned pairs, bool joint) {
   lockstep_t l[4];
   pthread_t a[4], b[4];
-  assert_true(pairs <= 4);
+  assert_true(pairs <= (joint ? 2u : 4u));
   for (unsigned p = 0; p < pairs; p++) {
-    l[p] = (lockstep_t){.sa = stream(p), .sb = stream(4 + p)};
+    l[p] = (lockstep_t){.sa = stream(p), .sb = stream(4 + p), .sc = joint ? stream(2 + p) : NULL};
     l[p].x = alloc(l[p].sa);
     l[p].y = alloc(l[p].sb);
+    if (joint) l[p].w = alloc(l[p].sc);
   }
   assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
   for (unsigned p = 0; p < pairs; p++)
-    if (!defers(l[p].sa)) skip();
+    if (!defers(l[p].sa) || (joint && !defers(l[p].sc))) skip();
   weft_counters_t c0 = counters();
   for (unsigned p = 0; p < pairs; p++) {
     assert_int_equal(pthread_create(&a[p], NULL, writer, &l[p]), 0);
@@ -854,22 +954,33 @@ static void lockstep_pairs(unsigned pairs) {
   for (unsigned p = 0; p < pairs; p++) {
     assert_true(defers(l[p].sa)); /* the writers' uses took the deferred fast path throughout */
     expect_all(l[p].sb, l[p].x, ROUNDS);
+    if (joint) {
+      assert_true(defers(l[p].sc));
+      expect_all(l[p].sb, l[p].w, ROUNDS);
+    }
   }
   assert_int_equal(tu_races(&env), 0);
   for (unsigned p = 0; p < pairs; p++) {
     assert_int_equal(weft_free(l[p].x, l[p].sb), WEFT_OK);
     assert_int_equal(weft_free(l[p].y, l[p].sb), WEFT_OK);
+    if (joint) assert_int_equal(weft_free(l[p].w, l[p].sb), WEFT_OK);
   }
 }
 
 static void test_a_waiter_is_always_woken_by_a_lane_cleared_without_the_lock(void **state) {
   (void)state;
-  lockstep_pairs(1);
+  lockstep_pairs(1, false);
 }
 
 static void test_eight_threads_waiting_on_four_lanes_are_always_woken(void **state) {
   (void)state;
-  lockstep_pairs(4);
+  lockstep_pairs(4, false);
+}
+
+/* The same with joint writers (an NCCL group's use): two groups of two streams, two readers. */
+static void test_waiters_are_always_woken_by_joint_uses(void **state) {
+  (void)state;
+  lockstep_pairs(2, true);
 }
 
 int main(void) {
@@ -893,6 +1004,8 @@ int main(void) {
       cmocka_unit_test(test_a_failed_deferred_launch_puts_everything_back),
       cmocka_unit_test(test_a_waiter_is_always_woken_by_a_lane_cleared_without_the_lock),
       cmocka_unit_test(test_eight_threads_waiting_on_four_lanes_are_always_woken),
+      cmocka_unit_test(test_a_failed_deferred_joint_use_puts_everything_back),
+      cmocka_unit_test(test_waiters_are_always_woken_by_joint_uses),
   };
   int failed = cmocka_run_group_tests_name("lazy records", lazy, setup_lazy, teardown);
   failed += cmocka_run_group_tests_name("eager records", lazy, setup_eager, teardown);
