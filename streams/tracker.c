@@ -1250,9 +1250,9 @@ weft_status_t weft__tracker_use_joint(weft_stream_t *const *s, weft__use_t *cons
   size_t total = 0;
   for (size_t i = 0; i < k; i++) total += n[i];
   undo_t small_undo[32];
-  joint_stream_t small_js[8];
+  joint_stream_t small_js[4];
   undo_t *undo = weft__small_alloc(small_undo, 32, total, sizeof *undo);
-  joint_stream_t *js = weft__small_alloc(small_js, 8, k, sizeof *js);
+  joint_stream_t *js = weft__small_alloc(small_js, 4, k, sizeof *js);
   weft_status_t st = undo != NULL && js != NULL ? WEFT_OK
                                                 : weft__error(WEFT_ERR_HOST_OUT_OF_MEMORY, "weft: no host memory for a joint use");
   weft__lanes_t lanes = 0;

@@ -24,7 +24,7 @@
  *     second look it hung in every run); and four such pairs at once (eight threads), whose
  *     waiters share one condition;
  *   - the same for a joint use (an NCCL group) whose streams all defer: its failed work puts
- *     every stream back, and two groups of two streams in lockstep with two readers always wake
+ *     every stream back (two streams; and eight, past the joint use's stack room), and two groups of two streams in lockstep with two readers always wake
  *     them.
  * Data and the simulator's oracle check every result; the tests run on a GPU too. */
 #include <pthread.h>
@@ -797,6 +797,73 @@ static void test_a_failed_deferred_joint_use_puts_everything_back(void **state) 
   assert_int_equal(weft_free(z, s2), WEFT_OK);
 }
 
+/* A group of every pool stream (eight), each writing its own block and reading four shared ones:
+ * more streams and accesses than the joint use keeps on its stack (its per-stream records and
+ * undo records then come from the heap). Its failed work puts all eight back; then it runs, and
+ * each block is read on another stream. */
+typedef struct set_eight {
+  weft_stream_t *s[8];
+  weft_block_t x[8];
+} set_eight_t;
+
+static weft_status_t set_eight(weft_stream_t *s0, void *arg) {
+  (void)s0;
+  const set_eight_t *t = arg;
+  for (unsigned i = 0; i < 8; i++) {
+    CUdeviceptr p;
+    if (weft_block_ptr(t->x[i], &p) != WEFT_OK) return weft__error(WEFT_ERR_INVALID_ARGUMENT, "test: a block went");
+    CUresult r = drv->cuMemsetD32Async(p, 20 + i, N, t->s[i]->raw);
+    if (r != CUDA_SUCCESS) return weft__driver_fail(r, "joint work");
+  }
+  return WEFT_OK;
+}
+
+static void test_a_deferred_joint_use_of_eight_streams(void **state) {
+  (void)state;
+  set_eight_t t;
+  weft_block_t shared[4];
+  weft_access_t acc[8][5];
+  const weft_access_t *per[8];
+  size_t n[8];
+  for (unsigned i = 0; i < 4; i++) {
+    shared[i] = alloc(stream(i));
+    assert_int_equal(tu_fill(&env, stream(i), shared[i], N, 40 + i), WEFT_OK);
+  }
+  for (unsigned i = 0; i < 8; i++) {
+    t.s[i] = stream(i);
+    t.x[i] = alloc(t.s[i]);
+    assert_int_equal(tu_fill(&env, t.s[i], t.x[i], N, 1), WEFT_OK);
+    acc[i][0] = (weft_access_t){t.x[i], WEFT_WRITE};
+    for (unsigned j = 0; j < 4; j++) acc[i][1 + j] = (weft_access_t){shared[j], WEFT_READ};
+    per[i] = acc[i];
+    n[i] = 5;
+  }
+  assert_int_equal(weft_runtime_synchronize(env.rt), WEFT_OK);
+  uint64_t point[8];
+  for (unsigned i = 0; i < 8; i++) {
+    if (!defers(t.s[i])) skip();
+    point[i] = atomic_load(&t.s[i]->point);
+  }
+  weft_counters_t c0 = counters(), seen = {0};
+  assert_int_equal(weft__use_joint(t.s, per, n, 8, "joint8", refuse_counting, &seen), WEFT_ERR_INVALID_ARGUMENT);
+  if (seen.uses != c0.uses + 8) skip(); /* (the precondition: the deferred path) */
+  weft_counters_t c1 = counters();
+  assert_int_equal(c1.uses, c0.uses);
+  assert_int_equal(c1.accesses, c0.accesses);
+  for (unsigned i = 0; i < 8; i++)
+    if (atomic_load(&t.s[i]->point) != point[i]) fail_msg("stream %u's point moved after the failure", i);
+  assert_int_equal(weft__use_joint(t.s, per, n, 8, "joint8", set_eight, &t), WEFT_OK);
+  assert_int_equal(counters().uses, c0.uses + 8);
+  for (unsigned i = 0; i < 8; i++) expect_published(t.s[i]);
+  /* A write of a shared block waits for all eight reads; each x[i] is read on the next stream. */
+  assert_int_equal(tu_fill(&env, stream(0), shared[0], N, 50), WEFT_OK);
+  for (unsigned i = 0; i < 8; i++) expect_all(stream((i + 1) % 8), t.x[i], 20 + i);
+  expect_all(stream(5), shared[0], 50);
+  assert_int_equal(tu_races(&env), 0);
+  for (unsigned i = 0; i < 8; i++) assert_int_equal(weft_free(t.x[i], stream(0)), WEFT_OK);
+  for (unsigned i = 0; i < 4; i++) assert_int_equal(weft_free(shared[i], stream(0)), WEFT_OK);
+}
+
 /* ---- lockstep rounds ---- */
 
 #define ROUNDS 20000 /* lockstep rounds per pair */
@@ -1006,6 +1073,9 @@ int main(void) {
       cmocka_unit_test(test_eight_threads_waiting_on_four_lanes_are_always_woken),
       cmocka_unit_test(test_a_failed_deferred_joint_use_puts_everything_back),
       cmocka_unit_test(test_waiters_are_always_woken_by_joint_uses),
+      /* Last: its late waits leave lanes eager (clock.c, weft__clock_needed), and the lockstep
+       * cases need every lane lazy (they skip otherwise). */
+      cmocka_unit_test(test_a_deferred_joint_use_of_eight_streams),
   };
   int failed = cmocka_run_group_tests_name("lazy records", lazy, setup_lazy, teardown);
   failed += cmocka_run_group_tests_name("eager records", lazy, setup_eager, teardown);
