@@ -1238,6 +1238,7 @@ static weft_status_t joint_deferred(weft__domain_t *d, weft_stream_t *const *s, 
   }
   weft__lanes_remove(&d->busy, lanes);
   weft__clock_idle_signal();
+  for (size_t i = 0; i < k; i++) WEFT_ASSERT_EXPENSIVE(lane_is_valid(d, s[i]->lane));
   unlock(tr0);
   return st;
 }

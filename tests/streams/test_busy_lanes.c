@@ -891,8 +891,10 @@ static void jitter(unsigned *r) {
   }
 }
 
+/* A writer's work: x on s set to the round's value, and for a joint use (sc set) w on sc too. */
 typedef struct fill_arg {
-  weft_block_t x;
+  weft_block_t x, w;
+  weft_stream_t *sc;
   unsigned value;
   unsigned *rng;
 } fill_arg_t;
@@ -900,30 +902,12 @@ typedef struct fill_arg {
 static weft_status_t fill_work(weft_stream_t *s, void *arg) {
   fill_arg_t *f = arg;
   jitter(f->rng);
-  CUdeviceptr p;
-  weft_status_t st = weft_block_ptr(f->x, &p);
-  if (st != WEFT_OK) return st;
-  CUresult r = drv->cuMemsetD32Async(p, f->value, N, s->raw);
-  return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuMemsetD32Async");
-}
-
-/* A joint use's work: x on s0 and w on the second stream set to the round's value. */
-typedef struct fill_two {
-  weft_block_t x, w;
-  weft_stream_t *sc;
-  unsigned value;
-  unsigned *rng;
-} fill_two_t;
-
-static weft_status_t fill_two_work(weft_stream_t *s0, void *arg) {
-  fill_two_t *f = arg;
-  jitter(f->rng);
-  CUdeviceptr x, w;
+  CUdeviceptr x, w = 0;
   weft_status_t st = weft_block_ptr(f->x, &x);
-  if (st == WEFT_OK) st = weft_block_ptr(f->w, &w);
+  if (st == WEFT_OK && f->sc != NULL) st = weft_block_ptr(f->w, &w);
   if (st != WEFT_OK) return st;
-  CUresult r = drv->cuMemsetD32Async(x, f->value, N, s0->raw);
-  if (r == CUDA_SUCCESS) r = drv->cuMemsetD32Async(w, f->value, N, f->sc->raw);
+  CUresult r = drv->cuMemsetD32Async(x, f->value, N, s->raw);
+  if (r == CUDA_SUCCESS && f->sc != NULL) r = drv->cuMemsetD32Async(w, f->value, N, f->sc->raw);
   return r == CUDA_SUCCESS ? WEFT_OK : weft__driver_fail(r, "cuMemsetD32Async");
 }
 
@@ -940,18 +924,16 @@ static void *writer(void *arg) {
   unsigned rng = 0x9e3779b9u;
   for (unsigned r = 1; r <= ROUNDS; r++) {
     atomic_store(&l->started, r);
+    fill_arg_t f = {l->x, l->w, l->sc, r, &rng};
+    weft_access_t wa[1] = {{l->x, WEFT_WRITE}}, wc[1] = {{l->w, WEFT_WRITE}};
     weft_status_t st;
     if (l->sc == NULL) {
-      fill_arg_t f = {l->x, r, &rng};
-      weft_access_t w = {l->x, WEFT_WRITE};
-      st = weft__use_run(l->sa, &w, 1, "lockstep.write", fill_work, &f);
+      st = weft__use_run(l->sa, wa, 1, "lockstep.write", fill_work, &f);
     } else { /* a joint use of sa and sc, as an NCCL group is */
-      fill_two_t f = {l->x, l->w, l->sc, r, &rng};
       weft_stream_t *s[2] = {l->sa, l->sc};
-      weft_access_t wa[1] = {{l->x, WEFT_WRITE}}, wc[1] = {{l->w, WEFT_WRITE}};
       const weft_access_t *acc[2] = {wa, wc};
       size_t n[2] = {1, 1};
-      st = weft__use_joint(s, acc, n, 2, "lockstep.joint", fill_two_work, &f);
+      st = weft__use_joint(s, acc, n, 2, "lockstep.joint", fill_work, &f);
     }
     if (st != WEFT_OK) {
       l->st_a = st;
