@@ -3,6 +3,7 @@
 #include <stdatomic.h>
 #include <sched.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "lib/core/container.h"
 #include "lib/core/debug.h"
@@ -19,8 +20,8 @@ static weft__map_t g_live; /* address -> its value (below) */
 #define STATE 0x1ffu /* kind | DEAD */
 #define HOLDER_SHIFT 16
 
-/* weft__handle_live's fast path: each thread remembers its last few positive answers, each with
- * the number of removals the set had seen when the answer was taken. While no handle was removed
+/* weft__handle_live's fast path: each thread remembers its last few positive answers, with the
+ * number of removals the set had seen when they were taken. While no handle was removed
  * since, the object is still live (adds and restores never make a live object dead), so a hot
  * call (a collective's communicator, a replayed exec) reads one shared counter, which nobody
  * writes in steady state, instead of taking the set's lock (an atomic read-modify-write on one
@@ -30,20 +31,34 @@ static atomic_uint_least64_t g_removals;
 typedef struct seen {
   const void *p;
   unsigned kind;
-  uint64_t removals;
 } seen_t;
 
-#define SEEN 4
+/* The answers are kept all alike (any SEEN objects, wherever they lie: a direct-mapped memory
+ * indexed by address bits kept one of a group's two communicators, whose addresses differed by a
+ * size class's multiple of 4 KiB, and each call took the lock), the oldest replaced first; all
+ * were taken at tls_seen_removals removals, and a different count makes them all stale. */
+#define SEEN 8
 static _Thread_local seen_t tls_seen[SEEN];
+static _Thread_local uint64_t tls_seen_removals;
+static _Thread_local unsigned tls_seen_next; /* the slot the next answer takes */
 
-static seen_t *seen_slot(const void *p) {
-  uintptr_t a = (uintptr_t)p;
-  return &tls_seen[((a >> 4) ^ (a >> 9)) & (SEEN - 1)];
+/* Whether this thread remembers p live as of `removals` (then it still is). */
+static inline bool seen_live(const void *p, weft__handle_kind_t kind, uint64_t removals) {
+  if (tls_seen_removals != removals) return false;
+  for (unsigned i = 0; i < SEEN; i++)
+    if (tls_seen[i].p == p && tls_seen[i].kind == (unsigned)kind) return true;
+  return false;
 }
 
-/* Whether e remembers p live as of `removals` (then it still is). */
-static inline bool seen_live(const seen_t *e, const void *p, weft__handle_kind_t kind, uint64_t removals) {
-  return e->p == p && e->kind == (unsigned)kind && e->removals == removals;
+/* Remembers p live as of `removals` (read before the lookup that found it). */
+static void seen_note(const void *p, weft__handle_kind_t kind, uint64_t removals) {
+  if (tls_seen_removals != removals) {
+    memset(tls_seen, 0, sizeof tls_seen);
+    tls_seen_removals = removals;
+    tls_seen_next = 0;
+  }
+  tls_seen[tls_seen_next] = (seen_t){p, (unsigned)kind};
+  tls_seen_next = (tls_seen_next + 1) % SEEN;
 }
 
 /* The calling thread holds the set's lock as a reader (weft__handle_enter with no record: no host
@@ -60,22 +75,26 @@ bool weft__handle_add(const void *p, weft__handle_kind_t kind) {
   return v != NULL;
 }
 
-/* weft__handle_live's slow path: the set, under its lock; a positive answer is remembered in e
- * with `removals`, read before the lookup (a removal after that load makes the answer stale). */
-static bool live_locked(const void *p, weft__handle_kind_t kind, seen_t *e, uint64_t removals) {
+static _Thread_local unsigned long tls_lookups; /* (weft__handle_lookups) */
+
+unsigned long weft__handle_lookups(void) { return tls_lookups; }
+
+/* weft__handle_live's slow path: the set, under its lock; a positive answer is remembered with
+ * `removals`, read before the lookup (a removal after that load makes the answer stale). */
+static bool live_locked(const void *p, weft__handle_kind_t kind, uint64_t removals) {
+  tls_lookups++;
   pthread_rwlock_rdlock(&g_lock);
   const uint64_t *v = weft__map_find(&g_live, (uint64_t)(uintptr_t)p);
   bool live = v != NULL && (*v & STATE) == kind;
   pthread_rwlock_unlock(&g_lock);
-  if (live) *e = (seen_t){p, (unsigned)kind, removals};
+  if (live) seen_note(p, kind, removals);
   return live;
 }
 
 bool weft__handle_live(const void *p, weft__handle_kind_t kind) {
   if (p == NULL) return false;
   uint64_t removals = atomic_load_explicit(&g_removals, memory_order_acquire);
-  seen_t *e = seen_slot(p);
-  return seen_live(e, p, kind, removals) || live_locked(p, kind, e, removals);
+  return seen_live(p, kind, removals) || live_locked(p, kind, removals);
 }
 
 static void wait_outside(const void *p);
@@ -236,8 +255,7 @@ static _Atomic(const void *) *slot_at(unsigned d) {
  * without p once, which threads that keep trying a dead object would otherwise put off. */
 static bool publish(_Atomic(const void *) *slot, const void *p, weft__handle_kind_t kind) {
   uint64_t removals = atomic_load_explicit(&g_removals, memory_order_acquire);
-  seen_t *e = seen_slot(p);
-  if (!seen_live(e, p, kind, removals) && !live_locked(p, kind, e, removals)) return false;
+  if (!seen_live(p, kind, removals) && !live_locked(p, kind, removals)) return false;
   /* The publication comes before the count is read again (both seq_cst; a removal counts, fences
    * and reads the records): one of the two sees the other. Live when the count was read above;
    * still live if nothing was removed since (else look). */

@@ -28,6 +28,10 @@ bool weft__handle_add(const void *p, weft__handle_kind_t kind);
 /** True while p is a live object of that kind. Lock-free while the calling thread asked about p
  * before and no handle was removed since (a per-thread memory of positive answers). */
 bool weft__handle_live(const void *p, weft__handle_kind_t kind);
+/** How many times the calling thread has looked an object up in the set under its lock
+ * (weft__handle_live's and an entry's slow path: no remembered answer); for tests and
+ * diagnostics. */
+unsigned long weft__handle_lookups(void);
 /** Marks p destroyed; false when it was not a live object of that kind (destroyed already), is
  * held (weft__handle_hold) or the calling thread is inside it. */
 bool weft__handle_remove(const void *p, weft__handle_kind_t kind);

@@ -88,6 +88,40 @@ static void test_a_removal_ends_every_threads_remembered_answer(void **state) {
   if (asked_live < THREADS * 2000u / 2) fail_msg("only %u live answers before the removal", asked_live);
 }
 
+/* A thread that uses a few objects in turn (a group's communicators, one per device, each kept
+ * at its call; a step's execs) asks the set's lock about none of them twice while nothing is
+ * removed, wherever they lie: eight objects 4 KiB apart (the spacing of one allocator size class,
+ * where the remembered answers' slots once collided, so that two communicators of one group
+ * took the lock at every call), asked in turn, then kept and left in turn. */
+static void test_a_few_objects_used_in_turn_are_remembered(void **state) {
+  (void)state;
+  static _Alignas(4096) char area[8 * 4096];
+  const void *p[8];
+  for (int i = 0; i < 8; i++) {
+    p[i] = area + i * 4096;
+    assert_true(weft__handle_add(p[i], WEFT__HANDLE_COMM));
+  }
+  for (int i = 0; i < 8; i++) assert_true(weft__handle_live(p[i], WEFT__HANDLE_COMM));
+  unsigned long before = weft__handle_lookups();
+  for (int round = 0; round < 3; round++)
+    for (int i = 0; i < 8; i++) assert_true(weft__handle_live(p[i], WEFT__HANDLE_COMM));
+  for (int round = 0; round < 3; round++) {
+    for (int i = 0; i < 8; i++) assert_true(weft__handle_keep(p[i], WEFT__HANDLE_COMM));
+    for (int i = 8; i-- > 0;) weft__handle_unkeep(p[i]);
+  }
+  unsigned long looked = weft__handle_lookups() - before;
+  if (looked != 0) fail_msg("%lu lookups under the set's lock for 48 questions about 8 objects asked before", looked);
+  /* A removal makes every remembered answer stale: the next question looks again, once. */
+  assert_true(weft__handle_add(area + 100, WEFT__HANDLE_COMM));
+  assert_true(weft__handle_remove(area + 100, WEFT__HANDLE_COMM));
+  before = weft__handle_lookups();
+  for (int round = 0; round < 2; round++)
+    for (int i = 0; i < 8; i++) assert_true(weft__handle_live(p[i], WEFT__HANDLE_COMM));
+  assert_int_equal(weft__handle_lookups() - before, 8);
+  for (int i = 0; i < 8; i++) assert_true(weft__handle_remove(p[i], WEFT__HANDLE_COMM));
+  for (int i = 0; i < 8; i++) assert_false(weft__handle_live(p[i], WEFT__HANDLE_COMM));
+}
+
 /* A held handle (an object another draws from) is not removed until every holder lets go. */
 static void test_a_held_handle_is_not_removed(void **state) {
   (void)state;
@@ -415,6 +449,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_live_remove_restore_and_kinds),
       cmocka_unit_test(test_a_removal_ends_every_threads_remembered_answer),
+      cmocka_unit_test(test_a_few_objects_used_in_turn_are_remembered),
       cmocka_unit_test(test_a_held_handle_is_not_removed),
       cmocka_unit_test(test_a_removal_waits_for_the_thread_inside),
       cmocka_unit_test(test_entries_nest_past_the_records_depth),
