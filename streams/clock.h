@@ -117,13 +117,17 @@ static inline uint64_t weft__clock_newest_use(const weft__domain_t *d, unsigned 
  * deferred tick, so the records after each use bought nothing. */
 void weft__clock_needed(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *t, uint64_t k, bool newest);
 /** Publishes lane `at`'s point for lock-free readers (weft_stream_t.point of s, the lane's
- * stream in the live domain): 1 + its tick while it is not dirty, else 0; always 0 for a
+ * stream in the live domain; weft__clock_published is the value): 1 + its tick while it is not
+ * dirty, else 0; always 0 for a
  * per-thread stream, whose point is taken under the lock (point_locked records it at once: only
  * its owner can). Called wherever a live lane's tick or dirtiness changes, and when a stream is
  * adopted; lock held. */
-static inline void weft__clock_publish_stream(const weft__domain_t *d, unsigned at, weft_stream_t *s) {
+static inline uint64_t weft__clock_published(const weft__domain_t *d, unsigned at, const weft_stream_t *s) {
   const weft__lane_t *l = &d->lane[at];
-  atomic_store_explicit(&s->point, l->dirty || s->per_thread ? 0 : l->tick + 1, memory_order_release);
+  return l->dirty || s->per_thread ? 0 : l->tick + 1;
+}
+static inline void weft__clock_publish_stream(const weft__domain_t *d, unsigned at, weft_stream_t *s) {
+  atomic_store_explicit(&s->point, weft__clock_published(d, at, s), memory_order_release);
 }
 /** weft__clock_publish_stream for lane `at` of d, whose stream d knows (nothing for a capture's
  * domain, or a lane without a stream). */

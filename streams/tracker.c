@@ -1038,13 +1038,6 @@ static void uncount_deferred(weft__tracker_t *tr, weft_stream_t *s, size_t n, ui
   s->last_used = last_used;
 }
 
-/* The point s publishes once a deferred use's work is in (weft__clock_publish_stream; no
- * per-thread stream takes a deferred use). */
-static inline __attribute__((always_inline)) uint64_t deferred_point(const weft__domain_t *d, const weft_stream_t *s) {
-  const weft__lane_t *l = &d->lane[s->lane];
-  return l->dirty ? 0 : l->tick + 1;
-}
-
 /* A deferred fast use whose work failed: under the lock again, what it counted is taken back,
  * its histories and lane are put back (finish_use), and the lane is cleared. */
 void weft__tracker_exit_failed(weft__use_ticket_t *t) {
@@ -1072,7 +1065,7 @@ static inline __attribute__((always_inline)) void live_enter_deferred(weft__trac
   t->uses = uses;
   t->n = n;
   t->last_used = count_deferred(tr, s, n);
-  t->point = deferred_point(d, s);
+  t->point = weft__clock_published(d, s->lane, s); /* (published after the work) */
   weft__lanes_add(&d->busy, weft__lane_bit(s->lane));
   unlock(tr);
 }
@@ -1219,7 +1212,7 @@ static weft_status_t joint_deferred(weft__domain_t *d, weft_stream_t *const *s, 
   weft__tracker_t *tr0 = s[0]->tr;
   for (size_t i = 0; i < k; i++) {
     js[i].last_used = count_deferred(s[i]->tr, s[i], n[i]);
-    js[i].point = deferred_point(d, s[i]);
+    js[i].point = weft__clock_published(d, s[i]->lane, s[i]);
   }
   weft__lanes_add(&d->busy, lanes);
   unlock(tr0);

@@ -39,29 +39,12 @@ void weft__lock_wake(weft__lock_t *l) {
   futex(&l->v, FUTEX_WAKE_PRIVATE, 1);
 }
 
-void weft__cond_wait(weft__cond_t *c, weft__lock_t *l) {
-  /* Read under the lock: a broadcast after the release below changes it, and the sleep then
-   * returns at once (the futex compares before it sleeps). */
-  unsigned seq = atomic_load_explicit(&c->seq, memory_order_relaxed);
-  atomic_fetch_add_explicit(&c->waiters, 1, memory_order_relaxed);
-  weft__unlock(l);
-  futex(&c->seq, FUTEX_WAIT_PRIVATE, seq);
-  weft__lock(l);
-  atomic_fetch_sub_explicit(&c->waiters, 1, memory_order_relaxed);
-}
-
-void weft__cond_broadcast(weft__cond_t *c) {
-  if (atomic_load_explicit(&c->waiters, memory_order_relaxed) == 0) return;
-  atomic_fetch_add_explicit(&c->seq, 1, memory_order_relaxed);
-  futex(&c->seq, FUTEX_WAKE_PRIVATE, (unsigned)INT32_MAX);
-}
-
 void weft__cond_wait_unless(weft__cond_t *c, weft__lock_t *l, bool (*done)(const void *arg), const void *arg) {
   /* The count read before this thread counts itself: a broadcast that saw it counted advanced
    * it afterwards, and the sleep below then returns at once. */
   unsigned seq = atomic_load_explicit(&c->seq, memory_order_acquire);
   atomic_fetch_add_explicit(&c->waiters, 1, memory_order_seq_cst);
-  if (!done(arg)) {
+  if (done == NULL || !done(arg)) {
     weft__unlock(l);
     futex(&c->seq, FUTEX_WAIT_PRIVATE, seq);
     weft__lock(l);
@@ -74,3 +57,7 @@ void weft__cond_broadcast_unlocked(weft__cond_t *c) {
   atomic_fetch_add_explicit(&c->seq, 1, memory_order_release);
   futex(&c->seq, FUTEX_WAKE_PRIVATE, (unsigned)INT32_MAX);
 }
+
+void weft__cond_wait(weft__cond_t *c, weft__lock_t *l) { weft__cond_wait_unless(c, l, NULL, NULL); }
+
+void weft__cond_broadcast(weft__cond_t *c) { weft__cond_broadcast_unlocked(c); }

@@ -54,21 +54,19 @@ typedef struct weft__cond {
 
 #define WEFT__COND_INIT {0, 0}
 
-/** Releases l (held), sleeps until a broadcast on c made after the release (or spuriously), takes
- * l again. */
-void weft__cond_wait(weft__cond_t *c, weft__lock_t *l);
-/** Wakes every thread waiting on c; with the lock held (after changing the predicate): no system
- * call when none waits. */
-void weft__cond_broadcast(weft__cond_t *c);
-
-/** weft__cond_wait for a predicate that a thread not holding l may end (and then calls
- * weft__cond_broadcast_unlocked): counts itself a waiter first, then asks done(arg) again (both
- * sequentially consistent), and sleeps only if it says no, so that either this thread sees the
- * change or the changing thread sees it waiting. l held; released while asleep. */
+/** Waits on c, l held (released while asleep), for a predicate that a thread not holding l may
+ * end (and then calls weft__cond_broadcast_unlocked): counts itself a waiter first, then asks
+ * done(arg) again (both sequentially consistent; NULL: no question), and sleeps only if it says
+ * no, so that either this thread sees the change or the changing thread sees it waiting. Wakes
+ * at a broadcast made after the count (or spuriously). */
 void weft__cond_wait_unless(weft__cond_t *c, weft__lock_t *l, bool (*done)(const void *arg), const void *arg);
 /** Wakes every thread waiting on c, from a thread that need not hold the lock: call it after the
  * predicate's change, made sequentially consistent (weft__cond_wait_unless). No system call when
  * none waits. */
 void weft__cond_broadcast_unlocked(weft__cond_t *c);
+/** weft__cond_wait_unless with no question: for a predicate changed only under l. */
+void weft__cond_wait(weft__cond_t *c, weft__lock_t *l);
+/** weft__cond_broadcast_unlocked, called with the lock held after changing the predicate. */
+void weft__cond_broadcast(weft__cond_t *c);
 
 #endif /* WEFT_CORE_LOCK_H */
