@@ -4,7 +4,8 @@
  * but they are exact and repeatable on any CPU machine: a change to a hot path shows its effect
  * here before a GPU run measures it (bench/README.md, "Instructions per operation").
  *
- *   host_instr PATH [N]      PATH: use1 use4 use16 eager1 eager16 edge launch alloc pool torch group
+ *   host_instr PATH [N]      PATH: use1 use4 use16 eager1 eager16 edge launch alloc pool torch torch0 cpair
+ *                            cpair0 group
  *                            ranks (and evict: HOST_INSTR_EVICT's eviction alone, for HOST_INSTR_TIME)
  *
  * Runs on the simulator (WEFT_DRIVER=sim; `group` and `ranks` also WEFT_NCCL=sim WEFT_SIM_DEVICES=2); the
@@ -148,6 +149,19 @@ __attribute__((noinline)) static void path_torch(ctx_t *c, CUstream raw) {
   }
 }
 
+/* weft_alloc + weft_block_ptr + weft_free on the adapter's stream, adopted by the adapter's
+ * runtime: bench/torch_pair.c's pair without the adapter (issue 17's "through the default stack"). */
+__attribute__((noinline)) static void path_cpair(weft_runtime_t *rt, weft_stream_t *s, unsigned n) {
+  for (unsigned i = 0; i < n; i++) {
+    weft_block_t b;
+    CUdeviceptr p;
+    CHECK(weft_alloc(rt, 1 << 20, s, "torch", &b));
+    CHECK(weft_block_ptr(b, &p));
+    CHECK(weft_free(b, s));
+    evict();
+  }
+}
+
 /* One thread, one weft group of an all-reduce per device. */
 __attribute__((noinline)) static void path_group(unsigned n, weft_comm_t *const *comm, const weft_block_t *buf) {
   for (unsigned i = 0; i < n; i++) {
@@ -212,14 +226,17 @@ int main(int argc, char **argv) {
   }
   if (strcmp(path, "group") == 0) return group(c.n, true);
   if (strcmp(path, "ranks") == 0) return group(c.n, false);
-  if (strcmp(path, "torch") == 0) {
+  if (strncmp(path, "torch", 5) == 0 || strncmp(path, "cpair", 5) == 0) {
+    /* torch0, cpair0: on the legacy stream (PyTorch's default stream), as PyTorch passes it (NULL). */
+    bool legacy = path[5] == '0';
     /* The adapter makes its own runtime; the stream is one PyTorch would pass (weft adopts it). */
     const weft__driver_t *d;
     CUcontext ctx;
-    CUstream raw;
+    CUstream raw = NULL;
     CHECK(weft__driver_get(&d));
     if (d->cuInit(0) != CUDA_SUCCESS || d->cuDevicePrimaryCtxRetain(&ctx, 0) != CUDA_SUCCESS ||
-        d->cuCtxSetCurrent(ctx) != CUDA_SUCCESS || d->cuStreamCreateWithPriority(&raw, CU_STREAM_NON_BLOCKING, 0) != CUDA_SUCCESS) {
+        d->cuCtxSetCurrent(ctx) != CUDA_SUCCESS ||
+        (!legacy && d->cuStreamCreateWithPriority(&raw, CU_STREAM_NON_BLOCKING, 0) != CUDA_SUCCESS)) {
       fprintf(stderr, "host_instr: no stream for the adapter\n");
       return 1;
     }
@@ -227,9 +244,20 @@ int main(int argc, char **argv) {
     c.n = n / 10 ? n / 10 : 1; /* warm-up round: stream adoption, the pool's first chunk */
     path_torch(&c, raw);
     c.n = n;
+    if (path[0] == 'c') { /* the adapter's runtime and stream, without the adapter */
+      weft_runtime_t *rt;
+      weft_stream_t *s;
+      CHECK(weft_runtime_get(0, NULL, &rt));
+      CHECK(weft_stream_adopt(rt, raw, &s));
+      path_cpair(rt, s, n / 10 ? n / 10 : 1);
+      uint64_t t0 = now_ns();
+      path_cpair(rt, s, n);
+      report(path, n, t0);
+      return 0;
+    }
     uint64_t t0 = now_ns();
     path_torch(&c, raw);
-    report("torch", n, t0);
+    report(path, n, t0);
     return 0;
   }
   weft_options_t o = weft_options_default();

@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 paths=("$@")
-[ ${#paths[@]} -gt 0 ] || paths=(use1 use4 use16 eager1 eager16 edge launch step alloc pool torch group ranks)
+[ ${#paths[@]} -gt 0 ] || paths=(use1 use4 use16 eager1 eager16 edge launch step alloc pool torch torch0 cpair cpair0 group ranks)
 bazel build -c opt //bench:host_instr //sim:libweft_sim.so >/dev/null 2>&1
 # The optimised outputs' own paths (bazel-bin follows whichever configuration built last).
 out=$(bazel info -c opt bazel-bin 2>/dev/null)
@@ -33,6 +33,8 @@ for p in "${paths[@]}"; do
     use*|eager*) fn=path_use ;;
     launch) fn=path_run ;;
     step) fn=path_step ;;
+    torch0) fn=path_torch ;;
+    cpair*) fn=path_cpair ;;
     *) fn=path_$p ;;
   esac
   WEFT_DRIVER=sim WEFT_NCCL=sim WEFT_SIM_DEVICES=2 LD_LIBRARY_PATH="$sim" valgrind --tool=callgrind --callgrind-out-file="$tmp/cg" \
