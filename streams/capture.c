@@ -282,27 +282,17 @@ void weft__capture_free(weft__capture_t *c) {
   weft__meta_free(c);
 }
 
-CUresult weft__capture_status(const weft_stream_t *s, CUstreamCaptureStatus *cs, uint64_t *id) {
+CUresult weft__capture_status_id(const weft_stream_t *s, CUstreamCaptureStatus *cs, uint64_t *id) {
   const weft__driver_t *drv = s->tr->drv;
   cuuint64_t cid = 0;
-  *cs = CU_STREAM_CAPTURE_STATUS_NONE;
-  /* cuStreamIsCapturing first: 13 ns against cuStreamGetCaptureInfo's 19 on an H200
-   * (CUDA_SEMANTICS.md), with the same answers, STREAM_CAPTURE_IMPLICIT included
-   * (tests/conformance); the id only where a capture is there and the caller wants it. */
-  CUresult r = drv->cuStreamIsCapturing(s->raw, cs);
-  if (r == CUDA_SUCCESS && *cs != CU_STREAM_CAPTURE_STATUS_NONE && id != NULL && drv->cuStreamGetCaptureInfo != NULL)
-    r = drv->cuStreamGetCaptureInfo(s->raw, cs, &cid, NULL, NULL, NULL, NULL);
-  if (id != NULL) *id = cid;
+  CUresult r = CUDA_SUCCESS;
+  if (drv->cuStreamGetCaptureInfo != NULL) r = drv->cuStreamGetCaptureInfo(s->raw, cs, &cid, NULL, NULL, NULL, NULL);
+  *id = cid;
   return r;
 }
 
-weft_status_t weft__capture_probe(weft_stream_t *s, bool *active, uint64_t *id) {
-  WEFT_ASSERT_INTERNAL(weft__tracker_owns(s));
-  CUstreamCaptureStatus cs;
-  CUresult r = weft__capture_status(s, &cs, id);
-  if (r != CUDA_SUCCESS) return weft__driver_fail(r, "cuStreamIsCapturing / cuStreamGetCaptureInfo");
-  *active = cs == CU_STREAM_CAPTURE_STATUS_ACTIVE;
-  return WEFT_OK;
+weft_status_t weft__capture_probe_failed(CUresult r) {
+  return weft__driver_fail(r, "cuStreamIsCapturing / cuStreamGetCaptureInfo");
 }
 
 /* ---- holds ---- */

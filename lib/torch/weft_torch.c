@@ -76,7 +76,8 @@ typedef struct device {
   _Atomic unsigned deferring; /* n_deferred, readable without the lock */
   _Atomic unsigned retry_destroy; /* a released pool's destroy failed: the next call tries again */
   _Atomic unsigned pending; /* n_kept, readable without the lock: the adapter's calls look first */
-  _Atomic uint64_t allocs, frees, zero_bytes, alloc_failures, free_failures, graph_frees, frees_kept;
+  /* allocs and frees: thread_counts_t; these are rare, counted by locked adds */
+  _Atomic uint64_t zero_bytes, alloc_failures, free_failures, graph_frees, frees_kept;
 } device_t;
 
 static device_t devices[MAX_DEVICES] = {
@@ -87,7 +88,7 @@ static _Thread_local struct {
   int device;
   weft_stream_t *s;
 } cache[STREAM_CACHE];
-static _Thread_local unsigned cache_next;
+static _Thread_local unsigned cache_next, cache_last; /* the entry to fill next; the one found last */
 /* The handles of blocks this thread allocated, by address, so that their free (PyTorch frees by
  * pointer, mostly on the allocating thread) names the block without weft_free_ptr's lookup in
  * the runtime's address map under its lock. An entry may be stale (the block freed elsewhere, its
@@ -97,6 +98,82 @@ static _Thread_local struct {
   int device;
   weft_block_t b;
 } handles[1u << HANDLE_BITS];
+
+/* ---- the pair's counts -------------------------------------------------------------------------
+ * Every allocation and free counts one (weft_torch_stats: adapter_allocs, adapter_frees). A
+ * locked add on a word every thread shares was two of the pair's nine locked read-modify-writes
+ * (tools/host_instr.sh torch), each a full barrier; so each thread counts in a record of its own,
+ * with a plain load and store (only its thread writes it; readers load it atomically), and a read
+ * sums the records under counts_lock. A thread's exit (counts_key's destructor) folds its record
+ * into `exited` and marks it free for the next thread that counts; records are never released,
+ * so a count made after the destructor ran (a tensor freed by another thread-local destructor)
+ * lands in a record still listed. */
+typedef struct thread_counts {
+  _Atomic uint64_t allocs[MAX_DEVICES], frees[MAX_DEVICES];
+  bool in_use; /* under counts_lock */
+  struct thread_counts *next;
+} thread_counts_t;
+
+static pthread_mutex_t counts_lock = PTHREAD_MUTEX_INITIALIZER;
+static thread_counts_t *counts_list;                            /* under counts_lock */
+static uint64_t exited_allocs[MAX_DEVICES], exited_frees[MAX_DEVICES]; /* under counts_lock */
+static pthread_key_t counts_key;
+static pthread_once_t counts_once = PTHREAD_ONCE_INIT;
+static _Thread_local thread_counts_t *my_counts;
+
+static void counts_exit(void *arg) {
+  thread_counts_t *t = arg;
+  pthread_mutex_lock(&counts_lock);
+  for (unsigned i = 0; i < MAX_DEVICES; i++) {
+    exited_allocs[i] += atomic_load_explicit(&t->allocs[i], memory_order_relaxed);
+    exited_frees[i] += atomic_load_explicit(&t->frees[i], memory_order_relaxed);
+    atomic_store_explicit(&t->allocs[i], 0, memory_order_relaxed);
+    atomic_store_explicit(&t->frees[i], 0, memory_order_relaxed);
+  }
+  t->in_use = false;
+  pthread_mutex_unlock(&counts_lock);
+  my_counts = NULL;
+}
+
+static void counts_key_make(void) {
+  if (pthread_key_create(&counts_key, counts_exit) != 0) counts_key = (pthread_key_t)-1;
+}
+
+/* The calling thread's record, listed at its first count (NULL: no host memory; the count is
+ * then lost, nothing else). */
+__attribute__((noinline)) static thread_counts_t *counts_join(void) {
+  pthread_once(&counts_once, counts_key_make);
+  pthread_mutex_lock(&counts_lock);
+  thread_counts_t *t = counts_list;
+  while (t != NULL && t->in_use) t = t->next;
+  if (t == NULL && (t = calloc(1, sizeof *t)) != NULL) {
+    t->next = counts_list;
+    counts_list = t;
+  }
+  if (t != NULL) t->in_use = true;
+  pthread_mutex_unlock(&counts_lock);
+  /* Without a destructor the record stays in use for good (its counts still read). */
+  if (t != NULL && counts_key != (pthread_key_t)-1) (void)pthread_setspecific(counts_key, t);
+  return my_counts = t;
+}
+
+/* Counts one allocation (frees: false, one free) of `device` on the calling thread. */
+static inline void count_pair(int device, bool alloc) {
+  thread_counts_t *t = my_counts;
+  if (__builtin_expect(t == NULL, 0) && (t = counts_join()) == NULL) return;
+  _Atomic uint64_t *c = alloc ? &t->allocs[device] : &t->frees[device];
+  atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + 1, memory_order_relaxed);
+}
+
+/* Every thread's allocations (frees: false, frees) of `device` so far. */
+static uint64_t counted(int device, bool alloc) {
+  pthread_mutex_lock(&counts_lock);
+  uint64_t n = alloc ? exited_allocs[device] : exited_frees[device];
+  for (thread_counts_t *t = counts_list; t != NULL; t = t->next)
+    n += atomic_load_explicit(alloc ? &t->allocs[device] : &t->frees[device], memory_order_relaxed);
+  pthread_mutex_unlock(&counts_lock);
+  return n;
+}
 
 /* ---- record_stream ----------------------------------------------------------------------------
  * The streams recorded for a pointer (weft_torch_record_stream), until its free declares a use
@@ -177,6 +254,7 @@ typedef struct ctx_scope {
 static CUresult (*ctx_get)(CUcontext *);
 static CUresult (*ctx_set)(CUcontext);
 static pthread_once_t ctx_once = PTHREAD_ONCE_INIT;
+static atomic_bool ctx_resolved; /* ctx_once has run: the calls ask one load, not pthread_once */
 
 static void ctx_resolve(void) {
   ctx_get = (CUresult(*)(CUcontext *))weft_driver_symbol("cuCtxGetCurrent");
@@ -186,7 +264,10 @@ static void ctx_resolve(void) {
 
 static ctx_scope_t ctx_enter(int device) {
   ctx_scope_t sc = {NULL, false};
-  pthread_once(&ctx_once, ctx_resolve);
+  if (__builtin_expect(!atomic_load_explicit(&ctx_resolved, memory_order_acquire), 0)) {
+    pthread_once(&ctx_once, ctx_resolve);
+    atomic_store_explicit(&ctx_resolved, true, memory_order_release);
+  }
   if (ctx_get == NULL || ctx_get(&sc.was) != CUDA_SUCCESS) return sc;
   CUcontext mine = device >= 0 && device < MAX_DEVICES ? atomic_load_explicit(&devices[device].ctx, memory_order_acquire) : NULL;
   sc.restore = mine == NULL || sc.was != mine;
@@ -246,16 +327,27 @@ __attribute__((noinline)) static weft_runtime_t *runtime_make(int device) {
 }
 
 /* The weft stream for a PyTorch stream (adopted once; remembered per thread). */
-static weft_stream_t *stream_of(weft_runtime_t *rt, int device, CUstream raw) {
+static weft_stream_t *stream_find(weft_runtime_t *rt, int device, CUstream raw);
+static inline weft_stream_t *stream_of(weft_runtime_t *rt, int device, CUstream raw) {
+  unsigned last = cache_last;
+  if (cache[last].raw == raw && cache[last].device == device && cache[last].s != NULL) return cache[last].s;
+  return stream_find(rt, device, raw);
+}
+
+/* stream_of's look past the entry found last, and the adoption of a stream not remembered. */
+__attribute__((noinline)) static weft_stream_t *stream_find(weft_runtime_t *rt, int device, CUstream raw) {
   for (unsigned i = 0; i < STREAM_CACHE; i++)
-    if (cache[i].s != NULL && cache[i].raw == raw && cache[i].device == device) return cache[i].s;
+    if (cache[i].s != NULL && cache[i].raw == raw && cache[i].device == device) {
+      cache_last = i;
+      return cache[i].s;
+    }
   weft_stream_t *s;
   weft_status_t st = weft_stream_adopt(rt, raw, &s);
   if (st != WEFT_OK) {
     fail(st, "weft_torch: weft_stream_adopt: %s", weft_last_error());
     return NULL;
   }
-  unsigned k = cache_next++ % STREAM_CACHE;
+  unsigned k = cache_last = cache_next++ % STREAM_CACHE;
   cache[k].raw = raw;
   cache[k].device = device;
   cache[k].s = s;
@@ -628,7 +720,8 @@ static gpool_t *drawing_pool_of(device_t *d, CUdeviceptr ptr) {
   return NULL;
 }
 
-static weft_status_t declare_recorded(weft_runtime_t *rt, int device, uintptr_t ptr, CUstream on, weft_stream_t *fs);
+static inline weft_status_t declare_recorded(weft_runtime_t *rt, int device, uintptr_t ptr, CUstream on,
+                                            weft_stream_t *fs);
 
 static bool graph_free(int device, device_t *d, CUdeviceptr ptr);
 
@@ -677,7 +770,7 @@ __attribute__((noinline)) static void flush_kept_now(weft_runtime_t *rt, device_
     weft_status_t st = declare_recorded(rt, (int)(d - devices), (uintptr_t)todo[i].ptr, todo[i].raw, todo[i].s);
     if (st == WEFT_OK) st = weft_free_ptr(rt, todo[i].ptr, todo[i].s);
     if (st == WEFT_OK) {
-      atomic_fetch_add_explicit(&d->frees, 1, memory_order_relaxed);
+      count_pair((int)(d - devices), false);
     } else if (st == WEFT_ERR_INVALID_ARGUMENT && graph_free((int)(d - devices), d, todo[i].ptr)) {
       /* memory a graph kept (a tensor of a graph pool, record_stream'ed, freed while a capture
        * ran): its pool counts one live tensor less, as in free_here; before, the free was dropped
@@ -752,7 +845,7 @@ static void *alloc_or_null(ssize_t size, int device, CUstream stream) {
     atomic_fetch_add_explicit(&d->alloc_failures, 1, memory_order_relaxed);
     return NULL;
   }
-  atomic_fetch_add_explicit(&d->allocs, 1, memory_order_relaxed);
+  count_pair(device, true);
   if (atomic_load_explicit(&d->drawing, memory_order_relaxed) != 0) count_drawn(d, p, +1);
   unsigned k = handle_slot((uintptr_t)p);
   handles[k].ptr = (uintptr_t)p;
@@ -813,7 +906,7 @@ static void free_here(void *ptr, int device, CUstream stream) {
   if (declared == WEFT_OK && (st == WEFT_ERR_STALE_HANDLE || st == WEFT_ERR_DOUBLE_FREE))
     st = s == NULL ? WEFT_ERR_INVALID_ARGUMENT : weft_free_ptr(rt, (CUdeviceptr)(uintptr_t)ptr, s);
   if (st == WEFT_OK) {
-    atomic_fetch_add_explicit(&d->frees, 1, memory_order_relaxed);
+    count_pair(device, false);
     /* A tensor allocated inside a PyTorch capture, freed inside it: its range is free again
      * (freed memory of a pool can never be handed to another pool meanwhile: it stays reserved). */
     if (atomic_load_explicit(&d->drawing, memory_order_relaxed) != 0) count_drawn(d, (CUdeviceptr)(uintptr_t)ptr, -1);
@@ -969,9 +1062,18 @@ static weft_status_t wait_for_stream(int device, weft_stream_t *fs, CUstream oth
  * work outside the capture would invalidate it): CAPTURE, and the free is kept until the capture
  * has ended, as PyTorch defers record_stream's events while a capture is underway. The record is
  * dropped once done; on a failure it stays, for the free to be made again (kept_t). */
-static weft_status_t declare_recorded(weft_runtime_t *rt, int device, uintptr_t ptr, CUstream on, weft_stream_t *fs) {
+static weft_status_t declare_recorded_now(weft_runtime_t *rt, int device, uintptr_t ptr, CUstream on,
+                                          weft_stream_t *fs);
+static inline weft_status_t declare_recorded(weft_runtime_t *rt, int device, uintptr_t ptr, CUstream on,
+                                            weft_stream_t *fs) {
+  if (atomic_load_explicit(&rec_count[rec_slot(ptr)], memory_order_acquire) == 0) return WEFT_OK; /* nearly every free */
+  return declare_recorded_now(rt, device, ptr, on, fs);
+}
+
+/* declare_recorded's work, where a stream may be recorded for ptr. */
+__attribute__((noinline)) static weft_status_t declare_recorded_now(weft_runtime_t *rt, int device, uintptr_t ptr,
+                                                                   CUstream on, weft_stream_t *fs) {
   unsigned b = rec_slot(ptr);
-  if (atomic_load_explicit(&rec_count[b], memory_order_acquire) == 0) return WEFT_OK; /* nearly every free */
   pthread_mutex_lock(&rec_lock);
   recorded_t *r = rec_bucket[b];
   while (r != NULL && r->ptr != ptr) r = r->next;
@@ -1103,7 +1205,7 @@ int weft_torch_stats(int device, char *buf, size_t len) {
                    c.uses, c.accesses, c.waits_issued, c.waits_skipped, c.events_recorded, c.allocs, c.frees,
                    r.live_bytes - (c.cached_bytes <= r.live_bytes ? c.cached_bytes : r.live_bytes), r.live_peak,
                    r.reserved_bytes, r.reserved_peak, pools, graph_reserved,
-                   atomic_load(&d->allocs), atomic_load(&d->frees), atomic_load(&d->zero_bytes),
+                   counted(device, true), counted(device, false), atomic_load(&d->zero_bytes),
                    atomic_load(&d->alloc_failures), atomic_load(&d->free_failures), atomic_load(&d->graph_frees),
                    atomic_load(&d->frees_kept), atomic_load(&d->pending), atomic_load(&rec_calls), o.adopt_streams,
                    o.pool_chunk_bytes, o.release_threshold, c.cached_blocks, c.cached_bytes);

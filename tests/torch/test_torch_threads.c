@@ -664,6 +664,78 @@ static void test_record_stream_of_another_device(void **state) {
   check_races();
 }
 
+/* ---- the pair's counts, thread by thread ------------------------------------------------------
+ * adapter_allocs and adapter_frees are kept per thread (weft_torch.c, "the pair's counts"): NT
+ * threads make pairs and leave one by one (each its own number of pairs) while this thread reads
+ * the counts, which never go back; each thread also leaves one tensor to a thread-exit destructor
+ * of a key made after the adapter's, which frees it once the adapter's own exit has run for the
+ * thread (PyTorch frees tensors held in thread-locals so). Every count is there after the joins:
+ * none lost with the records of threads that left, none with a count made after a record was
+ * given back. Under tsan: the reads race with no count. */
+#define COUNT_PAIRS 300
+static pthread_key_t late_key;
+static _Atomic int counters_running;
+
+static void late_free(void *p) {
+  on_device(0);
+  t_free(p, 4096, 0, NULL);
+}
+
+static void *count_pairs(void *arg) {
+  int t = *(const int *)arg;
+  on_device(0);
+  for (int i = 0; i < COUNT_PAIRS * (t + 1); i++) {
+    void *p = t_alloc(256 + 256 * (i % 4), 0, NULL);
+    CHECK(p != NULL, "thread %d: alloc %d failed: %s", t, i, t_error());
+    if (p != NULL) t_free(p, 256 + 256 * (i % 4), 0, NULL);
+  }
+  void *kept = t_alloc(4096, 0, NULL);
+  CHECK(kept != NULL, "thread %d: the kept tensor's alloc failed: %s", t, t_error());
+  if (kept != NULL) CHECK(pthread_setspecific(late_key, kept) == 0, "pthread_setspecific");
+  atomic_fetch_sub(&counters_running, 1);
+  return NULL;
+}
+
+static void test_counts_of_threads_that_left(void **state) {
+  (void)state;
+  reset_errors();
+  void *first = t_alloc(256, 0, NULL); /* the adapter's key exists before late_key */
+  assert_non_null(first);
+  t_free(first, 256, 0, NULL);
+  assert_int_equal(pthread_key_create(&late_key, late_free), 0);
+  uint64_t allocs0 = stat_on(0, "adapter_allocs"), frees0 = stat_on(0, "adapter_frees");
+  uint64_t live0 = stat_on(0, "live_bytes"), fails0 = stat_on(0, "free_failures");
+  int ids[NT];
+  pthread_t th[NT];
+  atomic_store(&counters_running, NT);
+  for (int t = 0; t < NT; t++) {
+    ids[t] = t;
+    assert_int_equal(pthread_create(&th[t], NULL, count_pairs, &ids[t]), 0);
+  }
+  uint64_t last_allocs = allocs0, last_frees = frees0, reads = 0;
+  while (atomic_load(&counters_running) > 0) {
+    uint64_t a = stat_on(0, "adapter_allocs"), f = stat_on(0, "adapter_frees");
+    if (a < last_allocs || f < last_frees)
+      fail_msg("the counts went back: allocs %llu after %llu, frees %llu after %llu", (unsigned long long)a,
+               (unsigned long long)last_allocs, (unsigned long long)f, (unsigned long long)last_frees);
+    last_allocs = a;
+    last_frees = f;
+    reads++;
+  }
+  for (int t = 0; t < NT; t++) pthread_join(th[t], NULL);
+  check_errors();
+  assert_int_equal(pthread_key_delete(late_key), 0);
+  uint64_t pairs = 0;
+  for (int t = 0; t < NT; t++) pairs += (uint64_t)COUNT_PAIRS * (uint64_t)(t + 1);
+  assert_true(reads > 0);
+  assert_int_equal(stat_on(0, "adapter_allocs") - allocs0, pairs + NT);
+  assert_int_equal(stat_on(0, "adapter_frees") - frees0, pairs + NT); /* the kept tensors: freed at the exits */
+  sync_devices();
+  assert_int_equal(stat_on(0, "free_failures"), fails0);
+  assert_int_equal(stat_on(0, "live_bytes"), live0);
+  check_races();
+}
+
 int main(int argc, char **argv) {
   harness_args(argc, argv);
   const struct CMUnitTest tests[] = {
@@ -679,6 +751,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup(test_thread_local_capture_beside_eager_threads, setup),
       cmocka_unit_test_setup(test_relaxed_capture_beside_eager_threads, setup),
       cmocka_unit_test_setup(test_empty_cache_beside_a_thread_local_capture, setup),
+      cmocka_unit_test_setup(test_counts_of_threads_that_left, setup),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
