@@ -346,9 +346,19 @@ static bool alloc_fast(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, const
   return cached != NULL && (*st = reuse_cached(s, cached, itag, out)) == WEFT_OK;
 }
 
+static weft_status_t alloc_general(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, const char *tag,
+                                   weft_block_t *out);
+
 weft_status_t weft_alloc(weft_runtime_t *rt, size_t bytes, weft_stream_t *s, const char *tag, weft_block_t *out) {
   weft_status_t st;
-  if (alloc_fast(rt, bytes, s, tag, out, &st)) return st;
+  return alloc_fast(rt, bytes, s, tag, out, &st) ? st : alloc_general(rt, bytes, s, tag, out);
+}
+
+/* weft_alloc's general path: every case the fast path leaves (out of line: its error buffer
+ * gives it a frame with a stack guard, which the fast path does not need). */
+__attribute__((noinline)) static weft_status_t alloc_general(weft_runtime_t *rt, size_t bytes, weft_stream_t *s,
+                                                             const char *tag, weft_block_t *out) {
+  weft_status_t st;
   if (weft__runtime_check(rt, "weft_alloc") == NULL) return weft__runtime_check_status(rt);
   if ((st = weft__stream_check(s, "weft_alloc")) != WEFT_OK) return st;
   if (s->runtime != rt) return weft__error(WEFT_ERR_WRONG_DEVICE, "weft_alloc: the stream belongs to another runtime");
