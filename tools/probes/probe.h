@@ -3,7 +3,9 @@
 #ifndef WEFT_PROBE_H
 #define WEFT_PROBE_H
 
+#include <stdint.h>
 #include <stdio.h>
+#include <time.h>
 
 #include "lib/core/driver.h"
 #include "weft/weft.h"
@@ -40,6 +42,19 @@ static int probe_start(int *rc) {
   }
   *rc = probe_context();
   return *rc == 0;
+}
+
+/* CLOCK_MONOTONIC in ns, for the probes that time calls. */
+static inline uint64_t probe_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+/* qsort's comparison of doubles (the samples whose median a probe prints). */
+static inline int probe_cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
 }
 
 #endif /* WEFT_PROBE_H */

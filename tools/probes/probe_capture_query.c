@@ -27,17 +27,6 @@ enum { SIDE, BLOCKING, NUL, LEGACY, PTDS, KINDS };
 static const char *const kind_names[KINDS] = {"side", "blocking", "null", "legacy", "ptds"};
 enum { ROWS = 1 + 2 * KINDS };
 
-static uint64_t now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 int main(void) {
   int rc;
   if (!probe_start(&rc)) return rc;
@@ -59,7 +48,7 @@ int main(void) {
       CUcontext c;
       CUstreamCaptureStatus cs;
       cuuint64_t id;
-      uint64_t t0 = now();
+      uint64_t t0 = probe_now();
       if (row == 0) {
         for (int i = 0; i < N; i++) sink += d->cuCtxGetCurrent(&c) == CUDA_SUCCESS;
       } else if (row <= KINDS) {
@@ -67,12 +56,12 @@ int main(void) {
       } else {
         for (int i = 0; i < N; i++) sink += d->cuStreamGetCaptureInfo(st[k], &cs, &id, NULL, NULL, NULL, NULL) == CUDA_SUCCESS;
       }
-      ns[row][r] = (double)(now() - t0) / N;
+      ns[row][r] = (double)(probe_now() - t0) / N;
     }
   if (sink != (unsigned)(ROWS * REPS * N)) printf("(some calls failed: %u of %u succeeded)\n", sink, ROWS * REPS * N);
   printf("| call | stream | median ns | min-max ns |\n| --- | --- | ---: | ---: |\n");
   for (int row = 0; row < ROWS; row++) {
-    qsort(ns[row], REPS, sizeof ns[row][0], cmp);
+    qsort(ns[row], REPS, sizeof ns[row][0], probe_cmp_double);
     printf("| %s | %s | %.1f | %.1f-%.1f |\n", row == 0 ? "cuCtxGetCurrent" : row <= KINDS ? "cuStreamIsCapturing" : "cuStreamGetCaptureInfo",
            row == 0 ? "-" : kind_names[(row - 1) % KINDS], ns[row][REPS / 2], ns[row][0], ns[row][REPS - 1]);
   }

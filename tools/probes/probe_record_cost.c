@@ -42,17 +42,6 @@ static const char *const names[K] = {"A fresh", "B waited on once", "C waited on
                                      "M waited once on a record after a pool allocation elsewhere",
                                      "F waited once on a record after a pool free elsewhere"};
 
-static uint64_t now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
-
-static int cmp(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 int main(void) {
   int rc;
   if (!probe_start(&rc)) return rc;
@@ -124,16 +113,16 @@ int main(void) {
         TRY(d->cuEventRecord(ev[P][RING - 1], s[P]));
         TRY(d->cuStreamWaitEvent(other, ev[P][RING - 1], 0));
       }
-      uint64_t t0 = now();
+      uint64_t t0 = probe_now();
       for (int i = 0; i < N; i++) TRY(d->cuEventRecord(ev[k][i % RING], s[k]));
-      uint64_t t1 = now();
+      uint64_t t1 = probe_now();
       TRY(d->cuStreamSynchronize(s[k]));
       TRY(d->cuStreamSynchronize(other));
       if (rep > 0) v[k][rep - 1] = (double)(t1 - t0) / N;
     }
   printf("probe_record_cost: ns per cuEventRecord, median of %d samples of %d (min-max)\n", REPS, N);
   for (int k = 0; k < K; k++) {
-    qsort(v[k], REPS, sizeof v[k][0], cmp);
+    qsort(v[k], REPS, sizeof v[k][0], probe_cmp_double);
     printf("  %-70s %6.1f  (%.1f-%.1f)\n", names[k], v[k][REPS / 2], v[k][0], v[k][REPS - 1]);
   }
   /* The same for a 4-byte memset (work) and for a wait on a complete event, on A (fresh) and E2
@@ -151,19 +140,19 @@ int main(void) {
     for (int op = 0; op < 2; op++)
       for (int j = 0; j < 2; j++) {
         CUstream st = s[pick[j]];
-        uint64_t t0 = now();
+        uint64_t t0 = probe_now();
         for (int i = 0; i < N; i++) {
           if (op == 0) TRY(d->cuMemsetD32Async(m + (CUdeviceptr)(4 * j), (unsigned)i, 1, st));
           else TRY(d->cuStreamWaitEvent(st, done, 0));
         }
-        uint64_t t1 = now();
+        uint64_t t1 = probe_now();
         TRY(d->cuStreamSynchronize(st));
         if (rep > 0) u[op][j][rep - 1] = (double)(t1 - t0) / N;
       }
   static const char *const opname[2] = {"cuMemsetD32Async of 4 bytes", "cuStreamWaitEvent on a complete event"};
   for (int op = 0; op < 2; op++)
     for (int j = 0; j < 2; j++) {
-      qsort(u[op][j], REPS, sizeof u[op][j][0], cmp);
+      qsort(u[op][j], REPS, sizeof u[op][j][0], probe_cmp_double);
       printf("  %-40s on %-30s %6.1f  (%.1f-%.1f)\n", opname[op], names[pick[j]], u[op][j][REPS / 2], u[op][j][0],
              u[op][j][REPS - 1]);
     }
