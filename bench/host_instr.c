@@ -226,7 +226,8 @@ int main(int argc, char **argv) {
   }
   if (strcmp(path, "group") == 0) return group(c.n, true);
   if (strcmp(path, "ranks") == 0) return group(c.n, false);
-  if (strncmp(path, "torch", 5) == 0 || strncmp(path, "cpair", 5) == 0) {
+  if (strcmp(path, "torch") == 0 || strcmp(path, "torch0") == 0 || strcmp(path, "cpair") == 0 ||
+      strcmp(path, "cpair0") == 0) {
     /* torch0, cpair0: on the legacy stream (PyTorch's default stream), as PyTorch passes it (NULL). */
     bool legacy = path[5] == '0';
     /* The adapter makes its own runtime; the stream is one PyTorch would pass (weft adopts it). */

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Summary of a tools/ab_bench.sh run: for each round and build, the median over repetitions of
-each key row's ratio to its baseline (the repetition's own baseline sample), then of its value.
+each key row's ratio to its baseline (the repetition's own baseline sample), then of its value;
+then per build the median (and range) of those over the rounds. Reads weft_bench's CSVs
+(tools/ab_bench.sh) and bench/torch_pair.py's (tools/run_ab_torch_gpu.sh) alike.
 
     tools/ab_summary.py DIR      (DIR holds ab_<base|new>_<round>.csv or .csv.gz)"""
 import gzip
@@ -26,6 +28,12 @@ rows_of_interest = [
  ("tracker", "that use around no work, then cuLaunchKernel on a raw stream (diagnostic)", "ns per launch", ""),
  ("replay", "weft eager, 2 streams (100 weft_launch)", "us per eager step, an edge every 10 kernels", ""),
 ]
+# bench/torch_pair.py's rows (tools/run_ab_torch_gpu.sh): each weft pair against PyTorch's beside it.
+for _metric in ("ns per pair, same 1 MiB", "ns per pair, mixed sizes"):
+    for _x in ("current (legacy NULL)", "side torch.cuda.Stream()"):
+        for _row in ("weft_alloc + weft_free through the PyTorch adapter (weft_torch_alloc / weft_torch_free)",
+                     "weft_alloc + weft_free on PyTorch's stream, without the adapter (weft.h)"):
+            rows_of_interest.append(("alloc_torch", _row, _metric, _x))
 def load(path):
     v = collections.defaultdict(dict)
     f = open(path) if os.path.exists(path) else gzip.open(path + ".gz", "rt")
@@ -53,7 +61,14 @@ for title, cell in (("ratio to its baseline", ratio_cell), ("median value", valu
     if cell is value_cell: print()
     print("| round | build | " + " | ".join(f"{r[1]} ({r[2]}{', x = ' + r[3] if r[3] else ''}), {title}" for r in rows_of_interest) + " |")
     print("| --- | --- |" + " ---: |" * len(rows_of_interest))
+    cells = {}
     for rnd in rounds:
         for v in ("base", "new"):
             data = load(f"{d}/ab_{v}_{rnd}.csv")
-            print(f"| {rnd} | {v} | " + " | ".join(cell(data, key) for key in rows_of_interest) + " |")
+            cells[(rnd, v)] = [cell(data, key) for key in rows_of_interest]
+            print(f"| {rnd} | {v} | " + " | ".join(cells[(rnd, v)]) + " |")
+    for v in ("base", "new"):  # the median over the rounds of each round's median
+        col = [[float(cells[(rnd, v)][i]) for rnd in rounds if cells[(rnd, v)][i] != "-"]
+               for i in range(len(rows_of_interest))]
+        print(f"| median of rounds | {v} | " +
+              " | ".join(f"{statistics.median(c):.3f} ({min(c):.3f}-{max(c):.3f})" if c else "-" for c in col) + " |")

@@ -5,8 +5,9 @@
 # it for each build in turn, round after round, same 1 MiB then mixed sizes. Staged as
 # stage/ab_torch/{base,new}/libweft_torch.so beside libtorch_pair.so, torch_pair.py and this:
 #   ROUNDS=5 AB_LIMIT=300 bash stage/ab_torch/run_ab_torch_gpu.sh
-# Each round's samples go to $OUT/ab_torch/<build>_<round>.csv (torch_pair.py's harness CSV),
-# everything to $OUT/ab_torch.tgz; summarise with python3 tools/ab_torch_summary.py FOLDER.
+# Each round's samples go to $OUT/ab_torch/ab_<build>_<round>.csv (torch_pair.py's harness CSV,
+# named as tools/ab_bench.sh names weft_bench's), everything to $OUT/ab_torch.tgz; summarise with
+# python3 tools/ab_summary.py FOLDER.
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 mkdir -p "$OUT/ab_torch"
@@ -17,11 +18,11 @@ end=$((SECONDS + ${AB_LIMIT:-300}))
 for round in $(seq 1 "${ROUNDS:-5}"); do
   for build in base new; do
     [ $SECONDS -lt $end ] || break 2
-    csv="$OUT/ab_torch/${build}_${round}.csv"
+    csv="$OUT/ab_torch/ab_${build}_${round}.csv"
     python3 "$here/torch_pair.py" --weft "$here/$build/libweft_torch.so" --bench "$here/libtorch_pair.so" --sizes 1M \
-      --harness-csv "$csv" --metric "ns per pair, same 1 MiB" >> "$OUT/ab_torch/${build}_${round}.txt" 2>&1
+      --harness-csv "$csv" --metric "ns per pair, same 1 MiB" >> "$OUT/ab_torch/ab_${build}_${round}.txt" 2>&1
     python3 "$here/torch_pair.py" --weft "$here/$build/libweft_torch.so" --bench "$here/libtorch_pair.so" \
-      --harness-csv "$csv" --metric "ns per pair, mixed sizes" >> "$OUT/ab_torch/${build}_${round}.txt" 2>&1
+      --harness-csv "$csv" --metric "ns per pair, mixed sizes" >> "$OUT/ab_torch/ab_${build}_${round}.txt" 2>&1
   done
 done
 tar czf "$OUT/ab_torch.tgz" -C "$OUT/ab_torch" . && rm -rf "$OUT/ab_torch"
