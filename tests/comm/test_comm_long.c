@@ -1,4 +1,4 @@
-/* Long random multi-device programs of collectives (simulator: WEFT_SIM_DEVICES=2 or 4,
+/* Long random multi-device programs of collectives (simulator: WEFT_SIM_DEVICES=2 to 8,
  * WEFT_NCCL=sim, see BUILD; skipped with one device), checked against a host model after every
  * host read and at the end, and against the simulator's race oracle after every step.
  *
@@ -41,8 +41,8 @@
 #include "sim/weft_sim.h"
 #include "weft/weft.h"
 
-#define MAXR 4
-#define M 64 /* elements (uint32) of every slot: a multiple of every rank count */
+#define MAXR 8
+#define M 64 /* elements (uint32) of every slot (with 3 ranks, all-gather and reduce-scatter cover 63) */
 #define K 6  /* slots per rank */
 #define S_POOL 4
 #define MAX_SEEDS 256
@@ -296,8 +296,8 @@ static void model_collective(int kind, uint32_t v, uint32_t in[MAXR][M], uint32_
         }
         break;
       case OP_BROADCAST: memcpy(tmp[q], in[v], M * 4); break;
-      case OP_ALLGATHER:
-        for (size_t e = 0; e < M; e++) tmp[q][e] = in[e / C][e % C];
+      case OP_ALLGATHER: /* NR * C elements: all of M where NR divides it (3 ranks leave one) */
+        for (size_t e = 0; e < C * (size_t)NR; e++) tmp[q][e] = in[e / C][e % C];
         break;
       case OP_REDSCATTER:
         for (size_t e = 0; e < C; e++) {

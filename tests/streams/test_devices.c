@@ -352,6 +352,134 @@ static void test_random_programs_across_devices(void **state) {
   g_nd = 2;
 }
 
+/* Waits across devices on ticks whose ring slots were taken again (the brief: "long random
+ * programs race after event-ring evictions", with small rings). Random programs over every device
+ * (up to 8), rings of 4 events, eager records and lazy ones: round by round a stream A writes a
+ * shared block X of its device, then runs 5 to 9 more kernels on a block of its own while other
+ * streams (of any device) read that block now and then (each such read makes A record, lazy
+ * records too), and then a stream of another device reads X: the tick that wrote X was evicted
+ * from A's ring, so the reader waits on a newer event of A standing in for it (counted as a ring
+ * eviction). Random kernels over every block go between the rounds. Each program must evict
+ * (premise: counted over the runtimes, else the test fails); the data ends equal to the host
+ * model and the oracle sees no race; the last seed on the simulator runs with weft's waits off
+ * and must then race (positive control). */
+static void test_evicted_ticks_across_devices(void **state) {
+  (void)state;
+  if (!two_devices()) skip();
+  if (!peers_can()) skip(); /* test_devices_no_peer checks the refusal */
+  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
+  int count = 0;
+  assert_int_equal(drv->cuDeviceGetCount(&count), CUDA_SUCCESS);
+  g_nd = count < MAXD ? count : MAXD;
+  const int nd = g_nd, ns = 3 * nd; /* stream j is s[j / 3][j % 3] */
+  /* Blocks: per device SH shared ones (X), then per stream its own P (written by it) and Q (read
+   * only), all on the stream's device. */
+  enum { SH = 2, NE = 1024, NBMAX = MAXD * (SH + 6) };
+  const int nb = nd * SH + 2 * ns;
+  for (unsigned lazy = 0; lazy <= 1; lazy++) {
+    weft_options_t o = weft_options_default();
+    o.event_ring = 4;
+    o.lazy_records = lazy;
+    weft_runtime_t *rt[MAXD];
+    weft_stream_t *s[MAXD][3];
+    for (int d = 0; d < nd; d++) {
+      assert_int_equal(weft_runtime_get(d, &o, &rt[d]), WEFT_OK);
+      for (unsigned i = 0; i < 3; i++) assert_int_equal(weft_stream_get(rt[d], i, &s[d][i]), WEFT_OK);
+    }
+    kernels_t k;
+    kernels_load(&k, rt, sim);
+    int seeds = sim != NULL ? 5 : 2;
+    for (int seed = 0; seed < seeds; seed++) {
+      int positive = sim != NULL && seed == seeds - 1;
+      uint64_t x = 0x2545f4914f6cdd1dull * (uint64_t)(seed + 11 + 100 * (int)lazy);
+#define RND(m) ((unsigned)((x = x * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (m))
+      weft_block_t b[NBMAX];
+      unsigned model[NBMAX];
+      int dev[NBMAX];
+      for (int i = 0; i < nb; i++) {
+        dev[i] = i < nd * SH ? i / SH : (i - nd * SH) % ns / 3;
+        assert_int_equal(weft_alloc(rt[dev[i]], NE * 4, s[dev[i]][0], "ev", &b[i]), WEFT_OK);
+        model[i] = 3000u + (unsigned)i;
+        assert_int_equal(weft_memset32(s[dev[i]][0], b[i], 0, model[i], NE * 4), WEFT_OK);
+      }
+      for (int d = 0; d < nd; d++) assert_int_equal(weft_runtime_synchronize(rt[d]), WEFT_OK);
+      if (sim != NULL) sim->reset_races();
+      uint64_t ev0 = 0, ev1 = 0;
+      for (int d = 0; d < nd; d++) {
+        weft_counters_t c;
+        assert_int_equal(weft_runtime_counters(rt[d], &c), WEFT_OK);
+        ev0 += c.ring_evictions;
+      }
+      if (positive) weft_test_no_waits(rt, 1);
+      unsigned salt = 0;
+#define P_OF(j) (nd * SH + 2 * (j))
+#define Q_OF(j) (nd * SH + 2 * (j) + 1)
+#define RUN(j, out, in0, in1)                                                                                 \
+  do {                                                                                                        \
+    int d_ = (j) / 3;                                                                                         \
+    salt++;                                                                                                   \
+    assert_int_equal(combine(&k, d_, s[d_][(j) % 3], b[out], b[in0], b[in1], NE, salt), WEFT_OK);             \
+    model[out] = salt + 7u * model[in0] + 13u * model[in1];                                                   \
+  } while (0)
+      for (int round = 0; round < 12 * nd; round++) {
+        int a = (int)RND((unsigned)ns), da = a / 3;
+        int xb = da * SH + (int)RND(SH); /* a shared block of A's device */
+        int i0 = (int)RND((unsigned)nb), i1 = (int)RND((unsigned)nb);
+        if (i0 == xb) i0 = Q_OF(a);
+        if (i1 == xb) i1 = Q_OF(a);
+        RUN(a, xb, i0, i1); /* A writes X */
+        unsigned more = 5 + RND(5);
+        for (unsigned m = 0; m < more; m++) {
+          RUN(a, P_OF(a), Q_OF(a), Q_OF(a)); /* A's own work: a tick a later reader may stand in */
+          int c = (int)RND((unsigned)ns);
+          if (c != a && RND(2)) RUN(c, P_OF(c), P_OF(a), Q_OF(c)); /* c reads A's newest: A records */
+        }
+        /* B, of another device, reads X: A's tick of X was taken from its ring meanwhile. */
+        int db = (da + 1 + (int)RND((unsigned)nd - 1)) % nd, bj = 3 * db + (int)RND(3);
+        int yb = db * SH + (int)RND(SH);
+        RUN(bj, yb, xb, Q_OF(bj));
+        for (unsigned r = RND(4); r > 0; r--) { /* random kernels over every block */
+          int j = (int)RND((unsigned)ns), out = (int)RND((unsigned)nb), in0 = (int)RND((unsigned)nb),
+              in1 = (int)RND((unsigned)nb);
+          if (out >= nd * SH && (out - nd * SH) % 2 == 1) out--; /* Q blocks stay read-only */
+          if (in0 == out) in0 = Q_OF(j);
+          if (in1 == out) in1 = Q_OF(j);
+          RUN(j, out, in0, in1);
+        }
+      }
+#undef RUN
+#undef P_OF
+#undef Q_OF
+      for (int d = 0; d < nd; d++) {
+        weft_counters_t c;
+        assert_int_equal(weft_runtime_counters(rt[d], &c), WEFT_OK);
+        ev1 += c.ring_evictions;
+      }
+      printf("%d devices, %s records, seed %d: ring evictions %llu%s\n", nd, lazy ? "lazy" : "eager", seed,
+             (unsigned long long)(ev1 - ev0), positive ? " (waits off: positive control)" : "");
+      /* (No wait, no eviction: the positive control issues none.) */
+      if (!positive && ev1 == ev0) fail_msg("premise: no ring eviction (%s records, seed %d)", lazy ? "lazy" : "eager", seed);
+      if (positive) {
+        end_positive_control(rt, sim);
+      } else {
+        for (int i = 0; i < nb; i++) {
+          static unsigned host[NE];
+          assert_int_equal(weft_copy_from_block(s[dev[i]][2], host, b[i], 0, sizeof host), WEFT_OK);
+          assert_int_equal(weft_stream_synchronize(s[dev[i]][2]), WEFT_OK);
+          for (unsigned e = 0; e < NE; e++)
+            if (host[e] != model[i]) fail_msg("seed %d block %d element %u: %u, expected %u", seed, i, e, host[e], model[i]);
+        }
+        expect_no_race(sim);
+      }
+      for (int i = 0; i < nb; i++) assert_int_equal(weft_free(b[i], s[dev[i]][0]), WEFT_OK);
+#undef RND
+    }
+    kernels_unload(&k);
+    for (int d = 0; d < nd; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+  }
+  g_nd = 2;
+}
+
 /* Where the devices cannot access each other's memory (test_devices_no_peer: WEFT_SIM_PEER=0),
  * a kernel or memset on one device over the other's block is refused with NOT_SUPPORTED and
  * changes nothing; a copy between them still works (a peer copy needs no access). */
@@ -1156,6 +1284,7 @@ int main(void) {
       cmocka_unit_test(test_copy_between_devices_is_ordered_both_ways),
       cmocka_unit_test(test_random_programs_across_devices),
       cmocka_unit_test(test_waits_across_devices_equal_the_reduction),
+      cmocka_unit_test(test_evicted_ticks_across_devices),
       cmocka_unit_test(test_captures_may_use_blocks_of_other_devices),
       cmocka_unit_test(test_an_outside_capture_may_read_another_device_s_block),
       cmocka_unit_test(test_faults_across_devices_leave_order_and_data),
