@@ -6,6 +6,7 @@
  * Wall time per step is measured over many steps ending in one synchronisation; host time per
  * launch is the launch loop alone. Goal (issue 6): weft replay within 1% of the raw graph.
  * Then the memory of the two graph memory policies for a step with temporaries. */
+#include <stdatomic.h>
 #include <string.h>
 
 #include "bench/bench.h"
@@ -128,12 +129,36 @@ static double eager_weft(void *arg) {
   return us;
 }
 
+/* Synthetic host work before each launch of the hand-placed step (the cost-model rows): `lines`
+ * cache lines written (the same ones every kernel, as a tracker writes its records), `rmws`
+ * locked adds, each on a line of its own, and about `instrs` instructions (an add loop of four
+ * independent chains). What a kind of host work costs beside the driver's launch, per unit, is
+ * the row's step time over the plain step's. */
+typedef struct synth {
+  unsigned lines, rmws, instrs;
+} synth_t;
+
+static _Alignas(64) volatile uint64_t g_synth_lines[256][8];
+static _Alignas(64) _Atomic uint64_t g_synth_rmw[64][8];
+
+static void synth_work(const synth_t *w, unsigned k) {
+  for (unsigned i = 0; i < w->lines; i++) g_synth_lines[i][0] += k;
+  for (unsigned i = 0; i < w->rmws; i++) atomic_fetch_add_explicit(&g_synth_rmw[i][0], 1, memory_order_relaxed);
+  uint64_t a = k, b = k + 1, c = k + 2, d = k + 3;
+  for (unsigned i = 0; i < w->instrs / 7; i++) { /* 7 instructions: 4 ops, an increment, a compare, a branch */
+    a += i, b ^= i, c += b, d ^= a;
+    __asm__ volatile("" : "+r"(a), "+r"(b), "+r"(c), "+r"(d));
+  }
+  g_synth_lines[255][1] = a + b + c + d;
+}
+
 /* The hand-placed step; `every` records an event after every kernel (the wait still only every
  * RUN kernels, on the last one): what weft's lanes do once another stream waits on them, so the
  * difference to the plain hand-placed step is what those records cost (a diagnostic row).
  * `holds` (1 or 2) runs the floor of a tracker (bench.h) before each launch (0: none); it must find
- * exactly the hand-placed waits, else the run aborts. */
-static double eager_hand_records(eager2_t *e, int every, int holds) {
+ * exactly the hand-placed waits, else the run aborts. `w` (NULL: none): synthetic host work before
+ * each launch (synth_t). */
+static double eager_hand_records(eager2_t *e, int every, int holds, const synth_t *w) {
   step_t *st = e->st;
   const weft__driver_t *d = st->b->drv;
   bench_floor_reset();
@@ -144,6 +169,7 @@ static double eager_hand_records(eager2_t *e, int every, int holds) {
       bool wait = k % RUN == 0 && (k > 0 || i > 0);
       if (holds != 0 && bench_floor_use(side, k % 2 ? 0 : 1, k % 2 ? 1 : 0, holds) != wait)
         bench_die("the floor of a tracker placed a wait where the hand-placed step has none, or missed one");
+      if (w != NULL) synth_work(w, k);
       if (wait) BENCH_CU(d->cuStreamWaitEvent(e->raw[side], e->ev[side ^ 1], 0));
       CUdeviceptr out = k % 2 ? e->ra : e->rc, in = k % 2 ? e->rc : e->ra;
       void *params[] = {&out, &in, &st->n, &st->iters};
@@ -154,10 +180,62 @@ static double eager_hand_records(eager2_t *e, int every, int holds) {
   return (double)(bench_now_ns() - t0) / e->steps / 1e3;
 }
 
-static double eager_hand(void *arg) { return eager_hand_records(arg, 0, 0); }
-static double eager_hand_every(void *arg) { return eager_hand_records(arg, 1, 0); }
-static double eager_floor1(void *arg) { return eager_hand_records(arg, 0, 1); }
-static double eager_floor2(void *arg) { return eager_hand_records(arg, 0, 2); }
+static double eager_hand(void *arg) { return eager_hand_records(arg, 0, 0, NULL); }
+static double eager_hand_every(void *arg) { return eager_hand_records(arg, 1, 0, NULL); }
+static double eager_floor1(void *arg) { return eager_hand_records(arg, 0, 1, NULL); }
+static double eager_floor2(void *arg) { return eager_hand_records(arg, 0, 2, NULL); }
+
+/* A cost-model row: the hand-placed step with synthetic work w before each launch. */
+typedef struct cost_row {
+  eager2_t *e;
+  synth_t w;
+} cost_row_t;
+
+static double eager_synth(void *arg) {
+  cost_row_t *c = arg;
+  return eager_hand_records(c->e, 0, 0, &c->w);
+}
+
+/* What host work costs beside the driver's launches (diagnostic, issue 17): the hand-placed step
+ * against itself with synthetic work before each launch (synth_t); per kernel and per unit, from
+ * the medians. A tracked use is instructions, cache lines the driver's launch evicted and locked
+ * operations (tools/host_instr.sh counts the three per path on the simulator); these rows price
+ * each on the GPU host, beside the driver as in the eager step. */
+static void eager_cost_model(bench_t *b, eager2_t *e) {
+  static const char base[] = "hand-placed events, 2 raw streams (100 cuLaunchKernel)";
+  static const struct {
+    const char *row;
+    synth_t w;
+    unsigned units;
+    const char *unit;
+  } rows[] = {
+      {"hand-placed + 32 cache lines written before each launch (diagnostic)", {32, 0, 0}, 32, "line"},
+      {"hand-placed + 128 cache lines written before each launch (diagnostic)", {128, 0, 0}, 128, "line"},
+      {"hand-placed + 8 locked adds before each launch (diagnostic)", {0, 8, 0}, 8, "locked add"},
+      {"hand-placed + 32 locked adds before each launch (diagnostic)", {0, 32, 0}, 32, "locked add"},
+      {"hand-placed + 2000 instructions before each launch (diagnostic)", {0, 0, 2000}, 2000, "instruction"},
+      {"hand-placed + 8000 instructions before each launch (diagnostic)", {0, 0, 8000}, 8000, "instruction"},
+  };
+  enum { NROWS = sizeof rows / sizeof rows[0] };
+  cost_row_t c[NROWS];
+  bench_series_t series[NROWS + 1] = {{base, NULL, NULL, eager_hand, e}};
+  for (int i = 0; i < NROWS; i++) {
+    c[i] = (cost_row_t){e, rows[i].w};
+    series[i + 1] = (bench_series_t){rows[i].row, base, NULL, eager_synth, &c[i]};
+  }
+  double med[NROWS + 1];
+  bench_measure(b, "replay", "us per eager step, host work added before each launch", "us", series, NROWS + 1, med);
+  static const char *const cols[] = {"host work before each of the 100 launches", "us per step (wall)",
+                                     "ns per kernel over the plain step", "ns per unit"};
+  bench_table(cols, 4);
+  printf("| none (%s) | %.2f | baseline | |\n", base, med[0]);
+  for (int i = 0; i < NROWS; i++) {
+    double per_kernel = (med[i + 1] - med[0]) * 1e3 / KERNELS;
+    printf("| %s | %.2f | %.1f | %.3f per %s |\n", rows[i].row, med[i + 1], per_kernel, per_kernel / rows[i].units,
+           rows[i].unit);
+  }
+  printf("\n");
+}
 
 static void eager_two_streams(bench_t *b, weft_runtime_t *rt, step_t *st) {
   const weft__driver_t *d = b->drv;
@@ -206,6 +284,7 @@ static void eager_two_streams(bench_t *b, weft_runtime_t *rt, step_t *st) {
          med[4], med[4] / med[1], w[2].events);
   printf("| %s | %.2f | %.3fx | 10 |\n| %s | %.2f | %.3fx | 10 |\n\n", f1, med[5], med[5] / med[1], f2, med[6],
          med[6] / med[1]);
+  eager_cost_model(b, &e);
   for (int k = 0; k < 2; k++) BENCH_WEFT(weft_free(e.late[k], w[2].on[0]));
   BENCH_CU(d->cuMemFree(e.ra));
   BENCH_CU(d->cuMemFree(e.rc));
