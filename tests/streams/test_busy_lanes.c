@@ -56,7 +56,6 @@ static int setup_with(unsigned lazy) {
   o.stream_count = 8;
   o.high_priority_streams = 0;
   o.lazy_records = lazy;
-  alarm(120); /* a use held back by another's enqueue would hang: fail instead */
   if (weft__driver_get(&drv) != WEFT_OK) return -1;
   return tu_init(&env, &o);
 }
@@ -71,9 +70,29 @@ static int setup_eager(void **state) {
 static int teardown(void **state) {
   (void)state;
   tu_fini(&env);
+  return 0;
+}
+
+/* Each case runs under an alarm of its own: a use held back by another's enqueue would hang, and
+ * fails instead. A lockstep case takes about a minute under tsan on a 2-CPU machine beside another
+ * test (it was one alarm of 120 s for a whole group, which three lockstep cases under tsan came
+ * within 8 s of, and overran under load: a failure that said nothing of a hang). */
+#if defined(__SANITIZE_THREAD__)
+#define CASE_ALARM 600
+#else
+#define CASE_ALARM 120
+#endif
+static int arm(void **state) {
+  (void)state;
+  alarm(CASE_ALARM);
+  return 0;
+}
+static int disarm(void **state) {
+  (void)state;
   alarm(0);
   return 0;
 }
+#define CASE(f) cmocka_unit_test_setup_teardown(f, arm, disarm)
 
 static weft_counters_t counters(void) {
   weft_counters_t c;
@@ -1034,30 +1053,30 @@ static void test_waiters_are_always_woken_by_joint_uses(void **state) {
 
 int main(void) {
   const struct CMUnitTest lazy[] = {
-      cmocka_unit_test(test_other_streams_go_on_while_a_use_enqueues),
-      cmocka_unit_test(test_a_conflicting_use_waits_for_the_enqueue),
-      cmocka_unit_test(test_an_older_tick_of_a_busy_lane_needs_no_wait_for_the_lane),
-      cmocka_unit_test(test_an_older_ticks_reader_goes_on_when_the_busy_use_fails),
-      cmocka_unit_test(test_the_same_stream_waits_for_its_use),
-      cmocka_unit_test(test_a_host_wait_waits_for_the_enqueue),
-      cmocka_unit_test(test_a_failed_enqueue_leaves_the_histories_as_they_were),
-      cmocka_unit_test(test_a_joint_use_waits_for_a_busy_lane_it_needs),
-      cmocka_unit_test(test_a_failed_joint_use_records_nothing),
-      cmocka_unit_test(test_a_failed_busy_read_keeps_another_streams_read),
-      cmocka_unit_test(test_a_failed_joint_use_on_one_block_puts_it_back),
-      cmocka_unit_test(test_a_joint_use_with_a_per_thread_stream_runs_split),
-      cmocka_unit_test(test_the_published_point_is_the_locked_one),
+      CASE(test_other_streams_go_on_while_a_use_enqueues),
+      CASE(test_a_conflicting_use_waits_for_the_enqueue),
+      CASE(test_an_older_tick_of_a_busy_lane_needs_no_wait_for_the_lane),
+      CASE(test_an_older_ticks_reader_goes_on_when_the_busy_use_fails),
+      CASE(test_the_same_stream_waits_for_its_use),
+      CASE(test_a_host_wait_waits_for_the_enqueue),
+      CASE(test_a_failed_enqueue_leaves_the_histories_as_they_were),
+      CASE(test_a_joint_use_waits_for_a_busy_lane_it_needs),
+      CASE(test_a_failed_joint_use_records_nothing),
+      CASE(test_a_failed_busy_read_keeps_another_streams_read),
+      CASE(test_a_failed_joint_use_on_one_block_puts_it_back),
+      CASE(test_a_joint_use_with_a_per_thread_stream_runs_split),
+      CASE(test_the_published_point_is_the_locked_one),
   };
   const struct CMUnitTest deferred[] = {
-      cmocka_unit_test(test_a_failed_deferred_use_puts_everything_back),
-      cmocka_unit_test(test_a_failed_deferred_launch_puts_everything_back),
-      cmocka_unit_test(test_a_waiter_is_always_woken_by_a_lane_cleared_without_the_lock),
-      cmocka_unit_test(test_eight_threads_waiting_on_four_lanes_are_always_woken),
-      cmocka_unit_test(test_a_failed_deferred_joint_use_puts_everything_back),
-      cmocka_unit_test(test_waiters_are_always_woken_by_joint_uses),
+      CASE(test_a_failed_deferred_use_puts_everything_back),
+      CASE(test_a_failed_deferred_launch_puts_everything_back),
+      CASE(test_a_waiter_is_always_woken_by_a_lane_cleared_without_the_lock),
+      CASE(test_eight_threads_waiting_on_four_lanes_are_always_woken),
+      CASE(test_a_failed_deferred_joint_use_puts_everything_back),
+      CASE(test_waiters_are_always_woken_by_joint_uses),
       /* Last: its late waits leave lanes eager (clock.c, weft__clock_needed), and the lockstep
        * cases need every lane lazy (they skip otherwise). */
-      cmocka_unit_test(test_a_deferred_joint_use_of_eight_streams),
+      CASE(test_a_deferred_joint_use_of_eight_streams),
   };
   int failed = cmocka_run_group_tests_name("lazy records", lazy, setup_lazy, teardown);
   failed += cmocka_run_group_tests_name("eager records", lazy, setup_eager, teardown);
