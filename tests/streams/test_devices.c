@@ -359,125 +359,211 @@ static void test_random_programs_across_devices(void **state) {
  * streams (of any device) read that block now and then (each such read makes A record, lazy
  * records too), and then a stream of another device reads X: the tick that wrote X was evicted
  * from A's ring, so the reader waits on a newer event of A standing in for it (counted as a ring
- * eviction). Random kernels over every block go between the rounds. Each program must evict
- * (premise: counted over the runtimes, else the test fails); the data ends equal to the host
- * model and the oracle sees no race; the last seed on the simulator runs with weft's waits off
- * and must then race (positive control). */
-static void test_evicted_ticks_across_devices(void **state) {
-  (void)state;
-  if (!two_devices()) skip();
-  if (!peers_can()) skip(); /* test_devices_no_peer checks the refusal */
-  const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
-  int count = 0;
-  assert_int_equal(drv->cuDeviceGetCount(&count), CUDA_SUCCESS);
-  g_nd = count < MAXD ? count : MAXD;
+ * eviction). Random kernels over every block go between the rounds. */
+
+enum { EV_SH = 2, EV_NE = 1024, EV_NBMAX = MAXD * (EV_SH + 6) };
+
+/* The runtimes of one records mode (g_nd devices, rings of 4), three streams each, the kernels. */
+typedef struct ev_rig {
+  weft_runtime_t *rt[MAXD];
+  weft_stream_t *s[MAXD][3];
+  kernels_t k;
+  const weft_sim_api_t *sim;
+} ev_rig_t;
+
+static void ev_open(ev_rig_t *g, unsigned lazy) {
+  weft_options_t o = weft_options_default();
+  o.event_ring = 4;
+  o.lazy_records = lazy;
+  g->sim = weft_sim_api(weft_driver_symbol);
+  for (int d = 0; d < g_nd; d++) {
+    assert_int_equal(weft_runtime_get(d, &o, &g->rt[d]), WEFT_OK);
+    for (unsigned i = 0; i < 3; i++) assert_int_equal(weft_stream_get(g->rt[d], i, &g->s[d][i]), WEFT_OK);
+  }
+  kernels_load(&g->k, g->rt, g->sim);
+}
+
+static void ev_close(ev_rig_t *g) {
+  kernels_unload(&g->k);
+  for (int d = 0; d < g_nd; d++) assert_int_equal(weft_runtime_release(g->rt[d]), WEFT_OK);
+}
+
+static uint64_t ev_evictions(const ev_rig_t *g) {
+  uint64_t n = 0;
+  for (int d = 0; d < g_nd; d++) {
+    weft_counters_t c;
+    assert_int_equal(weft_runtime_counters(g->rt[d], &c), WEFT_OK);
+    n += c.ring_evictions;
+  }
+  return n;
+}
+
+/* One program (above) from `seed`, `rounds` rounds. `positive`: weft's waits off, and the oracle
+ * must then see races. `fault` (NULL: none): a simulator fault spec armed for the program's calls;
+ * a kernel that fails changed nothing, so its block keeps its value in the model (*failed counts
+ * them; without a fault none may fail). Otherwise the data ends equal to the model, and the oracle
+ * sees no race. Returns the ring evictions the program's waits met. */
+static uint64_t ev_program(ev_rig_t *g, uint64_t seed, int rounds, int positive, const char *fault, unsigned *failed) {
   const int nd = g_nd, ns = 3 * nd; /* stream j is s[j / 3][j % 3] */
-  /* Blocks: per device SH shared ones (X), then per stream its own P (written by it) and Q (read
-   * only), all on the stream's device. */
-  enum { SH = 2, NE = 1024, NBMAX = MAXD * (SH + 6) };
-  const int nb = nd * SH + 2 * ns;
-  for (unsigned lazy = 0; lazy <= 1; lazy++) {
-    weft_options_t o = weft_options_default();
-    o.event_ring = 4;
-    o.lazy_records = lazy;
-    weft_runtime_t *rt[MAXD];
-    weft_stream_t *s[MAXD][3];
-    for (int d = 0; d < nd; d++) {
-      assert_int_equal(weft_runtime_get(d, &o, &rt[d]), WEFT_OK);
-      for (unsigned i = 0; i < 3; i++) assert_int_equal(weft_stream_get(rt[d], i, &s[d][i]), WEFT_OK);
-    }
-    kernels_t k;
-    kernels_load(&k, rt, sim);
-    int seeds = sim != NULL ? 5 : 2;
-    for (int seed = 0; seed < seeds; seed++) {
-      int positive = sim != NULL && seed == seeds - 1;
-      uint64_t x = 0x2545f4914f6cdd1dull * (uint64_t)(seed + 11 + 100 * (int)lazy);
+  /* Blocks: per device EV_SH shared ones (X), then per stream its own P (written by it) and Q
+   * (read only), all on the stream's device. */
+  const int nb = nd * EV_SH + 2 * ns;
+  weft_stream_t *(*s)[3] = g->s;
+  uint64_t x = seed;
 #define RND(m) ((unsigned)((x = x * 6364136223846793005ull + 1442695040888963407ull) >> 33) % (m))
-      weft_block_t b[NBMAX];
-      unsigned model[NBMAX];
-      int dev[NBMAX];
-      for (int i = 0; i < nb; i++) {
-        dev[i] = i < nd * SH ? i / SH : (i - nd * SH) % ns / 3;
-        assert_int_equal(weft_alloc(rt[dev[i]], NE * 4, s[dev[i]][0], "ev", &b[i]), WEFT_OK);
-        model[i] = 3000u + (unsigned)i;
-        assert_int_equal(weft_memset32(s[dev[i]][0], b[i], 0, model[i], NE * 4), WEFT_OK);
-      }
-      for (int d = 0; d < nd; d++) assert_int_equal(weft_runtime_synchronize(rt[d]), WEFT_OK);
-      if (sim != NULL) sim->reset_races();
-      uint64_t ev0 = 0, ev1 = 0;
-      for (int d = 0; d < nd; d++) {
-        weft_counters_t c;
-        assert_int_equal(weft_runtime_counters(rt[d], &c), WEFT_OK);
-        ev0 += c.ring_evictions;
-      }
-      if (positive) weft_test_no_waits(rt, 1);
-      unsigned salt = 0;
-#define P_OF(j) (nd * SH + 2 * (j))
-#define Q_OF(j) (nd * SH + 2 * (j) + 1)
+  weft_block_t b[EV_NBMAX];
+  unsigned model[EV_NBMAX];
+  int dev[EV_NBMAX];
+  for (int i = 0; i < nb; i++) {
+    dev[i] = i < nd * EV_SH ? i / EV_SH : (i - nd * EV_SH) % ns / 3;
+    assert_int_equal(weft_alloc(g->rt[dev[i]], EV_NE * 4, s[dev[i]][0], "ev", &b[i]), WEFT_OK);
+    model[i] = 3000u + (unsigned)i;
+    assert_int_equal(weft_memset32(s[dev[i]][0], b[i], 0, model[i], EV_NE * 4), WEFT_OK);
+  }
+  for (int d = 0; d < nd; d++) assert_int_equal(weft_runtime_synchronize(g->rt[d]), WEFT_OK);
+  if (g->sim != NULL) g->sim->reset_races();
+  uint64_t ev0 = ev_evictions(g);
+  if (positive) weft_test_no_waits(g->rt, 1);
+  if (fault != NULL) assert_int_equal((g->sim->fail)(fault), 0);
+  unsigned salt = 0;
+  *failed = 0;
+#define P_OF(j) (nd * EV_SH + 2 * (j))
+#define Q_OF(j) (nd * EV_SH + 2 * (j) + 1)
 #define RUN(j, out, in0, in1)                                                                                 \
   do {                                                                                                        \
     int d_ = (j) / 3;                                                                                         \
     salt++;                                                                                                   \
-    assert_int_equal(combine(&k, d_, s[d_][(j) % 3], b[out], b[in0], b[in1], NE, salt), WEFT_OK);             \
-    model[out] = salt + 7u * model[in0] + 13u * model[in1];                                                   \
+    weft_status_t st_ = combine(&g->k, d_, s[d_][(j) % 3], b[out], b[in0], b[in1], EV_NE, salt);              \
+    if (st_ == WEFT_OK)                                                                                       \
+      model[out] = salt + 7u * model[in0] + 13u * model[in1];                                                 \
+    else if (fault != NULL)                                                                                   \
+      ++*failed;                                                                                              \
+    else                                                                                                      \
+      fail_msg("seed %llu: %s: %s", (unsigned long long)seed, weft_status_name(st_), weft_last_error());      \
   } while (0)
-      for (int round = 0; round < 12 * nd; round++) {
-        int a = (int)RND((unsigned)ns), da = a / 3;
-        int xb = da * SH + (int)RND(SH); /* a shared block of A's device */
-        int i0 = (int)RND((unsigned)nb), i1 = (int)RND((unsigned)nb);
-        if (i0 == xb) i0 = Q_OF(a);
-        if (i1 == xb) i1 = Q_OF(a);
-        RUN(a, xb, i0, i1); /* A writes X */
-        unsigned more = 5 + RND(5);
-        for (unsigned m = 0; m < more; m++) {
-          RUN(a, P_OF(a), Q_OF(a), Q_OF(a)); /* A's own work: a tick a later reader may stand in */
-          int c = (int)RND((unsigned)ns);
-          if (c != a && RND(2)) RUN(c, P_OF(c), P_OF(a), Q_OF(c)); /* c reads A's newest: A records */
-        }
-        /* B, of another device, reads X: A's tick of X was taken from its ring meanwhile. */
-        int db = (da + 1 + (int)RND((unsigned)nd - 1)) % nd, bj = 3 * db + (int)RND(3);
-        int yb = db * SH + (int)RND(SH);
-        RUN(bj, yb, xb, Q_OF(bj));
-        for (unsigned r = RND(4); r > 0; r--) { /* random kernels over every block */
-          int j = (int)RND((unsigned)ns), out = (int)RND((unsigned)nb), in0 = (int)RND((unsigned)nb),
-              in1 = (int)RND((unsigned)nb);
-          if (out >= nd * SH && (out - nd * SH) % 2 == 1) out--; /* Q blocks stay read-only */
-          if (in0 == out) in0 = Q_OF(j);
-          if (in1 == out) in1 = Q_OF(j);
-          RUN(j, out, in0, in1);
-        }
-      }
+  for (int round = 0; round < rounds; round++) {
+    int a = (int)RND((unsigned)ns), da = a / 3;
+    int xb = da * EV_SH + (int)RND(EV_SH); /* a shared block of A's device */
+    int i0 = (int)RND((unsigned)nb), i1 = (int)RND((unsigned)nb);
+    if (i0 == xb) i0 = Q_OF(a);
+    if (i1 == xb) i1 = Q_OF(a);
+    RUN(a, xb, i0, i1); /* A writes X */
+    unsigned more = 5 + RND(5);
+    for (unsigned m = 0; m < more; m++) {
+      RUN(a, P_OF(a), Q_OF(a), Q_OF(a)); /* A's own work: a tick a later reader may stand in */
+      int c = (int)RND((unsigned)ns);
+      if (c != a && RND(2)) RUN(c, P_OF(c), P_OF(a), Q_OF(c)); /* c reads A's newest: A records */
+    }
+    /* B, of another device, reads X: A's tick of X was taken from its ring meanwhile. */
+    int db = (da + 1 + (int)RND((unsigned)nd - 1)) % nd, bj = 3 * db + (int)RND(3);
+    int yb = db * EV_SH + (int)RND(EV_SH);
+    RUN(bj, yb, xb, Q_OF(bj));
+    for (unsigned r = RND(4); r > 0; r--) { /* random kernels over every block */
+      int j = (int)RND((unsigned)ns), out = (int)RND((unsigned)nb), in0 = (int)RND((unsigned)nb),
+          in1 = (int)RND((unsigned)nb);
+      if (out >= nd * EV_SH && (out - nd * EV_SH) % 2 == 1) out--; /* Q blocks stay read-only */
+      if (in0 == out) in0 = Q_OF(j);
+      if (in1 == out) in1 = Q_OF(j);
+      RUN(j, out, in0, in1);
+    }
+  }
 #undef RUN
 #undef P_OF
 #undef Q_OF
-      for (int d = 0; d < nd; d++) {
-        weft_counters_t c;
-        assert_int_equal(weft_runtime_counters(rt[d], &c), WEFT_OK);
-        ev1 += c.ring_evictions;
-      }
-      printf("%d devices, %s records, seed %d: ring evictions %llu%s\n", nd, lazy ? "lazy" : "eager", seed,
-             (unsigned long long)(ev1 - ev0), positive ? " (waits off: positive control)" : "");
-      /* (No wait, no eviction: the positive control issues none.) */
-      if (!positive && ev1 == ev0) fail_msg("premise: no ring eviction (%s records, seed %d)", lazy ? "lazy" : "eager", seed);
-      if (positive) {
-        end_positive_control(rt, sim);
-      } else {
-        for (int i = 0; i < nb; i++) {
-          static unsigned host[NE];
-          assert_int_equal(weft_copy_from_block(s[dev[i]][2], host, b[i], 0, sizeof host), WEFT_OK);
-          assert_int_equal(weft_stream_synchronize(s[dev[i]][2]), WEFT_OK);
-          for (unsigned e = 0; e < NE; e++)
-            if (host[e] != model[i]) fail_msg("seed %d block %d element %u: %u, expected %u", seed, i, e, host[e], model[i]);
-        }
-        expect_no_race(sim);
-      }
-      for (int i = 0; i < nb; i++) assert_int_equal(weft_free(b[i], s[dev[i]][0]), WEFT_OK);
 #undef RND
+  if (fault != NULL) assert_int_equal((g->sim->fail)(NULL), 0);
+  uint64_t evictions = ev_evictions(g) - ev0;
+  if (positive) {
+    end_positive_control(g->rt, g->sim);
+  } else {
+    for (int i = 0; i < nb; i++) {
+      static unsigned host[EV_NE];
+      assert_int_equal(weft_copy_from_block(s[dev[i]][2], host, b[i], 0, sizeof host), WEFT_OK);
+      assert_int_equal(weft_stream_synchronize(s[dev[i]][2]), WEFT_OK);
+      for (unsigned e = 0; e < EV_NE; e++)
+        if (host[e] != model[i])
+          fail_msg("seed %llu%s%s: block %d element %u: %u, expected %u", (unsigned long long)seed,
+                   fault != NULL ? ", fault " : "", fault != NULL ? fault : "", i, e, host[e], model[i]);
     }
-    kernels_unload(&k);
-    for (int d = 0; d < nd; d++) assert_int_equal(weft_runtime_release(rt[d]), WEFT_OK);
+    expect_no_race(g->sim);
+  }
+  for (int i = 0; i < nb; i++) assert_int_equal(weft_free(b[i], s[dev[i]][0]), WEFT_OK);
+  return evictions;
+}
+
+/* Each program must evict (premise: counted over the runtimes, else the test fails); the data
+ * ends equal to the host model and the oracle sees no race; the last seed on the simulator runs
+ * with weft's waits off and must then race (positive control). */
+static void test_evicted_ticks_across_devices(void **state) {
+  (void)state;
+  if (!two_devices()) skip();
+  if (!peers_can()) skip(); /* test_devices_no_peer checks the refusal */
+  int count = 0;
+  assert_int_equal(drv->cuDeviceGetCount(&count), CUDA_SUCCESS);
+  g_nd = count < MAXD ? count : MAXD;
+  for (unsigned lazy = 0; lazy <= 1; lazy++) {
+    ev_rig_t g;
+    ev_open(&g, lazy);
+    int seeds = g.sim != NULL ? 5 : 2;
+    for (int seed = 0; seed < seeds; seed++) {
+      int positive = g.sim != NULL && seed == seeds - 1;
+      unsigned failed;
+      uint64_t n = ev_program(&g, 0x2545f4914f6cdd1dull * (uint64_t)(seed + 11 + 100 * (int)lazy), 12 * g_nd,
+                              positive, NULL, &failed);
+      printf("%d devices, %s records, seed %d: ring evictions %llu%s\n", g_nd, lazy ? "lazy" : "eager", seed,
+             (unsigned long long)n, positive ? " (waits off: positive control)" : "");
+      /* (No wait, no eviction: the positive control issues none.) */
+      if (!positive && n == 0) fail_msg("premise: no ring eviction (%s records, seed %d)", lazy ? "lazy" : "eager", seed);
+    }
+    ev_close(&g);
   }
   g_nd = 2;
+}
+
+/* The same programs on two devices with a fault at the Nth call of the driver functions a wait on
+ * an evicted tick goes through (the stand-in's wait, the records that fill the ring, the launch
+ * between them), N over the program's calls (every wait's, every ninth record's and launch's): every call either succeeds or fails with nothing
+ * changed, so the data ends equal to the model kept of the calls that succeeded, with no race.
+ * Premises: the faults fire, those of waits and launches fail kernels, and the programs evict. */
+static void test_faults_on_evicted_ticks_across_devices(void **state) {
+  (void)state;
+  if (!two_devices() || weft_sim_api(weft_driver_symbol) == NULL) skip(); /* fault injection */
+  if (!peers_can()) skip();
+  g_nd = 2;
+  static const char *const fns[] = {"cuStreamWaitEvent", "cuEventRecord", "cuLaunchKernel"};
+  for (unsigned lazy = 0; lazy <= 1; lazy++) {
+    ev_rig_t g;
+    ev_open(&g, lazy);
+    for (unsigned f = 0; f < sizeof fns / sizeof fns[0]; f++) {
+      unsigned cells = 0, failed_calls = 0;
+      uint64_t evictions = 0, fired = 0;
+      /* Every wait of the first 160 (the stand-ins' call); every ninth record and launch. */
+      bool every = strcmp(fns[f], "cuStreamWaitEvent") == 0;
+      for (unsigned nth = 1; nth <= (every ? 160u : 200u); nth += every ? 1 : 9) {
+        char spec[64];
+        snprintf(spec, sizeof spec, "%s:%u:CUDA_ERROR_UNKNOWN", fns[f], nth);
+        weft_sim_stats_t st0, st1;
+        g.sim->stats(&st0);
+        unsigned failed;
+        evictions += ev_program(&g, 0x9e3779b97f4a7c15ull * (nth + 1), 16, 0, spec, &failed);
+        g.sim->stats(&st1);
+        fired += st1.faults_injected - st0.faults_injected;
+        failed_calls += failed;
+        cells++;
+      }
+      printf("%s records, %s: %u cells, %llu faults fired, %u kernels refused, %llu ring evictions\n",
+             lazy ? "lazy" : "eager", fns[f], cells, (unsigned long long)fired, failed_calls,
+             (unsigned long long)evictions);
+      /* A failed record of a use's own event fails nothing: the use's work is in, and its tick
+       * is recorded when a waiter needs it (clock.c, record_for_others). A failed wait or launch
+       * fails its kernel. */
+      bool refusals = strcmp(fns[f], "cuEventRecord") != 0;
+      if (fired == 0 || (refusals && failed_calls == 0) || evictions == 0)
+        fail_msg("premise: %s (%s records): %llu faults fired, %u kernels refused, %llu ring evictions", fns[f],
+                 lazy ? "lazy" : "eager", (unsigned long long)fired, failed_calls, (unsigned long long)evictions);
+    }
+    ev_close(&g);
+  }
 }
 
 /* Where the devices cannot access each other's memory (test_devices_no_peer: WEFT_SIM_PEER=0),
@@ -1285,6 +1371,7 @@ int main(void) {
       cmocka_unit_test(test_random_programs_across_devices),
       cmocka_unit_test(test_waits_across_devices_equal_the_reduction),
       cmocka_unit_test(test_evicted_ticks_across_devices),
+      cmocka_unit_test(test_faults_on_evicted_ticks_across_devices),
       cmocka_unit_test(test_captures_may_use_blocks_of_other_devices),
       cmocka_unit_test(test_an_outside_capture_may_read_another_device_s_block),
       cmocka_unit_test(test_faults_across_devices_leave_order_and_data),
