@@ -927,7 +927,11 @@ again:
     /* Device timestamps (trace.h): after the waits, before the record; live streams only. */
     bool timed = st == WEFT_OK && c == NULL && weft__trace_device_on();
     bool whole = (what & (DO_BEGIN | DO_END)) == (DO_BEGIN | DO_END); /* a use with its work, not a free */
-    if (st == WEFT_OK && whole && fn != NULL && c == NULL && !timed && !s->per_thread) {
+    /* A per-thread stream's use too: its work, enqueued by its owner, may wait for room in a full
+     * queue whose head waits for another thread's collective, which needs the lock
+     * (tests/comm/test_comm_long, test_min_full_per_thread_queue_behind_an_all_reduce). Its tick
+     * is then recorded by its owner after the work (it never defers: it is exposed). */
+    if (st == WEFT_OK && whole && fn != NULL && c == NULL && !timed) {
       st = use_unlocked(tr, d, s, du, n, fn, arg);
       goto out;
     }

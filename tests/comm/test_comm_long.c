@@ -1120,6 +1120,9 @@ static void test_min_first_collective_meets_graph_calls(void **state) {
  * else the case reports a skip. */
 static atomic_long q_started, q_returned; /* rank 0's memset calls */
 static atomic_int q_rank0_done, q_premise;
+/* Rank 0's all-reduce and memsets on its thread's per-thread stream rather than the
+ * communicator's (test_min_full_per_thread_queue_behind_an_all_reduce). */
+static bool q_per_thread;
 
 static void *min_full_queue_thread(void *arg) {
   min_arg_t *a = arg;
@@ -1129,6 +1132,10 @@ static void *min_full_queue_thread(void *arg) {
   weft_block_t x, y;
   weft_stream_t *cs = weft_comm_stream(comm[r]);
   MIN_OK(xy_ready(r, &x, &y));
+  if (r == 0 && q_per_thread) {
+    if (!adopt_per_thread(0, a->why, sizeof a->why)) return NULL;
+    cs = tl_pt[0];
+  }
   pthread_barrier_wait(a->bar);
   if (r == 0) {
     weft_status_t st = weft_all_reduce(comm[r], x, 0, x, 0, M, WEFT_UINT32, WEFT_SUM, cs);
@@ -1168,6 +1175,7 @@ static void *min_full_queue_thread(void *arg) {
 
 static void test_min_full_queue_behind_an_all_reduce_meets_graph_calls(void **state) {
   (void)state;
+  q_per_thread = false;
   atomic_store(&q_started, 0);
   atomic_store(&q_returned, 0);
   atomic_store(&q_rank0_done, 0);
@@ -1179,11 +1187,32 @@ static void test_min_full_queue_behind_an_all_reduce_meets_graph_calls(void **st
   }
 }
 
+/* The same with rank 0's all-reduce and memsets on its thread's per-thread stream (found by the
+ * random programs on 3 simulated devices, queues of 8, seed 624: a per-thread stream's use ran its
+ * work under the process-wide tracker lock, so rank 0's memset, waiting for room behind its
+ * all-reduce, held the lock the other ranks needed to post theirs: a deadlock the simulator broke
+ * after 10 s with LAUNCH_TIMEOUT). */
+static void test_min_full_per_thread_queue_behind_an_all_reduce(void **state) {
+  (void)state;
+  q_per_thread = true;
+  atomic_store(&q_started, 0);
+  atomic_store(&q_returned, 0);
+  atomic_store(&q_rank0_done, 0);
+  atomic_store(&q_premise, 0);
+  run_min_threads(min_full_queue_thread, "a full per-thread queue behind an all-reduce, a thread per rank");
+  q_per_thread = false;
+  if (!atomic_load(&q_premise)) {
+    print_message("premise: rank 0 was not held inside one enqueue across rank 1's graph calls (its queue never filled)\n");
+    skip();
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_min_captured_sendrecv_thread_per_rank, case_setup),
       cmocka_unit_test_setup(test_min_first_collective_meets_graph_calls, case_setup),
       cmocka_unit_test_setup(test_min_full_queue_behind_an_all_reduce_meets_graph_calls, case_setup),
+      cmocka_unit_test_setup(test_min_full_per_thread_queue_behind_an_all_reduce, case_setup),
       cmocka_unit_test_setup(test_random_programs_one_thread, case_setup),
       cmocka_unit_test_setup(test_random_programs_thread_per_rank, case_setup),
       cmocka_unit_test_setup(test_repro_thread_per_rank_ring4_seed3_hang, case_setup),
