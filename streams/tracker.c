@@ -880,6 +880,27 @@ static void restart_at(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s,
   a->write = (weft__point_t){weft__at(d, s), point_locked(tr, d, s)};
 }
 
+/* A live use's work with device timestamps (trace.h): its span recorded around fn, on the
+ * stream's lane while it is busy (nobody else touches s->span then: every other use of s waits
+ * for the lane). */
+typedef struct timed_work {
+  weft_status_t (*fn)(weft_stream_t *s, void *arg);
+  void *arg;
+} timed_work_t;
+
+static weft_status_t timed_work(weft_stream_t *s, void *arg) {
+  const timed_work_t *t = arg;
+  weft__trace_device_drop(s->span);
+  s->span = weft__trace_device_begin(s->tr->drv, s->tr->ordinal, s->index, s->raw);
+  weft_status_t st = t->fn(s, t->arg);
+  if (s->span != NULL) {
+    if (st == WEFT_OK) weft__trace_device_end(s->span, s->raw);
+    else weft__trace_device_drop(s->span);
+    s->span = NULL;
+  }
+  return st;
+}
+
 /* The ways in: waits only, record only, both around `fn`, or the split form's open / close with
  * their checks. A live use with its work enqueues it without the lock (use_unlocked); the others
  * run under one lock hold. Inside a capture the uses act on capture-local histories (kinds go
@@ -927,12 +948,14 @@ again:
     /* Device timestamps (trace.h): after the waits, before the record; live streams only. */
     bool timed = st == WEFT_OK && c == NULL && weft__trace_device_on();
     bool whole = (what & (DO_BEGIN | DO_END)) == (DO_BEGIN | DO_END); /* a use with its work, not a free */
-    /* A per-thread stream's use too: its work, enqueued by its owner, may wait for room in a full
+    /* Every live use with its work enqueues it unlocked: the work may wait for room in a full
      * queue whose head waits for another thread's collective, which needs the lock
-     * (tests/comm/test_comm_long, test_min_full_per_thread_queue_behind_an_all_reduce). Its tick
-     * is then recorded by its owner after the work (it never defers: it is exposed). */
-    if (st == WEFT_OK && whole && fn != NULL && c == NULL && !timed) {
-      st = use_unlocked(tr, d, s, du, n, fn, arg);
+     * (tests/comm/test_comm_long, test_min_full_*queue_behind_an_all_reduce*). A per-thread
+     * stream's use too (its tick is recorded by its owner after the work: it never defers, being
+     * exposed), and one with device timestamps, its span recorded around the work. */
+    if (st == WEFT_OK && whole && fn != NULL && c == NULL) {
+      timed_work_t t = {fn, arg};
+      st = timed ? use_unlocked(tr, d, s, du, n, timed_work, &t) : use_unlocked(tr, d, s, du, n, fn, arg);
       goto out;
     }
     if (timed && (whole || (what & DO_OPEN))) {

@@ -1207,12 +1207,39 @@ static void test_min_full_per_thread_queue_behind_an_all_reduce(void **state) {
   }
 }
 
+/* The same on the communicator's stream with device timestamps in the trace (WEFT_TRACE_DEVICE=1):
+ * such a use ran its work under the tracker lock too (a span recorded around it), so the full
+ * queue deadlocked the same way. */
+static void test_min_full_queue_behind_an_all_reduce_traced(void **state) {
+  (void)state;
+  if (NR == 0 || no_waits_control) skip();
+  char path[512];
+  const char *dir = getenv("TEST_TMPDIR");
+  snprintf(path, sizeof path, "%s/full_queue_trace.json", dir != NULL ? dir : "/tmp");
+  setenv("WEFT_TRACE_DEVICE", "1", 1);
+  weft_status_t st = weft_trace_start(path);
+  unsetenv("WEFT_TRACE_DEVICE");
+  assert_int_equal(st, WEFT_OK);
+  q_per_thread = false;
+  atomic_store(&q_started, 0);
+  atomic_store(&q_returned, 0);
+  atomic_store(&q_rank0_done, 0);
+  atomic_store(&q_premise, 0);
+  run_min_threads(min_full_queue_thread, "a full queue behind an all-reduce, device timestamps traced");
+  assert_int_equal(weft_trace_stop(), WEFT_OK);
+  if (!atomic_load(&q_premise)) {
+    print_message("premise: rank 0 was not held inside one enqueue across rank 1's graph calls (its queue never filled)\n");
+    skip();
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup(test_min_captured_sendrecv_thread_per_rank, case_setup),
       cmocka_unit_test_setup(test_min_first_collective_meets_graph_calls, case_setup),
       cmocka_unit_test_setup(test_min_full_queue_behind_an_all_reduce_meets_graph_calls, case_setup),
       cmocka_unit_test_setup(test_min_full_per_thread_queue_behind_an_all_reduce, case_setup),
+      cmocka_unit_test_setup(test_min_full_queue_behind_an_all_reduce_traced, case_setup),
       cmocka_unit_test_setup(test_random_programs_one_thread, case_setup),
       cmocka_unit_test_setup(test_random_programs_thread_per_rank, case_setup),
       cmocka_unit_test_setup(test_repro_thread_per_rank_ring4_seed3_hang, case_setup),
