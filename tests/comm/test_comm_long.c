@@ -1173,18 +1173,24 @@ static void *min_full_queue_thread(void *arg) {
   return NULL;
 }
 
-static void test_min_full_queue_behind_an_all_reduce_meets_graph_calls(void **state) {
-  (void)state;
-  q_per_thread = false;
+/* min_full_queue_thread's case, rank 0's work on its per-thread stream or the communicator's.
+ * Returns its premise (rank 1 saw rank 0 held inside one enqueue); the caller skips without it. */
+static bool run_full_queue(bool per_thread, const char *what) {
+  q_per_thread = per_thread;
   atomic_store(&q_started, 0);
   atomic_store(&q_returned, 0);
   atomic_store(&q_rank0_done, 0);
   atomic_store(&q_premise, 0);
-  run_min_threads(min_full_queue_thread, "a full queue behind an all-reduce beside graph calls, a thread per rank");
-  if (!atomic_load(&q_premise)) {
-    print_message("premise: rank 0 was not held inside one enqueue across rank 1's graph calls (its queue never filled)\n");
-    skip();
-  }
+  run_min_threads(min_full_queue_thread, what);
+  q_per_thread = false;
+  if (atomic_load(&q_premise)) return true;
+  print_message("premise: rank 0 was not held inside one enqueue across rank 1's graph calls (its queue never filled)\n");
+  return false;
+}
+
+static void test_min_full_queue_behind_an_all_reduce_meets_graph_calls(void **state) {
+  (void)state;
+  if (!run_full_queue(false, "a full queue behind an all-reduce beside graph calls, a thread per rank")) skip();
 }
 
 /* The same with rank 0's all-reduce and memsets on its thread's per-thread stream (found by the
@@ -1194,17 +1200,7 @@ static void test_min_full_queue_behind_an_all_reduce_meets_graph_calls(void **st
  * after 10 s with LAUNCH_TIMEOUT). */
 static void test_min_full_per_thread_queue_behind_an_all_reduce(void **state) {
   (void)state;
-  q_per_thread = true;
-  atomic_store(&q_started, 0);
-  atomic_store(&q_returned, 0);
-  atomic_store(&q_rank0_done, 0);
-  atomic_store(&q_premise, 0);
-  run_min_threads(min_full_queue_thread, "a full per-thread queue behind an all-reduce, a thread per rank");
-  q_per_thread = false;
-  if (!atomic_load(&q_premise)) {
-    print_message("premise: rank 0 was not held inside one enqueue across rank 1's graph calls (its queue never filled)\n");
-    skip();
-  }
+  if (!run_full_queue(true, "a full per-thread queue behind an all-reduce, a thread per rank")) skip();
 }
 
 /* The same on the communicator's stream with device timestamps in the trace (WEFT_TRACE_DEVICE=1):
@@ -1220,17 +1216,9 @@ static void test_min_full_queue_behind_an_all_reduce_traced(void **state) {
   weft_status_t st = weft_trace_start(path);
   unsetenv("WEFT_TRACE_DEVICE");
   assert_int_equal(st, WEFT_OK);
-  q_per_thread = false;
-  atomic_store(&q_started, 0);
-  atomic_store(&q_returned, 0);
-  atomic_store(&q_rank0_done, 0);
-  atomic_store(&q_premise, 0);
-  run_min_threads(min_full_queue_thread, "a full queue behind an all-reduce, device timestamps traced");
+  bool premise = run_full_queue(false, "a full queue behind an all-reduce, device timestamps traced");
   assert_int_equal(weft_trace_stop(), WEFT_OK);
-  if (!atomic_load(&q_premise)) {
-    print_message("premise: rank 0 was not held inside one enqueue across rank 1's graph calls (its queue never filled)\n");
-    skip();
-  }
+  if (!premise) skip();
 }
 
 int main(void) {
