@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "lib/core/driver.h"
@@ -1135,11 +1136,14 @@ static void *min_full_queue_thread(void *arg) {
   if (r == 0 && q_per_thread) {
     if (!adopt_per_thread(0, a->why, sizeof a->why)) return NULL;
     cs = tl_pt[0];
+    if (verbose) fprintf(stderr, "[rank 0] adopted its per-thread stream (%d)\n", weft_stream_index(cs));
   }
   pthread_barrier_wait(a->bar);
   if (r == 0) {
     weft_status_t st = weft_all_reduce(comm[r], x, 0, x, 0, M, WEFT_UINT32, WEFT_SUM, cs);
+    if (verbose) fprintf(stderr, "[rank 0] all-reduce posted: %s\n", weft_status_name(st));
     for (long i = 0; st == WEFT_OK && i < ops; i++) {
+      if (verbose && i % 256 == 0) fprintf(stderr, "[rank 0] memset %ld\n", i);
       atomic_fetch_add(&q_started, 1);
       st = weft_memset32(cs, y, 0, (unsigned)i, M * 4);
       atomic_fetch_add(&q_returned, 1);
@@ -1163,6 +1167,7 @@ static void *min_full_queue_thread(void *arg) {
       sched_yield();
     }
     long s0 = atomic_load(&q_started), r0 = atomic_load(&q_returned);
+    if (verbose) fprintf(stderr, "[rank %d] graph calls begin; rank 0 memsets %ld/%ld\n", r, r0, s0);
     MIN_OK(graph_calls(r));
     long s1 = atomic_load(&q_started), r1 = atomic_load(&q_returned);
     if (verbose) fprintf(stderr, "[rank %d] graph calls done; rank 0 memsets %ld/%ld -> %ld/%ld\n", r, r0, s0, r1, s1);
@@ -1181,7 +1186,13 @@ static bool run_full_queue(bool per_thread, const char *what) {
   atomic_store(&q_returned, 0);
   atomic_store(&q_rank0_done, 0);
   atomic_store(&q_premise, 0);
+  /* A hang (a thread held inside an enqueue while others wait for it: the deadlock these cases
+   * are about, or on 2 x H200 the per-thread case after the comm-stream one, not understood yet)
+   * fails the binary at the alarm instead of holding the suite (a case takes under 2 s on a GPU,
+   * 10 s on the simulator where its queue waits time out). */
+  alarm(120);
   run_min_threads(min_full_queue_thread, what);
+  alarm(0);
   q_per_thread = false;
   if (atomic_load(&q_premise)) return true;
   print_message("premise: rank 0 was not held inside one enqueue across rank 1's graph calls (its queue never filled)\n");
