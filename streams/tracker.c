@@ -880,9 +880,22 @@ static void restart_at(weft__tracker_t *tr, weft__domain_t *d, weft_stream_t *s,
   a->write = (weft__point_t){weft__at(d, s), point_locked(tr, d, s)};
 }
 
-/* A live use's work with device timestamps (trace.h): its span recorded around fn, on the
- * stream's lane while it is busy (nobody else touches s->span then: every other use of s waits
- * for the lane). */
+/* Device timestamps (trace.h): a use's span begins before its work and ends after it (dropped
+ * when the work failed). s->span is its stream's: touched under the lock, or by the use that
+ * holds s's lane busy. */
+static void span_begin(weft_stream_t *s) {
+  weft__trace_device_drop(s->span);
+  s->span = weft__trace_device_begin(s->tr->drv, s->tr->ordinal, s->index, s->raw);
+}
+static void span_end(weft_stream_t *s, weft_status_t st) {
+  if (s->span == NULL) return;
+  if (st == WEFT_OK) weft__trace_device_end(s->span, s->raw);
+  else weft__trace_device_drop(s->span);
+  s->span = NULL;
+}
+
+/* A live use's work with device timestamps, its span around fn, enqueued while s's lane is busy
+ * (nobody else touches s->span then: every other use of s waits for the lane). */
 typedef struct timed_work {
   weft_status_t (*fn)(weft_stream_t *s, void *arg);
   void *arg;
@@ -890,14 +903,9 @@ typedef struct timed_work {
 
 static weft_status_t timed_work(weft_stream_t *s, void *arg) {
   const timed_work_t *t = arg;
-  weft__trace_device_drop(s->span);
-  s->span = weft__trace_device_begin(s->tr->drv, s->tr->ordinal, s->index, s->raw);
+  span_begin(s);
   weft_status_t st = t->fn(s, t->arg);
-  if (s->span != NULL) {
-    if (st == WEFT_OK) weft__trace_device_end(s->span, s->raw);
-    else weft__trace_device_drop(s->span);
-    s->span = NULL;
-  }
+  span_end(s, st);
   return st;
 }
 
@@ -958,16 +966,9 @@ again:
       st = timed ? use_unlocked(tr, d, s, du, n, timed_work, &t) : use_unlocked(tr, d, s, du, n, fn, arg);
       goto out;
     }
-    if (timed && (whole || (what & DO_OPEN))) {
-      weft__trace_device_drop(s->span);
-      s->span = weft__trace_device_begin(tr->drv, tr->ordinal, s->index, s->raw);
-    }
+    if (timed && (whole || (what & DO_OPEN))) span_begin(s);
     if (st == WEFT_OK && fn != NULL) st = fn(s, arg);
-    if (timed && (what & (DO_END | DO_CLOSE)) && s->span != NULL) {
-      if (st == WEFT_OK) weft__trace_device_end(s->span, s->raw);
-      else weft__trace_device_drop(s->span);
-      s->span = NULL;
-    }
+    if (timed && (what & (DO_END | DO_CLOSE))) span_end(s, st);
     if (st == WEFT_OK && (what & (DO_END | DO_CLOSE)))
       end_locked(tr, d, s, du, n, d == tr->live && live_defers(tr, d, s));
     if (st == WEFT_OK && (what & DO_OPEN)) {

@@ -44,7 +44,6 @@ static void end_positive_control(weft_runtime_t **rt, const weft_sim_api_t *sim)
   sim->reset_races();
 }
 
-/* Each device's runtime with defaults, and its first three pool streams. */
 /* That the first 1024 words of b, copied to the host on s, all equal `value`. */
 static void expect_uniform(weft_stream_t *s, weft_block_t b, unsigned value) {
   unsigned host[1024];
@@ -53,9 +52,10 @@ static void expect_uniform(weft_stream_t *s, weft_block_t b, unsigned value) {
   for (unsigned i = 0; i < 1024; i++) assert_int_equal(host[i], value);
 }
 
-static void open_devices(weft_runtime_t **rt, weft_stream_t *(*s)[3]) {
+/* Each device's runtime with options o (NULL: the defaults), and its first three pool streams. */
+static void open_devices(weft_runtime_t **rt, weft_stream_t *(*s)[3], const weft_options_t *o) {
   for (int d = 0; d < g_nd; d++) {
-    assert_int_equal(weft_runtime_get(d, NULL, &rt[d]), WEFT_OK);
+    assert_int_equal(weft_runtime_get(d, o, &rt[d]), WEFT_OK);
     for (unsigned i = 0; i < 3; i++) assert_int_equal(weft_stream_get(rt[d], i, &s[d][i]), WEFT_OK);
   }
 }
@@ -133,7 +133,7 @@ static void test_copy_between_devices_is_ordered_both_ways(void **state) {
   const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
   weft_runtime_t *rt[2];
   weft_stream_t *s[2][3];
-  open_devices(rt, s);
+  open_devices(rt, s, NULL);
   enum { BYTES = 8u << 20 };
   for (int round = 0; round < 3; round++) {
     int positive = round == 2 && sim != NULL; /* no waits: the copy races with its writer */
@@ -223,7 +223,7 @@ static const weft_sim_api_t *open_two(weft_runtime_t **rt, weft_stream_t *(*s)[3
   if (!two_devices() || !peers_can()) skip();
   const weft_sim_api_t *sim = weft_sim_api(weft_driver_symbol);
   g_nd = 2;
-  open_devices(rt, s);
+  open_devices(rt, s, NULL);
   kernels_load(k, rt, sim);
   return sim;
 }
@@ -281,7 +281,7 @@ static void test_random_programs_across_devices(void **state) {
   const int nd = g_nd;
   weft_runtime_t *rt[MAXD];
   weft_stream_t *s[MAXD][3];
-  open_devices(rt, s);
+  open_devices(rt, s, NULL);
   kernels_t k;
   kernels_load(&k, rt, sim);
   enum { PER = 4, NB = PER * MAXD, NE = 2048 };
@@ -376,10 +376,7 @@ static void ev_open(ev_rig_t *g, unsigned lazy) {
   o.event_ring = 4;
   o.lazy_records = lazy;
   g->sim = weft_sim_api(weft_driver_symbol);
-  for (int d = 0; d < g_nd; d++) {
-    assert_int_equal(weft_runtime_get(d, &o, &g->rt[d]), WEFT_OK);
-    for (unsigned i = 0; i < 3; i++) assert_int_equal(weft_stream_get(g->rt[d], i, &g->s[d][i]), WEFT_OK);
-  }
+  open_devices(g->rt, g->s, &o);
   kernels_load(&g->k, g->rt, g->sim);
 }
 
@@ -626,10 +623,7 @@ static void test_waits_across_devices_equal_the_reduction(void **state) {
   o.lazy_records = 0;
   weft_runtime_t *rt[MAXD];
   weft_stream_t *s[MAXD][3];
-  for (int d = 0; d < nd; d++) {
-    assert_int_equal(weft_runtime_get(d, &o, &rt[d]), WEFT_OK);
-    for (unsigned i = 0; i < 3; i++) assert_int_equal(weft_stream_get(rt[d], i, &s[d][i]), WEFT_OK);
-  }
+  open_devices(rt, s, &o);
   kernels_t k;
   kernels_load(&k, rt, sim);
   enum { PER = 3, NE = 512 };
